@@ -1,0 +1,23 @@
+"""The library's own exception types. Every error names the bad input."""
+
+
+class HiraishinError(Exception):
+    """Base class for errors raised by hiraishin."""
+
+
+class GGUFError(HiraishinError, ValueError):
+    """A GGUF file cannot be used: not a GGUF, truncated, wrong architecture,
+    unsupported tensor type, missing tensor, wrong shape, inconsistent metadata.
+    The message names the file and the key or tensor."""
+
+
+class QuantError(HiraishinError, ValueError):
+    """A block-format operation got data it cannot handle (bad shape, size, type)."""
+
+
+class PlanError(HiraishinError, ValueError):
+    """A reduction plan or order was asked for a geometry it cannot express."""
+
+
+class BackendError(HiraishinError, RuntimeError):
+    """A backend (``cuda`` or ``cpu``) is unavailable or was misused."""

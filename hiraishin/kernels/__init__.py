@@ -1,0 +1,1 @@
+"""hiraishin.kernels"""

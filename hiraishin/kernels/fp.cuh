@@ -1,0 +1,50 @@
+// hiraishin: float32 helpers shared by every kernel.
+//
+// Kernels are compiled WITHOUT fast-math, and every float operation whose
+// rounding matters is written as an explicit intrinsic (__fmaf_rn, __fmul_rn,
+// __fadd_rn) so the compiler cannot contract or reorder it differently from
+// the Numba emulator (hiraishin/fp.py).
+#pragma once
+
+// e**x from explicit correctly-rounded operations; the same sequence as
+// hiraishin.fp.expf. Below HX_EXP_LO the result is 0, above HX_EXP_HI +inf.
+#define HX_EXP_LO (-87.0f)
+#define HX_EXP_HI (88.0f)
+
+__device__ __forceinline__ float hx_expf(float x) {
+    if (x != x) return x;
+    if (x < HX_EXP_LO) return 0.0f;
+    if (x > HX_EXP_HI) return __int_as_float(0x7f800000);
+    float j = __fmaf_rn(x, 1.44269504088896341f, 12582912.0f);
+    j = __fsub_rn(j, 12582912.0f);
+    const int n = (int)j;
+    float r = __fmaf_rn(j, -0.693359375f, x);
+    r = __fmaf_rn(j, 2.12194440e-4f, r);
+    float p = __fmaf_rn(1.9875691500e-4f, r, 1.3981999507e-3f);
+    p = __fmaf_rn(p, r, 8.3334519073e-3f);
+    p = __fmaf_rn(p, r, 4.1665795894e-2f);
+    p = __fmaf_rn(p, r, 1.6666665459e-1f);
+    p = __fmaf_rn(p, r, 5.0000001201e-1f);
+    const float z = __fmul_rn(r, r);
+    float y = __fmaf_rn(p, z, r);
+    y = __fadd_rn(y, 1.0f);
+    return __fmul_rn(y, __int_as_float((n + 127) << 23));
+}
+
+// Butterfly sum over the 32 lanes of a warp (xor 16, 8, 4, 2, 1); every lane
+// ends with the same value because a + b == b + a in IEEE arithmetic.
+__device__ __forceinline__ float hx_warp_sum(float x) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+        x = __fadd_rn(x, __shfl_xor_sync(0xffffffffu, x, off, 32));
+    }
+    return x;
+}
+
+__device__ __forceinline__ float hx_warp_max(float x) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+        x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, off, 32));
+    }
+    return x;
+}
