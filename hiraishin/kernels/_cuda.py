@@ -1,0 +1,177 @@
+"""Compile and cache the library's CUDA sources with CuPy (NVRTC).
+
+Every kernel module ships its CUDA C as a ``.cu`` file beside its launcher
+(package data). :func:`load_source` reads those files with importlib.resources
+and prepends ``fp.cuh`` (NVRTC has no include path into the package), and
+:func:`get_kernel` compiles the text with ``#define``\\ s for the geometry in
+front, once per (source, defines, name expressions), into a
+``cupy.RawModule``.
+
+Compile options: C++17 and IEEE arithmetic. We never pass ``-use_fast_math``
+and we also turn FMA contraction off (``--fmad=false``): the kernels write
+every rounding-relevant operation as ``__fmaf_rn``/``__fmul_rn``/``__fadd_rn``
+already, and with contraction off a plain ``a*b+c`` that slipped through would
+still round like the Numba emulator (which never contracts) instead of
+silently fusing.
+
+CuPy is imported lazily: the package (and its CPU emulators) work without it.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from importlib import resources
+from typing import Iterable, Mapping
+
+from ..errors import BackendError
+
+__all__ = [
+    "NVRTC_OPTIONS",
+    "cupy_available",
+    "require_cupy",
+    "load_source",
+    "get_kernel",
+    "kernel_attributes",
+    "clear_cache",
+]
+
+# IEEE float semantics (these are NVRTC's defaults except --fmad; spelled out so a
+# reader does not have to know the defaults).
+NVRTC_OPTIONS: tuple[str, ...] = (
+    "--std=c++17",
+    "--fmad=false",
+    "--ftz=false",
+    "--prec-div=true",
+    "--prec-sqrt=true",
+)
+
+# Header every source gets in front of it.
+_PRELUDE = "fp.cuh"
+
+
+@functools.lru_cache(maxsize=1)
+def cupy_available() -> bool:
+    """True when CuPy imports and sees at least one CUDA device."""
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+def require_cupy():
+    """Return the ``cupy`` module, or raise :class:`BackendError` saying what is missing."""
+    try:
+        import cupy
+    except ImportError as exc:
+        raise BackendError(
+            "the 'cuda' backend needs CuPy (pip install 'hiraishin[cuda12]' or '[cuda13]'); "
+            f"import failed: {exc}"
+        ) from exc
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # CUDA driver missing or broken
+        raise BackendError(f"CuPy is installed but no CUDA driver/device is usable: {exc}") from exc
+    if count < 1:
+        raise BackendError("CuPy is installed but sees no CUDA device")
+    return cupy
+
+
+@functools.lru_cache(maxsize=None)
+def _read(name: str) -> str:
+    try:
+        return resources.files("hiraishin.kernels").joinpath(name).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise BackendError(f"CUDA source {name!r} is not in the hiraishin.kernels package data") from None
+
+
+def load_source(*names: str) -> str:
+    """Text of ``fp.cuh`` followed by the named ``.cu``/``.cuh`` files of this package."""
+    parts = [_read(_PRELUDE)]
+    for name in names:
+        if name == _PRELUDE:
+            continue
+        parts.append(f"// ---- {name} ----\n{_read(name)}")
+    return "\n".join(parts)
+
+
+def _defines_text(defines: Mapping[str, object]) -> str:
+    lines = []
+    for key, value in sorted(defines.items()):
+        if not key.isidentifier():
+            raise BackendError(f"bad #define name {key!r}")
+        lines.append(f"#define {key} {value}")
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
+_modules: dict = {}
+_lock = threading.Lock()
+
+
+def _source_names(source_key: str | Iterable[str]) -> tuple[str, ...]:
+    if isinstance(source_key, str):
+        return (source_key,)
+    return tuple(source_key)
+
+
+def get_module(source_key: str | Iterable[str], defines: Mapping[str, object] | None = None,
+               name_expressions: Iterable[str] | None = None):
+    """The compiled ``cupy.RawModule`` for these sources and defines (cached)."""
+    cupy = require_cupy()
+    names = _source_names(source_key)
+    defines = dict(defines or {})
+    exprs = tuple(name_expressions) if name_expressions else None
+    key = (names, tuple(sorted((k, str(v)) for k, v in defines.items())), exprs)
+    with _lock:
+        mod = _modules.get(key)
+        if mod is None:
+            code = _defines_text(defines) + load_source(*names)
+            try:
+                mod = cupy.RawModule(code=code, options=NVRTC_OPTIONS, backend="nvrtc",
+                                     name_expressions=exprs)
+                mod.compile()
+            except Exception as exc:
+                raise BackendError(
+                    f"compiling {'+'.join(names)} with defines {defines} failed: {exc}"
+                ) from exc
+            _modules[key] = mod
+    return mod
+
+
+def get_kernel(source_key: str | Iterable[str], name: str, defines: Mapping[str, object] | None = None,
+               name_expressions: Iterable[str] | None = None):
+    """The ``cupy.RawKernel`` ``name`` from ``source_key`` compiled with ``defines``.
+
+    ``source_key`` is one file name (``"mmvq.cu"``) or several, concatenated
+    after ``fp.cuh``. ``defines`` become ``#define`` lines in front of the
+    source; compiled modules are cached per (sources, defines, name expressions).
+    For templated kernels give the instantiation in ``name_expressions`` and
+    ask for it by the same ``name``.
+    """
+    mod = get_module(source_key, defines, name_expressions)
+    try:
+        return mod.get_function(name)
+    except Exception as exc:
+        raise BackendError(f"kernel {name!r} not found in {source_key!r}: {exc}") from exc
+
+
+def kernel_attributes(kernel) -> dict:
+    """Compiled facts of a ``cupy.RawKernel``: registers, spills, shared memory.
+
+    ``local_size_bytes`` is the per-thread local memory, which for our kernels
+    (no local arrays indexed at run time) means register spills.
+    """
+    return {
+        "num_regs": int(kernel.num_regs),
+        "local_size_bytes": int(kernel.local_size_bytes),
+        "shared_size_bytes": int(kernel.shared_size_bytes),
+        "max_threads_per_block": int(kernel.max_threads_per_block),
+    }
+
+
+def clear_cache() -> None:
+    """Forget compiled modules (tests; the on-disk CuPy cache is untouched)."""
+    with _lock:
+        _modules.clear()
