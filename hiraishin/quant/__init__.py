@@ -75,8 +75,7 @@ def _float_input(x, name: str) -> np.ndarray:
         raise QuantError(f"{name}: quantize needs floating-point input, got dtype {arr.dtype} shape {arr.shape}")
     if arr.ndim == 0:
         raise QuantError(f"{name}: quantize needs an array with a row axis, got a scalar")
-    arr = np.ascontiguousarray(arr, dtype=np.float32)
-    return arr
+    return np.ascontiguousarray(arr, dtype=np.float32)
 
 
 def quantize(x, qtype) -> np.ndarray:
@@ -96,10 +95,12 @@ def quantize(x, qtype) -> np.ndarray:
         return floats.to_bf16(arr)
     row_bytes(arr.shape[-1], name)  # validates the row length
     if not np.isfinite(arr).all():
-        bad = np.argwhere(~np.isfinite(arr))[0]
-        raise QuantError(f"{name}: cannot quantize non-finite value {arr[tuple(bad)]} at index {tuple(bad)} "
-                         f"of an array of shape {arr.shape}")
-    return _QUANTIZERS[name](arr)
+        bad = tuple(int(i) for i in np.argwhere(~np.isfinite(arr))[0])
+        raise QuantError(
+            f"{name}: cannot quantize non-finite value {arr[bad]} at index {bad} of an array of shape {arr.shape}"
+        )
+    with np.errstate(all="ignore"):  # over/underflow inside the reference arithmetic is expected
+        return _QUANTIZERS[name](arr)
 
 
 def quantize_q8_1_ref(x) -> np.ndarray:
@@ -130,4 +131,5 @@ def dequantize(data, qtype) -> np.ndarray:
             return floats.f16_to_f32(arr)
         return floats.bf16_to_f32(arr)
     blocks = as_blocks(arr, name)
-    return _DEQUANTIZERS[name](blocks)
+    with np.errstate(over="ignore", invalid="ignore"):  # huge fp16 scales overflow like the C does
+        return _DEQUANTIZERS[name](blocks)

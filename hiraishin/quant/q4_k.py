@@ -24,8 +24,8 @@ NSTEP = 20
 # Candidate numerators ``rmin + rdelta*is + nmax`` for is = 0..nstep, evaluated left to right in float32.
 _CANDIDATES = ((RMIN + RDELTA * np.arange(NSTEP + 1, dtype=np.float32)) + np.float32(NMAX)).astype(np.float32)
 
-# Super-blocks per vectorized chunk: keeps the (sub-blocks x 21 candidates) work arrays cache-sized.
-CHUNK_BLOCKS = 2048
+# Super-blocks per vectorized chunk: bounds the (32, sub-blocks) work arrays (1 MiB each at 1024).
+CHUNK_BLOCKS = 1024
 
 _F0 = np.float32(0.0)
 
@@ -119,10 +119,11 @@ def _quantize_superblocks(x: np.ndarray) -> np.ndarray:
     mins = the_min.reshape(B, N_SUB)
     L = L.T.reshape(B, N_SUB, SUB)
 
-    # max_scale/max_min start at +0 and only grow on a strictly larger value (keeps +0, never -0).
-    max_scale = scales.max(axis=1)
+    # max_scale/max_min start at +0 and only grow on a strictly larger value: never -0, and a
+    # NaN scale (from overflowing sums on huge inputs) is skipped, hence fmax, not max.
+    max_scale = np.fmax.reduce(scales, axis=1)
     max_scale = np.where(max_scale > _F0, max_scale, _F0)
-    max_min = mins.max(axis=1)
+    max_min = np.fmax.reduce(mins, axis=1)
     max_min = np.where(max_min > _F0, max_min, _F0)
     with np.errstate(divide="ignore"):
         inv_scale = np.where(max_scale > _F0, np.float32(SCALE_MAX) / max_scale, _F0).astype(np.float32)

@@ -22,7 +22,7 @@ SCALE_RANGE = np.float32(-128.0)  # iscale = -128/max_scale
 _STEPS = np.array([s for s in range(-9, 10) if s != 0], dtype=np.float32)
 _CANDIDATES = (np.float32(NMAX) + np.float32(0.1) * _STEPS).astype(np.float32)
 
-CHUNK_BLOCKS = 256  # super-blocks per vectorized chunk
+CHUNK_BLOCKS = 256  # super-blocks per vectorized chunk (work arrays of 4096 x 18 candidates)
 
 _F0 = np.float32(0.0)
 
@@ -90,10 +90,13 @@ def _quantize_superblocks(x: np.ndarray) -> np.ndarray:
     scales = scale.reshape(B, N_SUB)
     L = L.reshape(B, N_SUB, SUB)
 
-    # max_scale = the signed scale with the largest |scale| (first one on ties).
-    ia = np.abs(scales).argmax(axis=1)
-    max_scale = scales[np.arange(B), ia]
-    max_abs = np.abs(max_scale)
+    # max_scale = the signed scale with the largest |scale| (first one on ties); the C scan
+    # starts at 0 with a strict '>', so NaN scales (overflowing sums) are never picked.
+    a = np.abs(scales)
+    a = np.where(a > _F0, a, _F0)
+    ia = a.argmax(axis=1)
+    max_abs = a[np.arange(B), ia]
+    max_scale = np.where(max_abs > _F0, scales[np.arange(B), ia], _F0)
     empty = max_abs < GROUP_MAX_EPS
     safe_max = np.where(empty, np.float32(1.0), max_scale)
 

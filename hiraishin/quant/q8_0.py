@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from .formats import BLOCK_Q8_0, QK8_0, blocks_as_bytes
-from .rounding import fp16_bits, roundf
+from .rounding import c_float_to_int8, fp16_bits, roundf
 
 _Q8_MAX = np.float32(127.0)  # (1 << 7) - 1
 
@@ -16,7 +16,7 @@ def absmax_scale(xb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     Shared by the q8_0 and q8_1 reference quantizers (identical arithmetic)."""
     amax = np.abs(xb).max(axis=-1)
     d = amax / _Q8_MAX
-    with np.errstate(divide="ignore"):
+    with np.errstate(divide="ignore", over="ignore"):
         inv = np.where(d != 0, np.float32(1.0) / d, np.float32(0.0)).astype(np.float32)
     return d, inv
 
@@ -27,7 +27,7 @@ def quantize_q8_0(x: np.ndarray) -> np.ndarray:
     d, inv = absmax_scale(xb)
     out = np.empty(xb.shape[:-1], dtype=BLOCK_Q8_0)
     out["d"] = fp16_bits(d).view(np.float16)
-    out["qs"] = roundf(xb * inv[..., None]).astype(np.int8)
+    out["qs"] = c_float_to_int8(roundf(xb * inv[..., None]))
     return blocks_as_bytes(out)
 
 

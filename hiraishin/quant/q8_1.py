@@ -11,14 +11,14 @@ import numpy as np
 
 from .formats import BLOCK_Q8_1, QK8_1, blocks_as_bytes
 from .q8_0 import absmax_scale
-from .rounding import fp16_bits, roundf
+from .rounding import c_float_to_int8, fp16_bits, roundf
 
 
 def quantize_q8_1(x: np.ndarray) -> np.ndarray:
     """float32 (..., n) with n % 32 == 0 -> uint8 (..., n/32*36), as quantize_row_q8_1_ref."""
     xb = x.reshape(*x.shape[:-1], x.shape[-1] // QK8_1, QK8_1)
     d, inv = absmax_scale(xb)
-    q = roundf(xb * inv[..., None]).astype(np.int8)
+    q = c_float_to_int8(roundf(xb * inv[..., None]))
     # The C sums the int8 quants into an int (exact in any order), then multiplies by the fp32 d.
     qsum = q.astype(np.int32).sum(axis=-1).astype(np.float32)
     out = np.empty(xb.shape[:-1], dtype=BLOCK_Q8_1)
