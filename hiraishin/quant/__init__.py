@@ -5,8 +5,12 @@ float16 (F16) or uint16 bits (BF16).  qtypes are names ("Q4_K", "Q6_K", "Q8_0", 
 "F16", "BF16"); a ``gguf.GGMLQuantizationType`` or a ggml type id is accepted too.
 
 The quantizers reproduce the bytes of ``quantize_row_{q4_K,q6_K,q8_0,q8_1}_ref``
-(``ggml/src/ggml-quants.c``) evaluated without FMA contraction.  Inputs must be finite:
-NaN or inf raise QuantError (the C reference gives order-dependent garbage for them).
+(``ggml/src/ggml-quants.c``) with every float32 operation rounded separately, i.e. the C
+compiled without FMA contraction.  A GCC/Clang build with ``-march=native`` on an FMA machine
+may fuse ``a*b + c`` (GCC's default ``-ffp-contract=fast``) in the error and least-squares
+sums, which can flip a candidate choice in rare near-ties.  Inputs must be finite: NaN or inf
+raise QuantError (the C reference gives order-dependent garbage for them).  gguf-py 0.19 has
+Q8_0 quantize (byte-identical to ours) but no Q4_K / Q6_K / Q8_1 quantize.
 """
 
 from __future__ import annotations
@@ -119,7 +123,7 @@ def dequantize(data, qtype) -> np.ndarray:
     arr = np.asarray(data)
     if name in FLOAT_TYPES:
         dt = _FLOAT_BYTES_DTYPE[name]
-        if arr.dtype == np.uint8 and dt.itemsize > 1:
+        if arr.dtype == np.uint8:
             if arr.ndim == 0 or arr.shape[-1] % dt.itemsize:
                 raise QuantError(f"{name}: raw bytes of shape {arr.shape} are not whole {dt.itemsize}-byte values")
             arr = np.ascontiguousarray(arr).view(dt)
