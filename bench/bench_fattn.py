@@ -1,0 +1,162 @@
+"""Time flash attention launches on a GPU under the three reduction orders.
+
+Qwen3-8B heads (32 query heads, 8 KV heads, head dim 128), f16 cache, 1..16 queries at the end of
+KV lengths 512, 2k, 8k and 32k; one "launch" is what ``flash_attn`` does for one layer (attention
+kernel + combine when P > 1, plus the small host work of the call). Times are cupy Event
+measurements: warm-up, then the median over repeats of the mean over back-to-back calls.
+The bandwidth column counts the K/V cells each query block must read (every block reads its KV
+head's cells once) against the time, to compare with the memory bandwidth.
+
+    python bench/bench_fattn.py [--out DIR] [--quick]
+
+writes DIR/bench_fattn.json (raw numbers, plans, device, date, command) and DIR/bench_fattn.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+N_HEAD, N_HEAD_KV, HEAD_DIM = 32, 8, 128  # Qwen3-8B
+KV_LENGTHS = (512, 2048, 8192, 32768)
+QUERY_COUNTS = tuple(range(1, 17))
+
+
+def _git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except Exception:
+        return "unknown"
+
+
+def time_call(cp, fn, warmup: int, repeats: int, calls: int) -> float:
+    """Median over ``repeats`` of the mean time of ``calls`` back-to-back calls, in microseconds."""
+    for _ in range(warmup):
+        fn()
+    cp.cuda.Device().synchronize()
+    samples = []
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+    for _ in range(repeats):
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        end.synchronize()
+        samples.append(cp.cuda.get_elapsed_time(start, end) * 1000.0 / calls)
+    return statistics.median(samples)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", help="directory for bench_fattn.json and bench_fattn.md")
+    parser.add_argument("--quick", action="store_true", help="fewer query counts and repeats")
+    args = parser.parse_args(argv)
+
+    import cupy as cp
+
+    from hiraishin.kernels import fattn_vec as fv
+    from hiraishin.order import ReductionOrder
+
+    orders = [ReductionOrder.BATCH_VARIANT, ReductionOrder.BATCH_INVARIANT, ReductionOrder.FIXED_SPLIT]
+    counts = (1, 2, 4, 8, 16) if args.quick else QUERY_COUNTS
+    repeats, calls = (3, 5) if args.quick else (7, 10)
+
+    t_start = time.time()
+    profile = fv.current_profile(HEAD_DIM)
+    props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
+    device_name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+    # peak DRAM bandwidth from the driver: 2 transfers per clock (DDR/HBM) x bus width (the clock
+    # field is gone from newer CUDA runtimes' properties: then unknown)
+    clock_khz, bus_bits = props.get("memoryClockRate", 0), props.get("memoryBusWidth", 0)
+    peak_gbs = 2.0 * clock_khz * 1e3 * (bus_bits / 8) / 1e9 if clock_khz and bus_bits else None
+
+    rng = np.random.default_rng(0)
+    n_ctx = max(KV_LENGTHS)
+    k = cp.asarray(rng.standard_normal((n_ctx, N_HEAD_KV, HEAD_DIM)).astype(np.float16))
+    v = cp.asarray(rng.standard_normal((n_ctx, N_HEAD_KV, HEAD_DIM)).astype(np.float16))
+    q_all = cp.asarray(rng.standard_normal((16, N_HEAD, HEAD_DIM)).astype(np.float32))
+
+    rows = []
+    for kv_len in KV_LENGTHS:
+        for n in counts:
+            q = q_all[:n]
+            q_pos = cp.arange(kv_len - n, kv_len, dtype=cp.int32)
+            for order in orders:
+                plan = order.attention_plan(n, kv_len, N_HEAD, N_HEAD_KV, HEAD_DIM, device=profile)
+                us = time_call(cp, lambda: fv.flash_attn(q, k, v, q_pos, plan, "cuda"), 3, repeats, calls)
+                query_blocks = -(-n // plan.queries_per_block)
+                bytes_read = query_blocks * N_HEAD * kv_len * HEAD_DIM * 2 * 2  # K and V, f16
+                rows.append(dict(order=order.name, n_queries=n, kv_len=kv_len, us=round(us, 2),
+                                 kernel=plan.kernel_name, parallel_blocks=plan.parallel_blocks,
+                                 queries_per_block=plan.queries_per_block, kv_attended=plan.kv_attended,
+                                 split_cells=plan.split_cells,
+                                 block_read_gbs=round(bytes_read / (us * 1e-6) / 1e9, 1)))
+                print(f"kv {kv_len:6d}  T {n:2d}  {order.name:16s} {plan.kernel_name:13s} "
+                      f"P={plan.parallel_blocks:3d}  {us:9.1f} us  {rows[-1]['block_read_gbs']:8.1f} GB/s",
+                      flush=True)
+
+    record = dict(
+        benchmark="bench_fattn",
+        device=device_name,
+        compute_capability=profile.compute_capability,
+        sm_count=profile.sm_count,
+        occupancy=dict(profile.occupancy),
+        peak_dram_gbs=round(peak_gbs, 1) if peak_gbs else None,
+        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        command=" ".join([os.path.basename(sys.executable)] + sys.argv),
+        git_commit=_git_commit(),
+        cupy=cp.__version__,
+        shape=dict(n_head=N_HEAD, n_head_kv=N_HEAD_KV, head_dim=HEAD_DIM),
+        timing=dict(warmup=3, repeats=repeats, calls_per_repeat=calls, statistic="median of means"),
+        seconds=round(time.time() - t_start, 1),
+        rows=rows,
+    )
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "bench_fattn.json"), "w") as f:
+            json.dump(record, f, indent=2)
+        with open(os.path.join(args.out, "bench_fattn.md"), "w") as f:
+            f.write(markdown(record, orders, counts))
+    print(f"done in {record['seconds']} s")
+    return 0
+
+
+def markdown(record, orders, counts) -> str:
+    lines = [
+        "# Flash attention launch times",
+        "",
+        f"- device: {record['device']} (cc {record['compute_capability']}, {record['sm_count']} SMs, "
+        f"peak DRAM ~{record['peak_dram_gbs']} GB/s), occupancy {record['occupancy']}",
+        f"- date: {record['date']}, commit {record['git_commit']}, cupy {record['cupy']}",
+        f"- command: `{record['command']}`",
+        f"- Qwen3-8B heads: {record['shape']}; time per flash_attn call in microseconds "
+        f"({record['timing']['statistic']}); kernel and P in brackets",
+        "",
+    ]
+    by_key = {(r["order"], r["n_queries"], r["kv_len"]): r for r in record["rows"]}
+    kvs = sorted({r["kv_len"] for r in record["rows"]})
+    for kv in kvs:
+        lines += [f"## KV length {kv}", "", "| queries | " + " | ".join(o.name for o in orders) + " |",
+                  "|---:|" + "---:|" * len(orders)]
+        for n in counts:
+            cells = []
+            for o in orders:
+                r = by_key[(o.name, n, kv)]
+                short = r["kernel"].replace("fattn_", "")
+                cells.append(f"{r['us']:.1f} ({short}, P={r['parallel_blocks']})")
+            lines.append(f"| {n} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,282 @@
+// Split-KV vector flash attention over an f16 K/V cache, and the combine of its partial results.
+//
+// The geometry is llama.cpp's flash_attn_ext_vec<D, ncols, F16, F16> (ggml/src/ggml-cuda/fattn-vec.cuh,
+// reference section 6.3) with IEEE arithmetic instead of fast-math:
+//   * block (32, 4): 4 warps; lane = 8*g + r (4 groups g of 8 threads r);
+//   * grid (ceil(n_tokens / NCOLS), P, n_head); query head h reads KV head h / (n_head / n_head_kv);
+//   * block y walks chunks y, y+P, y+2P, ... of `chunk_cells` cells (a multiple of 128) over
+//     [0, kv_attended), 128 cells per step, one cell per thread;
+//   * K.Q of a cell: each of the 8 threads r of a group does 16 (D=128) fmas over dims
+//     [8r, 8r+8) then [64+8r, 64+8r+8), then an xor 4, 2, 1 butterfly; thread tid keeps cell k0+tid;
+//   * one running max per warp (with FATTN_KQ_MAX_OFFSET), one running sum per thread;
+//   * V: group g of warp w accumulates cells 32w + g + 4t, t = 0..7, into its 16 output dims;
+//   * end of block: block max over the 4 warps, rescale, per-warp then cross-warp butterfly sums,
+//     then o[d] = sum of the 16 (warp, group) partials, warp-major, group-minor.
+// P == 1: dst = o / S.  P > 1: parts = o, meta = (block max, S), merged by fattn_combine in block order.
+//
+// Every rounding-relevant float op is an explicit intrinsic; exp is hx_expf (fp.cuh). The Numba
+// emulator in fattn_vec.py performs the same operations in the same order.
+// Needs fp.cuh prepended and HX_D (64 or 128) defined.
+
+#ifndef HX_D
+#error "define HX_D (head dimension, 64 or 128)"
+#endif
+static_assert(HX_D == 64 || HX_D == 128, "fattn_vec supports head dimensions 64 and 128");
+
+#define FV_NWARPS 4
+#define FV_NTHREADS 128
+#define FV_DIM_SLICES (HX_D / 64)  // 8-dim slices a thread owns: dims 64*b + 8*r + e, e = 0..7
+#define FV_DIMS (8 * FV_DIM_SLICES)
+// llama.cpp FATTN_KQ_MAX_OFFSET = 3.0f*0.6931f (fattn-common.cuh, since PR #18614)
+#define FV_KQ_MAX_OFFSET 2.0792999267578125f
+#define FV_NEG_HALF_FLT_MAX __int_as_float(0xfeffffff)  // -FLT_MAX/2, the initial running max
+#define FV_NEG_INF __int_as_float(0xff800000)
+
+// f16 bits -> f32 (exact).
+__device__ __forceinline__ float fv_h2f(const unsigned short h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+// 8 consecutive halves (16 bytes) -> 8 floats, in memory order.
+__device__ __forceinline__ void fv_load8(const unsigned short* __restrict__ p, float* __restrict__ out) {
+    const uint4 raw = *reinterpret_cast<const uint4*>(p);
+    const unsigned int words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        out[2 * k + 0] = fv_h2f((unsigned short)(words[k] & 0xffffu));
+        out[2 * k + 1] = fv_h2f((unsigned short)(words[k] >> 16));
+    }
+}
+
+template <int NCOLS>
+__device__ __forceinline__ void fattn_vec_impl(
+    const float* __restrict__ Q,            // (n_tokens, n_head, D) float32
+    const unsigned short* __restrict__ K,   // (n_ctx, n_head_kv, D) f16 bits
+    const unsigned short* __restrict__ V,   // (n_ctx, n_head_kv, D) f16 bits
+    const int* __restrict__ q_pos,          // (n_tokens,) absolute positions
+    float* __restrict__ dst,                // (n_tokens, n_head, D), written when P == 1
+    float* __restrict__ parts,              // (n_tokens, n_head, P, D), written when P > 1
+    float* __restrict__ meta,               // (n_tokens, n_head, P, 2), written when P > 1
+    const int n_tokens, const int n_head, const int n_head_kv, const int kv_len,
+    const int kv_attended, const int chunk_cells, const float scale) {
+    constexpr int D = HX_D;
+    constexpr int KQ_SHARED = (NCOLS * FV_NTHREADS > 16 * D) ? NCOLS * FV_NTHREADS : 16 * D;
+    __shared__ float KQ[KQ_SHARED];  // softmax weights of the current step, later the 16 partials
+    __shared__ float KQ_max_sh[NCOLS][32];
+    __shared__ float KQ_sum_sh[NCOLS][32];
+
+    const int lane = threadIdx.x;
+    const int w = threadIdx.y;
+    const int tid = 32 * w + lane;
+    const int g = lane / 8;
+    const int r = lane % 8;
+    const int P = gridDim.y;
+    const int y = blockIdx.y;
+    const int head = blockIdx.z;
+    const int t0 = blockIdx.x * NCOLS;
+    const int kv_head = head / (n_head / n_head_kv);
+    const size_t cell_stride = (size_t)n_head_kv * D;
+    const unsigned short* Kh = K + (size_t)kv_head * D;
+    const unsigned short* Vh = V + (size_t)kv_head * D;
+
+    // Q of this thread's dims, scaled (one RN product each). A missing query (odd n_tokens in a
+    // 2-query block) sees no cell: position -1.
+    float q[NCOLS][FV_DIMS];
+    int pos[NCOLS];
+#pragma unroll
+    for (int j = 0; j < NCOLS; ++j) {
+        const int t = t0 + j;
+        pos[j] = t < n_tokens ? q_pos[t] : -1;
+        const float* Qt = Q + ((size_t)(t < n_tokens ? t : 0) * n_head + head) * D;
+#pragma unroll
+        for (int b = 0; b < FV_DIM_SLICES; ++b) {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                q[j][8 * b + e] = t < n_tokens ? __fmul_rn(Qt[64 * b + 8 * r + e], scale) : 0.0f;
+            }
+        }
+    }
+
+    float M[NCOLS];     // running max of this warp (all lanes hold the same value)
+    float Ssum[NCOLS];  // running sum of this thread's cells
+    float VKQ[NCOLS][FV_DIMS];
+#pragma unroll
+    for (int j = 0; j < NCOLS; ++j) {
+        M[j] = FV_NEG_HALF_FLT_MAX;
+        Ssum[j] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < FV_DIMS; ++i) VKQ[j][i] = 0.0f;
+    }
+
+    const int n_chunks = kv_attended / chunk_cells;
+    for (int c = y; c < n_chunks; c += P) {
+        for (int k0 = c * chunk_cells; k0 < (c + 1) * chunk_cells; k0 += FV_NTHREADS) {
+            // K.Q: group g of warp w computes cells k0 + 32w + 8g + t, t = 0..7.
+            float kq_own[NCOLS];
+            float mx[NCOLS];
+#pragma unroll
+            for (int j = 0; j < NCOLS; ++j) {
+                kq_own[j] = FV_NEG_INF;
+                mx[j] = M[j];
+            }
+#pragma unroll
+            for (int t = 0; t < 8; ++t) {
+                const int n = k0 + 32 * w + 8 * g + t;
+                float kf[FV_DIMS];
+                if (n < kv_len) {
+#pragma unroll
+                    for (int b = 0; b < FV_DIM_SLICES; ++b) {
+                        fv_load8(Kh + (size_t)n * cell_stride + 64 * b + 8 * r, kf + 8 * b);
+                    }
+                } else {
+#pragma unroll
+                    for (int i = 0; i < FV_DIMS; ++i) kf[i] = 0.0f;
+                }
+#pragma unroll
+                for (int j = 0; j < NCOLS; ++j) {
+                    float s = 0.0f;
+#pragma unroll
+                    for (int i = 0; i < FV_DIMS; ++i) s = __fmaf_rn(kf[i], q[j][i], s);
+                    s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, 4, 32));
+                    s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, 2, 32));
+                    s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, 1, 32));
+                    // causal mask: cells past the query's position or past the filled cache are -inf
+                    s = (n < kv_len && n <= pos[j]) ? s : FV_NEG_INF;
+                    if (r == t) kq_own[j] = s;
+                    mx[j] = fmaxf(mx[j], __fadd_rn(s, FV_KQ_MAX_OFFSET));
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < NCOLS; ++j) {
+                mx[j] = fmaxf(mx[j], __shfl_xor_sync(0xffffffffu, mx[j], 8, 32));
+                mx[j] = fmaxf(mx[j], __shfl_xor_sync(0xffffffffu, mx[j], 16, 32));
+                const float a = hx_expf(__fsub_rn(M[j], mx[j]));
+                M[j] = mx[j];
+                const float p = hx_expf(__fsub_rn(kq_own[j], M[j]));
+                Ssum[j] = __fmaf_rn(Ssum[j], a, p);
+                KQ[j * FV_NTHREADS + tid] = p;
+#pragma unroll
+                for (int i = 0; i < FV_DIMS; ++i) VKQ[j][i] = __fmul_rn(VKQ[j][i], a);
+            }
+            __syncwarp();
+            // V: group g of warp w takes cells 32w + g + 4t, t = 0..7, in this order.
+#pragma unroll
+            for (int t = 0; t < 8; ++t) {
+                const int k = 32 * w + g + 4 * t;
+                const int n = k0 + k;
+                float vf[FV_DIMS];
+                if (n < kv_len) {
+#pragma unroll
+                    for (int b = 0; b < FV_DIM_SLICES; ++b) {
+                        fv_load8(Vh + (size_t)n * cell_stride + 64 * b + 8 * r, vf + 8 * b);
+                    }
+                } else {
+#pragma unroll
+                    for (int i = 0; i < FV_DIMS; ++i) vf[i] = 0.0f;
+                }
+#pragma unroll
+                for (int j = 0; j < NCOLS; ++j) {
+                    const float p = KQ[j * FV_NTHREADS + k];
+#pragma unroll
+                    for (int i = 0; i < FV_DIMS; ++i) VKQ[j][i] = __fmaf_rn(vf[i], p, VKQ[j][i]);
+                }
+            }
+            __syncwarp();
+        }
+    }
+
+    // Combine the 4 warps x 4 groups of this block.
+    if (w == 0 && lane >= FV_NWARPS) {
+#pragma unroll
+        for (int j = 0; j < NCOLS; ++j) {
+            KQ_max_sh[j][lane] = FV_NEG_HALF_FLT_MAX;
+            KQ_sum_sh[j][lane] = 0.0f;
+        }
+    }
+    if (lane == 0) {
+#pragma unroll
+        for (int j = 0; j < NCOLS; ++j) KQ_max_sh[j][w] = M[j];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < NCOLS; ++j) {
+        const float Mb = hx_warp_max(KQ_max_sh[j][lane]);
+        const float a = hx_expf(__fsub_rn(M[j], Mb));
+#pragma unroll
+        for (int b = 0; b < FV_DIM_SLICES; ++b) {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                KQ[(4 * w + g) * D + 64 * b + 8 * r + e] = __fmul_rn(VKQ[j][8 * b + e], a);
+            }
+        }
+        const float warp_sum = hx_warp_sum(__fmul_rn(Ssum[j], a));
+        if (lane == 0) KQ_sum_sh[j][w] = warp_sum;
+        __syncthreads();
+        const float S = hx_warp_sum(KQ_sum_sh[j][lane]);
+        const int t = t0 + j;
+        if (tid < D && t < n_tokens) {
+            float o = 0.0f;
+#pragma unroll
+            for (int wg = 0; wg < 16; ++wg) o = __fadd_rn(o, KQ[wg * D + tid]);
+            const size_t row = (size_t)t * n_head + head;
+            if (P == 1) {
+                dst[row * D + tid] = __fdiv_rn(o, S);
+            } else {
+                parts[(row * P + y) * D + tid] = o;
+                if (tid == 0) {
+                    meta[2 * (row * P + y) + 0] = Mb;
+                    meta[2 * (row * P + y) + 1] = S;
+                }
+            }
+        }
+        __syncthreads();  // KQ is reused by the next query of the block
+    }
+}
+
+// One query per block (llama.cpp's ncols = 1 instance).
+extern "C" __global__ void __launch_bounds__(FV_NTHREADS, 1)
+fattn_vec_q1(const float* __restrict__ Q, const unsigned short* __restrict__ K,
+             const unsigned short* __restrict__ V, const int* __restrict__ q_pos,
+             float* __restrict__ dst, float* __restrict__ parts, float* __restrict__ meta,
+             const int n_tokens, const int n_head, const int n_head_kv, const int kv_len,
+             const int kv_attended, const int chunk_cells, const float scale) {
+    fattn_vec_impl<1>(Q, K, V, q_pos, dst, parts, meta, n_tokens, n_head, n_head_kv, kv_len,
+                      kv_attended, chunk_cells, scale);
+}
+
+// Two queries per block (llama.cpp's ncols = 2 instance): the same per-query arithmetic, more
+// registers, hence a different occupancy.
+extern "C" __global__ void __launch_bounds__(FV_NTHREADS, 1)
+fattn_vec_qn(const float* __restrict__ Q, const unsigned short* __restrict__ K,
+             const unsigned short* __restrict__ V, const int* __restrict__ q_pos,
+             float* __restrict__ dst, float* __restrict__ parts, float* __restrict__ meta,
+             const int n_tokens, const int n_head, const int n_head_kv, const int kv_len,
+             const int kv_attended, const int chunk_cells, const float scale) {
+    fattn_vec_impl<2>(Q, K, V, q_pos, dst, parts, meta, n_tokens, n_head, n_head_kv, kv_len,
+                      kv_attended, chunk_cells, scale);
+}
+
+// Merge the P partials of one (token, head) in block order (llama.cpp flash_attn_combine_results,
+// reference section 6.4). Grid (n_tokens, n_head), block D threads, dynamic shared 8*P bytes.
+extern "C" __global__ void fattn_combine(const float* __restrict__ parts, const float* __restrict__ meta,
+                                         float* __restrict__ dst, const int P) {
+    constexpr int D = HX_D;
+    extern __shared__ float meta_sh[];  // (P, 2): block max, block sum
+    const int tid = threadIdx.x;
+    const size_t row = (size_t)blockIdx.x * gridDim.y + blockIdx.y;
+    for (int l = tid; l < 2 * P; l += blockDim.x) meta_sh[l] = meta[row * 2 * P + l];
+    __syncthreads();
+
+    float kqmax = meta_sh[0];
+    for (int l = 1; l < P; ++l) kqmax = fmaxf(kqmax, meta_sh[2 * l]);
+    float num = 0.0f;
+    float den = 0.0f;
+    for (int l = 0; l < P; ++l) {
+        const float s = hx_expf(__fsub_rn(meta_sh[2 * l], kqmax));
+        num = __fmaf_rn(s, parts[(row * P + l) * D + tid], num);
+        den = __fmaf_rn(s, meta_sh[2 * l + 1], den);
+    }
+    dst[row * D + tid] = __fdiv_rn(num, den);
+}

@@ -1,0 +1,233 @@
+"""Flash attention on a GPU: every kernel equals its Numba emulator bit for bit, and the
+batch-invariance properties hold on the real kernels. Skipped without CuPy + a CUDA device.
+
+Writes the compiled kernels' registers/spills/occupancy to $HIRAISHIN_RESULTS_DIR/fattn_kernels.json
+when that variable is set.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+
+import numpy as np
+import pytest
+
+from hiraishin.devices import DeviceProfile
+from hiraishin.kernels import fattn_vec as fv
+from hiraishin.kernels.fattn_vec import AttentionPlan, attention, flash_attn
+from hiraishin.order import ReductionOrder
+
+pytestmark = pytest.mark.gpu
+
+TINY_GPU = DeviceProfile(name="tiny-test-gpu", compute_capability=900, sm_count=3,
+                         occupancy={fv.KERNEL_Q1: 1, fv.KERNEL_QN: 1, fv.KERNEL_TILE: 1})
+
+
+def bits(x):
+    return np.asarray(x, dtype=np.float32).view(np.uint32)
+
+
+def make_inputs(seed, n_ctx, n_head, n_head_kv, head_dim=128, n_q=None):
+    rng = np.random.default_rng(seed)
+    n_q = n_ctx if n_q is None else n_q
+    q = rng.standard_normal((n_q, n_head, head_dim)).astype(np.float32)
+    k = (1.5 * rng.standard_normal((n_ctx, n_head_kv, head_dim))).astype(np.float16)
+    v = rng.standard_normal((n_ctx, n_head_kv, head_dim)).astype(np.float16)
+    return q, k, v
+
+
+def on_gpu(*arrays):
+    import cupy as cp
+
+    return [cp.asarray(a) for a in arrays]
+
+
+def assert_same_bits(a, b, what):
+    a, b = bits(a), bits(b)
+    if not np.array_equal(a, b):
+        bad = np.argwhere(a != b)
+        raise AssertionError(f"{what}: {len(bad)} of {a.size} values differ, first at {bad[0].tolist()}")
+
+
+PLANS = [
+    # (plan without shape fields, n_head, n_head_kv, T, kv_len, head_dim)
+    (AttentionPlan("vec", 1, 1, kv_attended=256), 4, 4, 1, 1, 128),
+    (AttentionPlan("vec", 1, 3, kv_attended=512), 8, 2, 1, 300, 128),
+    (AttentionPlan("vec", 1, 4, kv_attended=512), 8, 2, 5, 512, 128),
+    (AttentionPlan("vec", 1, 7, kv_attended=1024), 32, 8, 16, 1000, 128),
+    (AttentionPlan("vec", 2, 1, kv_attended=256), 4, 2, 3, 129, 128),
+    (AttentionPlan("vec", 2, 5, kv_attended=1024), 32, 8, 16, 777, 128),
+    (AttentionPlan("vec", 2, 4, chunk_cells=256, split_cells=256, kv_attended=1024), 16, 4, 7, 1000, 128),
+    (AttentionPlan("vec", 1, 6, chunk_cells=128, kv_attended=768), 4, 1, 2, 700, 64),
+    (AttentionPlan("tile", 8, 1, chunk_cells=64, split_cells=512, kv_attended=512), 8, 2, 16, 400, 128),
+    (AttentionPlan("tile", 8, 3, chunk_cells=64, split_cells=192, kv_attended=512), 8, 2, 9, 512, 128),
+    (AttentionPlan("tile", 8, 8, chunk_cells=64, split_cells=256, kv_attended=2048), 32, 8, 4, 2000, 128),
+    (AttentionPlan("tile", 8, 2, chunk_cells=64, split_cells=128, kv_attended=256), 4, 2, 3, 200, 64),
+]
+
+
+@pytest.mark.parametrize("case", PLANS, ids=lambda c: (
+    f"{c[0].kernel_name}-P{c[0].parallel_blocks}-H{c[1]}x{c[2]}-T{c[3]}-kv{c[4]}-D{c[5]}"))
+def test_kernel_equals_emulator(case):
+    base, H, Hkv, T, kv_len, D = case
+    plan = AttentionPlan(**{**base.__dict__, "kv_len": kv_len, "n_head": H, "n_head_kv": Hkv,
+                            "n_queries": T, "head_dim": D})
+    q, k, v = make_inputs(seed=T * 7 + kv_len, n_ctx=kv_len + 33, n_head=H, n_head_kv=Hkv, head_dim=D, n_q=T)
+    rng = np.random.default_rng(kv_len)
+    q_pos = np.sort(rng.integers(0, kv_len, size=T)).astype(np.int32)
+    q_pos[-1] = kv_len - 1
+    qg, kg, vg = on_gpu(q, k, v)
+    if plan.parallel_blocks > 1:
+        parts_c, meta_c = fv.partials(q, k, v, q_pos, plan, "cpu")
+        parts_g, meta_g = fv.partials(qg, kg, vg, q_pos, plan, "cuda")
+        assert_same_bits(meta_g.get(), meta_c, "meta (block max, sum)")
+        assert_same_bits(parts_g.get(), parts_c, "partials")
+        assert_same_bits(fv.combine(parts_g, meta_g, "cuda").get(), fv.combine(parts_c, meta_c, "cpu"),
+                         "combine")
+    out_c = flash_attn(q, k, v, q_pos, plan, "cpu")
+    out_g = flash_attn(qg, kg, vg, q_pos, plan, "cuda").get()
+    assert_same_bits(out_g, out_c, "output")
+
+
+def test_combine_kernel_alone_on_awkward_partials():
+    """Large P, empty blocks (max -FLT_MAX/2, sum 0), widely spread maxima."""
+    import cupy as cp
+
+    rng = np.random.default_rng(2)
+    T, H, P, D = 3, 5, 37, 128
+    parts = rng.standard_normal((T, H, P, D)).astype(np.float32)
+    meta = np.stack([rng.uniform(-30, 10, (T, H, P)), rng.uniform(0.5, 40, (T, H, P))], -1).astype(np.float32)
+    meta[:, :, 5] = [np.float32(-np.finfo(np.float32).max / 2), 0.0]
+    parts[:, :, 5] = 0
+    want = fv.combine(parts, meta, "cpu")
+    got = fv.combine(cp.asarray(parts), cp.asarray(meta), "cuda").get()
+    assert_same_bits(got, want, "combine")
+
+
+def test_two_query_kernel_has_the_one_query_arithmetic():
+    q, k, v = make_inputs(seed=3, n_ctx=900, n_head=8, n_head_kv=2, n_q=11)
+    q_pos = np.arange(889, 900, dtype=np.int32)
+    qg, kg, vg = on_gpu(q, k, v)
+    outs = []
+    for qpb in (1, 2):
+        plan = AttentionPlan("vec", qpb, 5, kv_attended=1024, kv_len=900)
+        outs.append(flash_attn(qg, kg, vg, q_pos, plan, "cuda").get())
+    assert_same_bits(outs[1], outs[0], "qn vs q1")
+
+
+def _alone(order, qg, kg, vg, positions, device):
+    return np.stack([
+        attention(qg[p:p + 1], kg, vg, np.array([p], np.int32), p + 1, order, "cuda", device).get()[0]
+        for p in positions
+    ])
+
+
+def _batched(order, qg, kg, vg, start, sizes, device, guard=True):
+    outs, pos = [], start
+    for size in sizes:
+        n = order.verify_limit(pos, size) if guard else size
+        q_pos = np.arange(pos, pos + n, dtype=np.int32)
+        outs.append(attention(qg[pos:pos + n], kg, vg, q_pos, pos + n, order, "cuda", device).get())
+        pos += n
+    return np.concatenate(outs), pos
+
+
+@pytest.mark.parametrize("device", [TINY_GPU, "current"], ids=["tiny-profile", "this-gpu"])
+def test_invariant_order_on_the_gpu(device):
+    order = ReductionOrder.BATCH_INVARIANT
+    q, k, v = make_inputs(seed=11, n_ctx=1200, n_head=32, n_head_kv=8)
+    qg, kg, vg = on_gpu(q, k, v)
+    rng = np.random.default_rng(3)
+    sizes = list(range(1, 17)) + list(rng.integers(1, 17, size=60))
+    got, end = _batched(order, qg, kg, vg, 236, sizes, device)
+    assert end > 1030  # crossed 256, 384, 512, 768, 1024
+    want = _alone(order, qg, kg, vg, range(236, end), device)
+    assert_same_bits(got, want, "invariant: batched vs alone")
+
+
+def test_fixed_split_on_the_gpu():
+    order = ReductionOrder.FIXED_SPLIT
+    q, k, v = make_inputs(seed=14, n_ctx=900, n_head=32, n_head_kv=8)
+    qg, kg, vg = on_gpu(q, k, v)
+    rng = np.random.default_rng(4)
+    sizes = list(range(16, 0, -1)) + list(rng.integers(1, 17, size=30))
+    got, end = _batched(order, qg, kg, vg, 230, sizes, "current", guard=False)
+    want = _alone(order, qg, kg, vg, range(230, end), "current")
+    assert_same_bits(got, want, "fixed split: batched vs alone")
+
+
+def test_position_384_effect_on_the_gpu():
+    n = 512
+    q, k, v = make_inputs(seed=16, n_ctx=n, n_head=8, n_head_kv=2)
+    qg, kg, vg = on_gpu(q, k, v)
+    q_pos = np.arange(n, dtype=np.int32)
+    a = flash_attn(qg, kg, vg, q_pos, AttentionPlan("vec", 1, 4, kv_attended=n, kv_len=n), "cuda").get()
+    b = flash_attn(qg, kg, vg, q_pos, AttentionPlan("vec", 1, 3, kv_attended=n, kv_len=n), "cuda").get()
+    same = np.all(bits(a) == bits(b), axis=(1, 2))
+    assert same[:384].all() and not same[384:].all()
+
+
+def test_variant_order_on_the_gpu_is_batch_dependent_and_emulated():
+    order = ReductionOrder.BATCH_VARIANT
+    q, k, v = make_inputs(seed=15, n_ctx=2100, n_head=32, n_head_kv=8, n_q=8)
+    qg, kg, vg = on_gpu(q, k, v)
+    q_pos = np.arange(2092, 2100, dtype=np.int32)
+    batch = attention(qg, kg, vg, q_pos, 2100, order, "cuda", "current").get()
+    plan = order.attention_plan(8, 2100, 32, 8, device="current")
+    assert plan.kernel == "tile"
+    assert_same_bits(batch, flash_attn(q, k, v, q_pos, plan, "cpu"), "variant batch vs emulator")
+    last = attention(qg[7:], kg, vg, q_pos[7:], 2100, order, "cuda", "current").get()
+    assert not np.array_equal(bits(last[0]), bits(batch[7]))
+
+
+def test_kv_cache_on_the_gpu():
+    import cupy as cp
+
+    from hiraishin.model.kv_cache import KVCache
+
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((40, 8, 128)).astype(np.float32)
+    gpu, cpu = KVCache(2, 64, 8, 128, backend="cuda"), KVCache(2, 64, 8, 128)
+    for c in (gpu, cpu):
+        c.write(1, 0, cp.asarray(x) if c is gpu else x, cp.asarray(-x) if c is gpu else -x)
+        c.commit(40)
+        c.rollback(33)
+    assert isinstance(gpu.k(1), cp.ndarray)
+    assert np.array_equal(gpu.k(1).get().view(np.uint16), cpu.k(1).view(np.uint16))
+    q = rng.standard_normal((2, 32, 128)).astype(np.float32)
+    q_pos = np.array([31, 32], np.int32)
+    order = ReductionOrder.BATCH_INVARIANT
+    got = attention(cp.asarray(q), gpu.k(1), gpu.v(1), q_pos, gpu.length, order, "cuda").get()
+    want = attention(q, cpu.k(1), cpu.v(1), q_pos, cpu.length, order, "cpu")
+    assert_same_bits(got, want, "attention over the KV cache")
+
+
+def test_kernel_facts_recorded():
+    import cupy as cp
+
+    report = {f"D{d}": fv.kernel_report(d) for d in fv.HEAD_DIMS}
+    for per_dim in report.values():
+        for name, facts in per_dim.items():
+            assert facts["local_size_bytes"] == 0, f"{name} spills: {facts}"
+            if name != "fattn_combine":
+                assert facts["blocks_per_sm"] >= 1
+    profile = fv.current_profile()
+    props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
+    record = {
+        "device": props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"]),
+        "compute_capability": profile.compute_capability,
+        "sm_count": profile.sm_count,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": "pytest -m gpu tests/test_fattn_gpu.py",
+        "occupancy_for_profile": dict(profile.occupancy),
+        "kernels": report,
+        "cupy": cp.__version__,
+    }
+    out_dir = os.environ.get("HIRAISHIN_RESULTS_DIR")
+    if out_dir:
+        os.makedirs(out_dir, exist_ok=True)
+        with open(os.path.join(out_dir, "fattn_kernels.json"), "w") as f:
+            json.dump(record, f, indent=2)
+    print(json.dumps(record, indent=2))
