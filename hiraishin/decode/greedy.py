@@ -1,0 +1,182 @@
+"""Plain greedy decoding: prefill the prompt, then one token per pass, argmax every time.
+
+>>> for step in model.stream("Hello", max_new_tokens=8):
+...     print(step.text, end="", flush=True)
+>>> result = model.generate("Hello", max_new_tokens=8)      # GenerationResult
+>>> result.tokens, result.text, result.top_k_ids, result.prefill_s
+
+The prompt is fed in passes cut at the order's KV boundary (``order.verify_limit``), as a
+speculative verifier under the same order cuts its batches, so plain and speculative decoding
+see the same passes over the prompt. Ties in the argmax go to the lowest token id (numpy).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import numpy as np
+
+from ..errors import HiraishinError
+from ..order import ReductionOrder
+
+__all__ = ["Step", "GenerationResult", "stream", "generate", "prefill", "top_k_of"]
+
+
+@dataclass
+class Step:
+    """One generated token."""
+
+    index: int  # 0 for the token the prefill produced
+    token: int
+    text: str  # the text this token completes ("" inside a multi-byte character)
+    top_k_ids: np.ndarray  # (k,) ids of the k largest logits, best first
+    top_k_logits: np.ndarray  # (k,) float32
+    seconds: float  # wall time of the pass that produced it (the prefill for index 0)
+    stop_reason: str | None = None  # set on the last step: "eos", "max_tokens" or "context"
+
+
+@dataclass
+class GenerationResult:
+    """What :func:`generate` produced. ``tokens`` are the new tokens (an end-of-generation token
+    that stopped decoding included); ``text`` is their text without that final token."""
+
+    prompt_tokens: list[int]
+    tokens: list[int]
+    text: str
+    top_k_ids: np.ndarray  # (n_new, k) int64
+    top_k_logits: np.ndarray  # (n_new, k) float32
+    prefill_s: float
+    step_s: list[float] = field(default_factory=list)  # one decode pass per token after the first
+    stop_reason: str = "max_tokens"
+    order: str = ""
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """Tokens per second of the one-token passes (nan when there were none)."""
+        return len(self.step_s) / sum(self.step_s) if self.step_s and sum(self.step_s) > 0 else float("nan")
+
+    @property
+    def prefill_tokens_per_s(self) -> float:
+        return len(self.prompt_tokens) / self.prefill_s if self.prefill_s > 0 else float("nan")
+
+
+def top_k_of(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Ids and values of the ``k`` largest logits, best first (ties: lower id first)."""
+    logits = np.asarray(logits)
+    k = min(k, logits.size)
+    ids = np.argsort(-logits, kind="stable")[:k]
+    return ids.astype(np.int64), logits[ids].astype(np.float32)
+
+
+def prefill(model, tokens, order: ReductionOrder, start_pos: int = 0) -> np.ndarray:
+    """Feed ``tokens`` from ``start_pos`` in passes cut at the order's KV boundary; last row's logits."""
+    pos, end, logits = start_pos, start_pos + len(tokens), None
+    while pos < end:
+        n = order.verify_limit(pos, end - pos)
+        logits = model.forward(tokens[pos - start_pos:pos - start_pos + n], pos, order=order)
+        pos += n
+    return np.asarray(logits[-1])
+
+
+def _prompt_tokens(model, prompt_or_tokens, chat: bool) -> list[int]:
+    if isinstance(prompt_or_tokens, str):
+        tok = getattr(model, "tokenizer", None)
+        if tok is None:
+            raise HiraishinError("a text prompt needs a tokenizer; this model has none (pass token ids)")
+        return tok.encode_chat(prompt_or_tokens) if chat else tok.encode(prompt_or_tokens)
+    if chat:
+        raise HiraishinError("chat=True needs a text prompt")
+    return [int(t) for t in prompt_or_tokens]
+
+
+def _sync(model):
+    be = getattr(model, "backend", None)
+    if hasattr(be, "synchronize"):
+        be.synchronize()
+
+
+def stream(model, prompt_or_tokens, max_new_tokens: int = 64,
+           order: ReductionOrder = ReductionOrder.BATCH_INVARIANT, stop_at_eos: bool = True,
+           top_k: int = 5, chat: bool = False) -> Iterator[Step]:
+    """Greedy decoding as an iterator of :class:`Step`; the model's KV cache is reset first.
+
+    Stops after ``max_new_tokens``, after an end-of-generation token (``stop_at_eos``), or when
+    the KV cache is full; the last step carries the reason.
+    """
+    if max_new_tokens < 1:
+        raise HiraishinError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    prompt = _prompt_tokens(model, prompt_or_tokens, chat)
+    if not prompt:
+        raise HiraishinError("the prompt is empty (no tokens)")
+    n_ctx = getattr(model, "n_ctx", None)
+    if n_ctx is not None and len(prompt) >= n_ctx:
+        raise HiraishinError(f"the prompt has {len(prompt)} tokens; the KV cache holds {n_ctx}")
+    tok = getattr(model, "tokenizer", None)
+    text_of = tok.stream_decoder() if tok is not None else (lambda t: "")
+    eog = set(getattr(tok, "eos_ids", ()) or ()) if stop_at_eos else set()
+
+    model.reset()
+    t0 = time.perf_counter()
+    logits = prefill(model, prompt, order)
+    _sync(model)
+    seconds = time.perf_counter() - t0
+    pos = len(prompt)
+    for index in range(max_new_tokens):
+        ids, vals = top_k_of(logits, max(top_k, 1))
+        token = int(ids[0])
+        reason = None
+        if token in eog:
+            reason = "eos"
+        elif index + 1 == max_new_tokens:
+            reason = "max_tokens"
+        elif n_ctx is not None and pos >= n_ctx:
+            reason = "context"
+        yield Step(index, token, text_of(token), ids[:top_k], vals[:top_k], seconds, reason)
+        if reason is not None:
+            return
+        t0 = time.perf_counter()
+        logits = np.asarray(model.forward([token], pos, order=order))[-1]
+        _sync(model)
+        seconds = time.perf_counter() - t0
+        pos += 1
+
+
+def generate(model, prompt_or_tokens, max_new_tokens: int = 64,
+             order: ReductionOrder = ReductionOrder.BATCH_INVARIANT, stop_at_eos: bool = True,
+             on_token: Callable[[Step], None] | None = None, top_k: int = 5, progress: bool = False,
+             chat: bool = False) -> GenerationResult:
+    """Greedy decoding of ``prompt_or_tokens`` (text, or token ids) into a :class:`GenerationResult`.
+
+    ``on_token(step)`` is called for each new token as it is produced; ``progress`` shows a tqdm
+    bar; ``chat`` wraps a text prompt in the model's chat template.
+    """
+    from tqdm.auto import tqdm
+
+    prompt = _prompt_tokens(model, prompt_or_tokens, chat)
+    steps: list[Step] = []
+    with tqdm(total=max_new_tokens, unit="tok", desc="generating", disable=not progress, leave=False) as bar:
+        for step in stream(model, prompt, max_new_tokens, order, stop_at_eos, top_k):
+            steps.append(step)
+            bar.update(1)
+            if on_token is not None:
+                on_token(step)
+    tokens = [s.token for s in steps]
+    stop_reason = steps[-1].stop_reason or "max_tokens"
+    shown = tokens[:-1] if stop_reason == "eos" else tokens
+    tok = getattr(model, "tokenizer", None)
+    text = tok.decode(shown) if tok is not None else ""
+    k = max(len(s.top_k_ids) for s in steps)
+    return GenerationResult(
+        prompt_tokens=prompt,
+        tokens=tokens,
+        text=text,
+        top_k_ids=np.stack([np.pad(s.top_k_ids, (0, k - len(s.top_k_ids)), constant_values=-1) for s in steps]),
+        top_k_logits=np.stack([np.pad(s.top_k_logits, (0, k - len(s.top_k_logits)), constant_values=np.nan)
+                               for s in steps]),
+        prefill_s=steps[0].seconds,
+        step_s=[s.seconds for s in steps[1:]],
+        stop_reason=stop_reason,
+        order=str(order),
+    )

@@ -1,0 +1,134 @@
+// Elementwise kernels of the Qwen3 forward pass: SwiGLU, residual add, and embedding-row lookup
+// (ggml get_rows) that dequantizes Q4_K / Q6_K / Q8_0 / F16 / F32 rows to float32.
+// None of them reduces, so none has an order to plan; each float op is written as an explicit
+// correctly rounded intrinsic so that the Numba emulator (elementwise.py) gets the same bits.
+// Requires fp.cuh prepended (hx_expf).
+
+// fp16 bits -> float32, exact (every binary16 value is a float32 value).
+__device__ __forceinline__ float hx_half_bits_to_float(const unsigned short h) {
+    const unsigned int sign = ((unsigned int)h & 0x8000u) << 16;
+    const unsigned int exponent = ((unsigned int)h >> 10) & 0x1fu;
+    const unsigned int mantissa = (unsigned int)h & 0x3ffu;
+    if (exponent == 0) {
+        // zero or subnormal: mantissa * 2^-24, exact in float32
+        const float v = __fmul_rn((float)mantissa, 5.9604644775390625e-08f);
+        return sign ? -v : v;
+    }
+    if (exponent == 31) return __uint_as_float(sign | 0x7f800000u | (mantissa << 13));
+    return __uint_as_float(sign | ((exponent + 112u) << 23) | (mantissa << 13));
+}
+
+__device__ __forceinline__ float hx_load_half(const unsigned char* p) {
+    return hx_half_bits_to_float((unsigned short)(p[0] | (p[1] << 8)));
+}
+
+// m = silu(g) * u,  silu(g) = g / (1 + exp(-g)).
+extern "C" __global__ void hx_swiglu_f32(const float* __restrict__ g, const float* __restrict__ u,
+                                         float* __restrict__ out, const long long n) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const float gi = g[i];
+    const float silu = __fdiv_rn(gi, __fadd_rn(1.0f, hx_expf(-gi)));
+    out[i] = __fmul_rn(silu, u[i]);
+}
+
+// out = a + b
+extern "C" __global__ void hx_add_f32(const float* __restrict__ a, const float* __restrict__ b,
+                                      float* __restrict__ out, const long long n) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    out[i] = __fadd_rn(a[i], b[i]);
+}
+
+// ---- get_rows: out[t, :] = dequantize(table[ids[t], :]) -------------------------------------
+// Grid (n_ids, ceil(n_cols / blockDim.x)); one thread per output element. The float formulas
+// follow gguf-py's dequantize_blocks (and ggml's CPU dequantize_row_*), op for op:
+//   Q8_0: q * d
+//   Q4_K: (d * sc) * q - (dmin * m)        two products, then one subtraction (no fma)
+//   Q6_K: (d * sc) * q
+
+#define HX_QK_K 256
+#define HX_Q4_K_BYTES 144
+#define HX_Q6_K_BYTES 210
+#define HX_QK8_0 32
+#define HX_Q8_0_BYTES 34
+
+extern "C" __global__ void hx_get_rows_q4_K(const unsigned char* __restrict__ table,
+                                            const int* __restrict__ ids, float* __restrict__ out,
+                                            const int n_cols, const long long row_bytes) {
+    const int t = blockIdx.x;
+    const int col = blockIdx.y * blockDim.x + threadIdx.x;
+    if (col >= n_cols) return;
+    const unsigned char* block = table + (long long)ids[t] * row_bytes
+                                 + (long long)(col / HX_QK_K) * HX_Q4_K_BYTES;
+    const int e = col % HX_QK_K;
+    const int j = e / 32;                 // sub-block 0..7
+    const int chunk = e / 64;             // 32-byte chunk of qs
+    const int l = e % 32;
+    const unsigned char* scales = block + 4;
+    int sc, m;
+    if (j < 4) {
+        sc = scales[j] & 63;
+        m = scales[j + 4] & 63;
+    } else {
+        sc = (scales[j + 4] & 0x0F) | ((scales[j - 4] >> 6) << 4);
+        m = (scales[j + 4] >> 4) | ((scales[j] >> 6) << 4);
+    }
+    const unsigned char byte = block[16 + 32 * chunk + l];
+    const int q = (j & 1) ? (byte >> 4) : (byte & 0x0F);
+    const float d1 = __fmul_rn(hx_load_half(block), (float)sc);
+    const float m1 = __fmul_rn(hx_load_half(block + 2), (float)m);
+    out[(long long)t * n_cols + col] = __fsub_rn(__fmul_rn(d1, (float)q), m1);
+}
+
+extern "C" __global__ void hx_get_rows_q6_K(const unsigned char* __restrict__ table,
+                                            const int* __restrict__ ids, float* __restrict__ out,
+                                            const int n_cols, const long long row_bytes) {
+    const int t = blockIdx.x;
+    const int col = blockIdx.y * blockDim.x + threadIdx.x;
+    if (col >= n_cols) return;
+    const unsigned char* block = table + (long long)ids[t] * row_bytes
+                                 + (long long)(col / HX_QK_K) * HX_Q6_K_BYTES;
+    const int e = col % HX_QK_K;
+    const int h = e / 128;
+    const int s = (e % 128) / 32;
+    const int l = e % 32;
+    const unsigned char low_byte = block[64 * h + 32 * (s & 1) + l];
+    const int low = s < 2 ? (low_byte & 0x0F) : (low_byte >> 4);
+    const int high = (block[128 + 32 * h + l] >> (2 * s)) & 3;
+    const int q = (low | (high << 4)) - 32;
+    const int sc = (int)(signed char)block[192 + e / 16];
+    const float d = hx_load_half(block + 208);
+    out[(long long)t * n_cols + col] = __fmul_rn(__fmul_rn(d, (float)sc), (float)q);
+}
+
+extern "C" __global__ void hx_get_rows_q8_0(const unsigned char* __restrict__ table,
+                                            const int* __restrict__ ids, float* __restrict__ out,
+                                            const int n_cols, const long long row_bytes) {
+    const int t = blockIdx.x;
+    const int col = blockIdx.y * blockDim.x + threadIdx.x;
+    if (col >= n_cols) return;
+    const unsigned char* block = table + (long long)ids[t] * row_bytes
+                                 + (long long)(col / HX_QK8_0) * HX_Q8_0_BYTES;
+    const int q = (int)(signed char)block[2 + col % HX_QK8_0];
+    out[(long long)t * n_cols + col] = __fmul_rn((float)q, hx_load_half(block));
+}
+
+extern "C" __global__ void hx_get_rows_f16(const unsigned char* __restrict__ table,
+                                           const int* __restrict__ ids, float* __restrict__ out,
+                                           const int n_cols, const long long row_bytes) {
+    const int t = blockIdx.x;
+    const int col = blockIdx.y * blockDim.x + threadIdx.x;
+    if (col >= n_cols) return;
+    out[(long long)t * n_cols + col] = hx_load_half(table + (long long)ids[t] * row_bytes + 2 * col);
+}
+
+extern "C" __global__ void hx_get_rows_f32(const unsigned char* __restrict__ table,
+                                           const int* __restrict__ ids, float* __restrict__ out,
+                                           const int n_cols, const long long row_bytes) {
+    const int t = blockIdx.x;
+    const int col = blockIdx.y * blockDim.x + threadIdx.x;
+    if (col >= n_cols) return;
+    const float* row = (const float*)(table + (long long)ids[t] * row_bytes);
+    out[(long long)t * n_cols + col] = row[col];
+}

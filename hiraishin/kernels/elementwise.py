@@ -1,0 +1,256 @@
+"""Elementwise kernels: SwiGLU, residual add, and embedding-row lookup (get_rows).
+
+None of them reduces, so none has an order to plan; what must match across backends is the
+sequence of float ops per element, written explicitly on both sides:
+
+* SwiGLU: ``silu(g) * u`` with ``silu(g) = g / (1 + exp(-g))``; ``exp`` is the library's own
+  (``hx_expf`` / :func:`hiraishin.fp.expf`), the division IEEE.
+* add: ``a + b``.
+* get_rows: dequantize whole rows of a quantized table (the token embedding) to float32, with
+  gguf-py's formula order (``gguf/quants.py`` ``dequantize_blocks``): Q8_0 ``q * d``;
+  Q4_K ``(d * sc) * q - (dmin * m)`` (no fma); Q6_K ``(d * sc) * q``. The result equals
+  :func:`hiraishin.quant.dequantize` of those rows bit for bit.
+
+CUDA sources in ``elementwise.cu``; the ``*_cpu`` functions are the emulators.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from ..errors import BackendError
+from ..fp import expf
+
+__all__ = ["swiglu", "swiglu_cpu", "swiglu_cuda", "add", "add_cpu", "add_cuda",
+           "get_rows", "get_rows_cpu", "get_rows_cuda", "GET_ROWS_TYPES"]
+
+# Elements per block and bytes per block of the table types get_rows reads
+# (ggml-common.h: QK_K = 256, block_q4_K 144 B, block_q6_K 210 B, QK8_0 = 32, block_q8_0 34 B).
+GET_ROWS_TYPES = {"Q4_K": (256, 144), "Q6_K": (256, 210), "Q8_0": (32, 34), "F16": (1, 2), "F32": (1, 4)}
+ELEMENTWISE_THREADS = 256  # block size of the 1-D elementwise launches (no reduction: any size is exact)
+GET_ROWS_THREADS = 256
+
+
+# ---- SwiGLU -------------------------------------------------------------------------------
+
+@njit(cache=True)
+def _swiglu_flat(g, u, out):
+    one = np.float32(1.0)
+    for i in range(g.size):
+        gi = g[i]
+        out[i] = (gi / (one + expf(-gi))) * u[i]
+
+
+def _check_pair(name, a, b):
+    if a.shape != b.shape or a.dtype != np.float32 or b.dtype != np.float32:
+        raise BackendError(f"{name}: needs two float32 arrays of one shape, got {a.dtype}{a.shape}, {b.dtype}{b.shape}")
+
+
+def swiglu_cpu(g: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """Emulator: ``silu(g) * u`` elementwise on float32 numpy arrays."""
+    _check_pair("swiglu", g, u)
+    g = np.ascontiguousarray(g)
+    u = np.ascontiguousarray(u)
+    out = np.empty_like(g)
+    _swiglu_flat(g.reshape(-1), u.reshape(-1), out.reshape(-1))
+    return out
+
+
+def add_cpu(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Emulator: ``a + b`` (numpy's float32 add is the same single IEEE op)."""
+    _check_pair("add", a, b)
+    return np.add(a, b, dtype=np.float32)
+
+
+def _launch_binary(kernel_name, a, b):
+    from . import _cuda
+
+    cp = _cuda.require_cupy()
+    _check_pair(kernel_name, a, b)
+    a = cp.ascontiguousarray(cp.asarray(a))
+    b = cp.ascontiguousarray(cp.asarray(b))
+    out = cp.empty_like(a)
+    n = a.size
+    if n:
+        kernel = _cuda.get_kernel("elementwise.cu", kernel_name)
+        blocks = (n + ELEMENTWISE_THREADS - 1) // ELEMENTWISE_THREADS
+        kernel((blocks,), (ELEMENTWISE_THREADS,), (a, b, out, np.int64(n)))
+    return out
+
+
+def swiglu_cuda(g, u):
+    """Launch ``hx_swiglu_f32`` on float32 CuPy arrays."""
+    return _launch_binary("hx_swiglu_f32", g, u)
+
+
+def add_cuda(a, b):
+    """Launch ``hx_add_f32`` on float32 CuPy arrays."""
+    return _launch_binary("hx_add_f32", a, b)
+
+
+def swiglu(g, u, backend: str = "cpu"):
+    """``silu(g) * u`` on the named backend."""
+    if backend == "cpu":
+        return swiglu_cpu(g, u)
+    if backend == "cuda":
+        return swiglu_cuda(g, u)
+    raise BackendError(f"swiglu: unknown backend {backend!r}")
+
+
+def add(a, b, backend: str = "cpu"):
+    """``a + b`` on the named backend."""
+    if backend == "cpu":
+        return add_cpu(a, b)
+    if backend == "cuda":
+        return add_cuda(a, b)
+    raise BackendError(f"add: unknown backend {backend!r}")
+
+
+# ---- get_rows -----------------------------------------------------------------------------
+
+@njit(cache=True, inline="always")
+def _half(lo, hi):
+    # little-endian fp16 bits -> float32, exact; the same integer steps as hx_half_bits_to_float
+    h = np.uint32(lo) | (np.uint32(hi) << np.uint32(8))
+    sign = (h & np.uint32(0x8000)) << np.uint32(16)
+    exponent = (h >> np.uint32(10)) & np.uint32(0x1F)
+    mantissa = h & np.uint32(0x3FF)
+    if exponent == 0:
+        v = np.float32(mantissa) * np.float32(5.9604644775390625e-08)  # mantissa * 2**-24, exact
+        return -v if sign else v
+    bits = np.empty(1, np.uint32)
+    if exponent == 31:
+        bits[0] = sign | np.uint32(0x7F800000) | (mantissa << np.uint32(13))
+    else:
+        bits[0] = sign | ((exponent + np.uint32(112)) << np.uint32(23)) | (mantissa << np.uint32(13))
+    return bits.view(np.float32)[0]
+
+
+@njit(cache=True)
+def _rows_q4_k(table, ids, n_cols, out):
+    for t in range(ids.size):
+        row = table[ids[t]]
+        for b in range(n_cols // 256):
+            o = b * 144
+            d = _half(row[o], row[o + 1])
+            dmin = _half(row[o + 2], row[o + 3])
+            for j in range(8):
+                if j < 4:
+                    sc = row[o + 4 + j] & 63
+                    m = row[o + 4 + j + 4] & 63
+                else:
+                    sc = (row[o + 4 + j + 4] & 0x0F) | ((row[o + 4 + j - 4] >> 6) << 4)
+                    m = (row[o + 4 + j + 4] >> 4) | ((row[o + 4 + j] >> 6) << 4)
+                d1 = d * np.float32(sc)
+                m1 = dmin * np.float32(m)
+                chunk = j // 2
+                for l in range(32):
+                    byte = row[o + 16 + 32 * chunk + l]
+                    q = (byte >> 4) if (j & 1) else (byte & 0x0F)
+                    out[t, b * 256 + 32 * j + l] = d1 * np.float32(q) - m1
+
+
+@njit(cache=True)
+def _rows_q6_k(table, ids, n_cols, out):
+    for t in range(ids.size):
+        row = table[ids[t]]
+        for b in range(n_cols // 256):
+            o = b * 210
+            d = _half(row[o + 208], row[o + 209])
+            for e in range(256):
+                h = e // 128
+                s = (e % 128) // 32
+                l = e % 32
+                low_byte = np.int64(row[o + 64 * h + 32 * (s & 1) + l])
+                low = (low_byte & 0x0F) if s < 2 else (low_byte >> 4)
+                high = (np.int64(row[o + 128 + 32 * h + l]) >> (2 * s)) & 3
+                q = (low | (high << 4)) - 32
+                sc = np.int64(row[o + 192 + e // 16])
+                if sc > 127:
+                    sc -= 256
+                out[t, b * 256 + e] = (d * np.float32(sc)) * np.float32(q)
+
+
+@njit(cache=True)
+def _rows_q8_0(table, ids, n_cols, out):
+    for t in range(ids.size):
+        row = table[ids[t]]
+        for b in range(n_cols // 32):
+            o = b * 34
+            d = _half(row[o], row[o + 1])
+            for l in range(32):
+                q = np.int64(row[o + 2 + l])
+                if q > 127:
+                    q -= 256
+                out[t, b * 32 + l] = np.float32(q) * d
+
+
+def _n_cols(table_shape, qtype: str) -> int:
+    if qtype not in GET_ROWS_TYPES:
+        raise BackendError(f"get_rows: unsupported table type {qtype!r}; supported: {sorted(GET_ROWS_TYPES)}")
+    elems, nbytes = GET_ROWS_TYPES[qtype]
+    row_bytes = table_shape[1]
+    if row_bytes % nbytes:
+        raise BackendError(f"get_rows: {qtype} row of {row_bytes} bytes is not a whole number of blocks")
+    return row_bytes // nbytes * elems
+
+
+def _as_byte_table(table, xp):
+    # F32/F16 tables may arrive as float arrays; the kernels read bytes.
+    if table.dtype != xp.uint8:
+        table = xp.ascontiguousarray(table).view(xp.uint8).reshape(table.shape[0], -1)
+    return table
+
+
+def _check_ids(ids, n_rows: int):
+    if ids.ndim != 1:
+        raise BackendError(f"get_rows: ids must be 1-D, got shape {ids.shape}")
+    if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= n_rows):
+        raise BackendError(f"get_rows: token ids {int(ids.min())}..{int(ids.max())} outside the table's {n_rows} rows")
+
+
+def get_rows_cpu(table: np.ndarray, qtype: str, ids) -> np.ndarray:
+    """Emulator: rows ``ids`` of ``table`` (uint8 (N, row_bytes), or F32/F16 (N, K)) as float32 (len(ids), K)."""
+    table = _as_byte_table(np.asarray(table), np)
+    ids = np.ascontiguousarray(ids, dtype=np.int32)
+    _check_ids(ids, table.shape[0])
+    n_cols = _n_cols(table.shape, qtype)
+    if qtype == "F32":
+        return np.ascontiguousarray(table[ids]).view(np.float32).reshape(ids.size, n_cols)
+    if qtype == "F16":
+        return np.ascontiguousarray(table[ids]).view(np.float16).astype(np.float32).reshape(ids.size, n_cols)
+    out = np.empty((ids.size, n_cols), np.float32)
+    {"Q4_K": _rows_q4_k, "Q6_K": _rows_q6_k, "Q8_0": _rows_q8_0}[qtype](table, ids, n_cols, out)
+    return out
+
+
+_GET_ROWS_KERNEL = {"Q4_K": "hx_get_rows_q4_K", "Q6_K": "hx_get_rows_q6_K", "Q8_0": "hx_get_rows_q8_0",
+                    "F16": "hx_get_rows_f16", "F32": "hx_get_rows_f32"}
+
+
+def get_rows_cuda(table, qtype: str, ids):
+    """Launch ``hx_get_rows_<qtype>``: grid (len(ids), ceil(K/256)), one thread per element."""
+    from . import _cuda
+
+    cp = _cuda.require_cupy()
+    if isinstance(ids, np.ndarray):
+        _check_ids(ids, table.shape[0])  # range check on the host, before the upload
+    table = _as_byte_table(cp.asarray(table), cp)
+    ids = cp.ascontiguousarray(cp.asarray(ids), dtype=cp.int32)
+    n_cols = _n_cols(table.shape, qtype)
+    out = cp.empty((ids.size, n_cols), cp.float32)
+    if ids.size:
+        kernel = _cuda.get_kernel("elementwise.cu", _GET_ROWS_KERNEL[qtype])
+        grid = (ids.size, (n_cols + GET_ROWS_THREADS - 1) // GET_ROWS_THREADS)
+        kernel(grid, (GET_ROWS_THREADS,), (table, ids, out, np.int32(n_cols), np.int64(table.shape[1])))
+    return out
+
+
+def get_rows(table, qtype: str, ids, backend: str = "cpu"):
+    """Dequantized rows ``ids`` of ``table`` as float32 (len(ids), K) on the named backend."""
+    if backend == "cpu":
+        return get_rows_cpu(table, qtype, ids)
+    if backend == "cuda":
+        return get_rows_cuda(table, qtype, ids)
+    raise BackendError(f"get_rows: unknown backend {backend!r}")

@@ -1,0 +1,44 @@
+// RMSNorm fused with the weight multiply (llama.cpp fuses RMS_NORM + MUL the same way, norm.cu):
+//   y = (scale * x) * w,   scale = 1 / sqrt(sum(x^2) / n + eps)
+//
+// One block per row; blockDim.x threads (a multiple of 32, at most 1024) chosen by the launcher from
+// the row length only, so the order of adds never depends on how many rows (tokens) a pass has.
+// The sum of squares has ONE fixed tree:
+//   1. thread t: s = fma(x[i], x[i], s) for i = t, t + nthreads, ... (ascending);
+//   2. each warp: xor butterfly 16, 8, 4, 2, 1 (hx_warp_sum);
+//   3. lane i of every warp loads warp i's partial (0 past the last warp) and butterflies again.
+// The emulator in rmsnorm.py performs the same operations in the same order.
+// Requires fp.cuh prepended (hx_warp_sum).
+
+extern "C" __global__ void hx_rms_norm_f32(const float* __restrict__ x,
+                                           const float* __restrict__ w,
+                                           float* __restrict__ y,
+                                           const int n,
+                                           const float eps) {
+    __shared__ float warp_partial[32];
+    const int row = blockIdx.x;
+    const int tid = threadIdx.x;
+    const int nthreads = blockDim.x;
+    const int lane = tid % 32;
+    const int warp = tid / 32;
+    const float* xr = x + (size_t)row * n;
+    float* yr = y + (size_t)row * n;
+
+    float s = 0.0f;
+    for (int i = tid; i < n; i += nthreads) {
+        const float xi = xr[i];
+        s = __fmaf_rn(xi, xi, s);
+    }
+    s = hx_warp_sum(s);
+    if (lane == 0) warp_partial[warp] = s;
+    __syncthreads();
+    float total = lane < nthreads / 32 ? warp_partial[lane] : 0.0f;
+    total = hx_warp_sum(total);
+
+    // IEEE division and square root (no rsqrtf: the CPU cannot reproduce its bits).
+    const float mean = __fdiv_rn(total, (float)n);
+    const float scale = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, eps)));
+    for (int i = tid; i < n; i += nthreads) {
+        yr[i] = __fmul_rn(__fmul_rn(scale, xr[i]), w[i]);
+    }
+}

@@ -1,0 +1,192 @@
+"""Qwen3 forward pass over GGUF weights, written once against a :class:`~hiraishin.backends.Backend`.
+
+>>> model = Qwen3.from_gguf("Qwen3-0.6B-Q4_K_M.gguf", device="cpu")
+>>> logits = model.forward(model.tokenizer.encode("Hello"), start_pos=0)   # (T, n_vocab) float32
+>>> model.generate("Hello", max_new_tokens=16).text
+
+Graph order per layer (reference section 8.3, llama.cpp src/models/qwen3.cpp): RMSNorm, Q/K/V
+mat-muls, per-head Q/K RMSNorm, NEOX RoPE, KV-cache write, attention, output mat-mul, residual,
+RMSNorm, gate/up mat-muls, SwiGLU, down mat-mul, residual. One
+:class:`~hiraishin.order.ReductionOrder` applies to every kernel of a pass.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Mapping
+
+import numpy as np
+
+from ..backends import Backend, get_backend
+from ..errors import HiraishinError
+from ..kernels.rope import rope_tables
+from ..order import ReductionOrder
+from .weights import LayerWeights, load_weights
+
+__all__ = ["Qwen3", "DEFAULT_N_CTX"]
+
+DEFAULT_N_CTX = 4096
+
+Recorder = Callable[[str, np.ndarray], None]
+
+
+class Qwen3:
+    """A Qwen3 model on one backend, with its tokenizer and KV cache.
+
+    Attributes: ``config`` (:class:`~hiraishin.model.config.Qwen3Config`), ``tokenizer``,
+    ``backend``, ``weights``, ``cache`` (the KV cache), ``n_ctx``, ``path``, ``name``.
+    """
+
+    def __init__(self, gguf, backend: Backend, n_ctx: int = DEFAULT_N_CTX, progress: bool = True):
+        from .tokenizer import Tokenizer
+
+        cfg = gguf.config
+        if n_ctx < 1:
+            raise HiraishinError(f"n_ctx must be >= 1, got {n_ctx}")
+        self.config = cfg
+        self.path = Path(getattr(gguf, "path", "model.gguf"))
+        self.name = self.path.name
+        self.backend = backend
+        self.n_ctx = int(n_ctx)
+        self.weights = load_weights(gguf, backend, progress=progress)
+        self.tokenizer = Tokenizer.from_gguf(gguf) if getattr(gguf, "tokens", None) else None
+        cos, sin = rope_tables(self.n_ctx, cfg.head_dim, cfg.rope_base)
+        self.rope_cos, self.rope_sin = backend.to_device(cos), backend.to_device(sin)
+        self.cache = backend.kv_cache(cfg.n_layer, self.n_ctx, cfg.n_head_kv, cfg.head_dim)
+
+    @classmethod
+    def from_gguf(cls, path, device: str | Backend = "auto", n_ctx: int = DEFAULT_N_CTX,
+                  progress: bool = True, profile=None) -> "Qwen3":
+        """Load a Qwen3 GGUF (Q4_K / Q6_K / Q8_0 matrices, F32 norms) onto a backend.
+
+        ``device``: ``"cuda"``, ``"cpu"`` (the Numba emulators) or ``"auto"``; ``n_ctx``: KV cache
+        cells; ``profile``: the device profile plans are made for (see ``hiraishin.devices``).
+        """
+        from .gguf_file import open_qwen3_gguf
+
+        gguf = open_qwen3_gguf(path)
+        return cls(gguf, get_backend(device, profile), n_ctx=n_ctx, progress=progress)
+
+    # ---- KV cache -------------------------------------------------------------------------------
+    @property
+    def kv_len(self) -> int:
+        """KV cells filled (the position the next pass starts at when continuing)."""
+        return int(self.cache.length)
+
+    def reset(self) -> None:
+        """Empty the KV cache."""
+        self.cache.reset()
+
+    def rollback(self, pos: int) -> None:
+        """Forget KV cells ``pos`` and after."""
+        self.cache.rollback(pos)
+
+    # ---- forward --------------------------------------------------------------------------------
+    def forward(self, tokens, start_pos: int, order: ReductionOrder = ReductionOrder.BATCH_INVARIANT,
+                record: Mapping | Recorder | None = None) -> np.ndarray:
+        """Run ``tokens`` at positions ``start_pos..`` and return logits float32 (T, n_vocab) (numpy).
+
+        Writes the tokens' K/V into the cache (cells from ``start_pos``; a ``start_pos`` below the
+        cache length overwrites, i.e. rolls back first) and commits it. ``order`` sets the
+        reduction order of every kernel in the pass. ``record`` (a dict, or a callable
+        ``(name, array)``) receives a host copy of every intermediate tensor, named like
+        ``"blk.3.ffn_down"``, first axis = token.
+        """
+        cfg, be, W = self.config, self.backend, self.weights
+        tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        T = tokens.size
+        if T < 1:
+            raise HiraishinError("forward needs at least one token")
+        if not 0 <= start_pos <= self.kv_len:
+            raise HiraishinError(f"forward at start_pos {start_pos}, but the KV cache holds {self.kv_len} cells "
+                                 "(a pass may continue or overwrite the cache, not leave a gap)")
+        if start_pos + T > self.n_ctx:
+            raise HiraishinError(f"positions {start_pos}..{start_pos + T - 1} exceed n_ctx {self.n_ctx}")
+        if tokens.min() < 0 or tokens.max() >= cfg.n_vocab:
+            raise HiraishinError(f"token ids must be in [0, {cfg.n_vocab}), got {tokens.min()}..{tokens.max()}")
+        if start_pos < self.kv_len:
+            self.cache.rollback(start_pos)
+        rec = _recorder(record, be)
+
+        ids = tokens.astype(np.int32)
+        pos = be.to_device(np.arange(start_pos, start_pos + T, dtype=np.int32))
+        x = be.get_rows(W.token_embd.data, W.token_embd.qtype, ids)  # (T, n_embd)
+        rec("token_embd", x)
+        for il, layer in enumerate(W.layers):
+            x = self._layer(il, layer, x, pos, start_pos, order, rec)  # (T, n_embd)
+        h = be.rms_norm(x, W.output_norm.data, cfg.rms_eps)  # (T, n_embd)
+        rec("output_norm", h)
+        logits = be.mul_mat(W.output.data, W.output.qtype, h, order)  # (T, n_vocab)
+        rec("output", logits)
+        self.cache.commit(start_pos + T)
+        return be.to_host(logits)
+
+    def _layer(self, il: int, L: LayerWeights, x, pos, start_pos: int, order, rec):
+        cfg, be = self.config, self.backend
+        T, D, H, Hkv, eps = x.shape[0], cfg.head_dim, cfg.n_head, cfg.n_head_kv, cfg.rms_eps
+
+        def r(op, a):  # record under "blk.<il>.<op>" and pass through
+            rec(f"blk.{il}.{op}", a)
+            return a
+
+        def mm(w, a):  # a (T, K) @ W.T -> (T, N)
+            return be.mul_mat(w.data, w.qtype, a, order)
+
+        # attention
+        h = r("attn_norm", be.rms_norm(x, L.attn_norm.data, eps))                 # (T, n_embd)
+        q = r("attn_q", mm(L.attn_q, h)).reshape(T * H, D)                        # (T*H, D)
+        k = r("attn_k", mm(L.attn_k, h)).reshape(T * Hkv, D)                      # (T*Hkv, D)
+        v = r("attn_v", mm(L.attn_v, h)).reshape(T, Hkv, D)                       # (T, Hkv, D)
+        q = r("attn_q_norm", be.rms_norm(q, L.attn_q_norm.data, eps).reshape(T, H, D))
+        k = r("attn_k_norm", be.rms_norm(k, L.attn_k_norm.data, eps).reshape(T, Hkv, D))
+        q = r("attn_q_rope", be.rope(q, pos, self.rope_cos, self.rope_sin))       # (T, H, D)
+        k = r("attn_k_rope", be.rope(k, pos, self.rope_cos, self.rope_sin))       # (T, Hkv, D)
+        self.cache.write(il, start_pos, k, v)                                     # f16 cells start_pos..+T-1
+        a = be.attention(q, self.cache.k(il), self.cache.v(il), pos, start_pos + T, order)
+        a = r("attn", a).reshape(T, H * D)                                        # (T, H*D)
+        o = r("attn_output", mm(L.attn_output, a))                                # (T, n_embd)
+        x = r("ffn_inp", be.add(o, x))                                            # residual
+        # feed-forward
+        h = r("ffn_norm", be.rms_norm(x, L.ffn_norm.data, eps))                   # (T, n_embd)
+        g = r("ffn_gate", mm(L.ffn_gate, h))                                      # (T, n_ff)
+        u = r("ffn_up", mm(L.ffn_up, h))                                          # (T, n_ff)
+        m = r("ffn_swiglu", be.swiglu(g, u))                                      # (T, n_ff)
+        d = r("ffn_down", mm(L.ffn_down, m))                                      # (T, n_embd)
+        return r("l_out", be.add(d, x))                                           # residual
+
+    # ---- generation -----------------------------------------------------------------------------
+    def generate(self, prompt_or_tokens, max_new_tokens: int = 64,
+                 order: ReductionOrder = ReductionOrder.BATCH_INVARIANT, stop_at_eos: bool = True,
+                 on_token=None, top_k: int = 5, progress: bool = False, chat: bool = False):
+        """Greedy decoding; see :func:`hiraishin.decode.greedy.generate`."""
+        from ..decode.greedy import generate
+
+        return generate(self, prompt_or_tokens, max_new_tokens=max_new_tokens, order=order,
+                        stop_at_eos=stop_at_eos, on_token=on_token, top_k=top_k, progress=progress, chat=chat)
+
+    def stream(self, prompt_or_tokens, max_new_tokens: int = 64,
+               order: ReductionOrder = ReductionOrder.BATCH_INVARIANT, stop_at_eos: bool = True,
+               top_k: int = 5, chat: bool = False):
+        """Greedy decoding as an iterator of :class:`~hiraishin.decode.greedy.Step`."""
+        from ..decode.greedy import stream
+
+        return stream(self, prompt_or_tokens, max_new_tokens=max_new_tokens, order=order,
+                      stop_at_eos=stop_at_eos, top_k=top_k, chat=chat)
+
+    def __repr__(self) -> str:
+        c = self.config
+        return (f"Qwen3({self.name!r}, backend={self.backend.name}, n_layer={c.n_layer}, n_embd={c.n_embd}, "
+                f"n_vocab={c.n_vocab}, n_ctx={self.n_ctx})")
+
+
+def _recorder(record, backend) -> Recorder:
+    """A ``rec(name, array)`` that stores host copies into ``record`` (or does nothing)."""
+    if record is None:
+        return lambda name, a: None
+    if callable(record) and not isinstance(record, Mapping):
+        return lambda name, a: record(name, np.array(backend.to_host(a)))
+
+    def store(name, a):
+        record[name] = np.array(backend.to_host(a))
+
+    return store

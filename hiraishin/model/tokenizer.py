@@ -1,0 +1,191 @@
+"""Qwen2/Qwen3 tokenizer rebuilt from a GGUF file's ``tokenizer.ggml.*`` keys.
+
+The GGUF stores a byte-level BPE vocabulary (``tokenizer.ggml.model = "gpt2"``): token strings,
+token types and merges (reference section 9). We rebuild it with the ``tokenizers`` library the
+way Qwen's own ``tokenizer.json`` is built: NFC normalization, a ``Split`` pre-tokenizer with the
+Qwen2 regex (isolated matches), then ``ByteLevel`` (no prefix space, no regex of its own), a BPE
+model without unknown token, and the CONTROL / USER_DEFINED tokens as added tokens (CONTROL ones
+``special``). No BOS is added (llama.cpp's default for BPE vocabularies; Qwen's ``add_bos_token``
+is false).
+
+Text is encoded raw by default; :meth:`Tokenizer.apply_chat_template` renders the file's chat
+template (jinja2) when a chat prompt is wanted.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+from ..errors import GGUFError
+
+__all__ = ["Tokenizer", "QWEN2_PRETOKENIZER_REGEX", "TOKEN_TYPE", "END_OF_GENERATION_TEXTS",
+           "CHATML_TEMPLATE"]
+
+# The Qwen2 pre-tokenizer regex as written in Qwen's tokenizer.json (reference section 9; llama.cpp
+# stores an expanded form without the (?i:...) group and matches it with a hand-written splitter).
+# Note \p{N} takes ONE digit at a time.
+QWEN2_PRETOKENIZER_REGEX = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+# tokenizer.ggml.token_type values (gguf-py TokenType / llama.cpp llama_token_type).
+TOKEN_TYPE = {"NORMAL": 1, "UNKNOWN": 2, "CONTROL": 3, "USER_DEFINED": 4, "UNUSED": 5, "BYTE": 6}
+
+# Token texts llama.cpp treats as end of generation besides the EOS id (llama-vocab.cpp, by text).
+END_OF_GENERATION_TEXTS = ("<|im_end|>", "<|endoftext|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>",
+                           "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|return|>")
+
+# Used when a file carries no tokenizer.chat_template: plain ChatML, as Qwen models expect.
+CHATML_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+class Tokenizer:
+    """Byte-level BPE tokenizer built from GGUF vocabulary lists.
+
+    ``tokens``: token strings by id (GPT-2 byte-to-unicode form); ``token_types``: one
+    :data:`TOKEN_TYPE` value per token (or ``None``: all NORMAL); ``merges``: ``"left right"``
+    strings in rank order.
+    """
+
+    def __init__(self, tokens: Sequence[str], merges: Sequence[str], token_types: Sequence[int] | None = None,
+                 bos_id: int | None = None, eos_id: int | None = None, chat_template: str | None = None,
+                 pre: str | None = "qwen2", source: str = "<lists>"):
+        from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
+        from tokenizers import Tokenizer as HFTokenizer
+
+        if pre not in (None, "qwen2", "deepseek-r1-qwen"):
+            raise GGUFError(f"{source}: tokenizer.ggml.pre = {pre!r} is not a Qwen2-style pre-tokenizer")
+        if token_types is not None and len(token_types) != len(tokens):
+            raise GGUFError(f"{source}: tokenizer.ggml.token_type has {len(token_types)} entries "
+                            f"for {len(tokens)} tokens")
+        self.tokens = list(tokens)
+        self.token_types = list(token_types) if token_types is not None else [TOKEN_TYPE["NORMAL"]] * len(tokens)
+        self.bos_id = bos_id
+        self.eos_id = eos_id
+        self.chat_template = chat_template
+        self.source = source
+
+        vocab: dict[str, int] = {}
+        for i, tok in enumerate(self.tokens):
+            vocab.setdefault(tok, i)  # a repeated string keeps its first id
+        pairs = []
+        for rank, merge in enumerate(merges):
+            left, sep, right = merge.partition(" ")
+            if not sep or not left or not right:
+                raise GGUFError(f"{source}: tokenizer.ggml.merges[{rank}] = {merge!r} is not 'left right'")
+            pairs.append((left, right))
+
+        bpe = models.BPE(vocab=vocab, merges=pairs, dropout=None, unk_token=None, continuing_subword_prefix="",
+                         end_of_word_suffix="", fuse_unk=False, byte_fallback=False)
+        tk = HFTokenizer(bpe)
+        tk.normalizer = normalizers.NFC()
+        tk.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZER_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
+        ])
+        tk.decoder = decoders.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
+        added = []
+        for i, (tok, kind) in enumerate(zip(self.tokens, self.token_types)):
+            if kind in (TOKEN_TYPE["CONTROL"], TOKEN_TYPE["USER_DEFINED"]) and vocab.get(tok) == i:
+                added.append(AddedToken(tok, special=kind == TOKEN_TYPE["CONTROL"], normalized=False,
+                                        single_word=False, lstrip=False, rstrip=False))
+        if added:
+            tk.add_tokens(added)
+        self._tk = tk
+        self.eog_ids = frozenset(
+            ([eos_id] if eos_id is not None else [])
+            + [vocab[t] for t in END_OF_GENERATION_TEXTS if t in vocab]
+        )
+
+    @classmethod
+    def from_gguf(cls, model) -> "Tokenizer":
+        """From an open :class:`~hiraishin.model.gguf_file.Qwen3GGUF` or a path to a GGUF file."""
+        if not hasattr(model, "tokens"):
+            from .gguf_file import open_qwen3_gguf
+
+            model = open_qwen3_gguf(model)
+        if not model.tokens:
+            raise GGUFError(f"{getattr(model, 'path', '<gguf>')}: no tokenizer.ggml.tokens")
+        return cls(model.tokens, model.merges, getattr(model, "token_types", None), bos_id=model.bos_id,
+                   eos_id=model.eos_id, chat_template=getattr(model, "chat_template", None),
+                   pre=getattr(model, "pre", "qwen2"), source=str(getattr(model, "path", "<gguf>")))
+
+    # ---- encode / decode --------------------------------------------------------------------
+    @property
+    def n_vocab(self) -> int:
+        return len(self.tokens)
+
+    def encode(self, text: str, parse_special: bool = True) -> list[int]:
+        """Token ids of ``text`` (no BOS). With ``parse_special`` (the default, as Hugging Face
+        does) special-token texts such as ``<|im_start|>`` become their ids; without it they are
+        BPE-tokenized like any other text."""
+        self._tk.encode_special_tokens = not parse_special
+        try:
+            return self._tk.encode(text, add_special_tokens=False).ids
+        finally:
+            self._tk.encode_special_tokens = False
+
+    def decode(self, ids: Iterable[int], skip_special: bool = False) -> str:
+        """Text of ``ids``; bytes that do not form UTF-8 come out as U+FFFD."""
+        return self._tk.decode([int(i) for i in ids], skip_special_tokens=skip_special)
+
+    def token_text(self, token_id: int) -> str:
+        """The decoded text of one token."""
+        return self.decode([token_id])
+
+    def stream_decoder(self):
+        """A callable ``step(token_id) -> str`` that returns the text each new token completes
+        (empty while a multi-byte UTF-8 character is still incomplete)."""
+        from tokenizers.decoders import DecodeStream
+
+        stream = DecodeStream(skip_special_tokens=False)
+
+        def step(token_id: int) -> str:
+            return stream.step(self._tk, int(token_id)) or ""
+
+        return step
+
+    @property
+    def eos_ids(self) -> tuple[int, ...]:
+        """Every id that ends generation (EOS and the end-of-generation tokens), sorted."""
+        return tuple(sorted(self.eog_ids))
+
+    def is_end_of_generation(self, token_id: int) -> bool:
+        return int(token_id) in self.eog_ids
+
+    # ---- chat -------------------------------------------------------------------------------
+    def apply_chat_template(self, messages, add_generation_prompt: bool = True, **kwargs) -> str:
+        """Render the file's chat template (``tokenizer.chat_template``; plain ChatML if absent).
+
+        ``messages`` is a list of ``{"role", "content"}`` dicts or a single user message string.
+        Extra keyword arguments (e.g. ``enable_thinking=False``) are passed to the template.
+        """
+        import jinja2
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        if isinstance(messages, str):
+            messages = [{"role": "user", "content": messages}]
+
+        def raise_exception(message):
+            raise jinja2.exceptions.TemplateError(message)
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env.globals["raise_exception"] = raise_exception
+        template = env.from_string(self.chat_template or CHATML_TEMPLATE)
+        bos = self.tokens[self.bos_id] if self.bos_id is not None and self.bos_id < len(self.tokens) else ""
+        eos = self.tokens[self.eos_id] if self.eos_id is not None and self.eos_id < len(self.tokens) else ""
+        return template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                               bos_token=bos, eos_token=eos, **kwargs)
+
+    def encode_chat(self, messages, add_generation_prompt: bool = True, **kwargs) -> list[int]:
+        """Ids of the rendered chat prompt (special tokens parsed)."""
+        return self.encode(self.apply_chat_template(messages, add_generation_prompt, **kwargs), parse_special=True)
+
+    def __repr__(self) -> str:
+        return f"Tokenizer(n_vocab={self.n_vocab}, eos_id={self.eos_id}, source={self.source!r})"

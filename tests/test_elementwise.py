@@ -1,0 +1,164 @@
+"""CPU emulators of the elementwise kernels (RMSNorm, RoPE, SwiGLU, add, get_rows)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hiraishin.errors import BackendError
+from hiraishin.kernels.elementwise import add_cpu, get_rows_cpu, swiglu_cpu
+from hiraishin.kernels.rmsnorm import block_threads, rms_norm_cpu
+from hiraishin.kernels.rope import rope_neox_cpu, rope_tables
+from hiraishin.quant import dequantize, quantize
+
+# float32 round-off bounds against float64 (relative to the row scale): RMSNorm's sum over n
+# terms and a handful of products stay well below 1e-5 for the sizes tested here.
+RMS_RTOL = 1e-5
+ROPE_ATOL = 4e-7  # two products and one add of |x| <= ~4: a few ulps
+SWIGLU_RTOL = 4e-6  # exp from explicit fmaf ops (<= 2 ulp) + div + mul
+
+
+def _bits(a):
+    return np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+
+
+@pytest.mark.parametrize("n", [128, 96, 1024, 1056])
+def test_rms_norm_matches_float64(n):
+    rng = np.random.default_rng(n)
+    x = (rng.standard_normal((5, n)) * rng.uniform(0.1, 30, (5, 1))).astype(np.float32)
+    w = rng.standard_normal(n).astype(np.float32)
+    eps = 1e-6
+    got = rms_norm_cpu(x, w, eps)
+    x64 = x.astype(np.float64)
+    ref = x64 / np.sqrt(np.mean(x64 * x64, axis=1, keepdims=True) + eps) * w
+    np.testing.assert_allclose(got, ref, rtol=RMS_RTOL, atol=RMS_RTOL * np.abs(ref).max())
+
+
+def test_rms_norm_rows_are_independent_of_the_batch():
+    # one row alone and the same row among others: identical bits (the order depends on n only)
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((9, 1024)).astype(np.float32)
+    w = rng.standard_normal(1024).astype(np.float32)
+    full = rms_norm_cpu(x, w, 1e-6)
+    for i in (0, 4, 8):
+        assert np.array_equal(_bits(rms_norm_cpu(x[i:i + 1], w, 1e-6)), _bits(full[i:i + 1]))
+
+
+def test_rms_norm_fixed_tree_is_the_documented_one():
+    # 256 threads for n < 1024: rebuild the documented tree in numpy float32 and compare bits
+    rng = np.random.default_rng(2)
+    n = 200
+    x = rng.standard_normal((1, n)).astype(np.float32)
+    w = np.ones(n, np.float32)
+    assert block_threads(n) == 256 and block_threads(1024) == 1024
+    part = np.zeros(256, np.float32)
+    for t in range(256):
+        for i in range(t, n, 256):
+            part[t] = np.float32(np.float64(x[0, i]) * x[0, i] + part[t])  # exact fma: product fits in float64
+
+    def butterfly(v):
+        v = v.copy()
+        for off in (16, 8, 4, 2, 1):
+            v = (v + v[np.arange(32) ^ off]).astype(np.float32)
+        return v[0]
+
+    warps = np.zeros(32, np.float32)
+    warps[:8] = [butterfly(part[32 * k:32 * k + 32]) for k in range(8)]
+    total = butterfly(warps)
+    scale = np.float32(1.0) / np.sqrt(total / np.float32(n) + np.float32(1e-6))
+    expect = (scale * x) * w
+    assert np.array_equal(_bits(rms_norm_cpu(x, w, 1e-6)), _bits(expect))
+
+
+def test_rms_norm_rejects_bad_shapes():
+    with pytest.raises(BackendError, match="rms_norm"):
+        rms_norm_cpu(np.zeros((2, 8), np.float32), np.zeros(7, np.float32), 1e-6)
+    with pytest.raises(BackendError, match="float32"):
+        rms_norm_cpu(np.zeros((2, 8), np.float64), np.zeros(8, np.float64), 1e-6)
+
+
+def test_rope_tables_and_rotation_match_float64():
+    D, base = 128, 1e6
+    cos_t, sin_t = rope_tables(64, D, base)
+    assert cos_t.dtype == np.float32 and cos_t.shape == (64, 64)
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((4, 3, D)).astype(np.float32)
+    pos = np.array([0, 5, 17, 63], np.int32)
+    got = rope_neox_cpu(x, pos, cos_t, sin_t)
+    theta = pos[:, None] * np.power(base, -2.0 * np.arange(64) / D)
+    c, s = np.cos(theta)[:, None], np.sin(theta)[:, None]
+    x64 = x.astype(np.float64)
+    ref = np.concatenate([x64[..., :64] * c - x64[..., 64:] * s, x64[..., :64] * s + x64[..., 64:] * c], -1)
+    np.testing.assert_allclose(got, ref, atol=ROPE_ATOL * 8)
+    assert np.array_equal(_bits(got[0]), _bits(x[0]))  # position 0: cos 1, sin 0 -> identity
+    # the emulator is the documented float32 formula, op for op
+    c32, s32 = cos_t[pos][:, None], sin_t[pos][:, None]
+    x0, x1 = x[..., :64], x[..., 64:]
+    expect = np.concatenate([x0 * c32 - x1 * s32, x0 * s32 + x1 * c32], -1)
+    assert np.array_equal(_bits(got), _bits(expect))
+
+
+def test_rope_rejects_positions_outside_the_table():
+    cos_t, sin_t = rope_tables(8, 16, 1e4)
+    with pytest.raises(BackendError, match="outside the table"):
+        rope_neox_cpu(np.zeros((1, 1, 16), np.float32), np.array([8]), cos_t, sin_t)
+
+
+def test_swiglu_matches_float64():
+    rng = np.random.default_rng(4)
+    g = np.concatenate([rng.standard_normal(4000) * 4, [-100.0, -88.5, -87.0, 0.0, 30.0, 100.0]]).astype(np.float32)
+    u = rng.standard_normal(g.size).astype(np.float32)
+    got = swiglu_cpu(g, u)
+    g64 = g.astype(np.float64)
+    ref = g64 / (1.0 + np.exp(-g64)) * u
+    np.testing.assert_allclose(got, ref, rtol=SWIGLU_RTOL, atol=1e-30)
+    assert np.isfinite(got).all()
+
+
+def test_add_is_the_float32_add():
+    rng = np.random.default_rng(5)
+    a, b = rng.standard_normal((2, 3, 7)).astype(np.float32)
+    assert np.array_equal(_bits(add_cpu(a, b)), _bits(a + b))
+
+
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q8_0"])
+def test_get_rows_equals_dequantize_bitwise(qtype):
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((11, 512)).astype(np.float32) * rng.uniform(0.01, 3, (11, 1)).astype(np.float32)
+    table = quantize(x, qtype)
+    ids = np.array([10, 0, 3, 3, 7])
+    got = get_rows_cpu(table, qtype, ids)
+    assert np.array_equal(_bits(got), _bits(dequantize(table[ids], qtype)))
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.sampled_from(["Q4_K", "Q6_K", "Q8_0"]), st.binary(min_size=420, max_size=420))
+def test_get_rows_of_arbitrary_bytes_equals_dequantize(qtype, raw):
+    # random block bytes (any scales, any fp16 d including subnormals), finite results compared bitwise
+    from hiraishin.quant import BLOCK_BYTES
+
+    nb = BLOCK_BYTES[qtype]
+    row = np.frombuffer(raw[: (420 // nb) * nb], np.uint8).reshape(1, -1)
+    got = get_rows_cpu(row, qtype, [0])
+    ref = dequantize(row, qtype)
+    finite = np.isfinite(ref)
+    assert np.array_equal(_bits(got[finite]), _bits(ref[finite]))
+    assert np.array_equal(np.isnan(got), np.isnan(ref))
+
+
+def test_get_rows_f32_and_f16_tables():
+    rng = np.random.default_rng(7)
+    t32 = rng.standard_normal((5, 8)).astype(np.float32)
+    assert np.array_equal(get_rows_cpu(t32, "F32", [4, 1]), t32[[4, 1]])
+    t16 = t32.astype(np.float16)
+    assert np.array_equal(get_rows_cpu(t16, "F16", [2]), t16[[2]].astype(np.float32))
+
+
+def test_get_rows_rejects_bad_ids_and_types():
+    table = np.zeros((4, 34), np.uint8)
+    with pytest.raises(BackendError, match="outside"):
+        get_rows_cpu(table, "Q8_0", [4])
+    with pytest.raises(BackendError, match="unsupported"):
+        get_rows_cpu(table, "Q5_K", [0])
