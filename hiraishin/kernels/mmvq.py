@@ -1,0 +1,658 @@
+"""dp4a mat-vec (Q4_K, Q6_K, Q8_0 weights x q8_1 activations): plan, kernel, emulator.
+
+The geometry is llama.cpp's ``mul_mat_vec_q`` (reference sections 4.1-4.4,
+``ggml/src/ggml-cuda/mmvq.cu`` and ``vecdotq.cuh``); the arithmetic is IEEE with
+every rounding-relevant op explicit, so the Numba emulator here reproduces the
+kernel's bits. For one output (row r, column j)::
+
+    tpb = threads per weight block (Q4_K 16, Q6_K 32, Q8_0 4)
+    bpi = 32 * nwarps / tpb                       # weight blocks per iteration
+    thread tid: acc = 0; for kbx = tid // tpb, += bpi: acc = step(acc, block kbx, ints of tid % tpb)
+    s[L] = acc[L] + acc[32 + L] + ... + acc[32*(nwarps-1) + L]   (warp order, lane by lane)
+    s = xor butterfly over the 32 lanes (16, 8, 4, 2, 1); out = s[lane 0]
+
+Only ``nwarps`` changes a result: rows per CUDA block and columns per launch
+decide which outputs share a CUDA block, not how any one output is summed.
+That is why llama.cpp's table (4 warps for 1-4 columns, 2 for 5-8) makes a
+token's logits depend on how many tokens share the batch, and why giving
+every column the one-column geometry fixes it.
+
+Plans (:class:`MatVecPlan`) come from :func:`plan_matvec`, which
+``ReductionOrder.matvec_plan`` calls:
+
+* ``variant`` (stock llama.cpp): nwarps from the device's table keyed by the
+  column count, 1 row per CUDA block for one column else 2; past
+  ``MMVQ_MAX_BATCH_SIZE`` = 8 columns the tiled kernel (``mmq_tiled``).
+* ``invariant``: every column gets the one-column nwarps; any batch stays on
+  the mat-vec kernel, in launches of at most ``order.max_cols_per_launch``.
+* ``custom``: ``order.nwarps`` / ``order.rows_per_block`` as given.
+
+Valid mat-vec geometry (else :class:`PlanError`): 1 <= nwarps <= 16 (at most 512
+threads; llama.cpp uses 1..8), 1 <= rows_per_block <= 8, 1 <= cols_per_launch
+<= 16, rows_per_block * cols_per_launch <= 32 (accumulators per thread stay in
+registers), and the shared-memory hand-over ``(nwarps-1) * cols * rows * 128``
+bytes <= 48 KiB. Any nwarps divides the work: every type has a power-of-two
+number of threads per block that divides 32, so blocks per iteration is an
+integer; threads whose first block is past the row's end simply add nothing
+(llama.cpp's ``small_k`` case).
+
+Runners: :func:`mul_mat_vec` (q8_1 bytes in) and :func:`mul_mat` (float32 in,
+quantized here). ``backend="cpu"`` runs the Numba emulator on numpy arrays,
+``backend="cuda"`` the CUDA kernels on cupy arrays.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from numba import njit, prange
+
+from ..devices import DeviceProfile, get_profile
+from ..errors import BackendError, PlanError, QuantError
+from ..fp import fmaf
+from . import mmq_tiled
+from .quantize_q8_1 import F16_TO_F32, Q8_1_BLOCK_BYTES, quantize_q8_1
+
+__all__ = [
+    "MMVQ_MAX_BATCH_SIZE",
+    "NWARPS_GENERIC",
+    "NWARPS_TURING",
+    "NWARPS_GCN",
+    "TYPE_TRAITS",
+    "TypeTraits",
+    "MatVecPlan",
+    "plan_matvec",
+    "mul_mat_vec",
+    "mul_mat",
+    "emulate_mmvq",
+    "random_weights",
+]
+
+# ggml/src/ggml-cuda/mmvq.cuh: batches wider than this never use the mat-vec kernel.
+MMVQ_MAX_BATCH_SIZE = 8
+
+# nwarps by column count 1..8 (index ncols-1), ggml/src/ggml-cuda/mmvq.cu calc_nwarps
+# (reference section 4.2). GENERIC: Pascal .. Hopper and consumer Blackwell.
+NWARPS_GENERIC = (4, 4, 4, 4, 2, 2, 2, 2)
+# TURING (cc 7.5): like GENERIC except 2 warps at one column for Q2_K..Q6_K.
+NWARPS_TURING = NWARPS_GENERIC
+NWARPS_TURING_KQUANT_ONE_COL = 2
+# GCN/CDNA.
+NWARPS_GCN = (2, 2, 2, 2, 1, 1, 1, 1)
+_NWARPS_TABLES = {"GENERIC": NWARPS_GENERIC, "TURING": NWARPS_TURING, "GCN": NWARPS_GCN,
+                  # GB10 is GENERIC except an 8-warp case that needs llama.cpp's halve_iters,
+                  # which we do not model.
+                  "GB10": NWARPS_GENERIC}
+
+# Limits of our kernel (see the module docstring).
+MAX_NWARPS = 16
+MAX_ROWS_PER_BLOCK = 8
+MAX_COLS_PER_LAUNCH = 16
+MAX_ACCUMULATORS = 32
+MAX_SHARED_BYTES = 48 * 1024
+
+
+@dataclass(frozen=True)
+class TypeTraits:
+    """Block facts of a weight type (ggml-common.h, vecdotq.cuh; reference section 2)."""
+
+    qk: int  # values per block
+    block_bytes: int
+    vdr: int  # VDR_MMVQ: ints of quant data per thread per call
+    qi: int  # ints of quant data per block, as the dot product sees them
+    type_id: int  # ggml type id (also HX_QTYPE in the CUDA source)
+    block_word: str  # "super-block" or "block", for descriptions
+
+    @property
+    def threads_per_block(self) -> int:
+        """qi / vdr: how many threads share one weight block."""
+        return self.qi // self.vdr
+
+
+TYPE_TRAITS = {
+    "Q4_K": TypeTraits(qk=256, block_bytes=144, vdr=2, qi=32, type_id=12, block_word="super-block"),
+    "Q6_K": TypeTraits(qk=256, block_bytes=210, vdr=1, qi=32, type_id=14, block_word="super-block"),
+    "Q8_0": TypeTraits(qk=32, block_bytes=34, vdr=2, qi=8, type_id=8, block_word="block"),
+}
+_KQUANTS = {"Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"}
+
+
+def _traits(qtype: str) -> TypeTraits:
+    try:
+        return TYPE_TRAITS[qtype]
+    except KeyError:
+        raise PlanError(f"mat-vec supports weight types {sorted(TYPE_TRAITS)}, got {qtype!r}") from None
+
+
+# --------------------------------------------------------------------------- plans
+
+
+@dataclass(frozen=True)
+class MatVecPlan:
+    """Geometry of one mat-vec (or tiled mat-mat) call over ``ncols`` columns.
+
+    ``kernel`` is ``"mmvq"`` (mat-vec) or ``"tiled"`` (wide batches). For the
+    tiled kernel ``nwarps``/``rows_per_block`` are its fixed tile (4 warps, 32
+    rows) and one launch takes every column.
+    """
+
+    kernel: str
+    qtype: str
+    nwarps: int
+    rows_per_block: int
+    cols_per_launch: int
+    ncols: int
+
+    def __post_init__(self):
+        t = _traits(self.qtype)
+        if self.ncols < 1:
+            raise PlanError(f"a mat-vec plan needs ncols >= 1, got {self.ncols}")
+        if not 1 <= self.cols_per_launch <= self.ncols:
+            raise PlanError(f"cols_per_launch must be in 1..ncols={self.ncols}, got {self.cols_per_launch}")
+        if self.kernel == "tiled":
+            if (self.nwarps, self.rows_per_block, self.cols_per_launch) != (
+                    mmq_tiled.TILE_THREADS // 32, mmq_tiled.TILE_ROWS, self.ncols):
+                raise PlanError(
+                    f"the tiled kernel has a fixed tile ({mmq_tiled.TILE_THREADS // 32} warps, "
+                    f"{mmq_tiled.TILE_ROWS} rows, all columns in one launch); got nwarps={self.nwarps}, "
+                    f"rows_per_block={self.rows_per_block}, cols_per_launch={self.cols_per_launch}"
+                )
+            return
+        if self.kernel != "mmvq":
+            raise PlanError(f"kernel must be 'mmvq' or 'tiled', got {self.kernel!r}")
+        if not 1 <= self.nwarps <= MAX_NWARPS:
+            raise PlanError(f"{self.qtype} mat-vec: nwarps must be in 1..{MAX_NWARPS}, got {self.nwarps}")
+        if not 1 <= self.rows_per_block <= MAX_ROWS_PER_BLOCK:
+            raise PlanError(
+                f"{self.qtype} mat-vec: rows_per_block must be in 1..{MAX_ROWS_PER_BLOCK}, got {self.rows_per_block}"
+            )
+        if self.cols_per_launch > MAX_COLS_PER_LAUNCH:
+            raise PlanError(
+                f"{self.qtype} mat-vec: at most {MAX_COLS_PER_LAUNCH} columns per launch, got {self.cols_per_launch}"
+            )
+        if self.rows_per_block * self.cols_per_launch > MAX_ACCUMULATORS:
+            raise PlanError(
+                f"{self.qtype} mat-vec: rows_per_block * cols_per_launch = "
+                f"{self.rows_per_block} * {self.cols_per_launch} > {MAX_ACCUMULATORS} accumulators per thread"
+            )
+        if self.shared_bytes > MAX_SHARED_BYTES:
+            raise PlanError(
+                f"{self.qtype} mat-vec: the warp hand-over needs {self.shared_bytes} bytes of shared memory "
+                f"(nwarps={self.nwarps}, cols={self.cols_per_launch}, rows={self.rows_per_block}), "
+                f"more than {MAX_SHARED_BYTES}"
+            )
+        # Every type's threads-per-block divides 32, so this is exact for any nwarps.
+        assert (32 * self.nwarps) % t.threads_per_block == 0
+
+    # -- derived geometry
+
+    @property
+    def traits(self) -> TypeTraits:
+        return TYPE_TRAITS[self.qtype]
+
+    @property
+    def threads(self) -> int:
+        """Threads per CUDA block."""
+        return 32 * self.nwarps
+
+    @property
+    def blocks_per_iter(self) -> int:
+        """Weight blocks one iteration of the mat-vec's kbx loop covers (blocks_per_iter in mmvq.cu)."""
+        return self.threads // self.traits.threads_per_block
+
+    @property
+    def shared_bytes(self) -> int:
+        """Dynamic shared memory of one mat-vec launch (the warp hand-over)."""
+        if self.kernel != "mmvq":
+            return 0
+        return (self.nwarps - 1) * self.cols_per_launch * self.rows_per_block * 32 * 4
+
+    def launches(self) -> list[tuple[int, int]]:
+        """(first column, number of columns) of each launch, in order."""
+        out = []
+        start = 0
+        while start < self.ncols:
+            count = min(self.cols_per_launch, self.ncols - start)
+            out.append((start, count))
+            start += count
+        return out
+
+    def thread_blocks(self, n_blocks: int) -> dict[int, list[int]]:
+        """Which weight blocks each thread sums, in order: ``{tid: [kbx, ...]}``.
+
+        For the mat-vec kernel, every thread of the CUDA block (tid = 32*warp +
+        lane), including threads with nothing to do. For the tiled kernel one
+        thread owns one output and walks every block: ``{0: [0, 1, ..., n-1]}``.
+        """
+        if n_blocks < 0:
+            raise PlanError(f"n_blocks must be >= 0, got {n_blocks}")
+        if self.kernel == "tiled":
+            return {0: list(range(n_blocks))}
+        tpb = self.traits.threads_per_block
+        return {tid: list(range(tid // tpb, n_blocks, self.blocks_per_iter)) for tid in range(self.threads)}
+
+    def describe(self) -> str:
+        """The order of adds in words, for notebooks and reports."""
+        t = self.traits
+        bw = t.block_word
+        if self.kernel == "tiled":
+            inner = {
+                "Q4_K": "inside each super-block the 8 sub-block products (32 values each) are summed in order, "
+                        "scale and min terms separately, then added to the running total",
+                "Q6_K": "inside each super-block the 16 sub-block products (16 values each) are summed in order, "
+                        "then multiplied into the running total with one fma",
+                "Q8_0": "each block's product (32 values) is added to the running total with one fma",
+            }[self.qtype]
+            return (
+                f"{self.qtype}, tiled mat-mat (the wide-batch path), {self.ncols} columns in one launch: "
+                f"one thread per output walks {bw}s 0, 1, 2, … in order; {inner}; no sum across threads. "
+                f"Tiles of {mmq_tiled.TILE_ROWS} rows × {mmq_tiled.TILE_COLS} columns, "
+                f"{mmq_tiled.TILE_THREADS} threads."
+            )
+        tpb = t.threads_per_block
+        bpi = self.blocks_per_iter
+        per_thread = t.qk // tpb
+        warp_blocks = max(1, 32 // tpb)
+        if warp_blocks == 1:
+            warp0 = ", ".join(str(bpi * i) for i in range(3))
+        else:
+            warp0 = ", ".join(f"{bpi * i}–{bpi * i + warp_blocks - 1}" for i in range(3))
+        if self.nwarps == 1:
+            hand = "one warp, so no shared-memory hand-over"
+        elif self.nwarps == 2:
+            hand = "warp 0 then adds warp 1, lane by lane"
+        else:
+            hand = f"warp 0 then adds warps 1..{self.nwarps - 1} in order, lane by lane"
+        launches = self.launches()
+        if len(launches) == 1:
+            cols = f"{self.ncols} column{'s' if self.ncols > 1 else ''} in one launch"
+        else:
+            cols = f"{self.ncols} columns in {len(launches)} launches of " + "+".join(str(c) for _, c in launches)
+        return (
+            f"{self.qtype}, {self.nwarps} warp{'s' if self.nwarps > 1 else ''} ({self.threads} threads): "
+            f"{tpb} threads per {bw} ({per_thread} values each), {bpi} {bw}s per iteration; "
+            f"thread t sums {bw}s t//{tpb}, t//{tpb} + {bpi}, t//{tpb} + {2 * bpi}, … "
+            f"(warp 0 covers {warp0}, …); {hand}, then a 32-lane xor butterfly (16, 8, 4, 2, 1). "
+            f"{self.rows_per_block} row{'s' if self.rows_per_block > 1 else ''} per CUDA block, {cols}."
+        )
+
+
+def _nwarps_from_table(profile: DeviceProfile, qtype: str, ncols: int) -> int:
+    try:
+        table = _NWARPS_TABLES[profile.mmvq_table]
+    except KeyError:
+        raise PlanError(
+            f"device profile {profile.name!r} names mat-vec table {profile.mmvq_table!r}; "
+            f"known: {sorted(_NWARPS_TABLES)}"
+        ) from None
+    if profile.mmvq_table == "TURING" and ncols == 1 and qtype in _KQUANTS:
+        return NWARPS_TURING_KQUANT_ONE_COL
+    return table[ncols - 1]
+
+
+def _default_rows_per_block(cols_per_launch: int) -> int:
+    # llama.cpp calc_rows_per_block (GENERIC/TURING/GCN): 1 row for one column, else 2.
+    # (Its small_k case, rows = nwarps for short rows, changes no per-row arithmetic.)
+    return 1 if cols_per_launch == 1 else 2
+
+
+def _balanced(ncols: int, max_cols: int) -> int:
+    """Columns per launch when ncols are split into the fewest launches of at most max_cols."""
+    n_launches = math.ceil(ncols / max_cols)
+    return math.ceil(ncols / n_launches)
+
+
+def plan_matvec(order, ncols: int, qtype: str, device=None) -> MatVecPlan:
+    """The plan ``order`` (a ReductionOrder) gives to ``ncols`` columns of a ``qtype`` weight.
+
+    ``device`` is None (the default profile), a profile name or a
+    :class:`~hiraishin.devices.DeviceProfile`; it picks the nwarps table.
+    """
+    if not isinstance(ncols, (int, np.integer)) or ncols < 1:
+        raise PlanError(f"plan_matvec needs ncols >= 1, got {ncols!r}")
+    ncols = int(ncols)
+    _traits(qtype)
+    profile = get_profile(device)
+    policy = order.matvec
+    if policy == "variant":
+        if ncols > MMVQ_MAX_BATCH_SIZE:
+            return MatVecPlan(kernel="tiled", qtype=qtype, nwarps=mmq_tiled.TILE_THREADS // 32,
+                              rows_per_block=mmq_tiled.TILE_ROWS, cols_per_launch=ncols, ncols=ncols)
+        return MatVecPlan(kernel="mmvq", qtype=qtype, nwarps=_nwarps_from_table(profile, qtype, ncols),
+                          rows_per_block=_default_rows_per_block(ncols), cols_per_launch=ncols, ncols=ncols)
+    if policy == "invariant":
+        cols = _balanced(ncols, order.max_cols_per_launch)
+        return MatVecPlan(kernel="mmvq", qtype=qtype, nwarps=_nwarps_from_table(profile, qtype, 1),
+                          rows_per_block=_default_rows_per_block(cols), cols_per_launch=cols, ncols=ncols)
+    if policy == "custom":
+        nwarps = order.nwarps if order.nwarps is not None else _nwarps_from_table(profile, qtype, 1)
+        max_cols = order.max_cols_per_launch
+        if order.rows_per_block is not None:
+            rows = order.rows_per_block
+            if not 1 <= rows <= MAX_ROWS_PER_BLOCK:
+                raise PlanError(f"{order.name}: rows_per_block must be in 1..{MAX_ROWS_PER_BLOCK}, got {rows}")
+            max_cols = min(max_cols, MAX_ACCUMULATORS // rows)
+            cols = _balanced(ncols, max_cols)
+        else:
+            cols = _balanced(ncols, max_cols)
+            rows = _default_rows_per_block(cols)
+        return MatVecPlan(kernel="mmvq", qtype=qtype, nwarps=nwarps, rows_per_block=rows,
+                          cols_per_launch=cols, ncols=ncols)
+    raise PlanError(f"{order.name}: unknown mat-vec policy {policy!r}; expected variant, invariant or custom")
+
+
+# --------------------------------------------------------------------------- emulator
+
+
+@njit(cache=True, inline="always")
+def _u16(a, i, o):
+    return np.int64(a[i, o]) | (np.int64(a[i, o + 1]) << 8)
+
+
+@njit(cache=True, inline="always")
+def _step_q4_k(acc, w, r, wo, y, ys, j, yo, iqs, h2f):
+    """vec_dot_q4_K_q8_1 for one thread (ints iqs, iqs+1) of super-block at w[r, wo]."""
+    c = iqs // 8
+    pos = 4 * ((iqs // 2) % 4)
+    qo = wo + 16 + 32 * c + pos
+    sumf_d = np.float32(0.0)
+    sumf_m = np.float32(0.0)
+    for i in range(2):
+        sb = 2 * c + i  # get_scale_min_k4
+        if sb < 4:
+            sc = np.int64(w[r, wo + 4 + sb]) & 63
+            mn = np.int64(w[r, wo + 8 + sb]) & 63
+        else:
+            sc = (np.int64(w[r, wo + 8 + sb]) & 0x0F) | ((np.int64(w[r, wo + sb]) >> 6) << 4)
+            mn = (np.int64(w[r, wo + 8 + sb]) >> 4) | ((np.int64(w[r, wo + 4 + sb]) >> 6) << 4)
+        bo = yo + sb * 36
+        shift = 4 * i
+        dot1 = 0
+        dot2 = 0
+        for k in range(4):
+            u0 = np.int64(ys[j, bo + 4 + pos + k])
+            u1 = np.int64(ys[j, bo + 4 + pos + 16 + k])
+            dot1 += ((np.int64(w[r, qo + k]) >> shift) & 15) * u0
+            dot1 += ((np.int64(w[r, qo + 16 + k]) >> shift) & 15) * u1
+            dot2 += u0 + u1
+        d8 = h2f[_u16(y, j, bo)]
+        sumf_d = fmaf(d8, np.float32(dot1 * sc), sumf_d)
+        sumf_m = fmaf(d8, np.float32(dot2 * mn), sumf_m)
+    d = h2f[_u16(w, r, wo)]
+    dmin = h2f[_u16(w, r, wo + 2)]
+    return acc + fmaf(d, sumf_d, -(dmin * sumf_m))
+
+
+@njit(cache=True, inline="always")
+def _step_q6_k(acc, w, ws, r, wo, y, ys, j, yo, iqs, h2f):
+    """vec_dot_q6_K_q8_1 for one thread (int iqs) of super-block at w[r, wo]."""
+    h = iqs // 16
+    rr = iqs % 16
+    bq8_offset = 4 * h + rr // 8
+    scale_offset = 8 * h + rr // 4
+    vh_shift = 2 * (rr // 8)
+    lo_o = wo + 4 * iqs
+    hi_o = wo + 128 + 4 * (8 * h + rr % 8)
+    sumf = np.float32(0.0)
+    for i in range(2):
+        sc = np.int64(ws[r, wo + 192 + scale_offset + 4 * i])
+        bo = yo + (bq8_offset + 2 * i) * 36
+        uo = bo + 4 + 4 * (iqs % 8)
+        dot = 0
+        for k in range(4):
+            lo = (np.int64(w[r, lo_o + k]) >> (4 * i)) & 15
+            hi = (np.int64(w[r, hi_o + k]) >> (vh_shift + 4 * i)) & 3
+            dot += ((lo | (hi << 4)) - 32) * np.int64(ys[j, uo + k])
+        d8 = h2f[_u16(y, j, bo)]
+        sumf = fmaf(d8, np.float32(dot * sc), sumf)
+    return fmaf(h2f[_u16(w, r, wo + 208)], sumf, acc)
+
+
+@njit(cache=True, inline="always")
+def _step_q8_0(acc, w, ws, r, wo, y, ys, j, yo, iqs, h2f):
+    """vec_dot_q8_0_q8_1 for one thread (ints iqs, iqs+1) of the block at w[r, wo]."""
+    dot = 0
+    for k in range(8):
+        dot += np.int64(ws[r, wo + 2 + 4 * iqs + k]) * np.int64(ys[j, yo + 4 + 4 * iqs + k])
+    d = h2f[_u16(w, r, wo)] * h2f[_u16(y, j, yo)]
+    return fmaf(d, np.float32(dot), acc)
+
+
+@njit(cache=True, inline="always")
+def _reduce(acc, s, nwarps):
+    """Warp hand-over in warp order, then lane 0 of the xor butterfly."""
+    for lane in range(32):
+        s[lane] = acc[lane]
+    for wp in range(1, nwarps):
+        for lane in range(32):
+            s[lane] = s[lane] + acc[32 * wp + lane]
+    # Lane L adds lane L^off; after each step lanes L and L+off hold the same value,
+    # so lane 0's result is this in-place halving.
+    off = 16
+    while off > 0:
+        for lane in range(off):
+            s[lane] = s[lane] + s[lane + off]
+        off //= 2
+    return s[0]
+
+
+# One emulator per type (Numba compiles each lazily). TPB/BLOCK sizes match TYPE_TRAITS.
+@njit(cache=True, parallel=True, error_model="numpy")
+def _mmvq_q4_k(w, y, ys, nwarps, h2f, out):
+    n = w.shape[0]
+    nb = w.shape[1] // 144
+    nthreads = 32 * nwarps
+    bpi = nthreads // 16
+    for r in prange(n):
+        acc = np.empty(nthreads, dtype=np.float32)
+        s = np.empty(32, dtype=np.float32)
+        for j in range(y.shape[0]):
+            for tid in range(nthreads):
+                iqs = 2 * (tid % 16)
+                a = np.float32(0.0)
+                for kbx in range(tid // 16, nb, bpi):
+                    a = _step_q4_k(a, w, r, kbx * 144, y, ys, j, kbx * 8 * 36, iqs, h2f)
+                acc[tid] = a
+            out[j, r] = _reduce(acc, s, nwarps)
+
+
+@njit(cache=True, parallel=True, error_model="numpy")
+def _mmvq_q6_k(w, ws, y, ys, nwarps, h2f, out):
+    n = w.shape[0]
+    nb = w.shape[1] // 210
+    nthreads = 32 * nwarps
+    bpi = nthreads // 32
+    for r in prange(n):
+        acc = np.empty(nthreads, dtype=np.float32)
+        s = np.empty(32, dtype=np.float32)
+        for j in range(y.shape[0]):
+            for tid in range(nthreads):
+                iqs = tid % 32
+                a = np.float32(0.0)
+                for kbx in range(tid // 32, nb, bpi):
+                    a = _step_q6_k(a, w, ws, r, kbx * 210, y, ys, j, kbx * 8 * 36, iqs, h2f)
+                acc[tid] = a
+            out[j, r] = _reduce(acc, s, nwarps)
+
+
+@njit(cache=True, parallel=True, error_model="numpy")
+def _mmvq_q8_0(w, ws, y, ys, nwarps, h2f, out):
+    n = w.shape[0]
+    nb = w.shape[1] // 34
+    nthreads = 32 * nwarps
+    bpi = nthreads // 4
+    for r in prange(n):
+        acc = np.empty(nthreads, dtype=np.float32)
+        s = np.empty(32, dtype=np.float32)
+        for j in range(y.shape[0]):
+            for tid in range(nthreads):
+                iqs = 2 * (tid % 4)
+                a = np.float32(0.0)
+                for kbx in range(tid // 4, nb, bpi):
+                    a = _step_q8_0(a, w, ws, r, kbx * 34, y, ys, j, kbx * 36, iqs, h2f)
+                acc[tid] = a
+            out[j, r] = _reduce(acc, s, nwarps)
+
+
+def emulate_mmvq(w: np.ndarray, qtype: str, xq: np.ndarray, nwarps: int) -> np.ndarray:
+    """CPU emulation of the mat-vec kernel with ``nwarps`` warps: float32 (ncols, N).
+
+    Rows per block and columns per launch do not change any output, so only
+    ``nwarps`` is needed. Inputs must be validated and C-contiguous.
+    """
+    out = np.empty((xq.shape[0], w.shape[0]), dtype=np.float32)
+    ys = xq.view(np.int8)
+    if qtype == "Q4_K":
+        _mmvq_q4_k(w, xq, ys, nwarps, F16_TO_F32, out)
+    elif qtype == "Q6_K":
+        _mmvq_q6_k(w, w.view(np.int8), xq, ys, nwarps, F16_TO_F32, out)
+    else:
+        _mmvq_q8_0(w, w.view(np.int8), xq, ys, nwarps, F16_TO_F32, out)
+    return out
+
+
+# --------------------------------------------------------------------------- runners
+
+
+def _check_weight(w, qtype: str) -> tuple[int, int]:
+    """(N, K) of a weight, or a QuantError naming its shape and type."""
+    t = TYPE_TRAITS.get(qtype)
+    if t is None:
+        raise QuantError(f"mat-vec weights must be one of {sorted(TYPE_TRAITS)}, got qtype {qtype!r}")
+    if w.ndim != 2 or w.dtype != np.uint8:
+        raise QuantError(
+            f"{qtype} weight must be a uint8 array (N rows, row_bytes); got {w.dtype} {tuple(w.shape)}"
+        )
+    n, row_bytes = w.shape
+    if row_bytes == 0 or row_bytes % t.block_bytes:
+        raise QuantError(
+            f"{qtype} weight of shape {tuple(w.shape)}: row_bytes={row_bytes} is not a positive multiple "
+            f"of the {t.block_bytes}-byte block"
+        )
+    return n, row_bytes // t.block_bytes * t.qk
+
+
+def _check_xq(xq, qtype: str, k: int, w_shape) -> int:
+    expect = k // 32 * Q8_1_BLOCK_BYTES
+    if xq.ndim != 2 or xq.dtype != np.uint8 or xq.shape[1] != expect:
+        raise QuantError(
+            f"q8_1 activations for a {qtype} weight of shape {tuple(w_shape)} (K={k}) must be uint8 "
+            f"(ncols, {expect}); got {xq.dtype} {tuple(xq.shape)}"
+        )
+    return xq.shape[0]
+
+
+def mul_mat_vec(w, qtype: str, xq, plan: MatVecPlan, backend: str = "cpu"):
+    """``w`` (N, row_bytes) times q8_1 activations ``xq`` (ncols, K/32*36) -> float32 (ncols, N).
+
+    Runs ``plan`` (from :func:`plan_matvec`): the mat-vec kernel in
+    ``len(plan.launches())`` launches, or the tiled kernel. ``backend="cpu"``:
+    numpy in and out (Numba emulator); ``backend="cuda"``: cupy in and out.
+    """
+    if backend not in ("cpu", "cuda"):
+        raise BackendError(f"unknown backend {backend!r}; expected 'cpu' or 'cuda'")
+    if not isinstance(plan, MatVecPlan):
+        raise PlanError(f"mul_mat_vec needs a MatVecPlan, got {type(plan).__name__}")
+    if plan.qtype != qtype:
+        raise PlanError(f"plan is for {plan.qtype} but the weight is {qtype}")
+    n, k = _check_weight(w, qtype)
+    ncols = _check_xq(xq, qtype, k, w.shape)
+    if ncols != plan.ncols:
+        raise PlanError(f"plan is for {plan.ncols} columns but xq has {ncols} (shape {tuple(xq.shape)})")
+    if backend == "cpu":
+        if not isinstance(w, np.ndarray) or not isinstance(xq, np.ndarray):
+            raise BackendError(
+                f"backend 'cpu' needs numpy arrays; got w {type(w).__name__}, xq {type(xq).__name__}"
+            )
+        w = np.ascontiguousarray(w)
+        xq = np.ascontiguousarray(xq)
+        if plan.kernel == "tiled":
+            return mmq_tiled.emulate_tiled(w, qtype, xq, F16_TO_F32)
+        return emulate_mmvq(w, qtype, xq, plan.nwarps)
+    return _mul_mat_vec_cuda(w, qtype, xq, plan, n, k)
+
+
+def _mul_mat_vec_cuda(w, qtype, xq, plan, n, k):
+    from ._cuda import get_kernel, require_cupy
+
+    cp = require_cupy()
+    if not isinstance(w, cp.ndarray) or not isinstance(xq, cp.ndarray):
+        raise BackendError(f"backend 'cuda' needs cupy arrays; got w {type(w).__name__}, xq {type(xq).__name__}")
+    if not w.flags.c_contiguous:
+        raise BackendError(f"{qtype} weight {tuple(w.shape)} must be C-contiguous on the GPU (no silent copies)")
+    xq = cp.ascontiguousarray(xq)
+    align = 4 if qtype == "Q4_K" else 2  # the kernels load ints (Q4_K) or 16-bit halves
+    if w.data.ptr % align or xq.data.ptr % 4:
+        raise BackendError(f"{qtype} weight must be {align}-byte aligned and q8_1 data 4-byte aligned")
+    t = TYPE_TRAITS[qtype]
+    out = cp.empty((plan.ncols, n), dtype=cp.float32)
+    if plan.kernel == "tiled":
+        mmq_tiled.launch_tiled(w, qtype, xq, out, k)
+        return out
+    rows = plan.rows_per_block
+    for start, count in plan.launches():
+        kernel = get_kernel("mmvq.cu", "mmvq", {"HX_QTYPE": t.type_id, "HX_NCOLS": count, "HX_RPB": rows})
+        shared = (plan.nwarps - 1) * count * rows * 32 * 4
+        kernel(((n + rows - 1) // rows, 1, 1), (32, plan.nwarps, 1),
+               (w, xq[start:start + count], out[start:start + count], np.int32(n), np.int32(k // t.qk),
+                np.int64(w.shape[1]), np.int64(xq.shape[1]), np.int64(n)),
+               shared_mem=shared)
+    return out
+
+
+def mul_mat(w, qtype: str, x, order, backend: str = "cpu", device=None):
+    """``w`` (N, row_bytes) times float32 activations ``x`` (ncols, K) -> float32 (ncols, N).
+
+    Quantizes ``x`` to q8_1 (kernel or emulator), asks
+    ``order.matvec_plan(ncols, qtype, device)`` for the geometry and runs it.
+    """
+    n, k = _check_weight(w, qtype)
+    if x.ndim != 2 or x.dtype != np.float32 or x.shape[1] != k:
+        raise QuantError(
+            f"activations for a {qtype} weight of shape {tuple(w.shape)} (K={k}) must be float32 "
+            f"(ncols, {k}); got {x.dtype} {tuple(x.shape)}"
+        )
+    if x.shape[0] == 0:
+        if backend == "cuda":
+            from ._cuda import require_cupy
+
+            return require_cupy().empty((0, n), dtype=np.float32)
+        return np.empty((0, n), dtype=np.float32)
+    xq = quantize_q8_1(x, backend)
+    plan = order.matvec_plan(x.shape[0], qtype, device)
+    return mul_mat_vec(w, qtype, xq, plan, backend)
+
+
+# --------------------------------------------------------------------------- test data
+
+
+def random_weights(qtype: str, n_rows: int, k: int, seed: int = 0) -> np.ndarray:
+    """Random VALID weight blocks (N, row_bytes) for tests and benchmarks.
+
+    Quant bytes and 6-bit/8-bit scales are uniform random; the fp16 scale
+    fields are finite and of a realistic size (|w| up to about 2), so no
+    quantizer is needed and any (N, K) is cheap to make.
+    """
+    t = _traits(qtype)
+    if k % t.qk or k <= 0 or n_rows < 0:
+        raise QuantError(f"random_weights: K={k} must be a positive multiple of {t.qk} for {qtype}")
+    rng = np.random.default_rng(seed)
+    nb = k // t.qk
+    blocks = rng.integers(0, 256, size=(n_rows, nb, t.block_bytes), dtype=np.uint8)
+
+    def f16(lo, hi, shape, signed=False):
+        v = rng.uniform(lo, hi, size=shape)
+        if signed:
+            v *= rng.choice([-1.0, 1.0], size=shape)
+        return v.astype(np.float16).view(np.uint8).reshape(*shape, 2)
+
+    if qtype == "Q4_K":
+        blocks[:, :, 0:2] = f16(2e-4, 2e-3, (n_rows, nb))  # d
+        blocks[:, :, 2:4] = f16(2e-4, 2e-3, (n_rows, nb))  # dmin
+    elif qtype == "Q6_K":
+        blocks[:, :, 208:210] = f16(1e-4, 5e-4, (n_rows, nb), signed=True)
+    else:  # Q8_0
+        blocks[:, :, 0:2] = f16(2e-4, 2e-3, (n_rows, nb), signed=True)
+    return blocks.reshape(n_rows, nb * t.block_bytes)

@@ -1,0 +1,265 @@
+"""Mat-vec plans and the CPU emulator: accuracy, batch (in)variance, custom geometry, errors.
+
+Tolerances (stated once):
+* vs a float64 product of the dequantized weights and the dequantized q8_1
+  activations: |emu - ref| <= RTOL_F64 * sum|w_i x_i| (float32 accumulation
+  error; observed <= 2.4e-8 for K up to 12288).
+* vs the unquantized activations: additionally the q8_1 rounding,
+  |f(h(d)) q - x| <= 0.57 * amax / 127 per value (see test_quantize_q8_1).
+"""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+
+from hiraishin.devices import DeviceProfile
+from hiraishin.errors import BackendError, PlanError, QuantError
+from hiraishin.kernels import mmq_tiled
+from hiraishin.kernels.mmvq import (
+    MatVecPlan,
+    emulate_mmvq,
+    mul_mat,
+    mul_mat_vec,
+    plan_matvec,
+    random_weights,
+)
+from hiraishin.kernels.quantize_q8_1 import F16_TO_F32, dequantize_q8_1, quantize_q8_1
+from hiraishin.order import ReductionOrder
+
+RTOL_F64 = 2e-7
+QTYPES = ["Q4_K", "Q6_K", "Q8_0"]
+_GGML = {"Q4_K": gguf.GGMLQuantizationType.Q4_K, "Q6_K": gguf.GGMLQuantizationType.Q6_K,
+         "Q8_0": gguf.GGMLQuantizationType.Q8_0}
+VARIANT = ReductionOrder.BATCH_VARIANT
+INVARIANT = ReductionOrder.BATCH_INVARIANT
+
+
+def _dequant(w: np.ndarray, qtype: str) -> np.ndarray:
+    return gguf.quants.dequantize(w, _GGML[qtype]).astype(np.float64).reshape(w.shape[0], -1)
+
+
+def _activations(seed: int, ncols: int, k: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((ncols, k)) * rng.uniform(0.1, 4.0, size=(ncols, 1))).astype(np.float32)
+
+
+def _check_f64(out, w, qtype, xq):
+    wf = _dequant(w, qtype)
+    xd = dequantize_q8_1(xq)
+    ref = xd @ wf.T
+    mag = np.abs(xd) @ np.abs(wf).T
+    err = np.abs(out.astype(np.float64) - ref)
+    assert (err <= RTOL_F64 * mag).all(), f"max err/mag {float((err / mag).max()):.3g}"
+    return wf
+
+
+# --------------------------------------------------------------------------- accuracy
+
+
+@pytest.mark.parametrize("qtype", QTYPES)
+@pytest.mark.parametrize("order", [VARIANT, INVARIANT], ids=["variant", "invariant"])
+def test_mul_mat_close_to_float64(qtype, order):
+    seed = QTYPES.index(qtype)
+    n, k = 37, 2048  # an odd row count
+    w = random_weights(qtype, n, k, seed=seed)
+    for ncols in (1, 5, 11):  # 11 columns: the tiled kernel under the variant order
+        x = _activations(seed + ncols, ncols, k)
+        out = mul_mat(w, qtype, x, order, "cpu")
+        assert out.shape == (ncols, n) and out.dtype == np.float32
+        xq = quantize_q8_1(x)
+        wf = _check_f64(out, w, qtype, xq)
+        # against the unquantized activations
+        amax = np.abs(x.reshape(ncols, -1, 32)).max(-1).astype(np.float64)
+        q_bound = (0.57 * amax / 127.0) @ np.abs(wf).reshape(n, -1, 32).sum(-1).T
+        exact = x.astype(np.float64) @ wf.T
+        mag = np.abs(x.astype(np.float64)) @ np.abs(wf).T
+        assert (np.abs(out - exact) <= q_bound + RTOL_F64 * mag).all()
+
+
+@pytest.mark.parametrize("qtype", QTYPES)
+@pytest.mark.parametrize("nwarps", [1, 2, 3, 4, 8])
+def test_custom_nwarps_close_to_float64(qtype, nwarps):
+    n, k = 19, 1536 if qtype != "Q8_0" else 1504  # Q8_0: K not a multiple of 256
+    w = random_weights(qtype, n, k, seed=10 + nwarps)
+    x = _activations(20 + nwarps, 3, k)
+    order = ReductionOrder.custom(nwarps=nwarps)
+    out = mul_mat(w, qtype, x, order, "cpu")
+    _check_f64(out, w, qtype, quantize_q8_1(x))
+
+
+@pytest.mark.parametrize("qtype", QTYPES)
+def test_tiled_close_to_float64(qtype):
+    n, k = 21, 2048
+    w = random_weights(qtype, n, k, seed=30)
+    xq = quantize_q8_1(_activations(31, 4, k))
+    out = mmq_tiled.emulate_tiled(w, qtype, xq, F16_TO_F32)
+    _check_f64(out, w, qtype, xq)
+
+
+# --------------------------------------------------------------------------- batch (in)variance
+
+
+@pytest.mark.parametrize("qtype", QTYPES)
+def test_batch_invariant_columns_equal_single_column(qtype):
+    n, k = 24, 4096
+    w = random_weights(qtype, n, k, seed=40)
+    x = _activations(41, 16, k)
+    alone = np.stack([mul_mat(w, qtype, x[j:j + 1], INVARIANT, "cpu")[0] for j in range(16)])
+    for b in range(1, 17):
+        batch = mul_mat(w, qtype, x[:b], INVARIANT, "cpu")
+        np.testing.assert_array_equal(batch.view(np.uint32), alone[:b].view(np.uint32), err_msg=f"b={b}")
+
+
+@pytest.mark.parametrize("qtype", QTYPES)
+def test_batch_variant_reproduces_the_bug(qtype):
+    """Stock geometry: batches of 1-4 agree bit for bit, 5-8 (2 warps) and 9+ (tiled) do not."""
+    n, k = 64, 4096 if qtype != "Q6_K" else 12288  # Qwen3-8B hidden / ffn widths
+    w = random_weights(qtype, n, k, seed=50)
+    x = _activations(51, 16, k)
+    alone = mul_mat(w, qtype, x[:1], VARIANT, "cpu")[0]
+    differs = {}
+    for b in range(2, 17):
+        first = mul_mat(w, qtype, x[:b], VARIANT, "cpu")[0]
+        differs[b] = not np.array_equal(first.view(np.uint32), alone.view(np.uint32))
+    assert not any(differs[b] for b in (2, 3, 4)), differs
+    assert all(differs[b] for b in range(5, 17)), differs
+
+
+def test_results_depend_only_on_nwarps():
+    """Rows per block and columns per launch change which outputs share a CUDA block, not bits."""
+    qtype, n, k = "Q4_K", 16, 2048
+    w = random_weights(qtype, n, k, seed=60)
+    xq = quantize_q8_1(_activations(61, 6, k))
+    base = emulate_mmvq(w, qtype, xq, 3)
+    for rows, cols in ((1, 1), (4, 2), (2, 6)):
+        plan = MatVecPlan("mmvq", qtype, nwarps=3, rows_per_block=rows, cols_per_launch=cols, ncols=6)
+        np.testing.assert_array_equal(mul_mat_vec(w, qtype, xq, plan, "cpu").view(np.uint32),
+                                      base.view(np.uint32))
+    other = emulate_mmvq(w, qtype, xq, 4)
+    assert not np.array_equal(other.view(np.uint32), base.view(np.uint32))
+
+
+# --------------------------------------------------------------------------- plans
+
+
+def test_variant_plans_follow_the_generic_table():
+    for ncols, nwarps, rows in [(1, 4, 1), (2, 4, 2), (4, 4, 2), (5, 2, 2), (8, 2, 2)]:
+        p = VARIANT.matvec_plan(ncols, "Q4_K")
+        assert (p.kernel, p.nwarps, p.rows_per_block, p.cols_per_launch) == ("mmvq", nwarps, rows, ncols)
+    p = VARIANT.matvec_plan(9, "Q6_K")
+    assert p.kernel == "tiled" and p.launches() == [(0, 9)]
+
+
+def test_invariant_plans_split_wide_batches():
+    p = INVARIANT.matvec_plan(9, "Q4_K")
+    assert (p.kernel, p.nwarps, p.cols_per_launch) == ("mmvq", 4, 5)
+    assert p.launches() == [(0, 5), (5, 4)]
+    assert INVARIANT.matvec_plan(16, "Q8_0").launches() == [(0, 8), (8, 8)]
+    assert INVARIANT.matvec_plan(17, "Q8_0").launches() == [(0, 6), (6, 6), (12, 5)]
+    assert INVARIANT.matvec_plan(1, "Q6_K").rows_per_block == 1
+    assert {INVARIANT.matvec_plan(b, "Q6_K").nwarps for b in range(1, 40)} == {4}
+
+
+def test_device_tables():
+    turing = DeviceProfile(name="t4", compute_capability=750, sm_count=40, mmvq_table="TURING")
+    assert plan_matvec(VARIANT, 1, "Q6_K", turing).nwarps == 2
+    assert plan_matvec(VARIANT, 1, "Q8_0", turing).nwarps == 4
+    assert plan_matvec(VARIANT, 6, "Q4_K", turing).nwarps == 2
+    assert plan_matvec(INVARIANT, 7, "Q4_K", turing).nwarps == 2
+    gcn = DeviceProfile(name="mi50", compute_capability=0, sm_count=60, mmvq_table="GCN")
+    assert [plan_matvec(VARIANT, c, "Q4_K", gcn).nwarps for c in (1, 4, 5, 8)] == [2, 2, 1, 1]
+    with pytest.raises(PlanError, match="RDNA9"):
+        plan_matvec(VARIANT, 1, "Q4_K", DeviceProfile(name="x", compute_capability=0, sm_count=1,
+                                                       mmvq_table="RDNA9"))
+
+
+def test_custom_plans():
+    p = ReductionOrder.custom(nwarps=3).matvec_plan(1, "Q4_K")
+    assert (p.nwarps, p.rows_per_block, p.blocks_per_iter) == (3, 1, 6)
+    p = ReductionOrder.custom(rows_per_block=8, nwarps=1).matvec_plan(16, "Q6_K")
+    assert p.rows_per_block == 8 and p.cols_per_launch == 4 and len(p.launches()) == 4
+    with pytest.raises(PlanError, match="nwarps"):
+        ReductionOrder.custom(nwarps=17).matvec_plan(1, "Q4_K")
+    with pytest.raises(PlanError, match="rows_per_block"):
+        ReductionOrder.custom(rows_per_block=9).matvec_plan(1, "Q4_K")
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(kernel="mmvq", qtype="Q5_K", nwarps=4, rows_per_block=1, cols_per_launch=1, ncols=1), "Q5_K"),
+    (dict(kernel="mmvq", qtype="Q4_K", nwarps=0, rows_per_block=1, cols_per_launch=1, ncols=1), "nwarps"),
+    (dict(kernel="mmvq", qtype="Q4_K", nwarps=4, rows_per_block=1, cols_per_launch=2, ncols=1), "cols_per_launch"),
+    (dict(kernel="mmvq", qtype="Q4_K", nwarps=4, rows_per_block=4, cols_per_launch=16, ncols=16), "accumulators"),
+    (dict(kernel="mmvq", qtype="Q4_K", nwarps=16, rows_per_block=2, cols_per_launch=16, ncols=16), "shared"),
+    (dict(kernel="tiled", qtype="Q4_K", nwarps=2, rows_per_block=32, cols_per_launch=9, ncols=9), "tile"),
+    (dict(kernel="gemm", qtype="Q4_K", nwarps=4, rows_per_block=1, cols_per_launch=1, ncols=1), "kernel"),
+    (dict(kernel="mmvq", qtype="Q4_K", nwarps=4, rows_per_block=1, cols_per_launch=1, ncols=0), "ncols"),
+])
+def test_impossible_geometry_raises(kwargs, match):
+    with pytest.raises(PlanError, match=match):
+        MatVecPlan(**kwargs)
+
+
+def test_thread_blocks_and_describe():
+    p = VARIANT.matvec_plan(1, "Q4_K")
+    tb = p.thread_blocks(20)
+    assert len(tb) == 128
+    assert tb[0] == [0, 8, 16] and tb[15] == [0, 8, 16] and tb[16] == [1, 9, 17] and tb[127] == [7, 15]
+    # every super-block is shared by exactly 16 threads
+    counts = np.bincount([b for blocks in tb.values() for b in blocks], minlength=20)
+    assert (counts == 16).all()
+    text = p.describe()
+    for phrase in ("Q4_K", "4 warps", "16 threads per super-block", "8 super-blocks per iteration",
+                   "warps 1..3 in order", "32-lane xor butterfly", "0–1, 8–9, 16–17"):
+        assert phrase in text, (phrase, text)
+
+    q6 = ReductionOrder.custom(nwarps=3).matvec_plan(2, "Q6_K")
+    tb = q6.thread_blocks(7)
+    assert tb[0] == [0, 3, 6] and tb[32] == [1, 4] and tb[95] == [2, 5]
+    assert "3 warps" in q6.describe() and "32 threads per super-block" in q6.describe()
+
+    q8 = ReductionOrder.custom(nwarps=1).matvec_plan(1, "Q8_0")
+    assert q8.thread_blocks(10)[5] == [1, 9] and "no shared-memory hand-over" in q8.describe()
+
+    inv = INVARIANT.matvec_plan(9, "Q4_K")
+    assert "2 launches of 5+4" in inv.describe()
+    tiled = VARIANT.matvec_plan(12, "Q4_K")
+    assert tiled.thread_blocks(3) == {0: [0, 1, 2]}
+    assert "one thread per output" in tiled.describe() and "tiled" in tiled.describe()
+
+
+# --------------------------------------------------------------------------- runner errors
+
+
+def test_runner_validates_inputs():
+    w = random_weights("Q4_K", 8, 512, seed=70)
+    x = _activations(71, 2, 512)
+    with pytest.raises(QuantError, match=r"Q4_K weight .*\(8, 287\)"):
+        mul_mat(w[:, :287], "Q4_K", x, INVARIANT, "cpu")
+    with pytest.raises(QuantError, match=r"\(2, 256\)"):
+        mul_mat(w, "Q4_K", x[:, :256], INVARIANT, "cpu")
+    with pytest.raises(QuantError, match="float32"):
+        mul_mat(w, "Q4_K", x.astype(np.float64), INVARIANT, "cpu")
+    with pytest.raises(QuantError, match="Q5_0"):
+        mul_mat(w, "Q5_0", x, INVARIANT, "cpu")
+    xq = quantize_q8_1(x)
+    plan = INVARIANT.matvec_plan(2, "Q4_K")
+    with pytest.raises(QuantError, match=r"\(ncols, 576\)"):
+        mul_mat_vec(w, "Q4_K", xq[:, :540], plan, "cpu")
+    with pytest.raises(PlanError, match="3 columns"):
+        mul_mat_vec(w, "Q4_K", xq, INVARIANT.matvec_plan(3, "Q4_K"), "cpu")
+    with pytest.raises(PlanError, match="Q6_K"):
+        mul_mat_vec(w, "Q4_K", xq, INVARIANT.matvec_plan(2, "Q6_K"), "cpu")
+    with pytest.raises(BackendError, match="backend"):
+        mul_mat_vec(w, "Q4_K", xq, plan, "metal")
+    assert mul_mat(w, "Q4_K", x[:0], INVARIANT, "cpu").shape == (0, 8)
+
+
+def test_random_weights_are_valid_blocks():
+    for qtype in QTYPES:
+        w = random_weights(qtype, 3, 512, seed=80)
+        wf = _dequant(w, qtype)
+        assert np.isfinite(wf).all() and 0.01 < np.abs(wf).max() < 10
+    with pytest.raises(QuantError, match="multiple of 256"):
+        random_weights("Q4_K", 2, 100)

@@ -1,0 +1,50 @@
+"""Compile-check the mat-vec CUDA sources with a local nvcc (no GPU needed): no errors, no spills.
+
+NVRTC (what CuPy uses at run time) and nvcc share the front end and ptxas, so
+this catches syntax errors and register spills before a GPU run; the register
+counts a GPU run records (tests/test_mmvq_gpu.py) are the authoritative ones.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from hiraishin.kernels._cuda import NVRTC_OPTIONS, _defines_text, load_source
+
+NVCC = shutil.which("nvcc")
+pytestmark = pytest.mark.skipif(NVCC is None, reason="needs a local nvcc")
+
+CASES = [
+    ("quantize_q8_1.cu", {}),
+    ("mmvq.cu", {"HX_QTYPE": 12, "HX_NCOLS": 1, "HX_RPB": 1}),
+    ("mmvq.cu", {"HX_QTYPE": 12, "HX_NCOLS": 16, "HX_RPB": 2}),
+    ("mmvq.cu", {"HX_QTYPE": 14, "HX_NCOLS": 1, "HX_RPB": 1}),
+    ("mmvq.cu", {"HX_QTYPE": 14, "HX_NCOLS": 4, "HX_RPB": 8}),
+    ("mmvq.cu", {"HX_QTYPE": 8, "HX_NCOLS": 8, "HX_RPB": 4}),
+    ("mmq_tiled.cu", {"HX_QTYPE": 12}),
+    ("mmq_tiled.cu", {"HX_QTYPE": 14}),
+    ("mmq_tiled.cu", {"HX_QTYPE": 8}),
+]
+
+
+@pytest.mark.parametrize("source, defines", CASES, ids=[f"{s}-{d}" for s, d in CASES])
+def test_compiles_without_spills(tmp_path, source, defines):
+    path = tmp_path / "kernel.cu"
+    path.write_text(_defines_text(defines) + load_source(source))
+    # --std is spelled -std for nvcc; the float options are the same as NVRTC's.
+    opts = ["-std=c++17" if o == "--std=c++17" else o for o in NVRTC_OPTIONS]
+    proc = subprocess.run(
+        [NVCC, "-arch=sm_90", "-Xptxas", "-v", "-cubin", "-o", str(tmp_path / "k.cubin"), *opts, str(path)],
+        capture_output=True, text=True, timeout=120,
+    )
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log
+    assert re.search(r"Used \d+ registers", log), log
+    spills = [int(s) for s in re.findall(r"(\d+) bytes spill (?:stores|loads)", log)]
+    assert spills and not any(spills), log
+    warnings = [line for line in log.splitlines() if "warning" in line and "#pragma once" not in line]
+    assert not warnings, log

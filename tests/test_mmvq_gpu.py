@@ -1,0 +1,158 @@
+"""GPU: the mat-vec, tiled and q8_1 kernels equal their emulators bit for bit; invariance holds.
+
+Run on the GPU machine (``pytest -m gpu tests/test_mmvq_gpu.py``). With
+``HIRAISHIN_RESULTS_DIR`` set, the register counts of the compiled kernels are
+written to ``$HIRAISHIN_RESULTS_DIR/mmvq_kernels.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from hiraishin.kernels import mmq_tiled
+from hiraishin.kernels.mmvq import TYPE_TRAITS, emulate_mmvq, mul_mat, mul_mat_vec, random_weights
+from hiraishin.kernels.quantize_q8_1 import F16_TO_F32, quantize_q8_1
+from hiraishin.order import ReductionOrder
+
+pytestmark = pytest.mark.gpu
+
+QTYPES = ["Q4_K", "Q6_K", "Q8_0"]
+N_ROWS = 67  # odd: partial CUDA blocks for every rows_per_block and a partial tile
+K_OF = {"Q4_K": 2560, "Q6_K": 2560, "Q8_0": 1312}  # 10 super-blocks; 41 Q8_0 blocks (short last tile step)
+
+
+@pytest.fixture(scope="module")
+def cp():
+    import cupy
+
+    return cupy
+
+
+def _bits(a):
+    return np.ascontiguousarray(a).view(np.uint32)
+
+
+def _activations(seed, ncols, k):
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((ncols, k)) * rng.uniform(0.1, 4.0, size=(ncols, 1))).astype(np.float32)
+    x[0, :32] = 0.0
+    return x
+
+
+def _data(qtype, ncols=16, seed=0):
+    k = K_OF[qtype]
+    w = random_weights(qtype, N_ROWS, k, seed=seed)
+    x = _activations(seed + 1, ncols, k)
+    return w, x, quantize_q8_1(x)
+
+
+def test_q8_1_kernel_equals_emulator(cp):
+    x = _activations(3, 23, 4096)
+    x[5] *= 1e4
+    x[6] *= 1e-6
+    got = cp.asnumpy(quantize_q8_1(cp.asarray(x), "cuda"))
+    np.testing.assert_array_equal(got, quantize_q8_1(x, "cpu"))
+
+
+@pytest.mark.parametrize("qtype", QTYPES)
+def test_mmvq_kernel_equals_emulator_all_geometries(cp, qtype):
+    w, x, xq = _data(qtype, seed=QTYPES.index(qtype))
+    wg, xqg = cp.asarray(w), cp.asarray(xq)
+    for nwarps in (1, 2, 3, 4, 8):
+        emu = emulate_mmvq(w, qtype, xq, nwarps)
+        for rows in (1, 2, 4):
+            order = ReductionOrder.custom(nwarps=nwarps, rows_per_block=rows)
+            for width in range(1, 17):
+                plan = order.matvec_plan(width, qtype)
+                got = cp.asnumpy(mul_mat_vec(wg, qtype, xqg[:width], plan, "cuda"))
+                np.testing.assert_array_equal(_bits(got), _bits(emu[:width]),
+                                              err_msg=f"nwarps={nwarps} rows={rows} width={width}")
+        # up to 16 columns in one launch
+        wide = ReductionOrder.custom(nwarps=nwarps, max_cols_per_launch=16)
+        for width in (11, 16):
+            plan = wide.matvec_plan(width, qtype)
+            assert len(plan.launches()) == 1
+            got = cp.asnumpy(mul_mat_vec(wg, qtype, xqg[:width], plan, "cuda"))
+            np.testing.assert_array_equal(_bits(got), _bits(emu[:width]))
+
+
+@pytest.mark.parametrize("qtype", QTYPES)
+def test_tiled_kernel_equals_emulator(cp, qtype):
+    w, x, xq = _data(qtype, ncols=40, seed=10)
+    emu = mmq_tiled.emulate_tiled(w, qtype, xq, F16_TO_F32)
+    wg, xqg = cp.asarray(w), cp.asarray(xq)
+    for width in (1, 9, 16, 17, 33, 40):
+        out = cp.empty((width, N_ROWS), dtype=cp.float32)
+        mmq_tiled.launch_tiled(wg, qtype, xqg[:width], out, K_OF[qtype])
+        np.testing.assert_array_equal(_bits(cp.asnumpy(out)), _bits(emu[:width]), err_msg=f"width={width}")
+
+
+@pytest.mark.parametrize("qtype", QTYPES)
+@pytest.mark.parametrize("order", [ReductionOrder.BATCH_VARIANT, ReductionOrder.BATCH_INVARIANT],
+                         ids=["variant", "invariant"])
+def test_orders_gpu_equal_cpu(cp, qtype, order):
+    w, x, _ = _data(qtype, seed=20)
+    wg, xg = cp.asarray(w), cp.asarray(x)
+    for width in range(1, 17):
+        cpu = mul_mat(w, qtype, x[:width], order, "cpu")
+        gpu = cp.asnumpy(mul_mat(wg, qtype, xg[:width], order, "cuda"))
+        np.testing.assert_array_equal(_bits(gpu), _bits(cpu), err_msg=f"{order.name} width={width}")
+
+
+@pytest.mark.parametrize("qtype", QTYPES)
+def test_invariance_and_variance_on_gpu(cp, qtype):
+    k = 4096 if qtype != "Q6_K" else 12288
+    w = cp.asarray(random_weights(qtype, 256, k, seed=30))
+    x = cp.asarray(_activations(31, 16, k))
+    inv, var = ReductionOrder.BATCH_INVARIANT, ReductionOrder.BATCH_VARIANT
+    alone = [cp.asnumpy(mul_mat(w, qtype, x[j:j + 1], inv, "cuda"))[0] for j in range(16)]
+    for b in range(1, 17):
+        batch = cp.asnumpy(mul_mat(w, qtype, x[:b], inv, "cuda"))
+        for j in range(b):
+            np.testing.assert_array_equal(_bits(batch[j]), _bits(alone[j]), err_msg=f"b={b} j={j}")
+    first = [cp.asnumpy(mul_mat(w, qtype, x[:b], var, "cuda"))[0] for b in range(1, 17)]
+    assert all(np.array_equal(_bits(first[b - 1]), _bits(alone[0])) for b in (1, 2, 3, 4))
+    assert all(not np.array_equal(_bits(first[b - 1]), _bits(alone[0])) for b in range(5, 17))
+
+
+@pytest.mark.parametrize("qtype, n, k", [("Q4_K", 4096, 4096), ("Q6_K", 1024, 12288)])
+def test_qwen_shapes_equal_emulator(cp, qtype, n, k):
+    w = random_weights(qtype, n, k, seed=40)
+    x = _activations(41, 9, k)
+    wg, xg = cp.asarray(w), cp.asarray(x)
+    for order in (ReductionOrder.BATCH_VARIANT, ReductionOrder.BATCH_INVARIANT):
+        for width in (1, 5, 9):
+            cpu = mul_mat(w, qtype, x[:width], order, "cpu")
+            gpu = cp.asnumpy(mul_mat(wg, qtype, xg[:width], order, "cuda"))
+            np.testing.assert_array_equal(_bits(gpu), _bits(cpu))
+
+
+def test_no_spills_and_record_registers(cp):
+    from hiraishin.kernels._cuda import get_kernel, kernel_attributes
+
+    records = {}
+    kernels = [("quantize_q8_1", get_kernel("quantize_q8_1.cu", "quantize_q8_1"))]
+    for qtype in QTYPES:
+        tid = TYPE_TRAITS[qtype].type_id
+        kernels.append((f"mmq_tiled {qtype}", get_kernel("mmq_tiled.cu", "mmq_tiled", {"HX_QTYPE": tid})))
+        for ncols in range(1, 17):
+            for rows in (1, 2, 4, 8):
+                if ncols * rows > 32:
+                    continue
+                defines = {"HX_QTYPE": tid, "HX_NCOLS": ncols, "HX_RPB": rows}
+                kernels.append((f"mmvq {qtype} ncols={ncols} rows={rows}", get_kernel("mmvq.cu", "mmvq", defines)))
+    for name, kernel in kernels:
+        attrs = kernel_attributes(kernel)
+        records[name] = attrs
+        assert attrs["local_size_bytes"] == 0, (name, attrs)
+    out_dir = os.environ.get("HIRAISHIN_RESULTS_DIR")
+    if out_dir:
+        os.makedirs(out_dir, exist_ok=True)
+        dev = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
+        name = dev["name"].decode() if isinstance(dev["name"], bytes) else str(dev["name"])
+        with open(os.path.join(out_dir, "mmvq_kernels.json"), "w") as f:
+            json.dump({"device": name, "kernels": records}, f, indent=1, sort_keys=True)
