@@ -97,7 +97,12 @@ def test_round_trip(tokenizer, text):
     assert tokenizer.decode(tokenizer.encode(norm, parse_special=False)) == norm
 
 
-def test_stream_decoder_pieces_add_up(tokenizer):
+@pytest.mark.parametrize("decode_stream", [True, False], ids=["DecodeStream", "re-decoding"])
+def test_stream_decoder_pieces_add_up(tokenizer, decode_stream, monkeypatch):
+    if not decode_stream:  # the fallback for tokenizers < 0.21
+        import tokenizers.decoders
+
+        monkeypatch.delattr(tokenizers.decoders, "DecodeStream", raising=False)
     text = "Ünïcödé 😀 字 and more"
     ids = tokenizer.encode(text)
     step = tokenizer.stream_decoder()

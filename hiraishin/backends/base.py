@@ -18,8 +18,9 @@ __all__ = ["Backend"]
 class Backend:
     """Ops of the forward pass on one backend. Subclasses set ``name`` and ``xp`` and move arrays.
 
-    ``device`` is the device profile the plans are made for (``None``: the kernel modules'
-    default — the current GPU on ``cuda``, the order's or the default profile on ``cpu``).
+    ``device`` is the device profile the plans are made for: ``None`` (the order's profile, else
+    the default ``h200`` — on both backends, so CPU and GPU run the same plans), a profile name or
+    :class:`~hiraishin.devices.DeviceProfile`, or on ``cuda`` ``"current"`` (this GPU, measured).
     """
 
     name: str = "?"

@@ -20,6 +20,12 @@ class CudaBackend(Backend):
 
     def __init__(self, device=None):
         self.xp = require_cupy()  # BackendError naming what is missing (CuPy, driver, device)
+        if isinstance(device, str) and device == "current":
+            # this GPU's SM count and our kernels' measured occupancy, as one DeviceProfile that
+            # both the mat-vec and the attention planners accept
+            from ..kernels.fattn_vec import current_profile
+
+            device = current_profile()
         super().__init__(device)
 
     def to_device(self, a):

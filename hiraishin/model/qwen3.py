@@ -93,6 +93,7 @@ class Qwen3:
         ``"blk.3.ffn_down"``, first axis = token.
         """
         cfg, be, W = self.config, self.backend, self.weights
+        start_pos = int(start_pos)
         tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
         T = tokens.size
         if T < 1:

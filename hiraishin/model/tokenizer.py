@@ -29,6 +29,9 @@ QWEN2_PRETOKENIZER_REGEX = (
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 
+# tokenizer.ggml.pre values llama.cpp maps to LLAMA_VOCAB_PRE_TYPE_QWEN2 (reference section 9); None: key absent.
+QWEN2_PRE_NAMES = (None, "qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "megrez")
+
 # tokenizer.ggml.token_type values (gguf-py TokenType / llama.cpp llama_token_type).
 TOKEN_TYPE = {"NORMAL": 1, "UNKNOWN": 2, "CONTROL": 3, "USER_DEFINED": 4, "UNUSED": 5, "BYTE": 6}
 
@@ -59,7 +62,7 @@ class Tokenizer:
         from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
         from tokenizers import Tokenizer as HFTokenizer
 
-        if pre not in (None, "qwen2", "deepseek-r1-qwen"):
+        if pre not in QWEN2_PRE_NAMES:
             raise GGUFError(f"{source}: tokenizer.ggml.pre = {pre!r} is not a Qwen2-style pre-tokenizer")
         if token_types is not None and len(token_types) != len(tokens):
             raise GGUFError(f"{source}: tokenizer.ggml.token_type has {len(token_types)} entries "
@@ -142,14 +145,29 @@ class Tokenizer:
     def stream_decoder(self):
         """A callable ``step(token_id) -> str`` that returns the text each new token completes
         (empty while a multi-byte UTF-8 character is still incomplete)."""
-        from tokenizers.decoders import DecodeStream
+        try:
+            from tokenizers.decoders import DecodeStream  # tokenizers >= 0.21
+        except ImportError:
+            DecodeStream = None
+        if DecodeStream is not None:
+            stream = DecodeStream(skip_special_tokens=False)
 
-        stream = DecodeStream(skip_special_tokens=False)
+            def step(token_id: int) -> str:
+                return stream.step(self._tk, int(token_id)) or ""
 
-        def step(token_id: int) -> str:
-            return stream.step(self._tk, int(token_id)) or ""
+            return step
+        ids: list[int] = []
+        shown = [0]  # characters of the decoded text already returned
 
-        return step
+        def step_by_redecoding(token_id: int) -> str:
+            ids.append(int(token_id))
+            text = self.decode(ids)
+            if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for more bytes
+                return ""
+            piece, shown[0] = text[shown[0]:], len(text)
+            return piece
+
+        return step_by_redecoding
 
     @property
     def eos_ids(self) -> tuple[int, ...]:
