@@ -1,0 +1,213 @@
+"""Benchmark the dp4a mat-vec kernels against the GPU's copy bandwidth.
+
+    python bench/bench_mmvq.py [--out DIR] [--reps 20] [--batches 7] [--quick]
+
+1. Copy bandwidth: a large device-to-device copy, bytes read + written.
+2. For Qwen3-8B shapes (K -> N; Q4_K projections, Q6_K ffn_down and output),
+   for 1..16 columns under BATCH_VARIANT and BATCH_INVARIANT: the median time
+   of ``mul_mat_vec`` (every launch the plan asks for), the achieved bandwidth
+   (weight bytes + q8_1 activation bytes) and its fraction of the copy
+   bandwidth, and the cost relative to one column.
+
+Timing: CUDA events around ``--reps`` back-to-back calls; before each batch a
+spin kernel keeps the GPU busy while Python enqueues the calls, so host launch
+overhead is not measured. Weight buffers are rotated (several copies, together
+at least 4x the L2 size) so the L2 cache does not serve the weights.
+
+Targets reported: 1 column >= 80% of copy bandwidth; 9 columns under
+BATCH_INVARIANT <= 2.0x the time of 1 column. ``--out DIR`` writes
+``bench_mmvq.json`` (raw numbers) and ``bench_mmvq.md`` (summary).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+
+import numpy as np
+
+# Qwen3-8B (reference section 8): hidden 4096, kv heads 8 x 128, ffn 12288, vocab 151936.
+SHAPES = [
+    ("attn_q/attn_output 4096->4096", "Q4_K", 4096, 4096),
+    ("attn_k/attn_v 4096->1024", "Q4_K", 4096, 1024),
+    ("ffn_up/ffn_gate 4096->12288", "Q4_K", 4096, 12288),
+    ("ffn_down 12288->4096", "Q6_K", 12288, 4096),
+    ("output 4096->151936", "Q6_K", 4096, 151936),
+]
+TARGET_BW_FRACTION = 0.80
+TARGET_INV9_RATIO = 2.0
+
+_SPIN_SRC = r"""
+extern "C" __global__ void spin(long long cycles) {
+    long long start = clock64();
+    while (clock64() - start < cycles) { }
+}
+"""
+
+
+def _median_event_time(cp, fn, reps, batches, spin, spin_cycles):
+    """Median over batches of (time of `reps` calls of fn(i)) / reps, in seconds."""
+    times = []
+    for _ in range(batches):
+        spin((1,), (1,), (np.int64(spin_cycles),))
+        start, end = cp.cuda.Event(), cp.cuda.Event()
+        start.record()
+        for i in range(reps):
+            fn(i)
+        end.record()
+        end.synchronize()
+        times.append(cp.cuda.get_elapsed_time(start, end) / 1e3 / reps)
+    return statistics.median(times)
+
+
+def copy_bandwidth(cp, nbytes, reps, batches, spin, spin_cycles):
+    src = cp.empty(nbytes, dtype=cp.uint8)
+    src.fill(1)
+    dst = cp.empty_like(src)
+    cp.copyto(dst, src)
+    t = _median_event_time(cp, lambda i: cp.copyto(dst, src), reps, batches, spin, spin_cycles)
+    del src, dst
+    return 2 * nbytes / t, t
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", help="directory for bench_mmvq.json and bench_mmvq.md")
+    ap.add_argument("--reps", type=int, default=20, help="calls per timed batch")
+    ap.add_argument("--batches", type=int, default=7, help="timed batches (median)")
+    ap.add_argument("--max-cols", type=int, default=16)
+    ap.add_argument("--quick", action="store_true", help="first two shapes, columns 1, 5, 9 only")
+    args = ap.parse_args(argv)
+
+    import cupy as cp
+
+    from hiraishin.kernels.mmvq import TYPE_TRAITS, mul_mat_vec, random_weights
+    from hiraishin.kernels.quantize_q8_1 import quantize_q8_1
+    from hiraishin.order import ReductionOrder
+
+    t_start = time.time()
+    dev = cp.cuda.Device()
+    props = cp.cuda.runtime.getDeviceProperties(dev.id)
+    dev_name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+    l2 = int(props.get("l2CacheSize", 60 * 2**20)) or 60 * 2**20
+    clock_khz = int(props.get("clockRate", 1_500_000))
+    spin = cp.RawKernel(_SPIN_SRC, "spin")
+    spin_cycles = int(clock_khz * 1e3 * 3e-3)  # ~3 ms of GPU time to hide Python's enqueue cost
+
+    bw_copy, t_copy = copy_bandwidth(cp, 1 << 30, 10, args.batches, spin, spin_cycles)
+    print(f"device: {dev_name}, L2 {l2 / 2**20:.0f} MiB")
+    print(f"copy bandwidth (1 GiB D2D, read+write): {bw_copy / 1e9:.0f} GB/s ({t_copy * 1e6:.0f} us per copy)")
+
+    shapes = SHAPES[:2] if args.quick else SHAPES
+    cols = [1, 5, 9] if args.quick else list(range(1, args.max_cols + 1))
+    orders = {"variant": ReductionOrder.BATCH_VARIANT, "invariant": ReductionOrder.BATCH_INVARIANT}
+    rng = np.random.default_rng(0)
+    results = []
+    for label, qtype, k, n in shapes:
+        t = TYPE_TRAITS[qtype]
+        w_host = random_weights(qtype, n, k, seed=1)
+        w_bytes = w_host.nbytes
+        n_copies = max(1, math.ceil(4 * l2 / w_bytes))
+        w0 = cp.asarray(w_host)
+        ws = [w0] + [w0.copy() for _ in range(n_copies - 1)]
+        del w_host
+        x = cp.asarray(rng.standard_normal((max(cols), k)).astype(np.float32))
+        xq_all = quantize_q8_1(x, "cuda")
+        print(f"\n{label} {qtype}: {w_bytes / 1e6:.1f} MB of weights, {n_copies} rotating copies")
+        print(f"{'order':>9} {'cols':>4} {'kernel':>6} {'launches':>8} {'time us':>9} {'GB/s':>7} "
+              f"{'of copy':>7} {'x 1 col':>7}")
+        one_col = {}
+        for oname, order in orders.items():
+            for ncols in cols:
+                plan = order.matvec_plan(ncols, qtype)
+                xq = xq_all[:ncols]
+                fn = lambda i: mul_mat_vec(ws[i % n_copies], qtype, xq, plan, "cuda")  # noqa: E731
+                for i in range(3):  # warm-up (compiles on first use)
+                    fn(i)
+                cp.cuda.Device().synchronize()
+                sec = _median_event_time(cp, fn, args.reps, args.batches, spin, spin_cycles)
+                moved = w_bytes + xq.nbytes
+                bw = moved / sec
+                if ncols == 1:
+                    one_col[oname] = sec
+                ratio = sec / one_col[oname] if oname in one_col else float("nan")
+                rec = dict(shape=label, qtype=qtype, k=k, n=n, order=oname, ncols=ncols, kernel=plan.kernel,
+                           nwarps=plan.nwarps, rows_per_block=plan.rows_per_block,
+                           launches=len(plan.launches()) if plan.kernel == "mmvq" else 1,
+                           time_us=sec * 1e6, weight_bytes=w_bytes, activation_bytes=int(xq.nbytes),
+                           gb_per_s=bw / 1e9, fraction_of_copy=bw / bw_copy, ratio_to_one_col=ratio)
+                results.append(rec)
+                print(f"{oname:>9} {ncols:>4} {plan.kernel:>6} {rec['launches']:>8} {sec * 1e6:>9.1f} "
+                      f"{bw / 1e9:>7.0f} {bw / bw_copy:>7.1%} {ratio:>7.2f}")
+        del ws, w0, x, xq_all
+        cp.get_default_memory_pool().free_all_blocks()
+
+    checks = []
+    for label, qtype, k, n in shapes:
+        r1 = [r for r in results if r["shape"] == label and r["ncols"] == 1 and r["order"] == "invariant"]
+        r9 = [r for r in results if r["shape"] == label and r["ncols"] == 9 and r["order"] == "invariant"]
+        if r1:
+            frac = r1[0]["fraction_of_copy"]
+            checks.append(dict(shape=label, check="1 column >= 80% of copy bandwidth", value=frac,
+                               ok=frac >= TARGET_BW_FRACTION))
+        if r9:
+            ratio = r9[0]["ratio_to_one_col"]
+            checks.append(dict(shape=label, check="9 columns invariant <= 2.0x of 1 column", value=ratio,
+                               ok=ratio <= TARGET_INV9_RATIO))
+    print("\ntargets:")
+    for c in checks:
+        val = f"{c['value']:.1%}" if "bandwidth" in c["check"] else f"{c['value']:.2f}x"
+        print(f"  {'PASS' if c['ok'] else 'MISS'}  {c['shape']}: {c['check']} (got {val})")
+    elapsed = time.time() - t_start
+    print(f"\nbench took {elapsed:.0f} s")
+
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        meta = dict(device=dev_name, date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                    command=" ".join([os.path.basename(sys.executable)] + sys.argv), host=platform.node(),
+                    cupy=cp.__version__, l2_bytes=l2, copy_bytes_per_s=bw_copy, copy_time_s=t_copy,
+                    reps=args.reps, batches=args.batches, elapsed_s=elapsed)
+        with open(os.path.join(args.out, "bench_mmvq.json"), "w") as f:
+            json.dump(dict(meta=meta, results=results, checks=checks), f, indent=1)
+        with open(os.path.join(args.out, "bench_mmvq.md"), "w") as f:
+            f.write(_markdown(meta, results, checks))
+        print(f"wrote {args.out}/bench_mmvq.json and bench_mmvq.md")
+    return 0
+
+
+def _markdown(meta, results, checks) -> str:
+    lines = [
+        "# mat-vec benchmark (bench/bench_mmvq.py)",
+        "",
+        f"- device: {meta['device']}",
+        f"- date: {meta['date']}",
+        f"- command: `{meta['command']}`",
+        f"- copy bandwidth (1 GiB device-to-device, read + write): {meta['copy_bytes_per_s'] / 1e9:.0f} GB/s",
+        f"- timing: median of {meta['batches']} batches of {meta['reps']} back-to-back calls (CUDA events), "
+        "weights rotated past the L2",
+        "",
+        "## targets",
+        "",
+    ]
+    for c in checks:
+        val = f"{c['value']:.1%}" if "bandwidth" in c["check"] else f"{c['value']:.2f}x"
+        lines.append(f"- {'PASS' if c['ok'] else 'MISS'}: {c['shape']}: {c['check']} (got {val})")
+    lines += ["", "## times", "",
+              "| shape | order | cols | kernel | nwarps | launches | µs | GB/s | of copy | × 1 col |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        lines.append(f"| {r['shape']} | {r['order']} | {r['ncols']} | {r['kernel']} | {r['nwarps']} | "
+                     f"{r['launches']} | {r['time_us']:.1f} | {r['gb_per_s']:.0f} | "
+                     f"{r['fraction_of_copy']:.1%} | {r['ratio_to_one_col']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
