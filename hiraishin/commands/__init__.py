@@ -1,0 +1,1 @@
+"""Subcommands of the ``hiraishin`` command line; each module has ``register(subparsers)``."""

@@ -1,0 +1,297 @@
+"""Write seeded synthetic Qwen3 Q4_K_M GGUF files laid out exactly as llama.cpp would write them.
+
+Same metadata keys, tensor names, ggml shapes and per-tensor types as ``convert_hf_to_gguf.py``
+followed by ``llama-quantize ... Q4_K_M`` (reference §8, §9); only the weights are made up.
+
+Shapes (head_dim is 128 in all of them):
+
+* ``micro``  n_embd 256, 2 layers, 2/1 heads, n_ff 768, 4,096-token vocabulary (the first 4,000
+  Qwen3 BPE tokens, the merges among them, Qwen's added tokens renumbered after them), tied.
+* ``tiny``   n_embd 512, 4 layers, 4/2 heads, n_ff 1536, full 151,936-token tokenizer, untied.
+* ``qwen3-0.6b``, ``qwen3-8b``  the real shapes (tied / untied).
+
+``micro`` and ``tiny`` hold seeded Gaussian weights quantized with ``hiraishin.quant.quantize``:
+logits have a spread and outputs are meaningful to compare. ``qwen3-0.6b`` and ``qwen3-8b``
+are for timing only: their blocks are random bytes with sensible fp16 scales (fast to write: the
+8B file is 4.7 GB), so the model's output is degenerate.
+
+The tensor plan (names, types, shapes, sizes) is a pure function, ``tensor_plan(config)``, so the
+Q4_K_M type mix can be checked without writing a file.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from gguf import GGUFWriter
+from gguf.constants import GGML_QUANT_VERSION, GGMLQuantizationType
+from tqdm import tqdm
+
+from ..errors import HiraishinError
+from .config import ARCHITECTURE, Qwen3Config
+from .synth_vocab import MICRO_N_VOCAB, QWEN3_N_VOCAB, qwen3_vocab
+
+# general.file_type of a Q4_K_M file (LLAMA_FTYPE_MOSTLY_Q4_K_M, reference §8.1).
+FILE_TYPE_Q4_K_M = 15
+# k-quant super-block: every quantized row length must be a multiple of it (QK_K).
+QK_K = 256
+
+# Gaussian weights (micro, tiny): standard deviations chosen so that activations and logits have
+# a spread (logit std ≈ EMBD_STD * sqrt(n_embd) ≈ 0.8–1.1), norm weights 1 ± a little.
+EMBD_STD = 0.05
+MATRIX_STD = 0.03
+NORM_NOISE_STD = 0.05
+# Random blocks (qwen3-0.6b, qwen3-8b): uniform ranges for the fp16 scale fields, so that the
+# decoded weights are finite and of order 1e-2. (Q6_K: d * int8 scale * (q - 32).)
+RANDOM_SCALE_RANGE = {
+    "Q4_K": {"d": (1e-4, 3e-4), "dmin": (1e-4, 3e-4)},
+    "Q6_K": {"d": (6.2e-5, 1.2e-4)},
+    "Q8_0": {"d": (2e-4, 6e-4)},
+}
+# Write tensors in pieces of about this many bytes (bounded memory, a moving progress bar).
+CHUNK_BYTES = 32 << 20
+
+
+@dataclass(frozen=True)
+class SynthShape:
+    """A synthetic model's shape, vocabulary and how its weights are filled.
+
+    ``vocab``: "micro" or "full". ``fill``: "gaussian" (seeded floats through the reference
+    quantizers) or "random" (random block bytes, timing only).
+    """
+
+    name: str
+    n_embd: int
+    n_layer: int
+    n_head: int
+    n_head_kv: int
+    n_ff: int
+    vocab: str
+    tied: bool
+    fill: str
+    head_dim: int = 128
+    n_ctx_train: int = 40960
+    rope_base: float = 1_000_000.0
+    rms_eps: float = 1e-6
+
+    def __post_init__(self):
+        if self.vocab not in ("micro", "full"):
+            raise HiraishinError(f"synthetic shape {self.name!r}: vocab {self.vocab!r}, expected 'micro' or 'full'")
+        if self.fill not in ("gaussian", "random"):
+            raise HiraishinError(f"synthetic shape {self.name!r}: fill {self.fill!r}, expected 'gaussian' or 'random'")
+        # Quantized matrices have n_embd, n_ff or n_head*head_dim columns; llama.cpp would fall
+        # back to other types (Q5_0, Q8_0) for rows that are not whole super-blocks.
+        for what, n in (("n_embd", self.n_embd), ("n_ff", self.n_ff), ("n_head*head_dim", self.n_head * self.head_dim)):
+            if n % QK_K:
+                raise HiraishinError(f"synthetic shape {self.name!r}: {what} = {n} is not a multiple of {QK_K}")
+
+    def config(self) -> Qwen3Config:
+        """The config a reader gets back from the written file (float keys are stored as float32)."""
+        return Qwen3Config(
+            n_embd=self.n_embd,
+            n_layer=self.n_layer,
+            n_head=self.n_head,
+            n_head_kv=self.n_head_kv,
+            head_dim=self.head_dim,
+            n_ff=self.n_ff,
+            n_vocab=MICRO_N_VOCAB if self.vocab == "micro" else QWEN3_N_VOCAB,
+            rope_base=float(np.float32(self.rope_base)),
+            rms_eps=float(np.float32(self.rms_eps)),
+            n_ctx_train=self.n_ctx_train,
+            tied_embeddings=self.tied,
+        )
+
+
+SHAPES: dict[str, SynthShape] = {
+    "micro": SynthShape("micro", n_embd=256, n_layer=2, n_head=2, n_head_kv=1, n_ff=768,
+                        vocab="micro", tied=True, fill="gaussian"),
+    "tiny": SynthShape("tiny", n_embd=512, n_layer=4, n_head=4, n_head_kv=2, n_ff=1536,
+                       vocab="full", tied=False, fill="gaussian"),
+    # Qwen3-0.6B and Qwen3-8B (reference §8.1).
+    "qwen3-0.6b": SynthShape("qwen3-0.6b", n_embd=1024, n_layer=28, n_head=16, n_head_kv=8, n_ff=3072,
+                             vocab="full", tied=True, fill="random"),
+    "qwen3-8b": SynthShape("qwen3-8b", n_embd=4096, n_layer=36, n_head=32, n_head_kv=8, n_ff=12288,
+                           vocab="full", tied=False, fill="random"),
+}
+
+
+# --- the Q4_K_M type mix (llama_tensor_get_type, src/llama-quant.cpp; reference §8.4) --------
+
+
+def use_more_bits(i_layer: int, n_layer: int) -> bool:
+    """llama.cpp's choice of layers that get more bits: first and last eighth, every third between."""
+    return i_layer < n_layer // 8 or i_layer >= 7 * n_layer // 8 or (i_layer - n_layer // 8) % 3 == 2
+
+
+_LAYER_NAME = re.compile(r"^blk\.(\d+)\.")
+
+
+def q4_k_m_type(name: str, shape: tuple[int, ...], n_layer: int, tied: bool) -> str:
+    """The type llama-quantize gives tensor ``name`` in a Q4_K_M file."""
+    if len(shape) == 1 or name.endswith("_norm.weight"):
+        return "F32"  # norms and other 1-D tensors are not quantized
+    if name == "output.weight" or (tied and name == "token_embd.weight"):
+        return "Q6_K"  # the output rule; with tied embeddings token_embd is the output
+    if name.endswith(".attn_v.weight") or name.endswith(".ffn_down.weight"):
+        i_layer = int(_LAYER_NAME.match(name).group(1))
+        return "Q6_K" if use_more_bits(i_layer, n_layer) else "Q4_K"
+    return "Q4_K"
+
+
+@dataclass(frozen=True)
+class PlannedTensor:
+    """One tensor as it will be written: ggml shape (ne0, ne1) and stored type."""
+
+    name: str
+    qtype: str
+    shape: tuple[int, ...]
+    n_bytes: int
+
+    @property
+    def rows(self) -> int:
+        return self.shape[1] if len(self.shape) > 1 else 1
+
+    @property
+    def row_bytes(self) -> int:
+        return self.n_bytes // self.rows
+
+
+def tensor_plan(config: Qwen3Config) -> list[PlannedTensor]:
+    """Every tensor of a Q4_K_M Qwen3 file for ``config``, in file order."""
+    from ..quant import row_bytes
+
+    plan = []
+    for name, shape in config.tensor_shapes().items():
+        qtype = q4_k_m_type(name, shape, config.n_layer, config.tied_embeddings)
+        rows = shape[1] if len(shape) > 1 else 1
+        plan.append(PlannedTensor(name, qtype, shape, rows * row_bytes(shape[0], qtype)))
+    return plan
+
+
+# --- writing ---------------------------------------------------------------------------------
+
+
+def write_synthetic(path: str | os.PathLike[str], shape: str | SynthShape = "tiny", seed: int = 0,
+                    progress: bool = True) -> Path:
+    """Write a synthetic Qwen3 Q4_K_M GGUF to ``path`` and return it as a Path.
+
+    The same (shape, seed) always gives the same bytes. Tensors are streamed to disk piece by
+    piece; the file appears under its name only once complete. ``qwen3-0.6b`` / ``qwen3-8b``
+    files are for timing only (random blocks: degenerate output).
+    """
+    spec = _resolve_shape(shape)
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise HiraishinError(f"seed must be a non-negative integer, got {seed!r}")
+    seed = int(seed)
+    path = Path(path)
+    config = spec.config()
+    plan = tensor_plan(config)
+    vocab = qwen3_vocab(spec.vocab)
+
+    partial = path.with_name(path.name + ".partial")
+    writer = GGUFWriter(partial, ARCHITECTURE)
+    try:
+        _add_metadata(writer, config, vocab, f"hiraishin synthetic Qwen3 {spec.name} (seed {seed})")
+        for t in plan:
+            if t.qtype == "F32":
+                writer.add_tensor_info(t.name, tuple(reversed(t.shape)), np.dtype(np.float32), t.n_bytes)
+            else:  # numpy byte shape (rows, row_bytes); gguf-py turns it into the ggml shape
+                writer.add_tensor_info(t.name, (t.rows, t.row_bytes), np.dtype(np.uint8), t.n_bytes,
+                                       raw_dtype=GGMLQuantizationType[t.qtype])
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_ti_data_to_file()
+        fout = writer.fout[0]
+        writer.write_padding(fout, fout.tell())  # the data section starts aligned
+        total = sum(t.n_bytes for t in plan)
+        with tqdm(total=total, unit="B", unit_scale=True, desc=f"writing {path.name}", disable=not progress) as bar:
+            for index, t in enumerate(plan):
+                # One generator per tensor: its bytes depend on (seed, position) only.
+                rng = np.random.default_rng([seed, index])
+                for piece in _tensor_pieces(t, spec.fill, rng):
+                    fout.write(piece.data)
+                    bar.update(piece.nbytes)
+                writer.write_padding(fout, t.n_bytes)
+        writer.close()
+        os.replace(partial, path)
+    finally:
+        writer.close()
+        if partial.exists():
+            partial.unlink()
+    return path
+
+
+def _resolve_shape(shape: str | SynthShape) -> SynthShape:
+    if isinstance(shape, SynthShape):
+        return shape
+    try:
+        return SHAPES[shape]
+    except (KeyError, TypeError):
+        raise HiraishinError(f"unknown synthetic shape {shape!r}; choose one of {', '.join(SHAPES)}") from None
+
+
+def _add_metadata(writer: GGUFWriter, config: Qwen3Config, vocab, name: str) -> None:
+    """The keys convert_hf_to_gguf.py + llama-quantize write for Qwen3, in their order."""
+    writer.add_type("model")
+    writer.add_name(name)
+    writer.add_block_count(config.n_layer)
+    writer.add_context_length(config.n_ctx_train)
+    writer.add_embedding_length(config.n_embd)
+    writer.add_feed_forward_length(config.n_ff)
+    writer.add_head_count(config.n_head)
+    writer.add_head_count_kv(config.n_head_kv)
+    writer.add_rope_freq_base(config.rope_base)
+    writer.add_layer_norm_rms_eps(config.rms_eps)
+    writer.add_key_length(config.head_dim)
+    writer.add_value_length(config.head_dim)
+    writer.add_file_type(FILE_TYPE_Q4_K_M)
+    writer.add_tokenizer_model(vocab.model)
+    writer.add_tokenizer_pre(vocab.pre)
+    writer.add_token_list(vocab.tokens)
+    writer.add_token_types(vocab.token_types)
+    writer.add_token_merges(vocab.merges)
+    writer.add_eos_token_id(vocab.eos_id)
+    writer.add_pad_token_id(vocab.pad_id)
+    writer.add_bos_token_id(vocab.bos_id)
+    if vocab.add_bos is not None:
+        writer.add_add_bos_token(vocab.add_bos)
+    if vocab.chat_template:
+        writer.add_chat_template(vocab.chat_template)
+    writer.add_quantization_version(GGML_QUANT_VERSION)
+
+
+def _tensor_pieces(t: PlannedTensor, fill: str, rng: np.random.Generator):
+    """The tensor's bytes in row ranges of about CHUNK_BYTES."""
+    if t.qtype == "F32":  # norm weights: 1 ± noise
+        yield (1.0 + NORM_NOISE_STD * rng.standard_normal(t.shape[0], dtype=np.float32)).astype(np.float32)
+        return
+    if fill == "gaussian":
+        from ..quant import quantize
+
+        std = EMBD_STD if t.name in ("token_embd.weight", "output.weight") else MATRIX_STD
+        rows_per_piece = max(1, CHUNK_BYTES // 4 // t.shape[0])  # sized by the float32 input
+        for start in range(0, t.rows, rows_per_piece):
+            n = min(rows_per_piece, t.rows - start)
+            x = rng.standard_normal((n, t.shape[0]), dtype=np.float32)
+            x *= np.float32(std)
+            yield quantize(x, t.qtype)
+    else:
+        rows_per_piece = max(1, CHUNK_BYTES // t.row_bytes)
+        for start in range(0, t.rows, rows_per_piece):
+            yield _random_blocks(rng, min(rows_per_piece, t.rows - start), t.row_bytes, t.qtype)
+
+
+def _random_blocks(rng: np.random.Generator, rows: int, row_bytes: int, qtype: str) -> np.ndarray:
+    """Random bytes shaped (rows, row_bytes), with every fp16 scale field set to a finite value."""
+    from ..quant import BLOCK_DTYPES
+
+    n = rows * row_bytes
+    raw = rng.bit_generator.random_raw(-(-n // 8)).view(np.uint8)[:n]
+    blocks = raw.view(BLOCK_DTYPES[qtype])
+    for field, (low, high) in RANDOM_SCALE_RANGE[qtype].items():
+        blocks[field] = rng.uniform(low, high, blocks.shape).astype(np.float16)
+    return raw.reshape(rows, row_bytes)
