@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# One GPU session: install carried wheels, run the GPU tests, the benchmarks and the
+# sanitizer checks, and leave everything under $OUT (results.tar.gz + session.log).
+# Usage on the device machine (repo root):  bash bench/gpu_session.sh [pytest -k expr]
+set -uo pipefail
+OUT=${OUT:-/tmp/hiraishin-out}
+mkdir -p "$OUT"
+RES="$OUT/results"
+mkdir -p "$RES"
+LOG="$OUT/session.log"
+exec > >(tee -a "$LOG") 2>&1
+
+export PYTHONUNBUFFERED=1
+if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+    export PYTHONPATH=/tmp/site:$PWD
+else
+    export PYTHONPATH=$PWD
+fi
+export HIRAISHIN_RESULTS_DIR="$RES"
+export HIRAISHIN_CACHE=/tmp/hiraishin-cache
+
+echo "== device"; date -u; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total --format=csv
+python3 -c "import cupy, numba, numpy; print('cupy', cupy.__version__, 'numba', numba.__version__, 'numpy', numpy.__version__)"
+
+STEPS=${STEPS:-"tests bench sanitize"}
+KEXPR=${1:-}
+
+if [[ $STEPS == *tests* ]]; then
+    echo "== gpu tests"
+    t0=$(date +%s)
+    timeout ${TEST_TIMEOUT:-330} python3 -m pytest -q -x --timeout=240 -m gpu ${KEXPR:+-k "$KEXPR"} --junitxml="$RES/gpu-tests.xml" -p no:cacheprovider tests 2>&1 | tail -n 60
+    echo "gpu tests took $(( $(date +%s) - t0 )) s"
+fi
+if [[ $STEPS == *bench* ]]; then
+    for b in bench/bench_mmvq.py bench/bench_fattn.py bench/bench_model.py; do
+        [ -f "$b" ] || continue
+        echo "== $b"
+        timeout ${BENCH_TIMEOUT:-150} python3 "$b" --out "$RES" 2>&1 | tail -n 80
+    done
+fi
+if [[ $STEPS == *sanitize* ]] && [ -f bench/sanitize_fattn.py ] && command -v compute-sanitizer >/dev/null; then
+    for tool in memcheck racecheck; do
+        echo "== compute-sanitizer --tool $tool"
+        timeout 240 compute-sanitizer --tool $tool --error-exitcode 3 python3 bench/sanitize_fattn.py > "$RES/sanitizer-$tool.txt" 2>&1
+        echo "exit $?"; tail -n 5 "$RES/sanitizer-$tool.txt"
+    done
+fi
+tar -czf "$OUT/results.tar.gz" -C "$OUT" results
+echo "== done"; date -u
