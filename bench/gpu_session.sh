@@ -29,7 +29,7 @@ KEXPR=${1:-}
 if [[ $STEPS == *tests* ]]; then
     echo "== gpu tests"
     t0=$(date +%s)
-    timeout ${TEST_TIMEOUT:-330} python3 -m pytest -q -x --timeout=240 -m gpu ${KEXPR:+-k "$KEXPR"} --junitxml="$RES/gpu-tests.xml" -p no:cacheprovider tests 2>&1 | tail -n 60
+    timeout ${TEST_TIMEOUT:-330} python3 -m pytest -q --timeout=240 -m gpu ${KEXPR:+-k "$KEXPR"} --junitxml="$RES/gpu-tests.xml" -p no:cacheprovider tests 2>&1 | tail -n 60
     echo "gpu tests took $(( $(date +%s) - t0 )) s"
 fi
 if [[ $STEPS == *bench* ]]; then

@@ -90,7 +90,8 @@ def speculative_decode(target, draft, prompt_tokens, max_new_tokens: int, *, n_d
     seq = [int(t) for t in prompt_tokens]
     n_prompt, eos, cycles = len(seq), set(eos_ids), []
     t0 = time.perf_counter()
-    target.reset(), draft.reset()
+    target.reset()
+    draft.reset()
     feed(draft, seq, 0, order)
     seq.append(int(np.argmax(feed(target, seq, 0, order))))  # prefill; the first new token
     draft_len = n_prompt  # the draft's KV length: it lags the accepted tokens by one or two

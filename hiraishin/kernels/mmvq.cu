@@ -84,9 +84,9 @@ __device__ __forceinline__ int hx_sub32_bytes(int x) {
 // One thread's share of a Q4_K super-block (vec_dot_q4_K_q8_1): 8 values of sub-block 2c
 // (low nibbles) and 8 of sub-block 2c+1 (high nibbles). bq8 = first of the 8 q8_1 blocks.
 __device__ __forceinline__ float hx_step(float acc, const u8* __restrict__ bq4, const u8* __restrict__ bq8,
-                                         const int iqs) {
-    const int c = iqs / 8;
-    const int pos = 4 * ((iqs / 2) % 4);
+                                         const unsigned int iqs) {
+    const unsigned int c = iqs / 8;
+    const unsigned int pos = 4 * ((iqs / 2) % 4);
     const int v0 = hx_ld_i32(bq4 + 16 + 32 * c + pos);
     const int v1 = hx_ld_i32(bq4 + 16 + 32 * c + pos + 16);
 
@@ -110,7 +110,7 @@ __device__ __forceinline__ float hx_step(float acc, const u8* __restrict__ bq4, 
     float sumf_d = 0.0f;
     float sumf_m = 0.0f;
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
+    for (unsigned int i = 0; i < 2; ++i) {
         const u8* b = bq8 + (2 * c + i) * HX_Y_BLOCK_BYTES;
         const float d8 = hx_h2f(hx_ld_u16(b));
         const int u0 = hx_ld_i32(b + 4 + pos);
@@ -132,12 +132,12 @@ __device__ __forceinline__ float hx_step(float acc, const u8* __restrict__ bq4, 
 // One thread's share of a Q6_K super-block (vec_dot_q6_K_q8_1): 4 values of each of two
 // 32-value groups, 64 elements apart. The block's d multiplies into the accumulator (one fma).
 __device__ __forceinline__ float hx_step(float acc, const u8* __restrict__ bq6, const u8* __restrict__ bq8,
-                                         const int iqs) {
-    const int h = iqs / 16;
-    const int r = iqs % 16;
-    const int bq8_offset = 4 * h + r / 8;
-    const int scale_offset = 8 * h + r / 4;
-    const int vh_shift = 2 * (r / 8);
+                                         const unsigned int iqs) {
+    const unsigned int h = iqs / 16;
+    const unsigned int r = iqs % 16;
+    const unsigned int bq8_offset = 4 * h + r / 8;
+    const unsigned int scale_offset = 8 * h + r / 4;
+    const unsigned int vh_shift = 2 * (r / 8);
     const int vl = hx_ld_i32_b2(bq6 + 4 * iqs);
     const int vh = hx_ld_i32_b2(bq6 + 128 + 4 * (8 * h + r % 8)) >> vh_shift;
 
@@ -159,7 +159,7 @@ __device__ __forceinline__ float hx_step(float acc, const u8* __restrict__ bq6, 
 #else  // HX_Q8_0
 // One thread's share of a Q8_0 block (vec_dot_q8_0_q8_1): 8 values (ints iqs, iqs+1).
 __device__ __forceinline__ float hx_step(float acc, const u8* __restrict__ bq80, const u8* __restrict__ bq8,
-                                         const int iqs) {
+                                         const unsigned int iqs) {
     const int v0 = hx_ld_i32_b2(bq80 + 2 + 4 * iqs);
     const int v1 = hx_ld_i32_b2(bq80 + 2 + 4 * (iqs + 1));
     const int u0 = hx_ld_i32(bq8 + 4 + 4 * iqs);
@@ -178,7 +178,7 @@ extern "C" __global__ void mmvq(const u8* __restrict__ w, const u8* __restrict__
     const int tid = 32 * threadIdx.y + lane;
     const int row0 = HX_RPB * blockIdx.x;
     const int blocks_per_iter = 32 * nwarps / HX_TPB;
-    const int iqs = HX_VDR * (tid % HX_TPB);
+    const unsigned int iqs = HX_VDR * (tid % HX_TPB);
 
     float tmp[HX_NCOLS][HX_RPB];
 #pragma unroll
@@ -188,18 +188,24 @@ extern "C" __global__ void mmvq(const u8* __restrict__ w, const u8* __restrict__
             tmp[j][i] = 0.0f;
         }
     }
+    // Rows past the end recompute the last row; their results are never written.
+    const u8* wrow[HX_RPB];
+#pragma unroll
+    for (int i = 0; i < HX_RPB; ++i) {
+        wrow[i] = w + (long long)min(row0 + i, nrows - 1) * row_bytes;
+    }
 
     for (int kbx = tid / HX_TPB; kbx < nblocks; kbx += blocks_per_iter) {
-        const int kby = kbx * (HX_QK / 32);
+        // 32-bit unsigned offsets inside a row / a launch's activations (rows and 16 columns of
+        // q8_1 data are far below 4 GiB), so address math needs no sign extension.
+        const unsigned int wo = (unsigned int)kbx * HX_BLOCK_BYTES;
+        const unsigned int yo = (unsigned int)kbx * ((HX_QK / 32) * HX_Y_BLOCK_BYTES);
 #pragma unroll
         for (int j = 0; j < HX_NCOLS; ++j) {
-            const u8* yb = y + j * col_bytes_y + (long long)kby * HX_Y_BLOCK_BYTES;
+            const u8* yb = y + ((unsigned int)j * (unsigned int)col_bytes_y + yo);
 #pragma unroll
             for (int i = 0; i < HX_RPB; ++i) {
-                // Rows past the end recompute the last row; their results are never written.
-                const int row = min(row0 + i, nrows - 1);
-                const u8* wb = w + row * row_bytes + (long long)kbx * HX_BLOCK_BYTES;
-                tmp[j][i] = hx_step(tmp[j][i], wb, yb, iqs);
+                tmp[j][i] = hx_step(tmp[j][i], wrow[i] + wo, yb, iqs);
             }
         }
     }
