@@ -66,8 +66,9 @@ def test_cuda_invariant_replay_is_bit_identical(cuda_models):
 
 def test_cuda_invariant_replay_across_kv_boundaries(cuda_models):
     shape, target, _, _ = cuda_models
-    tokens = [int(t) for t in np.random.default_rng(0).integers(0, target.config.n_vocab, 600)]
-    rep = replay(target, tokens, [3, 9, 16], order=INV, start=200)
+    # 560 positions, compared from 240: passes meet cells 256 and 512 (cut there) and cross 384
+    tokens = [int(t) for t in np.random.default_rng(0).integers(0, target.config.n_vocab, 560)]
+    rep = replay(target, tokens, [9, 16], order=INV, start=240)
     _save(rep, f"replay-cuda-{shape}-batch_invariant-boundaries.json")
     assert rep.identical, str(rep)
 
@@ -112,18 +113,3 @@ def test_cuda_self_speculation_under_the_variant_order(cuda_models):
     _save(res, f"speculative-cuda-{shape}-self-n8-batch_variant.json")
     print(res)
     assert res.mean_verify_batch > 1  # batched verify passes ran
-
-
-def test_cuda_tokens_equal_cpu_tokens(shape_and_path, cuda_models):
-    from hiraishin.model.qwen3 import Qwen3
-
-    shape, path = shape_and_path
-    if shape != "micro":
-        pytest.skip("the CPU emulator run is kept to the micro model")
-    cpu = Qwen3.from_gguf(path, device="cpu", n_ctx=256, progress=False)
-    cuda = cuda_models[1]
-    ids = cpu.tokenizer.encode(PROMPT)
-    a = cpu.forward(ids, 0, order=VAR)
-    b = cuda.forward(ids, 0, order=VAR)
-    cuda.reset()
-    assert np.array_equal(a.view(np.uint32), b.view(np.uint32))
