@@ -158,6 +158,8 @@ def _table(runs: list[OrderRun], n_tokens: int) -> list[str]:
         row(f"  batch {b}", [f"{_g(r.replay.batches[i].max_abs_diff)} ({len(r.replay.batches[i].flips)} flips)"
                              for r in runs])
     row("  positions that differ", [f"{n_differ(r)} of {n_pos}" for r in runs])
+    # a token flips where the shift beats the plain run's margin between its top two logits
+    row("  smallest plain top-2 gap", [_g(min(r.replay.plain_gap)) for r in runs])
     row("  first differing op", [r.replay.localization.name if r.replay.localization
                                  and r.replay.localization.name else "-" for r in runs])
     rows.append(f"speculative decoding vs plain greedy ({n_tokens} tokens)")
