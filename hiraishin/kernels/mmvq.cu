@@ -189,25 +189,30 @@ extern "C" __global__ void mmvq(const u8* __restrict__ w, const u8* __restrict__
         }
     }
     // Rows past the end recompute the last row; their results are never written.
-    const u8* wrow[HX_RPB];
+    // Pointers advance by a constant stride per iteration (cheap 64-bit address math).
+    const int kbx0 = tid / HX_TPB;
+    const u8* wb[HX_RPB];
 #pragma unroll
     for (int i = 0; i < HX_RPB; ++i) {
-        wrow[i] = w + (long long)min(row0 + i, nrows - 1) * row_bytes;
+        wb[i] = w + (long long)min(row0 + i, nrows - 1) * row_bytes + (long long)kbx0 * HX_BLOCK_BYTES;
     }
+    const u8* yb = y + (long long)kbx0 * ((HX_QK / 32) * HX_Y_BLOCK_BYTES);
+    const long long w_stride = (long long)blocks_per_iter * HX_BLOCK_BYTES;
+    const long long y_stride = (long long)blocks_per_iter * ((HX_QK / 32) * HX_Y_BLOCK_BYTES);
 
-    for (int kbx = tid / HX_TPB; kbx < nblocks; kbx += blocks_per_iter) {
-        // 32-bit unsigned offsets inside a row / a launch's activations (rows and 16 columns of
-        // q8_1 data are far below 4 GiB), so address math needs no sign extension.
-        const unsigned int wo = (unsigned int)kbx * HX_BLOCK_BYTES;
-        const unsigned int yo = (unsigned int)kbx * ((HX_QK / 32) * HX_Y_BLOCK_BYTES);
+    for (int kbx = kbx0; kbx < nblocks; kbx += blocks_per_iter) {
 #pragma unroll
         for (int j = 0; j < HX_NCOLS; ++j) {
-            const u8* yb = y + ((unsigned int)j * (unsigned int)col_bytes_y + yo);
 #pragma unroll
             for (int i = 0; i < HX_RPB; ++i) {
-                tmp[j][i] = hx_step(tmp[j][i], wrow[i] + wo, yb, iqs);
+                tmp[j][i] = hx_step(tmp[j][i], wb[i], yb + j * col_bytes_y, iqs);
             }
         }
+#pragma unroll
+        for (int i = 0; i < HX_RPB; ++i) {
+            wb[i] += w_stride;
+        }
+        yb += y_stride;
     }
 
     extern __shared__ float tmp_shared[];  // [nwarps-1][HX_NCOLS][HX_RPB][32]
