@@ -51,23 +51,26 @@ class DeviceProfile:
             ) from None
 
 
-# Occupancy of hiraishin's own attention kernels. H200 numbers are replaced by the
-# values a GPU run measures (bench/results/); until then they are the register-count
-# occupancy llama.cpp's vec kernels get on an H200 (reference section 1: 3 blocks/SM
-# for one query, 2 for two).
+# Occupancy of hiraishin's own attention kernels (blocks per SM, D=128), as the
+# driver reported it for our NVRTC-compiled kernels on an H200 on 2026-11-29
+# (bench/results/: fattn_vec_q1 110 registers -> 4, fattn_vec_qn 145 -> 3,
+# fattn_tile 107 -> 4). llama.cpp's own vec kernels get 3 and 2 (reference
+# section 1); ours use fewer registers.
+_H200_OCCUPANCY = {"fattn_vec_q1": 4, "fattn_vec_qn": 3, "fattn_tile": 4}
+
 PROFILES: dict[str, DeviceProfile] = {
     "h200": DeviceProfile(
         name="h200",
         compute_capability=900,
         sm_count=132,
-        occupancy={"fattn_vec_q1": 3, "fattn_vec_qn": 2, "fattn_tile": 2},
-        source="NVIDIA H200 SXM, 132 SMs; occupancy: see bench/results/",
+        occupancy=_H200_OCCUPANCY,
+        source="NVIDIA H200 SXM, 132 SMs; occupancy measured 2026-11-29 (bench/results/)",
     ),
     "rtx5060-laptop": DeviceProfile(
         name="rtx5060-laptop",
         compute_capability=1200,
         sm_count=26,
-        occupancy={"fattn_vec_q1": 3, "fattn_vec_qn": 2, "fattn_tile": 2},
+        occupancy=_H200_OCCUPANCY,
         source="GeForce RTX 5060 Laptop GPU (the original report's card), 26 SMs; "
         "occupancy assumed equal to the H200's (same 64K registers per SM), not measured",
     ),

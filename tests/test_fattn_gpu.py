@@ -134,6 +134,19 @@ def _batched(order, qg, kg, vg, start, sizes, device, guard=True):
     return np.concatenate(outs), pos
 
 
+def _prefix_reaching(sizes, start, end):
+    """The shortest prefix of ``sizes`` whose batches carry ``start`` past ``end``
+    (the verify guard may cut batches, so count conservatively by the guard too)."""
+    order, pos, out = ReductionOrder.BATCH_INVARIANT, start, []
+    for size in sizes:
+        if pos >= end:
+            break
+        out.append(int(size))
+        pos += order.verify_limit(pos, int(size))
+    assert pos >= end, "not enough batch sizes to cross the boundaries"
+    return out
+
+
 @pytest.mark.parametrize("device", [TINY_GPU, "current"], ids=["tiny-profile", "this-gpu"])
 def test_invariant_order_on_the_gpu(device):
     order = ReductionOrder.BATCH_INVARIANT
@@ -141,6 +154,8 @@ def test_invariant_order_on_the_gpu(device):
     qg, kg, vg = on_gpu(q, k, v)
     rng = np.random.default_rng(3)
     sizes = list(range(1, 17)) + list(rng.integers(1, 17, size=60))
+    sizes += list(rng.integers(1, 17, size=120))
+    sizes = _prefix_reaching(sizes, 236, 1040)
     got, end = _batched(order, qg, kg, vg, 236, sizes, device)
     assert end > 1030  # crossed 256, 384, 512, 768, 1024
     want = _alone(order, qg, kg, vg, range(236, end), device)
