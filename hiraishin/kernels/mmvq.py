@@ -438,24 +438,30 @@ def _reduce(acc, s, nwarps):
     return s[0]
 
 
-# One emulator per type (Numba compiles each lazily). TPB/BLOCK sizes match TYPE_TRAITS.
+# One emulator per type (Numba compiles each lazily). Block sizes match TYPE_TRAITS.
+# Rows are independent; prange over chunks of rows cannot change any result.
+_ROWS_PER_CHUNK = 64
+
+
 @njit(cache=True, parallel=True, error_model="numpy")
 def _mmvq_q4_k(w, y, ys, nwarps, h2f, out):
     n = w.shape[0]
     nb = w.shape[1] // 144
     nthreads = 32 * nwarps
     bpi = nthreads // 16
-    for r in prange(n):
+    nchunks = (n + _ROWS_PER_CHUNK - 1) // _ROWS_PER_CHUNK
+    for chunk in prange(nchunks):  # scratch allocated once per chunk of rows
         acc = np.empty(nthreads, dtype=np.float32)
         s = np.empty(32, dtype=np.float32)
-        for j in range(y.shape[0]):
-            for tid in range(nthreads):
-                iqs = 2 * (tid % 16)
-                a = np.float32(0.0)
-                for kbx in range(tid // 16, nb, bpi):
-                    a = _step_q4_k(a, w, r, kbx * 144, y, ys, j, kbx * 8 * 36, iqs, h2f)
-                acc[tid] = a
-            out[j, r] = _reduce(acc, s, nwarps)
+        for r in range(chunk * _ROWS_PER_CHUNK, min(n, (chunk + 1) * _ROWS_PER_CHUNK)):
+            for j in range(y.shape[0]):
+                for tid in range(nthreads):
+                    iqs = 2 * (tid % 16)
+                    a = np.float32(0.0)
+                    for kbx in range(tid // 16, nb, bpi):
+                        a = _step_q4_k(a, w, r, kbx * 144, y, ys, j, kbx * 8 * 36, iqs, h2f)
+                    acc[tid] = a
+                out[j, r] = _reduce(acc, s, nwarps)
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
@@ -464,17 +470,19 @@ def _mmvq_q6_k(w, ws, y, ys, nwarps, h2f, out):
     nb = w.shape[1] // 210
     nthreads = 32 * nwarps
     bpi = nthreads // 32
-    for r in prange(n):
+    nchunks = (n + _ROWS_PER_CHUNK - 1) // _ROWS_PER_CHUNK
+    for chunk in prange(nchunks):  # scratch allocated once per chunk of rows
         acc = np.empty(nthreads, dtype=np.float32)
         s = np.empty(32, dtype=np.float32)
-        for j in range(y.shape[0]):
-            for tid in range(nthreads):
-                iqs = tid % 32
-                a = np.float32(0.0)
-                for kbx in range(tid // 32, nb, bpi):
-                    a = _step_q6_k(a, w, ws, r, kbx * 210, y, ys, j, kbx * 8 * 36, iqs, h2f)
-                acc[tid] = a
-            out[j, r] = _reduce(acc, s, nwarps)
+        for r in range(chunk * _ROWS_PER_CHUNK, min(n, (chunk + 1) * _ROWS_PER_CHUNK)):
+            for j in range(y.shape[0]):
+                for tid in range(nthreads):
+                    iqs = tid % 32
+                    a = np.float32(0.0)
+                    for kbx in range(tid // 32, nb, bpi):
+                        a = _step_q6_k(a, w, ws, r, kbx * 210, y, ys, j, kbx * 8 * 36, iqs, h2f)
+                    acc[tid] = a
+                out[j, r] = _reduce(acc, s, nwarps)
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
@@ -483,17 +491,19 @@ def _mmvq_q8_0(w, ws, y, ys, nwarps, h2f, out):
     nb = w.shape[1] // 34
     nthreads = 32 * nwarps
     bpi = nthreads // 4
-    for r in prange(n):
+    nchunks = (n + _ROWS_PER_CHUNK - 1) // _ROWS_PER_CHUNK
+    for chunk in prange(nchunks):  # scratch allocated once per chunk of rows
         acc = np.empty(nthreads, dtype=np.float32)
         s = np.empty(32, dtype=np.float32)
-        for j in range(y.shape[0]):
-            for tid in range(nthreads):
-                iqs = 2 * (tid % 4)
-                a = np.float32(0.0)
-                for kbx in range(tid // 4, nb, bpi):
-                    a = _step_q8_0(a, w, ws, r, kbx * 34, y, ys, j, kbx * 36, iqs, h2f)
-                acc[tid] = a
-            out[j, r] = _reduce(acc, s, nwarps)
+        for r in range(chunk * _ROWS_PER_CHUNK, min(n, (chunk + 1) * _ROWS_PER_CHUNK)):
+            for j in range(y.shape[0]):
+                for tid in range(nthreads):
+                    iqs = 2 * (tid % 4)
+                    a = np.float32(0.0)
+                    for kbx in range(tid // 4, nb, bpi):
+                        a = _step_q8_0(a, w, ws, r, kbx * 34, y, ys, j, kbx * 36, iqs, h2f)
+                    acc[tid] = a
+                out[j, r] = _reduce(acc, s, nwarps)
 
 
 def emulate_mmvq(w: np.ndarray, qtype: str, xq: np.ndarray, nwarps: int) -> np.ndarray:
