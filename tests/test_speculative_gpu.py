@@ -44,7 +44,7 @@ def cuda_models(shape_and_path, tmp_path_factory):
     load = lambda p: Qwen3.from_gguf(p, device="cuda", n_ctx=1024, progress=False)  # noqa: E731
     noisy = None
     if shape == "micro":  # a noisy tiny draft costs a minute of CPU requantization; micro's takes seconds
-        noisy = load(write_draft(path, tmp_path_factory.mktemp("draft") / f"{shape}-draft.gguf", noise=0.3, seed=1))
+        noisy = load(write_draft(path, tmp_path_factory.mktemp("draft") / f"{shape}-draft.gguf", noise=0.05, seed=1))
     return shape, load(path), load(path), noisy
 
 

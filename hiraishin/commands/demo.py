@@ -26,7 +26,7 @@ DEMO_PROMPT = "The order of floating-point additions"
 DEMO_SHAPE = "micro"
 DEMO_SEED = 0
 # draft noise, as a fraction of each tensor's std: enough for rejections, little enough for acceptances
-DEMO_DRAFT_NOISE = 0.2
+DEMO_DRAFT_NOISE = 0.05
 ORDERS = (ReductionOrder.BATCH_VARIANT, ReductionOrder.BATCH_INVARIANT)
 
 

@@ -44,6 +44,11 @@ QK_K = 256
 # a spread (logit std ≈ EMBD_STD * sqrt(n_embd) ≈ 0.8–1.1), norm weights 1 ± a little.
 EMBD_STD = 0.05
 MATRIX_STD = 0.03
+# micro ties its output head to the embedding and has only 2 layers: with MATRIX_STD the
+# residual stream stays close to the current token's own embedding, so the tied head's
+# argmax is that token again and greedy output repeats one token forever. Stronger layers
+# give varied output with close top-2 logits (the regime where reduction order flips tokens).
+MICRO_MATRIX_STD = 0.08
 NORM_NOISE_STD = 0.05
 # Random blocks (qwen3-0.6b, qwen3-8b): uniform ranges for the fp16 scale fields, so that the
 # decoded weights are finite and of order 1e-2. (Q6_K: d * int8 scale * (q - 32).)
@@ -77,6 +82,7 @@ class SynthShape:
     n_ctx_train: int = 40960
     rope_base: float = 1_000_000.0
     rms_eps: float = 1e-6
+    matrix_std: float = MATRIX_STD  # std of the Gaussian layer matrices (fill="gaussian")
 
     def __post_init__(self):
         if self.vocab not in ("micro", "full"):
@@ -108,7 +114,7 @@ class SynthShape:
 
 SHAPES: dict[str, SynthShape] = {
     "micro": SynthShape("micro", n_embd=256, n_layer=2, n_head=2, n_head_kv=1, n_ff=768,
-                        vocab="micro", tied=True, fill="gaussian"),
+                        vocab="micro", tied=True, fill="gaussian", matrix_std=MICRO_MATRIX_STD),
     "tiny": SynthShape("tiny", n_embd=512, n_layer=4, n_head=4, n_head_kv=2, n_ff=1536,
                        vocab="full", tied=False, fill="gaussian"),
     # Qwen3-0.6B and Qwen3-8B (reference §8.1).
@@ -212,7 +218,7 @@ def write_synthetic(path: str | os.PathLike[str], shape: str | SynthShape = "tin
             for index, t in enumerate(plan):
                 # One generator per tensor: its bytes depend on (seed, position) only.
                 rng = np.random.default_rng([seed, index])
-                for piece in _tensor_pieces(t, spec.fill, rng):
+                for piece in _tensor_pieces(t, spec.fill, rng, spec.matrix_std):
                     fout.write(piece.data)
                     bar.update(piece.nbytes)
                 writer.write_padding(fout, t.n_bytes)
@@ -264,7 +270,8 @@ def _add_metadata(writer: GGUFWriter, config: Qwen3Config, vocab, name: str) -> 
     writer.add_quantization_version(GGML_QUANT_VERSION)
 
 
-def _tensor_pieces(t: PlannedTensor, fill: str, rng: np.random.Generator):
+def _tensor_pieces(t: PlannedTensor, fill: str, rng: np.random.Generator,
+                   matrix_std: float = MATRIX_STD):
     """The tensor's bytes in row ranges of about CHUNK_BYTES."""
     if t.qtype == "F32":  # norm weights: 1 ± noise
         yield (1.0 + NORM_NOISE_STD * rng.standard_normal(t.shape[0], dtype=np.float32)).astype(np.float32)
@@ -272,7 +279,7 @@ def _tensor_pieces(t: PlannedTensor, fill: str, rng: np.random.Generator):
     if fill == "gaussian":
         from ..quant import quantize
 
-        std = EMBD_STD if t.name in ("token_embd.weight", "output.weight") else MATRIX_STD
+        std = EMBD_STD if t.name in ("token_embd.weight", "output.weight") else matrix_std
         rows_per_piece = max(1, CHUNK_BYTES // 4 // t.shape[0])  # sized by the float32 input
         for start in range(0, t.rows, rows_per_piece):
             n = min(rows_per_piece, t.rows - start)
