@@ -174,6 +174,22 @@ class Qwen3:
         return stream(self, prompt_or_tokens, max_new_tokens=max_new_tokens, order=order,
                       stop_at_eos=stop_at_eos, top_k=top_k, chat=chat)
 
+    def generate_speculative(self, prompt, draft="self", n_draft: int = 8,
+                             order: ReductionOrder = ReductionOrder.BATCH_INVARIANT, **kwargs):
+        """Greedy speculative decoding with ``draft`` (a model, or ``"self"``); see
+        :func:`hiraishin.decode.speculative.generate_speculative`."""
+        from ..decode.speculative import generate_speculative
+
+        return generate_speculative(self, prompt, draft, n_draft=n_draft, order=order, **kwargs)
+
+    def replay(self, tokens, batch_sizes=(2, 3, 5, 9, 16),
+               order: ReductionOrder = ReductionOrder.BATCH_VARIANT, **kwargs):
+        """Push ``tokens`` back through in batches and compare with one-at-a-time logits; see
+        :func:`hiraishin.decode.replay.replay`."""
+        from ..decode.replay import replay
+
+        return replay(self, tokens, batch_sizes, order=order, **kwargs)
+
     def __repr__(self) -> str:
         c = self.config
         return (f"Qwen3({self.name!r}, backend={self.backend.name}, n_layer={c.n_layer}, n_embd={c.n_embd}, "
