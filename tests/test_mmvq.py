@@ -159,6 +159,8 @@ def test_invariant_plans_split_wide_batches():
     assert INVARIANT.matvec_plan(16, "Q8_0").launches() == [(0, 8), (8, 8)]
     assert INVARIANT.matvec_plan(17, "Q8_0").launches() == [(0, 6), (6, 6), (12, 5)]
     assert INVARIANT.matvec_plan(1, "Q6_K").rows_per_block == 1
+    assert INVARIANT.matvec_plan(1, "Q4_K").rows_per_block == 2  # faster on the H200, same bits
+    assert VARIANT.matvec_plan(1, "Q4_K").rows_per_block == 1  # llama.cpp's choice
     assert {INVARIANT.matvec_plan(b, "Q6_K").nwarps for b in range(1, 40)} == {4}
 
 

@@ -24,7 +24,8 @@ Plans (:class:`MatVecPlan`) come from :func:`plan_matvec`, which
   column count, 1 row per CUDA block for one column else 2; past
   ``MMVQ_MAX_BATCH_SIZE`` = 8 columns the tiled kernel (``mmq_tiled``).
 * ``invariant``: every column gets the one-column nwarps; any batch stays on
-  the mat-vec kernel, in launches of at most ``order.max_cols_per_launch``.
+  the mat-vec kernel, in launches of at most ``order.max_cols_per_launch``
+  (one Q4_K column runs 2 rows per CUDA block: measured faster, same bits).
 * ``custom``: ``order.nwarps`` / ``order.rows_per_block`` as given.
 
 Valid mat-vec geometry (else :class:`PlanError`): 1 <= nwarps <= 16 (at most 512
@@ -298,6 +299,13 @@ def _default_rows_per_block(cols_per_launch: int) -> int:
     return 1 if cols_per_launch == 1 else 2
 
 
+# Rows per CUDA block for ONE column under the invariant policy, where it differs from
+# llama.cpp's 1 (rows per block change no output bits). Measured on an H200
+# (bench/NOTES_mmvq.md, sweep 2026-11-29): Q4_K 4096->12288 17.3 -> 15.2-15.8 us,
+# 4096->4096 8.8 -> 8.0-8.5 us; Q6_K is fastest with 1 row.
+INVARIANT_ONE_COL_ROWS = {"Q4_K": 2}
+
+
 def _balanced(ncols: int, max_cols: int) -> int:
     """Columns per launch when ncols are split into the fewest launches of at most max_cols."""
     n_launches = math.ceil(ncols / max_cols)
@@ -324,8 +332,11 @@ def plan_matvec(order, ncols: int, qtype: str, device=None) -> MatVecPlan:
                           rows_per_block=_default_rows_per_block(ncols), cols_per_launch=ncols, ncols=ncols)
     if policy == "invariant":
         cols = _balanced(ncols, order.max_cols_per_launch)
+        rows = _default_rows_per_block(cols)
+        if cols == 1:
+            rows = INVARIANT_ONE_COL_ROWS.get(qtype, rows)
         return MatVecPlan(kernel="mmvq", qtype=qtype, nwarps=_nwarps_from_table(profile, qtype, 1),
-                          rows_per_block=_default_rows_per_block(cols), cols_per_launch=cols, ncols=ncols)
+                          rows_per_block=rows, cols_per_launch=cols, ncols=ncols)
     if policy == "custom":
         nwarps = order.nwarps if order.nwarps is not None else _nwarps_from_table(profile, qtype, 1)
         max_cols = order.max_cols_per_launch

@@ -1,0 +1,138 @@
+"""Sweep mat-vec launch variants that keep every output's bits (GPU; a tuning tool).
+
+    python bench/sweep_mmvq.py [--out DIR] [--shapes 0,2,3]
+
+For Qwen3-8B shapes it times the mmvq kernel with the per-column geometry fixed
+(nwarps 4, the one-column table entry) while varying what cannot change a
+result: rows per CUDA block and columns per launch. Each variant's output is
+compared bit for bit with the first variant of its column count. (Kernel
+variants tried this way and dropped are in bench/NOTES_mmvq.md.) Prints one line per
+variant; ``--out`` writes ``sweep_mmvq.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_mmvq import SHAPES, _SPIN_SRC, copy_bandwidth  # noqa: E402
+
+NWARPS = 4
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out")
+    ap.add_argument("--shapes", default="0,2,3,4")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--batches", type=int, default=5)
+    ap.add_argument("--one-col", default="1,2,4,8", help="rows per CUDA block for one column")
+    ap.add_argument("--multi", default="9:5+4:2,9:9:1,9:9:2,16:8+8:2,16:16:1,16:16:2",
+                    help="ncols:launch split:rows variants")
+    args = ap.parse_args(argv)
+
+    import cupy as cp
+
+    from hiraishin.kernels._cuda import get_kernel, kernel_attributes
+    from hiraishin.kernels.mmvq import TYPE_TRAITS, random_weights
+    from hiraishin.kernels.quantize_q8_1 import quantize_q8_1
+
+    t0 = time.time()
+    props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
+    l2 = int(props.get("l2CacheSize", 60 * 2**20)) or 60 * 2**20
+    spin = cp.RawKernel(_SPIN_SRC, "spin")
+    spin_cycles = int(int(props.get("clockRate", 1_500_000)) * 1e3 * 3e-3)
+    bw_copy, _ = copy_bandwidth(cp, 1 << 30, 10, args.batches, spin, spin_cycles)
+    print(f"copy bandwidth {bw_copy / 1e9:.0f} GB/s")
+
+    def timed(fn, reps):
+        times = []
+        for _ in range(args.batches):
+            spin((1,), (1,), (np.int64(spin_cycles),))
+            a, b = cp.cuda.Event(), cp.cuda.Event()
+            a.record()
+            for i in range(reps):
+                fn(i)
+            b.record()
+            b.synchronize()
+            times.append(cp.cuda.get_elapsed_time(a, b) / 1e3 / reps)
+        return statistics.median(times)
+
+    variants = [(1, [1], int(v)) for v in args.one_col.split(",")]
+    for m in args.multi.split(","):
+        nc, split, rows = m.split(":")
+        variants.append((int(nc), [int(s) for s in split.split("+")], int(rows)))
+
+    records = []
+    rng = np.random.default_rng(0)
+    for si in [int(s) for s in args.shapes.split(",")]:
+        label, qtype, k, n = SHAPES[si]
+        t = TYPE_TRAITS[qtype]
+        w_host = random_weights(qtype, n, k, seed=1)
+        wbytes = w_host.nbytes
+        ncopies = max(1, math.ceil(4 * l2 / wbytes))
+        w0 = cp.asarray(w_host)
+        ws = [w0] + [w0.copy() for _ in range(ncopies - 1)]
+        xq = quantize_q8_1(cp.asarray(rng.standard_normal((16, k)).astype(np.float32)), "cuda")
+        reps = args.reps if wbytes < 100e6 else max(3, args.reps // 4)
+        ref = {}
+        base_t = {}
+        print(f"\n{label} {qtype}: {wbytes / 1e6:.1f} MB")
+        for ncols, split, rows in variants:
+            if max(split) * rows > 32:
+                continue
+            out = cp.empty((ncols, n), dtype=cp.float32)
+            calls = []
+            start = 0
+            attrs = None
+            for count in split:
+                kern = get_kernel("mmvq.cu", "mmvq", {"HX_QTYPE": t.type_id, "HX_NCOLS": count, "HX_RPB": rows})
+                attrs = kernel_attributes(kern)
+                calls.append((kern, start, count))
+                start += count
+
+            def fn(i, calls=calls, rows=rows, out=out):
+                w = ws[i % ncopies]
+                for kern, s, c in calls:
+                    kern(((n + rows - 1) // rows, 1, 1), (32, NWARPS, 1),
+                         (w, xq[s:s + c], out[s:s + c], np.int32(n), np.int32(k // t.qk), np.int64(w.shape[1]),
+                          np.int64(xq.shape[1]), np.int64(n)),
+                         shared_mem=(NWARPS - 1) * c * rows * 128)
+            fn(0)
+            got = cp.asnumpy(out).view(np.uint32)
+            same = None
+            if ncols not in ref:
+                ref[ncols] = got
+            else:
+                same = bool(np.array_equal(ref[ncols], got))
+            sec = timed(fn, reps)
+            if ncols == 1 and 1 not in base_t:
+                base_t[1] = sec
+            frac = (wbytes + ncols * xq.shape[1]) / sec / bw_copy
+            rec = dict(shape=label, qtype=qtype, ncols=ncols, split=split, rows=rows,
+                       time_us=sec * 1e6, fraction_of_copy=frac, ratio_to_plain_one_col=sec / base_t[1],
+                       bits_equal_plain=same, num_regs=attrs["num_regs"], spill=attrs["local_size_bytes"])
+            records.append(rec)
+            print(f"  cols {ncols:2d} split {'+'.join(map(str, split)):>5} rows {rows}: "
+                  f"{sec * 1e6:8.1f} us {frac:6.1%} of copy  x{sec / base_t[1]:.2f}  regs {attrs['num_regs']}"
+                  f" spill {attrs['local_size_bytes']} bits {'ref' if same is None else same}")
+        del ws, w0, xq
+        cp.get_default_memory_pool().free_all_blocks()
+    print(f"sweep took {time.time() - t0:.0f} s")
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "sweep_mmvq.json"), "w") as f:
+            json.dump(dict(copy_bytes_per_s=bw_copy, records=records), f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
