@@ -101,7 +101,7 @@ def run_demo(tokens: int = 32, device: str = "auto", batch_sizes=(2, 3, 5, 9, 16
         f"loaded in {load_s:.1f} s")
     out(f"  prompt {prompt!r} ({len(ids)} tokens), {tokens} new tokens, greedy\n")
 
-    from tqdm.auto import tqdm
+    from tqdm import tqdm
 
     runs = []
     with tqdm(total=4 * len(ORDERS), desc="demo", unit="step", disable=not progress, leave=False) as bar:

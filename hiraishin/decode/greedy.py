@@ -152,7 +152,7 @@ def generate(model, prompt_or_tokens, max_new_tokens: int = 64,
     ``on_token(step)`` is called for each new token as it is produced; ``progress`` shows a tqdm
     bar; ``chat`` wraps a text prompt in the model's chat template.
     """
-    from tqdm.auto import tqdm
+    from tqdm import tqdm
 
     prompt = _prompt_tokens(model, prompt_or_tokens, chat)
     steps: list[Step] = []

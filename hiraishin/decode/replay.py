@@ -78,7 +78,7 @@ def _backend_name(model) -> str:
 
 
 def _progress(total: int, desc: str, enabled: bool):
-    from tqdm.auto import tqdm
+    from tqdm import tqdm
 
     return tqdm(total=total, desc=desc, unit="tok", disable=not enabled, leave=False)
 

@@ -298,7 +298,7 @@ def generate_speculative(model, prompt, draft, n_draft: int = 8,
     d_vocab = getattr(getattr(draft, "config", None), "n_vocab", t_vocab)
     if d_vocab != t_vocab:
         raise HiraishinError(f"draft vocabulary ({d_vocab}) differs from the target's ({t_vocab})")
-    from tqdm.auto import tqdm
+    from tqdm import tqdm
 
     with tqdm(total=max_new_tokens, desc="speculative", unit="tok", disable=not progress, leave=False) as bar:
         new, cycles, prefill_s = speculative_decode(
