@@ -6,6 +6,23 @@
 // the Numba emulator (hiraishin/fp.py).
 #pragma once
 
+// fp16 <-> fp32 through PTX cvt: no header needed under NVRTC, and cvt.rn is the
+// IEEE round-to-nearest-even conversion the emulator implements. (The CPU shim in
+// tests/test_mmvq_shim.py defines HX_HALF_PTX and supplies its own versions.)
+#ifndef HX_HALF_PTX
+#define HX_HALF_PTX
+__device__ __forceinline__ float hx_h2f(unsigned short h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+__device__ __forceinline__ unsigned short hx_f2h(float f) {
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+#endif
+
 // e**x from explicit correctly-rounded operations; the same sequence as
 // hiraishin.fp.expf. Below HX_EXP_LO the result is 0, above HX_EXP_HI +inf.
 #define HX_EXP_LO (-87.0f)

@@ -22,20 +22,6 @@
 //
 // Compile-time: HX_QTYPE (HX_Q4_K | HX_Q6_K | HX_Q8_0).
 
-#ifndef HX_HALF_PTX
-#define HX_HALF_PTX
-__device__ __forceinline__ float hx_h2f(unsigned short h) {
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-    return f;
-}
-__device__ __forceinline__ unsigned short hx_f2h(float f) {
-    unsigned short h;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
-    return h;
-}
-#endif
-
 #define HX_Q4_K 12
 #define HX_Q6_K 14
 #define HX_Q8_0 8

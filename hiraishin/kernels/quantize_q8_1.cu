@@ -10,22 +10,6 @@
 // Layout: y is (ncols, K/32) blocks of 36 bytes: fp16 d, fp16 s, int8 qs[32].
 // Launch: grid (ceil(K/32 / HX_Q8_WARPS), ncols), block (32 * HX_Q8_WARPS).
 
-#ifndef HX_HALF_PTX
-#define HX_HALF_PTX
-// fp16 <-> fp32 through PTX cvt: no header needed under NVRTC, and cvt.rn is
-// the IEEE round-to-nearest-even conversion the emulator implements.
-__device__ __forceinline__ float hx_h2f(unsigned short h) {
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-    return f;
-}
-__device__ __forceinline__ unsigned short hx_f2h(float f) {
-    unsigned short h;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
-    return h;
-}
-#endif
-
 #define HX_Q8_1_BYTES 36
 
 extern "C" __global__ void quantize_q8_1(const float* __restrict__ x, unsigned char* __restrict__ y,
