@@ -61,8 +61,18 @@ def cupy_available() -> bool:
         return False
 
 
+_cupy_module = None  # set once CuPy has imported and shown a device (require_cupy's fast path)
+
+
 def require_cupy():
-    """Return the ``cupy`` module, or raise :class:`BackendError` saying what is missing."""
+    """Return the ``cupy`` module, or raise :class:`BackendError` saying what is missing.
+
+    The first success is remembered: launchers call this on every launch, and asking the driver
+    for the device count each time would cost a runtime call per kernel.
+    """
+    global _cupy_module
+    if _cupy_module is not None:
+        return _cupy_module
     try:
         import cupy
     except ImportError as exc:
@@ -76,6 +86,7 @@ def require_cupy():
         raise BackendError(f"CuPy is installed but no CUDA driver/device is usable: {exc}") from exc
     if count < 1:
         raise BackendError("CuPy is installed but sees no CUDA device")
+    _cupy_module = cupy
     return cupy
 
 
@@ -140,21 +151,36 @@ def get_module(source_key: str | Iterable[str], defines: Mapping[str, object] | 
     return mod
 
 
+# (sources, name, defines, name expressions) -> RawKernel. CuPy's RawModule.get_function builds a
+# new RawKernel (and asks the driver for the function) on every call; launchers ask per launch.
+_kernels: dict = {}
+
+
 def get_kernel(source_key: str | Iterable[str], name: str, defines: Mapping[str, object] | None = None,
                name_expressions: Iterable[str] | None = None):
     """The ``cupy.RawKernel`` ``name`` from ``source_key`` compiled with ``defines``.
 
     ``source_key`` is one file name (``"mmvq.cu"``) or several, concatenated
     after ``fp.cuh``. ``defines`` become ``#define`` lines in front of the
-    source; compiled modules are cached per (sources, defines, name expressions).
+    source; compiled modules are cached per (sources, defines, name expressions),
+    and the kernel objects per (sources, name, defines, name expressions), so a
+    repeated call is one dictionary lookup.
     For templated kernels give the instantiation in ``name_expressions`` and
     ask for it by the same ``name``.
     """
+    key = (source_key if type(source_key) is str else tuple(source_key), name,
+           tuple(sorted(defines.items())) if defines else (),
+           tuple(name_expressions) if name_expressions else None)
+    kernel = _kernels.get(key)
+    if kernel is not None:
+        return kernel
     mod = get_module(source_key, defines, name_expressions)
     try:
-        return mod.get_function(name)
+        kernel = mod.get_function(name)
     except Exception as exc:
         raise BackendError(f"kernel {name!r} not found in {source_key!r}: {exc}") from exc
+    with _lock:
+        return _kernels.setdefault(key, kernel)
 
 
 def kernel_attributes(kernel) -> dict:
@@ -172,6 +198,10 @@ def kernel_attributes(kernel) -> dict:
 
 
 def clear_cache() -> None:
-    """Forget compiled modules (tests; the on-disk CuPy cache is untouched)."""
+    """Forget compiled modules and kernel objects (tests; the on-disk CuPy cache is untouched).
+
+    Kernel handles a launcher already holds stay valid (each keeps its module loaded).
+    """
     with _lock:
         _modules.clear()
+        _kernels.clear()
