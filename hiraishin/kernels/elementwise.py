@@ -16,13 +16,15 @@ CUDA sources in ``elementwise.cu``; the ``*_cpu`` functions are the emulators.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from numba import njit
 
 from ..errors import BackendError
 from ..fp import expf
 
-__all__ = ["swiglu", "swiglu_cpu", "swiglu_cuda", "add", "add_cpu", "add_cuda",
+__all__ = ["swiglu", "swiglu_cpu", "swiglu_cuda", "add", "add_cpu", "add_cuda", "launch_binary",
            "get_rows", "get_rows_cpu", "get_rows_cuda", "GET_ROWS_TYPES"]
 
 # Elements per block and bytes per block of the table types get_rows reads
@@ -63,6 +65,26 @@ def add_cpu(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.add(a, b, dtype=np.float32)
 
 
+@functools.cache
+def _kernel(name: str):
+    from . import _cuda
+
+    return _cuda.get_kernel("elementwise.cu", name)
+
+
+def launch_binary(kernel_name: str, a, b, out):
+    """Launch ``hx_swiglu_f32`` or ``hx_add_f32`` into ``out``, unchecked.
+
+    For callers that validated once (the CUDA backend): ``a``, ``b``, ``out`` float32
+    C-contiguous CuPy arrays of one size, ``out`` overlapping neither. Returns ``out``.
+    """
+    n = a.size
+    if n:
+        blocks = (n + ELEMENTWISE_THREADS - 1) // ELEMENTWISE_THREADS
+        _kernel(kernel_name)((blocks,), (ELEMENTWISE_THREADS,), (a, b, out, np.int64(n)))
+    return out
+
+
 def _launch_binary(kernel_name, a, b):
     from . import _cuda
 
@@ -70,13 +92,7 @@ def _launch_binary(kernel_name, a, b):
     _check_pair(kernel_name, a, b)
     a = cp.ascontiguousarray(cp.asarray(a))
     b = cp.ascontiguousarray(cp.asarray(b))
-    out = cp.empty_like(a)
-    n = a.size
-    if n:
-        kernel = _cuda.get_kernel("elementwise.cu", kernel_name)
-        blocks = (n + ELEMENTWISE_THREADS - 1) // ELEMENTWISE_THREADS
-        kernel((blocks,), (ELEMENTWISE_THREADS,), (a, b, out, np.int64(n)))
-    return out
+    return launch_binary(kernel_name, a, b, cp.empty_like(a))
 
 
 def swiglu_cuda(g, u):
@@ -241,7 +257,7 @@ def get_rows_cuda(table, qtype: str, ids):
     n_cols = _n_cols(table.shape, qtype)
     out = cp.empty((ids.size, n_cols), cp.float32)
     if ids.size:
-        kernel = _cuda.get_kernel("elementwise.cu", _GET_ROWS_KERNEL[qtype])
+        kernel = _kernel(_GET_ROWS_KERNEL[qtype])
         grid = (ids.size, (n_cols + GET_ROWS_THREADS - 1) // GET_ROWS_THREADS)
         kernel(grid, (GET_ROWS_THREADS,), (table, ids, out, np.int32(n_cols), np.int64(table.shape[1])))
     return out

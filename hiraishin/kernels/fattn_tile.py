@@ -22,6 +22,8 @@ Numba emulator here does the same operations in the same order; its entry is
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from numba import njit
 
@@ -151,13 +153,18 @@ def emulate_tile_partials(q, k32, v32, q_pos, kv_len, n_blocks, split_cells, kv_
     return parts, meta
 
 
+@functools.cache
+def _kernel(head_dim: int):
+    from ._cuda import get_kernel
+
+    return get_kernel(SOURCE, KERNEL_NAME, defines={"HX_D": head_dim})
+
+
 def launch_tile(q, k_cache, v_cache, q_pos, kv_len, n_blocks, split_cells, kv_attended, scale,
                 dst, parts, meta):
     """Launch fattn_tile on CuPy arrays (validated by the caller); P == 1 writes ``dst``."""
-    from ._cuda import get_kernel
-
     T, H, D = q.shape
-    kernel = get_kernel(SOURCE, KERNEL_NAME, defines={"HX_D": D})
+    kernel = _kernel(D)
     grid = ((T + TILE_QUERIES - 1) // TILE_QUERIES, n_blocks, H)
     kernel(grid, (NTHREADS, 1, 1),
            (q, k_cache, v_cache, q_pos, dst, parts, meta, np.int32(T), np.int32(H),

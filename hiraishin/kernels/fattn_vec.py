@@ -46,7 +46,7 @@ from ..devices import DeviceProfile, get_profile
 from ..errors import BackendError, PlanError
 from ..fp import expf, fmaf
 from ..order import KV_PAD
-from . import fattn_tile
+from . import _cuda, fattn_tile
 
 __all__ = [
     "AttentionPlan",
@@ -54,6 +54,7 @@ __all__ = [
     "parallel_blocks_for",
     "attention",
     "flash_attn",
+    "launch_attention",
     "partials",
     "combine",
     "attention_scale",
@@ -606,46 +607,79 @@ def _plan_kv_len(plan: AttentionPlan, k_cache) -> int:
 # ------------------------------------------------------------------------------------------- CUDA
 
 
-def _cuda_launch(q, k_cache, v_cache, pos, plan: AttentionPlan, kv_len: int):
-    """Run the plan's attention kernel; returns (dst, parts, meta) with parts/meta None when P == 1."""
-    from ._cuda import get_kernel, require_cupy
+@functools.cache
+def _kernel(name: str, head_dim: int):
+    return _cuda.get_kernel(SOURCE, name, defines={"HX_D": head_dim})
+
+
+@functools.cache
+def _scale(head_dim: int) -> np.float32:
+    return attention_scale(head_dim)
+
+
+def _cuda_launch(q, k_cache, v_cache, pos, plan: AttentionPlan, kv_len: int, dst=None, parts=None, meta=None):
+    """Run the plan's attention kernel; returns (dst, parts, meta) with parts/meta None when P == 1.
+
+    ``dst`` (T, H, D), ``parts`` (T, H, P, D), ``meta`` (T, H, P, 2): float32 C-contiguous
+    buffers to write into, or None to allocate them.
+    """
+    from ._cuda import require_cupy
 
     cp = require_cupy()
     q = cp.ascontiguousarray(cp.asarray(q, dtype=cp.float32))
     qpos = cp.asarray(pos, dtype=cp.int32)
+    return _launch_partials(cp, q, k_cache, v_cache, qpos, plan, kv_len, dst, parts, meta)
+
+
+def _launch_partials(cp, q, k_cache, v_cache, qpos, plan: AttentionPlan, kv_len: int, dst, parts, meta):
     T, H, D = q.shape
     P = plan.parallel_blocks
-    dst = cp.empty((T, H, D), cp.float32)
+    if dst is None:
+        dst = cp.empty((T, H, D), cp.float32)
     if P > 1:
-        parts = cp.empty((T, H, P, D), cp.float32)
-        meta = cp.empty((T, H, P, 2), cp.float32)
+        if parts is None:
+            parts = cp.empty((T, H, P, D), cp.float32)
+        if meta is None:
+            meta = cp.empty((T, H, P, 2), cp.float32)
     else:
         parts = meta = dst  # not written by the kernel when P == 1
-    scale = attention_scale(D)
+    scale = _scale(D)
     if plan.kernel == "tile":
         fattn_tile.launch_tile(q, k_cache, v_cache, qpos, kv_len, P, plan.split_cells, plan.kv_attended,
                                scale, dst, parts, meta)
     else:
         ncols = plan.queries_per_block
-        kernel = get_kernel(SOURCE, plan.kernel_name, defines={"HX_D": D})
         grid = (-(-T // ncols), P, H)
-        kernel(grid, (32, 4, 1),
-               (q, k_cache, v_cache, qpos, dst, parts, meta, np.int32(T), np.int32(H),
-                np.int32(k_cache.shape[1]), np.int32(kv_len), np.int32(plan.kv_attended),
-                np.int32(plan.chunk_cells), np.float32(scale)))
+        _kernel(plan.kernel_name, D)(
+            grid, (32, 4, 1),
+            (q, k_cache, v_cache, qpos, dst, parts, meta, np.int32(T), np.int32(H),
+             np.int32(k_cache.shape[1]), np.int32(kv_len), np.int32(plan.kv_attended),
+             np.int32(plan.chunk_cells), np.float32(scale)))
     return (dst, None, None) if P == 1 else (dst, parts, meta)
 
 
 def _cuda_combine(parts, meta, dst=None):
-    from ._cuda import get_kernel, require_cupy
-
-    cp = require_cupy()
     T, H, P, D = parts.shape
     if dst is None:
-        dst = cp.empty((T, H, D), cp.float32)
-    kernel = get_kernel(SOURCE, KERNEL_COMBINE, defines={"HX_D": D})
-    kernel((T, H, 1), (D, 1, 1), (parts, meta, dst, np.int32(P)), shared_mem=8 * P)
+        dst = _cuda.require_cupy().empty((T, H, D), np.float32)
+    _kernel(KERNEL_COMBINE, D)((T, H, 1), (D, 1, 1), (parts, meta, dst, np.int32(P)), shared_mem=8 * P)
     return dst
+
+
+def launch_attention(q, k_cache, v_cache, q_pos, plan: AttentionPlan, out=None, parts=None, meta=None):
+    """Run ``plan`` on CuPy arrays, unchecked (with the combine when ``P > 1``) -> ``out`` (T, H, D).
+
+    For callers that validated once (the CUDA backend): ``q`` float32 C-contiguous (T, H, D);
+    caches float16 C-contiguous (n_ctx, n_head_kv, D) holding at least the plan's filled cells;
+    ``q_pos`` int32 C-contiguous (T,) on the device, each in ``0..kv_len-1``; ``plan`` made for
+    exactly these shapes (as :func:`plan_attention` makes it). ``out`` (T, H, D) and, when
+    ``P > 1``, the scratch ``parts`` (T, H, P, D) and ``meta`` (T, H, P, 2): float32 C-contiguous
+    buffers, or None to allocate them. Same launches, hence same bits, as :func:`flash_attn`.
+    """
+    kv_len = plan.kv_len if plan.kv_len is not None else plan.kv_attended
+    dst, parts, meta = _launch_partials(_cuda.require_cupy(), q, k_cache, v_cache, q_pos, plan, kv_len, out, parts,
+                                        meta)
+    return dst if parts is None else _cuda_combine(parts, meta, dst)
 
 
 # ------------------------------------------------------------------------------------------ runner

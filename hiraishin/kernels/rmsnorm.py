@@ -12,13 +12,15 @@ and butterflies again. The CUDA kernel is ``rmsnorm.cu``; :func:`rms_norm_cpu` i
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from numba import njit
 
 from ..errors import BackendError
 from ..fp import fmaf
 
-__all__ = ["rms_norm", "rms_norm_cpu", "rms_norm_cuda", "block_threads", "SMALL_ROW_THREADS",
+__all__ = ["rms_norm", "rms_norm_cpu", "rms_norm_cuda", "launch_rms_norm", "block_threads", "SMALL_ROW_THREADS",
            "LARGE_ROW_THREADS", "LARGE_ROW_MIN"]
 
 # llama.cpp norm.cu (rms_norm_f32 launch): 256 threads per row if ncols < 1024, else 1024.
@@ -89,6 +91,26 @@ def rms_norm_cpu(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     return out
 
 
+@functools.cache
+def _kernel():
+    from . import _cuda
+
+    return _cuda.get_kernel("rmsnorm.cu", "hx_rms_norm_f32")
+
+
+def launch_rms_norm(x, w, eps: float, out):
+    """Launch ``hx_rms_norm_f32`` into ``out``, unchecked: one block per row of ``x``.
+
+    For callers that validated once (the CUDA backend): ``x`` and ``out`` float32 C-contiguous
+    CuPy arrays of one shape (rows, n), not overlapping; ``w`` float32 C-contiguous (n,).
+    Returns ``out``.
+    """
+    rows, n = x.shape
+    if rows:
+        _kernel()((rows,), (block_threads(n),), (x, w, out, np.int32(n), np.float32(eps)))
+    return out
+
+
 def rms_norm_cuda(x, w, eps: float):
     """Launch ``hx_rms_norm_f32`` on (rows, n) float32 CuPy arrays: one block per row."""
     from . import _cuda
@@ -97,12 +119,7 @@ def rms_norm_cuda(x, w, eps: float):
     x = cp.ascontiguousarray(cp.asarray(x))
     w = cp.ascontiguousarray(cp.asarray(w))
     _check(x, w)
-    rows, n = x.shape
-    out = cp.empty_like(x)
-    if rows:
-        kernel = _cuda.get_kernel("rmsnorm.cu", "hx_rms_norm_f32")
-        kernel((rows,), (block_threads(n),), (x, w, out, np.int32(n), np.float32(eps)))
-    return out
+    return launch_rms_norm(x, w, eps, cp.empty_like(x))
 
 
 def rms_norm(x, w, eps: float, backend: str = "cpu"):

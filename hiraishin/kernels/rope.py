@@ -11,12 +11,14 @@ No reduction: nothing to plan. Kernel ``rope.cu``; emulator :func:`rope_neox_cpu
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from numba import njit
 
 from ..errors import BackendError
 
-__all__ = ["rope_tables", "rope_neox", "rope_neox_cpu", "rope_neox_cuda"]
+__all__ = ["rope_tables", "rope_neox", "rope_neox_cpu", "rope_neox_cuda", "launch_rope_neox"]
 
 
 def rope_tables(n_ctx: int, head_dim: int, base: float) -> tuple[np.ndarray, np.ndarray]:
@@ -70,6 +72,26 @@ def rope_neox_cpu(x, pos, cos_t, sin_t) -> np.ndarray:
     return out
 
 
+@functools.cache
+def _kernel():
+    from . import _cuda
+
+    return _cuda.get_kernel("rope.cu", "hx_rope_neox_f32")
+
+
+def launch_rope_neox(x, pos, cos_t, sin_t, out):
+    """Launch ``hx_rope_neox_f32`` into ``out``, unchecked: one block per (token, head).
+
+    For callers that validated once (the CUDA backend): ``x`` and ``out`` float32 C-contiguous
+    CuPy arrays (T, n_head, D), not overlapping; ``pos`` int32 C-contiguous (T,) on the device,
+    each in ``0..n_ctx-1``; ``cos_t``/``sin_t`` float32 C-contiguous (n_ctx, D/2). Returns ``out``.
+    """
+    T, H, D = x.shape
+    if T:
+        _kernel()((T * H,), (D // 2,), (x, out, pos, cos_t, sin_t, np.int32(H), np.int32(D)))
+    return out
+
+
 def rope_neox_cuda(x, pos, cos_t, sin_t):
     """Launch ``hx_rope_neox_f32``: one block per (token, head), head_dim/2 threads."""
     from . import _cuda
@@ -80,14 +102,9 @@ def rope_neox_cuda(x, pos, cos_t, sin_t):
     x = cp.ascontiguousarray(cp.asarray(x))
     pos = cp.ascontiguousarray(cp.asarray(pos, dtype=cp.int32))
     _check(x, pos, cos_t, sin_t)
-    T, H, D = x.shape
-    out = cp.empty_like(x)
-    if T:
-        kernel = _cuda.get_kernel("rope.cu", "hx_rope_neox_f32")
-        cos_t = cp.ascontiguousarray(cp.asarray(cos_t, dtype=cp.float32))
-        sin_t = cp.ascontiguousarray(cp.asarray(sin_t, dtype=cp.float32))
-        kernel((T * H,), (D // 2,), (x, out, pos, cos_t, sin_t, np.int32(H), np.int32(D)))
-    return out
+    cos_t = cp.ascontiguousarray(cp.asarray(cos_t, dtype=cp.float32))
+    sin_t = cp.ascontiguousarray(cp.asarray(sin_t, dtype=cp.float32))
+    return launch_rope_neox(x, pos, cos_t, sin_t, cp.empty_like(x))
 
 
 def rope_neox(x, pos, cos_t, sin_t, backend: str = "cpu"):
