@@ -26,6 +26,9 @@ from .weights import LayerWeights, load_weights
 __all__ = ["Qwen3", "DEFAULT_N_CTX"]
 
 DEFAULT_N_CTX = 4096
+# Passes of at most this many tokens (decode steps, speculative verify batches) reuse activation
+# buffers on backends that write into given buffers; wider passes (prompt prefill) allocate.
+BUFFER_MAX_TOKENS = 8
 
 Recorder = Callable[[str, np.ndarray], None]
 
@@ -53,6 +56,7 @@ class Qwen3:
         cos, sin = rope_tables(self.n_ctx, cfg.head_dim, cfg.rope_base)
         self.rope_cos, self.rope_sin = backend.to_device(cos), backend.to_device(sin)
         self.cache = backend.kv_cache(cfg.n_layer, self.n_ctx, cfg.n_head_kv, cfg.head_dim)
+        self._pass_buffers: dict[int, dict] = {}  # T -> activation buffers (see _buffers)
 
     @classmethod
     def from_gguf(cls, path, device: str | Backend = "auto", n_ctx: int = DEFAULT_N_CTX,
@@ -92,7 +96,10 @@ class Qwen3:
         ``(name, array)``) receives a host copy of every intermediate tensor, named like
         ``"blk.3.ffn_down"``, first axis = token.
         """
-        cfg, be, W = self.config, self.backend, self.weights
+        cfg, W = self.config, self.weights
+        # inputs of every op below are right by construction (weights checked at load, activations
+        # made by the kernels): the ops without per-call checks
+        be = getattr(self.backend, "unchecked", self.backend)
         start_pos = int(start_pos)
         tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
         T = tokens.size
@@ -107,53 +114,86 @@ class Qwen3:
             raise HiraishinError(f"token ids must be in [0, {cfg.n_vocab}), got {tokens.min()}..{tokens.max()}")
         if start_pos < self.kv_len:
             self.cache.rollback(start_pos)
-        rec = _recorder(record, be)
+        rec = _recorder(record, self.backend)
 
         ids = tokens.astype(np.int32)
-        pos = be.to_device(np.arange(start_pos, start_pos + T, dtype=np.int32))
+        pos = be.positions(start_pos, T)  # int32 (T,) on the backend
+        buf = self._buffers(T)
         x = be.get_rows(W.token_embd.data, W.token_embd.qtype, ids)  # (T, n_embd)
         rec("token_embd", x)
         for il, layer in enumerate(W.layers):
-            x = self._layer(il, layer, x, pos, start_pos, order, rec)  # (T, n_embd)
-        h = be.rms_norm(x, W.output_norm.data, cfg.rms_eps)  # (T, n_embd)
+            x = self._layer(il, layer, x, pos, start_pos, order, rec, buf)  # (T, n_embd)
+        h = be.rms_norm(x, W.output_norm.data, cfg.rms_eps, out=buf.get("h"))  # (T, n_embd)
         rec("output_norm", h)
         logits = be.mul_mat(W.output.data, W.output.qtype, h, order)  # (T, n_vocab)
         rec("output", logits)
         self.cache.commit(start_pos + T)
         return be.to_host(logits)
 
-    def _layer(self, il: int, L: LayerWeights, x, pos, start_pos: int, order, rec):
-        cfg, be = self.config, self.backend
+    def _buffers(self, T: int) -> dict:
+        """Activation buffers the ops of a ``T``-token pass write into (empty: let the ops allocate).
+
+        Kept for passes of at most :data:`BUFFER_MAX_TOKENS` tokens on a backend that writes into
+        given buffers (CUDA): a decode step then allocates nothing. One set per model and width,
+        reused by every layer; which op writes which buffer is laid out in :meth:`_layer` so that
+        no op's output overlaps its inputs or a value still needed.
+        """
+        be = self.backend
+        if not getattr(be, "writes_out", False) or T > BUFFER_MAX_TOKENS:
+            return {}
+        buf = self._pass_buffers.get(T)
+        if buf is None:
+            c = self.config
+            qd, kvd = c.n_head * c.head_dim, c.n_head_kv * c.head_dim
+            shapes = {"h": (T, c.n_embd), "q": (T, qd), "k": (T, kvd), "v": (T, kvd),
+                      "q_norm": (T * c.n_head, c.head_dim), "k_norm": (T * c.n_head_kv, c.head_dim),
+                      "q_rope": (T, c.n_head, c.head_dim), "k_rope": (T, c.n_head_kv, c.head_dim),
+                      "attn": (T, c.n_head, c.head_dim), "attn_output": (T, c.n_embd),
+                      "ffn_inp": (T, c.n_embd), "ffn_gate": (T, c.n_ff), "ffn_up": (T, c.n_ff),
+                      "ffn_swiglu": (T, c.n_ff), "ffn_down": (T, c.n_embd), "l_out": (T, c.n_embd)}
+            buf = self._pass_buffers[T] = {name: be.xp.empty(shape, np.float32) for name, shape in shapes.items()}
+        return buf
+
+    def _layer(self, il: int, L: LayerWeights, x, pos, start_pos: int, order, rec, buf):
+        cfg, be = self.config, getattr(self.backend, "unchecked", self.backend)
         T, D, H, Hkv, eps = x.shape[0], cfg.head_dim, cfg.n_head, cfg.n_head_kv, cfg.rms_eps
+        b = buf.get  # b(name): the buffer an op writes (None: the op allocates)
 
-        def r(op, a):  # record under "blk.<il>.<op>" and pass through
-            rec(f"blk.{il}.{op}", a)
-            return a
+        if rec is _no_record:
+            def r(op, a):
+                return a
+        else:
+            def r(op, a):  # record under "blk.<il>.<op>" and pass through
+                rec(f"blk.{il}.{op}", a)
+                return a
 
-        def mm(w, a):  # a (T, K) @ W.T -> (T, N)
-            return be.mul_mat(w.data, w.qtype, a, order)
-
-        # attention
-        h = r("attn_norm", be.rms_norm(x, L.attn_norm.data, eps))                 # (T, n_embd)
-        q = r("attn_q", mm(L.attn_q, h)).reshape(T * H, D)                        # (T*H, D)
-        k = r("attn_k", mm(L.attn_k, h)).reshape(T * Hkv, D)                      # (T*Hkv, D)
-        v = r("attn_v", mm(L.attn_v, h)).reshape(T, Hkv, D)                       # (T, Hkv, D)
-        q = r("attn_q_norm", be.rms_norm(q, L.attn_q_norm.data, eps).reshape(T, H, D))
-        k = r("attn_k_norm", be.rms_norm(k, L.attn_k_norm.data, eps).reshape(T, Hkv, D))
-        q = r("attn_q_rope", be.rope(q, pos, self.rope_cos, self.rope_sin))       # (T, H, D)
-        k = r("attn_k_rope", be.rope(k, pos, self.rope_cos, self.rope_sin))       # (T, Hkv, D)
-        self.cache.write(il, start_pos, k, v)                                     # f16 cells start_pos..+T-1
-        a = be.attention(q, self.cache.k(il), self.cache.v(il), pos, start_pos + T, order)
-        a = r("attn", a).reshape(T, H * D)                                        # (T, H*D)
-        o = r("attn_output", mm(L.attn_output, a))                                # (T, n_embd)
-        x = r("ffn_inp", be.add(o, x))                                            # residual
+        # attention. Buffers: x is the previous layer's "l_out" (or the embedding); "h" is free
+        # again once Q/K/V are made, "l_out" once "ffn_inp" is made.
+        h = r("attn_norm", be.rms_norm(x, L.attn_norm.data, eps, out=b("h")))     # (T, n_embd)
+        q, k, v = be.mul_mats(((L.attn_q.data, L.attn_q.qtype), (L.attn_k.data, L.attn_k.qtype),
+                               (L.attn_v.data, L.attn_v.qtype)), h, order, (b("q"), b("k"), b("v")))
+        q = r("attn_q", q).reshape(T * H, D)                                       # (T*H, D)
+        k = r("attn_k", k).reshape(T * Hkv, D)                                     # (T*Hkv, D)
+        v = r("attn_v", v).reshape(T, Hkv, D)                                      # (T, Hkv, D)
+        q = r("attn_q_norm", be.rms_norm(q, L.attn_q_norm.data, eps, out=b("q_norm")).reshape(T, H, D))
+        k = r("attn_k_norm", be.rms_norm(k, L.attn_k_norm.data, eps, out=b("k_norm")).reshape(T, Hkv, D))
+        q = r("attn_q_rope", be.rope(q, pos, self.rope_cos, self.rope_sin, out=b("q_rope")))  # (T, H, D)
+        k = r("attn_k_rope", be.rope(k, pos, self.rope_cos, self.rope_sin, out=b("k_rope")))  # (T, Hkv, D)
+        be.write_kv(self.cache, il, start_pos, k, v)                               # f16 cells start_pos..+T-1
+        a = be.attention(q, self.cache.k(il), self.cache.v(il), pos, start_pos + T, order, out=b("attn"))
+        a = r("attn", a).reshape(T, H * D)                                         # (T, H*D)
+        o = r("attn_output", be.mul_mat(L.attn_output.data, L.attn_output.qtype, a, order,
+                                        out=b("attn_output")))                     # (T, n_embd)
+        x = r("ffn_inp", be.add(o, x, out=b("ffn_inp")))                           # residual
         # feed-forward
-        h = r("ffn_norm", be.rms_norm(x, L.ffn_norm.data, eps))                   # (T, n_embd)
-        g = r("ffn_gate", mm(L.ffn_gate, h))                                      # (T, n_ff)
-        u = r("ffn_up", mm(L.ffn_up, h))                                          # (T, n_ff)
-        m = r("ffn_swiglu", be.swiglu(g, u))                                      # (T, n_ff)
-        d = r("ffn_down", mm(L.ffn_down, m))                                      # (T, n_embd)
-        return r("l_out", be.add(d, x))                                           # residual
+        h = r("ffn_norm", be.rms_norm(x, L.ffn_norm.data, eps, out=b("h")))        # (T, n_embd)
+        g, u = be.mul_mats(((L.ffn_gate.data, L.ffn_gate.qtype), (L.ffn_up.data, L.ffn_up.qtype)), h, order,
+                           (b("ffn_gate"), b("ffn_up")))
+        g, u = r("ffn_gate", g), r("ffn_up", u)                                    # (T, n_ff)
+        m = r("ffn_swiglu", be.swiglu(g, u, out=b("ffn_swiglu")))                  # (T, n_ff)
+        d = r("ffn_down", be.mul_mat(L.ffn_down.data, L.ffn_down.qtype, m, order,
+                                     out=b("ffn_down")))                           # (T, n_embd)
+        return r("l_out", be.add(d, x, out=b("l_out")))                            # residual
 
     # ---- generation -----------------------------------------------------------------------------
     def generate(self, prompt_or_tokens, max_new_tokens: int = 64,
@@ -196,10 +236,14 @@ class Qwen3:
                 f"n_vocab={c.n_vocab}, n_ctx={self.n_ctx})")
 
 
+def _no_record(name, a) -> None:
+    pass
+
+
 def _recorder(record, backend) -> Recorder:
     """A ``rec(name, array)`` that stores host copies into ``record`` (or does nothing)."""
     if record is None:
-        return lambda name, a: None
+        return _no_record
     if callable(record) and not isinstance(record, Mapping):
         return lambda name, a: record(name, np.array(backend.to_host(a)))
 
