@@ -1,0 +1,379 @@
+"""Where the time of one decode step goes on the CUDA backend: GPU time vs host time, per op.
+
+    python bench/profile_decode.py --out DIR [--shape qwen3-0.6b] [--tokens 32]
+                                   [--orders batch_invariant,batch_variant] [--workdir DIR]
+
+On a synthetic model (``hiraishin.model.synth.write_synthetic``, real shapes, random blocks), for
+each order: prefill a short prompt, warm up, then measure one-token forward passes four ways:
+
+1. ``wall``: time of ``model.forward([token], pos)`` (ends with the logits on the host).
+   ``enqueue``: the part of it until the forward hands the logits to the device-to-host copy,
+   i.e. the host time of issuing the step (the GPU is idle when a step starts, so a
+   synchronizing call inside it, if any, costs little here).
+2. ``gpu``: the step's kernels back to back. A spin kernel keeps the GPU busy while the host
+   enqueues the step, so CUDA events around the step time kernel execution only. If the GPU
+   caught up with the host anyway (spin too short, or a call in the step that waits for the
+   stream, such as an upload from pageable host memory), the sample is flagged "caught up" and
+   includes idle gaps.
+3. per-op host time: every backend op wrapped in ``time.perf_counter`` (the GPU is NOT
+   synchronized: this is the time to issue the op), exclusive of nested ops, per token; and the
+   kernel launches per token (RawKernels counted at launch; CuPy's own kernels, the KV-cache
+   copies and the position ``arange``, added per op).
+4. cProfile of the decode steps: top 25 functions by cumulative time.
+
+Writes DIR/profile_decode-<shape>.json, DIR/profile_decode-<shape>.md and
+DIR/profile_decode-<shape>-<order>.prof (``python -m pstats`` reads them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import datetime
+import io
+import json
+import pstats
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+PROMPT_TOKENS = 16
+WARMUP_TOKENS = 4
+GPU_SAMPLES = 8
+PROFILE_TOKENS = 16
+COUNT_TOKENS = 2
+N_CTX = 1024
+# Backend ops the forward pass calls (each wrapped for the per-op breakdown).
+OPS = ("positions", "get_rows", "rms_norm", "mul_mats", "mul_mat", "rope", "write_kv", "attention", "add",
+       "swiglu", "to_host")
+# Kernels an op launches that are not hiraishin RawKernels (CuPy's own): per call.
+CUPY_KERNELS_PER_CALL = {"write_kv": 2, "positions": 1}
+
+_SPIN_SRC = r"""
+extern "C" __global__ void hx_profile_spin(long long cycles) {
+    long long start = clock64();
+    while (clock64() - start < cycles) { }
+}
+"""
+
+
+def _git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except Exception:
+        return "unknown"
+
+
+class _Stepper:
+    """One-token forward passes continuing a prompt (greedy; rolls back before the cache fills)."""
+
+    def __init__(self, model, order, prompt):
+        self.model, self.order, self.prompt = model, order, prompt
+        model.reset()
+        self.logits = model.forward(prompt, 0, order=order)[-1]
+        self.pos = len(prompt)
+
+    def step(self):
+        if self.pos >= self.model.n_ctx:
+            self.pos = len(self.prompt)
+        token = int(np.argmax(self.logits))
+        self.logits = self.model.forward([token], self.pos, order=self.order)[-1]
+        self.pos += 1
+
+
+def _ops_of(backend):
+    """The object whose ops the forward pass calls (the unchecked ops where a backend has them)."""
+    return getattr(backend, "unchecked", backend)
+
+
+class _Patch:
+    """Replace attributes of an object for a while, restoring instance attributes or class lookup."""
+
+    def __init__(self, obj, **attrs):
+        self.obj, self.attrs = obj, attrs
+        self.saved = {name: vars(obj)[name] for name in attrs if name in vars(obj)}
+
+    def __enter__(self):
+        for name, value in self.attrs.items():
+            setattr(self.obj, name, value)
+        return self
+
+    def __exit__(self, *exc):
+        for name in self.attrs:
+            if name in self.saved:
+                setattr(self.obj, name, self.saved[name])
+            else:
+                delattr(self.obj, name)
+
+
+class _HostMark:
+    """Wraps the forward pass's ``to_host``: remembers when the pass handed over its logits."""
+
+    def __init__(self, backend, on_enter=None):
+        self.on_enter, self.t = on_enter, None
+        ops = _ops_of(backend)
+        self.orig = ops.to_host
+        self.patch = _Patch(ops, to_host=self._to_host)
+
+    def _to_host(self, a):
+        self.t = time.perf_counter()
+        if self.on_enter is not None:
+            self.on_enter()
+        return self.orig(a)
+
+    def __enter__(self):
+        self.patch.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.patch.__exit__(*exc)
+
+
+def time_wall(stepper, n):
+    wall, enqueue = [], []
+    be = stepper.model.backend
+    with _HostMark(be) as mark:
+        for _ in range(n):
+            t0 = time.perf_counter()
+            stepper.step()
+            t1 = time.perf_counter()
+            wall.append(t1 - t0)
+            enqueue.append(mark.t - t0)
+    return wall, enqueue
+
+
+def time_gpu(cp, stepper, n, spin_cycles):
+    spin = cp.RawKernel(_SPIN_SRC, "hx_profile_spin")
+    samples, caught_up = [], 0
+    be = stepper.model.backend
+    for _ in range(n):
+        start, end = cp.cuda.Event(), cp.cuda.Event()
+        state = {}
+
+        def on_enter():
+            end.record()
+            state["gpu_idle"] = start.done  # True: the GPU finished the spin before the host finished issuing
+
+        spin((1,), (1,), (np.int64(spin_cycles),))
+        start.record()
+        with _HostMark(be, on_enter):
+            stepper.step()
+        end.synchronize()
+        samples.append(cp.cuda.get_elapsed_time(start, end) / 1e3)
+        caught_up += bool(state.get("gpu_idle"))
+    return samples, caught_up
+
+
+class _OpTimer:
+    """Exclusive host time and calls per op of the forward pass (wrappers shadow the methods)."""
+
+    def __init__(self, backend):
+        self.ops = _ops_of(backend)
+        self.time = {op: 0.0 for op in OPS}
+        self.calls = {op: 0 for op in OPS}
+        self._stack = []
+        present = [op for op in OPS if hasattr(self.ops, op)]  # older backends lack some ops
+        self.patch = _Patch(self.ops, **{op: self._wrap(op, getattr(self.ops, op)) for op in present})
+
+    def __enter__(self):
+        self.patch.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.patch.__exit__(*exc)
+
+    def _wrap(self, op, fn):
+        def timed(*args, **kwargs):
+            self._stack.append(0.0)
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                dt = time.perf_counter() - t0
+                child = self._stack.pop()
+                self.time[op] += dt - child
+                self.calls[op] += 1
+                if self._stack:
+                    self._stack[-1] += dt
+
+        return timed
+
+
+def count_launches(stepper, n) -> dict:
+    """RawKernel launches per token by kernel name (handles re-fetched through a counting wrapper)."""
+    import hiraishin.backends.cuda as cuda_backend
+    from hiraishin.kernels import _cuda, elementwise, fattn_tile, fattn_vec, rmsnorm, rope
+
+    counts: dict[str, int] = {}
+    real_get_kernel = _cuda.get_kernel
+
+    class Counted:
+        def __init__(self, name, kernel):
+            self.name, self.kernel = name, kernel
+
+        def __call__(self, *args, **kwargs):
+            counts[self.name] = counts.get(self.name, 0) + 1
+            return self.kernel(*args, **kwargs)
+
+    def get_kernel(source_key, name, defines=None, name_expressions=None):
+        return Counted(name, real_get_kernel(source_key, name, defines, name_expressions))
+
+    caches = [m._kernel for m in (rmsnorm, rope, elementwise, fattn_vec, fattn_tile) if hasattr(m, "_kernel")]
+    be = stepper.model.backend
+    prepared = [getattr(obj, name) for obj in (be, _ops_of(be))
+                for name in ("_matvec_launches", "_quantize_launches") if hasattr(obj, name)]
+
+    def forget():  # drop held kernel handles, so that they are fetched again through get_kernel
+        for c in caches:
+            c.cache_clear()
+        for d in prepared:
+            d.clear()
+
+    forget()
+    _cuda.get_kernel = get_kernel
+    saved = getattr(cuda_backend, "get_kernel", None)
+    if saved is not None:
+        cuda_backend.get_kernel = get_kernel
+    try:
+        for _ in range(n):
+            stepper.step()
+    finally:
+        _cuda.get_kernel = real_get_kernel
+        if saved is not None:
+            cuda_backend.get_kernel = saved
+        forget()
+    return {k: v / n for k, v in sorted(counts.items())}
+
+
+def profile_order(cp, model, order, n_tokens, spin_cycles_per_ms, out_dir, shape):
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(0, model.config.n_vocab, PROMPT_TOKENS).tolist()
+    stepper = _Stepper(model, order, prompt)
+    for _ in range(WARMUP_TOKENS):
+        stepper.step()
+
+    wall, enqueue = time_wall(stepper, n_tokens)
+    wall_ms = statistics.median(wall) * 1e3
+    spin_ms = max(20.0, 3 * wall_ms)
+    gpu, caught_up = time_gpu(cp, stepper, GPU_SAMPLES, int(spin_ms * spin_cycles_per_ms))
+
+    timer = _OpTimer(model.backend)
+    t0 = time.perf_counter()
+    with timer:
+        for _ in range(n_tokens):
+            stepper.step()
+    instrumented = (time.perf_counter() - t0) / n_tokens
+    launches = count_launches(stepper, COUNT_TOKENS)
+
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(PROFILE_TOKENS):
+        stepper.step()
+    prof.disable()
+    prof_path = None
+    if out_dir is not None:
+        prof_path = out_dir / f"profile_decode-{shape}-{order.name}.prof"
+        prof.dump_stats(prof_path)
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(25)
+
+    ops = {}
+    for op in OPS:
+        calls = timer.calls[op] / n_tokens
+        if calls:
+            us = timer.time[op] / n_tokens * 1e6
+            ops[op] = dict(calls_per_token=calls, host_us_per_token=us, host_us_per_call=us / calls,
+                           cupy_kernels_per_token=calls * CUPY_KERNELS_PER_CALL.get(op, 0))
+    return dict(
+        order=order.name,
+        wall_ms_median=wall_ms, wall_ms_all=[t * 1e3 for t in wall],
+        enqueue_ms_median=statistics.median(enqueue) * 1e3,
+        gpu_ms_median=statistics.median(gpu) * 1e3, gpu_ms_all=[t * 1e3 for t in gpu],
+        gpu_samples_caught_up=caught_up, spin_ms=spin_ms,
+        instrumented_ms_per_token=instrumented * 1e3,
+        ops=ops,
+        raw_kernel_launches_per_token=launches,
+        launches_per_token=sum(launches.values()) + sum(o["cupy_kernels_per_token"] for o in ops.values()),
+        cprofile_top25=text.getvalue(),
+        cprofile_file=str(prof_path) if prof_path else None,
+    )
+
+
+def markdown(meta, rows) -> str:
+    lines = [f"# Decode-step profile, {meta['shape']} on {meta['device']} ({meta['date'][:10]}, "
+             f"commit {meta['commit']})", "",
+             "| order | wall ms/token | host enqueue ms | GPU ms (kernels back to back) | launches/token | "
+             "host us/launch | instrumented ms |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        flag = f" ({r['gpu_samples_caught_up']} samples caught up)" if r["gpu_samples_caught_up"] else ""
+        per_launch = r["enqueue_ms_median"] * 1e3 / max(r["launches_per_token"], 1)
+        lines.append(f"| {r['order']} | {r['wall_ms_median']:.2f} | {r['enqueue_ms_median']:.2f} | "
+                     f"{r['gpu_ms_median']:.3f}{flag} | {r['launches_per_token']:.0f} | {per_launch:.1f} | "
+                     f"{r['instrumented_ms_per_token']:.2f} |")
+    for r in rows:
+        lines += ["", f"## {r['order']}: host time per op (exclusive, GPU not synchronized)", "",
+                  "| op | calls/token | us/token | us/call |", "|---|---|---|---|"]
+        for op, o in sorted(r["ops"].items(), key=lambda kv: -kv[1]["host_us_per_token"]):
+            lines.append(f"| {op} | {o['calls_per_token']:.0f} | {o['host_us_per_token']:.0f} | "
+                         f"{o['host_us_per_call']:.1f} |")
+        lines += ["", "RawKernel launches per token: " + ", ".join(
+            f"{k} {v:.0f}" for k, v in r["raw_kernel_launches_per_token"].items()), "",
+            "<details><summary>cProfile, top 25 by cumulative time</summary>", "", "```",
+            r["cprofile_top25"].strip(), "```", "</details>"]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", help="directory for the .json/.md report and the .prof files")
+    parser.add_argument("--shape", default="qwen3-0.6b", help="synthetic shape (hiraishin.model.synth)")
+    parser.add_argument("--tokens", type=int, default=32, help="decode steps per measurement (default 32)")
+    parser.add_argument("--orders", default="batch_invariant,batch_variant")
+    parser.add_argument("--workdir", default=None, help="where the synthetic file goes (default: a temp dir)")
+    args = parser.parse_args(argv)
+
+    import cupy as cp
+
+    from hiraishin.model.qwen3 import Qwen3
+    from hiraishin.model.synth import write_synthetic
+    from hiraishin.order import ReductionOrder
+
+    orders = {o.name: o for o in (ReductionOrder.BATCH_VARIANT, ReductionOrder.BATCH_INVARIANT,
+                                  ReductionOrder.FIXED_SPLIT)}
+    props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
+    device = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+    spin_cycles_per_ms = float(props.get("clockRate", 2_000_000))  # kHz = cycles per ms
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="hiraishin-profile-"))
+    path = workdir / f"{args.shape}.gguf"
+    if not path.exists():
+        write_synthetic(path, shape=args.shape, seed=0, progress=False)
+    model = Qwen3.from_gguf(path, device="cuda", n_ctx=N_CTX, progress=False)
+    out_dir = Path(args.out) if args.out else None
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+
+    rows = []
+    for name in [s for s in args.orders.split(",") if s]:
+        row = profile_order(cp, model, orders[name], args.tokens, spin_cycles_per_ms, out_dir, args.shape)
+        rows.append(row)
+        print(json.dumps({k: v for k, v in row.items() if k not in ("cprofile_top25", "wall_ms_all")}, indent=1),
+              flush=True)
+    meta = dict(device=device, shape=args.shape, date=datetime.datetime.now(datetime.timezone.utc).isoformat(),
+                commit=_git_commit(), command=" ".join([sys.executable] + sys.argv), cupy=cp.__version__,
+                python=sys.version.split()[0])
+    text = markdown(meta, rows)
+    print(text)
+    if out_dir is not None:
+        (out_dir / f"profile_decode-{args.shape}.json").write_text(json.dumps(dict(meta, rows=rows), indent=1))
+        (out_dir / f"profile_decode-{args.shape}.md").write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
