@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -30,11 +31,12 @@ N_CTX = 1024
 
 
 def _git_commit() -> str:
+    """The checkout's commit, else $HIRAISHIN_COMMIT (a copied tree without .git), else "unknown"."""
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                               check=True).stdout.strip()
     except Exception:
-        return "unknown"
+        return os.environ.get("HIRAISHIN_COMMIT", "unknown")
 
 
 def bench_shape(shape: str, n_new: int, bandwidth: float, workdir: Path) -> dict:

@@ -32,6 +32,7 @@ import cProfile
 import datetime
 import io
 import json
+import os
 import pstats
 import statistics
 import subprocess
@@ -63,11 +64,12 @@ extern "C" __global__ void hx_profile_spin(long long cycles) {
 
 
 def _git_commit() -> str:
+    """The checkout's commit, else $HIRAISHIN_COMMIT (a copied tree without .git), else "unknown"."""
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                               check=True).stdout.strip()
     except Exception:
-        return "unknown"
+        return os.environ.get("HIRAISHIN_COMMIT", "unknown")
 
 
 class _Stepper:
