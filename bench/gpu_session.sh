@@ -32,8 +32,22 @@ if [[ $STEPS == *tests* ]]; then
     timeout ${TEST_TIMEOUT:-330} python3 -m pytest -q --timeout=240 -m gpu ${KEXPR:+-k "$KEXPR"} --junitxml="$RES/gpu-tests.xml" -p no:cacheprovider tests 2>&1 | tail -n 60
     echo "gpu tests took $(( $(date +%s) - t0 )) s"
 fi
+if [[ $STEPS == *notebooks* ]] && ls .nbpy/*.py >/dev/null 2>&1; then
+    # the notebooks' code cells as scripts (the device has no Jupyter), device="auto" -> CUDA
+    for nb in .nbpy/*.py; do
+        echo "== notebook $nb"
+        t0=$(date +%s)
+        (cd /tmp && MPLBACKEND=Agg timeout 200 python3 "$OLDPWD/$nb" > "$RES/$(basename "$nb" .py).out" 2>&1)
+        echo "exit $? in $(( $(date +%s) - t0 )) s"; tail -n 3 "$RES/$(basename "$nb" .py).out"
+    done
+fi
+if [[ $STEPS == *demo* ]]; then
+    echo "== hiraishin demo (GPU)"
+    mkdir -p "$RES/demo"
+    timeout 200 python3 -m hiraishin demo --device cuda --json-dir "$RES/demo" 2>&1 | grep -v "it/s\|step/s" | tail -n 30
+fi
 if [[ $STEPS == *bench* ]]; then
-    for b in bench/bench_mmvq.py bench/bench_fattn.py bench/bench_model.py; do
+    for b in bench/bench_mmvq.py bench/bench_fattn.py bench/bench_model.py bench/profile_decode.py; do
         [ -f "$b" ] || continue
         echo "== $b"
         timeout ${BENCH_TIMEOUT:-150} python3 "$b" --out "$RES" 2>&1 | tail -n 80
