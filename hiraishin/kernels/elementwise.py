@@ -25,7 +25,7 @@ from ..errors import BackendError
 from ..fp import expf
 
 __all__ = ["swiglu", "swiglu_cpu", "swiglu_cuda", "add", "add_cpu", "add_cuda", "launch_binary",
-           "get_rows", "get_rows_cpu", "get_rows_cuda", "GET_ROWS_TYPES"]
+           "get_rows", "get_rows_cpu", "get_rows_cuda", "launch_get_rows", "GET_ROWS_TYPES"]
 
 # Elements per block and bytes per block of the table types get_rows reads
 # (ggml-common.h: QK_K = 256, block_q4_K 144 B, block_q6_K 210 B, QK8_0 = 32, block_q8_0 34 B).
@@ -245,6 +245,21 @@ _GET_ROWS_KERNEL = {"Q4_K": "hx_get_rows_q4_K", "Q6_K": "hx_get_rows_q6_K", "Q8_
                     "F16": "hx_get_rows_f16", "F32": "hx_get_rows_f32"}
 
 
+def launch_get_rows(table, qtype: str, ids, out):
+    """Launch ``hx_get_rows_<qtype>`` into ``out``, unchecked: grid (len(ids), ceil(K/256)).
+
+    For callers that validated once: ``table`` uint8 C-contiguous (N, row_bytes) CuPy array of
+    ``qtype`` blocks, ``ids`` int32 C-contiguous (T,) on the device, each in ``0..N-1``, ``out``
+    float32 C-contiguous (T, K). Returns ``out``.
+    """
+    n_cols = out.shape[1]
+    if ids.size:
+        grid = (ids.size, (n_cols + GET_ROWS_THREADS - 1) // GET_ROWS_THREADS)
+        _kernel(_GET_ROWS_KERNEL[qtype])(grid, (GET_ROWS_THREADS,),
+                                         (table, ids, out, np.int32(n_cols), np.int64(table.shape[1])))
+    return out
+
+
 def get_rows_cuda(table, qtype: str, ids):
     """Launch ``hx_get_rows_<qtype>``: grid (len(ids), ceil(K/256)), one thread per element."""
     from . import _cuda
@@ -255,12 +270,7 @@ def get_rows_cuda(table, qtype: str, ids):
     table = _as_byte_table(cp.asarray(table), cp)
     ids = cp.ascontiguousarray(cp.asarray(ids), dtype=cp.int32)
     n_cols = _n_cols(table.shape, qtype)
-    out = cp.empty((ids.size, n_cols), cp.float32)
-    if ids.size:
-        kernel = _kernel(_GET_ROWS_KERNEL[qtype])
-        grid = (ids.size, (n_cols + GET_ROWS_THREADS - 1) // GET_ROWS_THREADS)
-        kernel(grid, (GET_ROWS_THREADS,), (table, ids, out, np.int32(n_cols), np.int64(table.shape[1])))
-    return out
+    return launch_get_rows(table, qtype, ids, cp.empty((ids.size, n_cols), cp.float32))
 
 
 def get_rows(table, qtype: str, ids, backend: str = "cpu"):
