@@ -1,7 +1,8 @@
 """Where the time of one decode step goes on the CUDA backend: GPU time vs host time, per op.
 
     python bench/profile_decode.py --out DIR [--shape qwen3-0.6b] [--tokens 32]
-                                   [--orders batch_invariant,batch_variant] [--workdir DIR]
+                                   [--orders batch_invariant,batch_variant] [--modes plain,graphs]
+                                   [--workdir DIR]
 
 On a synthetic model (``hiraishin.model.synth.write_synthetic``, real shapes, random blocks), for
 each order: prefill a short prompt, warm up, then measure one-token forward passes four ways:
@@ -21,6 +22,11 @@ each order: prefill a short prompt, warm up, then measure one-token forward pass
    copies and the position ``arange``, added per op).
 4. cProfile of the decode steps: top 25 functions by cumulative time.
 
+Each order is profiled in two modes: ``plain`` passes and ``graphs`` (``Qwen3.cuda_graphs``, the
+experimental CUDA-graph replay of one-token passes; in that mode the per-op table shows only the
+ops launched outside the graphs). Before timing, the logits of 24 greedy steps in both modes are
+compared bit for bit (``graphs_bit_identical``).
+
 Writes DIR/profile_decode-<shape>.json, DIR/profile_decode-<shape>.md and
 DIR/profile_decode-<shape>-<order>.prof (``python -m pstats`` reads them).
 """
@@ -28,6 +34,7 @@ DIR/profile_decode-<shape>-<order>.prof (``python -m pstats`` reads them).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import datetime
 import io
@@ -162,10 +169,13 @@ def time_gpu(cp, stepper, n, spin_cycles):
             end.record()
             state["gpu_idle"] = start.done  # True: the GPU finished the spin before the host finished issuing
 
-        spin((1,), (1,), (np.int64(spin_cycles),))
-        start.record()
-        with _HostMark(be, on_enter):
-            stepper.step()
+        # the step's stream: the default one, or the CUDA-graph stream the replay runs on
+        graphs = getattr(stepper.model, "_graphs", None)
+        with graphs.stream if graphs is not None else contextlib.nullcontext():
+            spin((1,), (1,), (np.int64(spin_cycles),))
+            start.record()
+            with _HostMark(be, on_enter):
+                stepper.step()
         end.synchronize()
         samples.append(cp.cuda.get_elapsed_time(start, end) / 1e3)
         caught_up += bool(state.get("gpu_idle"))
@@ -253,10 +263,28 @@ def count_launches(stepper, n) -> dict:
     return {k: v / n for k, v in sorted(counts.items())}
 
 
-def profile_order(cp, model, order, n_tokens, spin_cycles_per_ms, out_dir, shape):
-    rng = np.random.default_rng(0)
-    prompt = rng.integers(0, model.config.n_vocab, PROMPT_TOKENS).tolist()
-    stepper = _Stepper(model, order, prompt)
+def _prompt(model):
+    return np.random.default_rng(0).integers(0, model.config.n_vocab, PROMPT_TOKENS).tolist()
+
+
+def graphs_bit_identical(model, order, n=24) -> bool:
+    """Greedy steps with and without CUDA graphs give the same logits, bit for bit."""
+    runs = []
+    for on in (False, True):
+        model.cuda_graphs = on
+        stepper = _Stepper(model, order, _prompt(model))
+        logits = []
+        for _ in range(n):
+            stepper.step()
+            logits.append(stepper.logits.view(np.uint32).copy())
+        runs.append(np.stack(logits))
+    model.cuda_graphs = False
+    return bool(np.array_equal(runs[0], runs[1]))
+
+
+def profile_order(cp, model, order, n_tokens, spin_cycles_per_ms, out_dir, shape, mode):
+    model.cuda_graphs = mode == "graphs"
+    stepper = _Stepper(model, order, _prompt(model))
     for _ in range(WARMUP_TOKENS):
         stepper.step()
 
@@ -280,7 +308,7 @@ def profile_order(cp, model, order, n_tokens, spin_cycles_per_ms, out_dir, shape
     prof.disable()
     prof_path = None
     if out_dir is not None:
-        prof_path = out_dir / f"profile_decode-{shape}-{order.name}.prof"
+        prof_path = out_dir / f"profile_decode-{shape}-{order.name}-{mode}.prof"
         prof.dump_stats(prof_path)
     text = io.StringIO()
     pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(25)
@@ -292,8 +320,9 @@ def profile_order(cp, model, order, n_tokens, spin_cycles_per_ms, out_dir, shape
             us = timer.time[op] / n_tokens * 1e6
             ops[op] = dict(calls_per_token=calls, host_us_per_token=us, host_us_per_call=us / calls,
                            cupy_kernels_per_token=calls * CUPY_KERNELS_PER_CALL.get(op, 0))
+    model.cuda_graphs = False
     return dict(
-        order=order.name,
+        order=order.name, mode=mode,
         wall_ms_median=wall_ms, wall_ms_all=[t * 1e3 for t in wall],
         enqueue_ms_median=statistics.median(enqueue) * 1e3,
         gpu_ms_median=statistics.median(gpu) * 1e3, gpu_ms_all=[t * 1e3 for t in gpu],
@@ -301,7 +330,10 @@ def profile_order(cp, model, order, n_tokens, spin_cycles_per_ms, out_dir, shape
         instrumented_ms_per_token=instrumented * 1e3,
         ops=ops,
         raw_kernel_launches_per_token=launches,
-        launches_per_token=sum(launches.values()) + sum(o["cupy_kernels_per_token"] for o in ops.values()),
+        # host calls that start GPU work: RawKernel launches, CuPy kernels, and in graphs mode the graph
+        # launches (n_layer + 1) and the two fills of the position and token buffers
+        launches_per_token=sum(launches.values()) + sum(o["cupy_kernels_per_token"] for o in ops.values())
+        + (model.config.n_layer + 3 if mode == "graphs" else 0),
         cprofile_top25=text.getvalue(),
         cprofile_file=str(prof_path) if prof_path else None,
     )
@@ -310,16 +342,18 @@ def profile_order(cp, model, order, n_tokens, spin_cycles_per_ms, out_dir, shape
 def markdown(meta, rows) -> str:
     lines = [f"# Decode-step profile, {meta['shape']} on {meta['device']} ({meta['date'][:10]}, "
              f"commit {meta['commit']})", "",
-             "| order | wall ms/token | host enqueue ms | GPU ms (kernels back to back) | launches/token | "
-             "host us/launch | instrumented ms |", "|---|---|---|---|---|---|---|"]
+             "| order | mode | wall ms/token | host enqueue ms | GPU ms (kernels back to back) | host launch calls/token "
+             "| host us/launch | instrumented ms |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         flag = f" ({r['gpu_samples_caught_up']} samples caught up)" if r["gpu_samples_caught_up"] else ""
         per_launch = r["enqueue_ms_median"] * 1e3 / max(r["launches_per_token"], 1)
-        lines.append(f"| {r['order']} | {r['wall_ms_median']:.2f} | {r['enqueue_ms_median']:.2f} | "
+        lines.append(f"| {r['order']} | {r['mode']} | {r['wall_ms_median']:.2f} | {r['enqueue_ms_median']:.2f} | "
                      f"{r['gpu_ms_median']:.3f}{flag} | {r['launches_per_token']:.0f} | {per_launch:.1f} | "
                      f"{r['instrumented_ms_per_token']:.2f} |")
+    lines += ["", "CUDA graphs bit-identical to plain passes (24 greedy steps): " + ", ".join(
+        f"{k} {'yes' if v else 'NO'}" for k, v in meta["graphs_bit_identical"].items())]
     for r in rows:
-        lines += ["", f"## {r['order']}: host time per op (exclusive, GPU not synchronized)", "",
+        lines += ["", f"## {r['order']}, {r['mode']}: host time per op (exclusive, GPU not synchronized)", "",
                   "| op | calls/token | us/token | us/call |", "|---|---|---|---|"]
         for op, o in sorted(r["ops"].items(), key=lambda kv: -kv[1]["host_us_per_token"]):
             lines.append(f"| {op} | {o['calls_per_token']:.0f} | {o['host_us_per_token']:.0f} | "
@@ -337,6 +371,7 @@ def main(argv=None) -> int:
     parser.add_argument("--shape", default="qwen3-0.6b", help="synthetic shape (hiraishin.model.synth)")
     parser.add_argument("--tokens", type=int, default=32, help="decode steps per measurement (default 32)")
     parser.add_argument("--orders", default="batch_invariant,batch_variant")
+    parser.add_argument("--modes", default="plain,graphs", help="plain and/or graphs (CUDA-graph replay)")
     parser.add_argument("--workdir", default=None, help="where the synthetic file goes (default: a temp dir)")
     args = parser.parse_args(argv)
 
@@ -360,15 +395,19 @@ def main(argv=None) -> int:
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
 
-    rows = []
+    rows, identical = [], {}
+    modes = [m for m in args.modes.split(",") if m]
     for name in [s for s in args.orders.split(",") if s]:
-        row = profile_order(cp, model, orders[name], args.tokens, spin_cycles_per_ms, out_dir, args.shape)
-        rows.append(row)
-        print(json.dumps({k: v for k, v in row.items() if k not in ("cprofile_top25", "wall_ms_all")}, indent=1),
-              flush=True)
+        if "graphs" in modes:
+            identical[name] = graphs_bit_identical(model, orders[name])
+        for mode in modes:
+            row = profile_order(cp, model, orders[name], args.tokens, spin_cycles_per_ms, out_dir, args.shape, mode)
+            rows.append(row)
+            print(json.dumps({k: v for k, v in row.items() if k not in ("cprofile_top25", "wall_ms_all")},
+                             indent=1), flush=True)
     meta = dict(device=device, shape=args.shape, date=datetime.datetime.now(datetime.timezone.utc).isoformat(),
                 commit=_git_commit(), command=" ".join([sys.executable] + sys.argv), cupy=cp.__version__,
-                python=sys.version.split()[0])
+                python=sys.version.split()[0], graphs_bit_identical=identical)
     text = markdown(meta, rows)
     print(text)
     if out_dir is not None:
