@@ -15,6 +15,7 @@ import pytest
 pytestmark = pytest.mark.slow
 torch = pytest.importorskip("torch")  # at import: a missing dependency skips before any fixture is built
 transformers = pytest.importorskip("transformers")
+pytest.importorskip("accelerate")  # transformers needs it to load a GGUF file
 
 # Expected agreement: transformers (float32) vs our float64 reference: float32 rounding only.
 REFERENCE_MAX_REL_ERR = 1e-3
@@ -29,7 +30,7 @@ def test_transformers_gguf_loader_agrees(tiny_model_path):
 
     path = Path(tiny_model_path)
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                          torch_dtype=torch.float32)
+                                                          dtype=torch.float32)
     hf.eval()
     tokens = np.random.default_rng(5).integers(0, 151643, 24).tolist()
     with torch.no_grad():
