@@ -93,7 +93,10 @@ def test_quantize_shapes_and_error_bound(qtype, rows, blocks, seed, scale):
     qk = 32
     amax = np.abs(x.reshape(rows, -1, qk)).max(axis=-1, keepdims=True)
     err = np.abs((y - x).reshape(rows, -1, qk))
-    assert (err <= tol * amax + 1e-30).all()
+    # plus the fp16 rounding of the super-block scales once they are subnormal (|d| < 2**-14,
+    # step 2**-24): at most half a step times the largest |scale * quant| a block can hold.
+    d_step = 2.0**-25 * {"Q8_0": 127, "Q8_1": 127, "Q6_K": 127 * 32, "Q4_K": 63 * 15 + 63}[qtype]
+    assert (err <= tol * amax + d_step).all()
 
 
 # --------------------------------------------------------------------------- bad input
