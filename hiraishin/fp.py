@@ -26,7 +26,7 @@ from numba import njit, types
 from numba.core.errors import TypingError
 from numba.extending import intrinsic
 
-__all__ = ["fmaf", "expf", "roundf", "EXP_LO", "EXP_HI", "expf_array"]
+__all__ = ["fmaf", "expf", "roundf", "warp_sum32", "EXP_LO", "EXP_HI", "expf_array"]
 
 
 @intrinsic
@@ -113,3 +113,22 @@ def roundf(x):
     if frac <= np.float32(-0.5):
         return t - np.float32(1.0)
     return t
+
+
+@njit(cache=True, inline="always")
+def warp_sum32(x):
+    """``hx_warp_sum`` over 32 lane values (xor 16, 8, 4, 2, 1): the value every lane ends with.
+
+    Lane L adds lane L^off at each step; since a + b == b + a, lanes L and L^off hold the same
+    sum, so lanes 0..off-1 carry all distinct values and the result is lane 0's.
+    """
+    a = np.empty(16, np.float32)
+    for i in range(16):
+        a[i] = x[i] + x[i + 16]
+    for i in range(8):
+        a[i] = a[i] + a[i + 8]
+    for i in range(4):
+        a[i] = a[i] + a[i + 4]
+    for i in range(2):
+        a[i] = a[i] + a[i + 2]
+    return a[0] + a[1]

@@ -15,6 +15,8 @@ from hiraishin.kernels import fattn_vec as fv
 from hiraishin.kernels.fattn_vec import AttentionPlan, attention, flash_attn
 from hiraishin.order import ReductionOrder
 
+from fattn_inputs import bits, make_inputs
+
 # A small made-up GPU on which the efficiency loop gives P < number of chunks (3 SMs, 1 block/SM):
 # 4 heads over 512 cells -> P = 3, so chunk 3 joins block 0. Keeps the invariance tests stringent.
 TINY_GPU = DeviceProfile(name="tiny-test-gpu", compute_capability=900, sm_count=3,
@@ -26,19 +28,6 @@ FIVE_SM_GPU = DeviceProfile(name="five-sm-test-gpu", compute_capability=900, sm_
 ORDERS = [ReductionOrder.BATCH_VARIANT, ReductionOrder.BATCH_INVARIANT, ReductionOrder.FIXED_SPLIT]
 
 
-def bits(x):
-    return np.asarray(x, dtype=np.float32).view(np.uint32)
-
-
-def make_inputs(seed, n_ctx, n_head, n_head_kv, head_dim=128, n_q=None):
-    """Random f16 cache of n_ctx cells and one float32 query per position (n_q rows)."""
-    rng = np.random.default_rng(seed)
-    n_q = n_ctx if n_q is None else n_q
-    q = rng.standard_normal((n_q, n_head, head_dim)).astype(np.float32)
-    # keys with a spread of scores (some large logits), values of order 1
-    k = (1.5 * rng.standard_normal((n_ctx, n_head_kv, head_dim))).astype(np.float16)
-    v = rng.standard_normal((n_ctx, n_head_kv, head_dim)).astype(np.float16)
-    return q, k, v
 
 
 def reference(q, k, v, q_pos):

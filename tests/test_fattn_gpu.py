@@ -19,23 +19,14 @@ from hiraishin.kernels import fattn_vec as fv
 from hiraishin.kernels.fattn_vec import AttentionPlan, attention, flash_attn
 from hiraishin.order import ReductionOrder
 
+from fattn_inputs import bits, make_inputs
+
 pytestmark = pytest.mark.gpu
 
 TINY_GPU = DeviceProfile(name="tiny-test-gpu", compute_capability=900, sm_count=3,
                          occupancy={fv.KERNEL_Q1: 1, fv.KERNEL_QN: 1, fv.KERNEL_TILE: 1})
 
 
-def bits(x):
-    return np.asarray(x, dtype=np.float32).view(np.uint32)
-
-
-def make_inputs(seed, n_ctx, n_head, n_head_kv, head_dim=128, n_q=None):
-    rng = np.random.default_rng(seed)
-    n_q = n_ctx if n_q is None else n_q
-    q = rng.standard_normal((n_q, n_head, head_dim)).astype(np.float32)
-    k = (1.5 * rng.standard_normal((n_ctx, n_head_kv, head_dim))).astype(np.float16)
-    v = rng.standard_normal((n_ctx, n_head_kv, head_dim)).astype(np.float16)
-    return q, k, v
 
 
 def on_gpu(*arrays):

@@ -27,7 +27,7 @@ import functools
 import numpy as np
 from numba import njit
 
-from ..fp import expf, fmaf
+from ..fp import expf, fmaf, warp_sum32
 
 __all__ = [
     "KERNEL_NAME",
@@ -60,21 +60,6 @@ def _exp_ftz(x):
     return _ZERO
 
 
-@njit(cache=True, inline="always")
-def _warp_sum32(x):
-    """hx_warp_sum over 32 lane values: xor 16, 8, 4, 2, 1 (every lane ends equal)."""
-    a = np.empty(16, np.float32)
-    for i in range(16):
-        a[i] = x[i] + x[i + 16]
-    for i in range(8):
-        a[i] = a[i] + a[i + 8]
-    for i in range(4):
-        a[i] = a[i] + a[i + 4]
-    for i in range(2):
-        a[i] = a[i] + a[i + 2]
-    return a[0] + a[1]
-
-
 @njit(cache=True)
 def _tile_block(q, k, v, kvh, pos, kv_len, begin, end, o):
     """One (query, head, block y) of fattn_tile: fills ``o`` (D,), returns (max, sum)."""
@@ -105,7 +90,7 @@ def _tile_block(q, k, v, kvh, pos, kv_len, begin, end, o):
             p[c] = _exp_ftz(s[c] - Mn)
         for lane in range(32):
             pair[lane] = p[lane] + p[lane + 32]
-        S = fmaf(S, a, _warp_sum32(pair))
+        S = fmaf(S, a, warp_sum32(pair))
         M = Mn
         for d in range(D):
             o[d] = o[d] * a

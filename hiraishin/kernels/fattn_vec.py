@@ -44,7 +44,7 @@ from numba import njit
 
 from ..devices import DeviceProfile, get_profile
 from ..errors import BackendError, PlanError
-from ..fp import expf, fmaf
+from ..fp import expf, fmaf, warp_sum32
 from ..order import KV_PAD
 from . import _cuda, fattn_tile
 
@@ -364,21 +364,6 @@ def _butterfly8(x):
     return (a0 + a2) + (a1 + a3)
 
 
-@njit(cache=True, inline="always")
-def _warp_sum32(x):
-    """hx_warp_sum over 32 lane values: xor 16, 8, 4, 2, 1."""
-    a = np.empty(16, np.float32)
-    for i in range(16):
-        a[i] = x[i] + x[i + 16]
-    for i in range(8):
-        a[i] = a[i] + a[i + 8]
-    for i in range(4):
-        a[i] = a[i] + a[i + 4]
-    for i in range(2):
-        a[i] = a[i] + a[i + 2]
-    return a[0] + a[1]
-
-
 @njit(cache=True)
 def _vec_block(q, k, v, kvh, pos, kv_len, y, n_blocks, chunk_cells, kv_attended, o):
     """One (query, head, block y) of fattn_vec: fills ``o`` (D,), returns (block max, block sum)."""
@@ -451,8 +436,8 @@ def _vec_block(q, k, v, kvh, pos, kv_len, y, n_blocks, chunk_cells, kv_attended,
                 O[row, d] = O[row, d] * a
         for lane in range(32):
             lane_sums[lane] = ssum[32 * w + lane] * a
-        warp_sums[w] = _warp_sum32(lane_sums)
-    S = _warp_sum32(warp_sums)
+        warp_sums[w] = warp_sum32(lane_sums)
+    S = warp_sum32(warp_sums)
     for d in range(D):
         acc = _ZERO
         for row in range(16):
