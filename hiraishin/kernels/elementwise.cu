@@ -2,24 +2,10 @@
 // (ggml get_rows) that dequantizes Q4_K / Q6_K / Q8_0 / F16 / F32 rows to float32.
 // None of them reduces, so none has an order to plan; each float op is written as an explicit
 // correctly rounded intrinsic so that the Numba emulator (elementwise.py) gets the same bits.
-// Requires fp.cuh prepended (hx_expf).
-
-// fp16 bits -> float32, exact (every binary16 value is a float32 value).
-__device__ __forceinline__ float hx_half_bits_to_float(const unsigned short h) {
-    const unsigned int sign = ((unsigned int)h & 0x8000u) << 16;
-    const unsigned int exponent = ((unsigned int)h >> 10) & 0x1fu;
-    const unsigned int mantissa = (unsigned int)h & 0x3ffu;
-    if (exponent == 0) {
-        // zero or subnormal: mantissa * 2^-24, exact in float32
-        const float v = __fmul_rn((float)mantissa, 5.9604644775390625e-08f);
-        return sign ? -v : v;
-    }
-    if (exponent == 31) return __uint_as_float(sign | 0x7f800000u | (mantissa << 13));
-    return __uint_as_float(sign | ((exponent + 112u) << 23) | (mantissa << 13));
-}
+// Requires fp.cuh prepended (hx_expf, hx_h2f).
 
 __device__ __forceinline__ float hx_load_half(const unsigned char* p) {
-    return hx_half_bits_to_float((unsigned short)(p[0] | (p[1] << 8)));
+    return hx_h2f((unsigned short)(p[0] | (p[1] << 8)));  // exact (fp.cuh)
 }
 
 // m = silu(g) * u,  silu(g) = g / (1 + exp(-g)).

@@ -23,6 +23,7 @@ from numba import njit
 
 from ..errors import BackendError
 from ..fp import expf
+from ..quant import dequantize
 
 __all__ = ["swiglu", "swiglu_cpu", "swiglu_cuda", "add", "add_cpu", "add_cuda", "launch_binary",
            "get_rows", "get_rows_cpu", "get_rows_cuda", "launch_get_rows", "GET_ROWS_TYPES"]
@@ -125,83 +126,6 @@ def add(a, b, backend: str = "cpu"):
 
 # ---- get_rows -----------------------------------------------------------------------------
 
-@njit(cache=True, inline="always")
-def _half(lo, hi):
-    # little-endian fp16 bits -> float32, exact; the same integer steps as hx_half_bits_to_float
-    h = np.uint32(lo) | (np.uint32(hi) << np.uint32(8))
-    sign = (h & np.uint32(0x8000)) << np.uint32(16)
-    exponent = (h >> np.uint32(10)) & np.uint32(0x1F)
-    mantissa = h & np.uint32(0x3FF)
-    if exponent == 0:
-        v = np.float32(mantissa) * np.float32(5.9604644775390625e-08)  # mantissa * 2**-24, exact
-        return -v if sign else v
-    bits = np.empty(1, np.uint32)
-    if exponent == 31:
-        bits[0] = sign | np.uint32(0x7F800000) | (mantissa << np.uint32(13))
-    else:
-        bits[0] = sign | ((exponent + np.uint32(112)) << np.uint32(23)) | (mantissa << np.uint32(13))
-    return bits.view(np.float32)[0]
-
-
-@njit(cache=True)
-def _rows_q4_k(table, ids, n_cols, out):
-    for t in range(ids.size):
-        row = table[ids[t]]
-        for b in range(n_cols // 256):
-            o = b * 144
-            d = _half(row[o], row[o + 1])
-            dmin = _half(row[o + 2], row[o + 3])
-            for j in range(8):
-                if j < 4:
-                    sc = row[o + 4 + j] & 63
-                    m = row[o + 4 + j + 4] & 63
-                else:
-                    sc = (row[o + 4 + j + 4] & 0x0F) | ((row[o + 4 + j - 4] >> 6) << 4)
-                    m = (row[o + 4 + j + 4] >> 4) | ((row[o + 4 + j] >> 6) << 4)
-                d1 = d * np.float32(sc)
-                m1 = dmin * np.float32(m)
-                chunk = j // 2
-                for l in range(32):
-                    byte = row[o + 16 + 32 * chunk + l]
-                    q = (byte >> 4) if (j & 1) else (byte & 0x0F)
-                    out[t, b * 256 + 32 * j + l] = d1 * np.float32(q) - m1
-
-
-@njit(cache=True)
-def _rows_q6_k(table, ids, n_cols, out):
-    for t in range(ids.size):
-        row = table[ids[t]]
-        for b in range(n_cols // 256):
-            o = b * 210
-            d = _half(row[o + 208], row[o + 209])
-            for e in range(256):
-                h = e // 128
-                s = (e % 128) // 32
-                l = e % 32
-                low_byte = np.int64(row[o + 64 * h + 32 * (s & 1) + l])
-                low = (low_byte & 0x0F) if s < 2 else (low_byte >> 4)
-                high = (np.int64(row[o + 128 + 32 * h + l]) >> (2 * s)) & 3
-                q = (low | (high << 4)) - 32
-                sc = np.int64(row[o + 192 + e // 16])
-                if sc > 127:
-                    sc -= 256
-                out[t, b * 256 + e] = (d * np.float32(sc)) * np.float32(q)
-
-
-@njit(cache=True)
-def _rows_q8_0(table, ids, n_cols, out):
-    for t in range(ids.size):
-        row = table[ids[t]]
-        for b in range(n_cols // 32):
-            o = b * 34
-            d = _half(row[o], row[o + 1])
-            for l in range(32):
-                q = np.int64(row[o + 2 + l])
-                if q > 127:
-                    q -= 256
-                out[t, b * 32 + l] = np.float32(q) * d
-
-
 def _n_cols(table_shape, qtype: str) -> int:
     if qtype not in GET_ROWS_TYPES:
         raise BackendError(f"get_rows: unsupported table type {qtype!r}; supported: {sorted(GET_ROWS_TYPES)}")
@@ -232,13 +156,9 @@ def get_rows_cpu(table: np.ndarray, qtype: str, ids) -> np.ndarray:
     ids = np.ascontiguousarray(ids, dtype=np.int32)
     _check_ids(ids, table.shape[0])
     n_cols = _n_cols(table.shape, qtype)
-    if qtype == "F32":
-        return np.ascontiguousarray(table[ids]).view(np.float32).reshape(ids.size, n_cols)
-    if qtype == "F16":
-        return np.ascontiguousarray(table[ids]).view(np.float16).astype(np.float32).reshape(ids.size, n_cols)
-    out = np.empty((ids.size, n_cols), np.float32)
-    {"Q4_K": _rows_q4_k, "Q6_K": _rows_q6_k, "Q8_0": _rows_q8_0}[qtype](table, ids, n_cols, out)
-    return out
+    # The kernels' per-element formulas are the block formats' dequantization (gguf-py's order,
+    # op for op), so the emulator is hiraishin.quant.dequantize of the selected rows.
+    return dequantize(np.ascontiguousarray(table[ids]), qtype).reshape(ids.size, n_cols)
 
 
 _GET_ROWS_KERNEL = {"Q4_K": "hx_get_rows_q4_K", "Q6_K": "hx_get_rows_q6_K", "Q8_0": "hx_get_rows_q8_0",

@@ -27,12 +27,6 @@ static_assert(HX_D == 64 || HX_D == 128, "fattn_tile supports head dimensions 64
 #define FT_NEG_HALF_FLT_MAX __int_as_float(0xfeffffff)
 #define FT_NEG_INF __int_as_float(0xff800000)
 
-__device__ __forceinline__ float ft_h2f(const unsigned short h) {
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-    return f;
-}
-
 __device__ __forceinline__ float ft_exp_ftz(const float x) {
     return x >= FT_FTZ_THRESHOLD ? hx_expf(x) : 0.0f;
 }
@@ -122,8 +116,8 @@ fattn_tile(const float* __restrict__ Q,            // (n_tokens, n_head, D) floa
 #pragma unroll 16
             for (int k = 0; k < D / 2; ++k) {
                 const unsigned int word = Ks[c * K_STRIDE + k];
-                acc = __fmaf_rn(ft_h2f((unsigned short)(word & 0xffffu)), Qs[j][2 * k + 0], acc);
-                acc = __fmaf_rn(ft_h2f((unsigned short)(word >> 16)), Qs[j][2 * k + 1], acc);
+                acc = __fmaf_rn(hx_h2f((unsigned short)(word & 0xffffu)), Qs[j][2 * k + 0], acc);
+                acc = __fmaf_rn(hx_h2f((unsigned short)(word >> 16)), Qs[j][2 * k + 1], acc);
             }
             Ps[j][c] = (n < kv_len && n <= pos_sh[j]) ? acc : FT_NEG_INF;
         }
@@ -161,7 +155,7 @@ fattn_tile(const float* __restrict__ Q,            // (n_tokens, n_head, D) floa
                 const int idx = tid + FT_NTHREADS * i;
                 const int j = idx / D;
                 const int d = idx % D;
-                O[i] = __fmaf_rn(ft_h2f(Vs[c][d]), Ps[j][c], O[i]);
+                O[i] = __fmaf_rn(hx_h2f(Vs[c][d]), Ps[j][c], O[i]);
             }
         }
     }

@@ -32,21 +32,14 @@ static_assert(HX_D == 64 || HX_D == 128, "fattn_vec supports head dimensions 64 
 #define FV_NEG_HALF_FLT_MAX __int_as_float(0xfeffffff)  // -FLT_MAX/2, the initial running max
 #define FV_NEG_INF __int_as_float(0xff800000)
 
-// f16 bits -> f32 (exact).
-__device__ __forceinline__ float fv_h2f(const unsigned short h) {
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-    return f;
-}
-
 // 8 consecutive halves (16 bytes) -> 8 floats, in memory order.
 __device__ __forceinline__ void fv_load8(const unsigned short* __restrict__ p, float* __restrict__ out) {
     const uint4 raw = *reinterpret_cast<const uint4*>(p);
     const unsigned int words[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-        out[2 * k + 0] = fv_h2f((unsigned short)(words[k] & 0xffffu));
-        out[2 * k + 1] = fv_h2f((unsigned short)(words[k] >> 16));
+        out[2 * k + 0] = hx_h2f((unsigned short)(words[k] & 0xffffu));
+        out[2 * k + 1] = hx_h2f((unsigned short)(words[k] >> 16));
     }
 }
 
