@@ -6,7 +6,8 @@ Run on a GPU, e.g.::
         --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \\
         --section Occupancy --section LaunchStats python3 bench/ncu_mmvq.py Q6_K 151936 4096
 
-Arguments: qtype, rows, K (defaults: the Qwen3-8B output head, Q6_K 151936 x 4096).
+Arguments: qtype, rows, K, columns (defaults: the Qwen3-8B output head, Q6_K 151936 x 4096,
+one column). More than one column runs the invariant geometry with every column in one launch.
 """
 
 from __future__ import annotations
@@ -25,10 +26,11 @@ def main(argv=None) -> None:
 
     args = (argv if argv is not None else sys.argv[1:]) or ["Q6_K", "151936", "4096"]
     qtype, n, k = args[0], int(args[1]), int(args[2])
+    ncols = int(args[3]) if len(args) > 3 else 1
     w = cp.asarray(random_weights(qtype, n, k, seed=0))
-    x = cp.asarray(np.random.default_rng(1).standard_normal((1, k)).astype(np.float32))
+    x = cp.asarray(np.random.default_rng(1).standard_normal((ncols, k)).astype(np.float32))
     xq = quantize_q8_1(x, "cuda")
-    plan = ReductionOrder.BATCH_INVARIANT.matvec_plan(1, qtype)
+    plan = ReductionOrder.custom(name="invariant16", max_cols_per_launch=16).matvec_plan(ncols, qtype)
     for _ in range(4):
         mul_mat_vec(w, qtype, xq, plan, "cuda")
     cp.cuda.get_current_stream().synchronize()

@@ -1,11 +1,12 @@
 """Sweep mat-vec launch variants that keep every output's bits (GPU; a tuning tool).
 
-    python bench/sweep_mmvq.py [--out DIR] [--shapes 0,2,3]
+    python bench/sweep_mmvq.py [--out DIR] [--shapes 0,2,3] [--one-col 1:4,2:4] [--multi 9:5+4:2:2]
 
 For Qwen3-8B shapes it times the mmvq kernel with the per-column geometry fixed
 (nwarps 4, the one-column table entry) while varying what cannot change a
-result: rows per CUDA block and columns per launch. Each variant's output is
-compared bit for bit with the first variant of its column count. (Kernel
+result: rows per CUDA block, columns per launch, the loop unroll (HX_UNROLL) and, for
+Q6_K, where the "- 32" of the 6-bit values is applied (HX_Q6_SUB_IN_DOT). Each variant's
+output is compared bit for bit with the first variant of its column count. (Kernel
 variants tried this way and dropped are in bench/NOTES_mmvq.md.) Prints one line per
 variant; ``--out`` writes ``sweep_mmvq.json``.
 """
@@ -34,15 +35,17 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", default="0,2,3,4")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--batches", type=int, default=5)
-    ap.add_argument("--one-col", default="1,2,4,8", help="rows per CUDA block for one column")
-    ap.add_argument("--multi", default="9:5+4:2,9:9:1,9:9:2,16:8+8:2,16:16:1,16:16:2",
-                    help="ncols:launch split:rows variants")
+    ap.add_argument("--one-col", default="1:1,1:4,2:1,2:2,2:4",
+                    help="rows:unroll variants for one column")
+    ap.add_argument("--multi", default="9:5+4:2:2,9:5+4:1:2,9:5+4:2:1,9:9:2:2,9:9:1:1,16:8+8:2:2",
+                    help="ncols:launch split:rows:unroll variants")
+    ap.add_argument("--q6-sub", default="", help="also run Q6_K with HX_Q6_SUB_IN_DOT forced to 0 and 1")
     args = ap.parse_args(argv)
 
     import cupy as cp
 
     from hiraishin.kernels._cuda import get_kernel, kernel_attributes
-    from hiraishin.kernels.mmvq import TYPE_TRAITS, random_weights
+    from hiraishin.kernels.mmvq import TYPE_TRAITS, kernel_defines, random_weights
     from hiraishin.kernels.quantize_q8_1 import quantize_q8_1
 
     t0 = time.time()
@@ -66,10 +69,13 @@ def main(argv=None) -> int:
             times.append(cp.cuda.get_elapsed_time(a, b) / 1e3 / reps)
         return statistics.median(times)
 
-    variants = [(1, [1], int(v)) for v in args.one_col.split(",")]
+    variants = []
+    for v in args.one_col.split(","):
+        rows, unroll = v.split(":")
+        variants.append((1, [1], int(rows), int(unroll)))
     for m in args.multi.split(","):
-        nc, split, rows = m.split(":")
-        variants.append((int(nc), [int(s) for s in split.split("+")], int(rows)))
+        nc, split, rows, unroll = m.split(":")
+        variants.append((int(nc), [int(s) for s in split.split("+")], int(rows), int(unroll)))
 
     records = []
     rng = np.random.default_rng(0)
@@ -86,7 +92,8 @@ def main(argv=None) -> int:
         ref = {}
         base_t = {}
         print(f"\n{label} {qtype}: {wbytes / 1e6:.1f} MB")
-        for ncols, split, rows in variants:
+        subs = [None] + ([0, 1] if args.q6_sub and qtype == "Q6_K" else [])
+        for (ncols, split, rows, unroll), sub in [(v, sub) for v in variants for sub in subs]:
             if max(split) * rows > 32:
                 continue
             out = cp.empty((ncols, n), dtype=cp.float32)
@@ -94,7 +101,10 @@ def main(argv=None) -> int:
             start = 0
             attrs = None
             for count in split:
-                kern = get_kernel("mmvq.cu", "mmvq", {"HX_QTYPE": t.type_id, "HX_NCOLS": count, "HX_RPB": rows})
+                defines = kernel_defines(qtype, count, rows, NWARPS, k // t.qk, unroll)
+                if sub is not None:
+                    defines["HX_Q6_SUB_IN_DOT"] = sub
+                kern = get_kernel("mmvq.cu", "mmvq", defines)
                 attrs = kernel_attributes(kern)
                 calls.append((kern, start, count))
                 start += count
@@ -103,8 +113,7 @@ def main(argv=None) -> int:
                 w = ws[i % ncopies]
                 for kern, s, c in calls:
                     kern(((n + rows - 1) // rows, 1, 1), (32, NWARPS, 1),
-                         (w, xq[s:s + c], out[s:s + c], np.int32(n), np.int32(k // t.qk), np.int64(w.shape[1]),
-                          np.int64(xq.shape[1]), np.int64(n)),
+                         (w, xq[s:s + c], out[s:s + c], np.int32(n), np.int64(n)),
                          shared_mem=(NWARPS - 1) * c * rows * 128)
             fn(0)
             got = cp.asnumpy(out).view(np.uint32)
@@ -117,11 +126,12 @@ def main(argv=None) -> int:
             if ncols == 1 and 1 not in base_t:
                 base_t[1] = sec
             frac = (wbytes + ncols * xq.shape[1]) / sec / bw_copy
-            rec = dict(shape=label, qtype=qtype, ncols=ncols, split=split, rows=rows,
-                       time_us=sec * 1e6, fraction_of_copy=frac, ratio_to_plain_one_col=sec / base_t[1],
-                       bits_equal_plain=same, num_regs=attrs["num_regs"], spill=attrs["local_size_bytes"])
+            rec = dict(shape=label, qtype=qtype, ncols=ncols, split=split, rows=rows, unroll=unroll, q6_sub=sub,
+                       time_us=sec * 1e6, fraction_of_copy=frac, ratio_to_first_one_col=sec / base_t[1],
+                       bits_equal_first=same, num_regs=attrs["num_regs"], spill=attrs["local_size_bytes"])
             records.append(rec)
-            print(f"  cols {ncols:2d} split {'+'.join(map(str, split)):>5} rows {rows}: "
+            print(f"  cols {ncols:2d} split {'+'.join(map(str, split)):>5} rows {rows} unroll {unroll}"
+                  f"{'' if sub is None else f' sub {sub}'}: "
                   f"{sec * 1e6:8.1f} us {frac:6.1%} of copy  x{sec / base_t[1]:.2f}  regs {attrs['num_regs']}"
                   f" spill {attrs['local_size_bytes']} bits {'ref' if same is None else same}")
         del ws, w0, xq

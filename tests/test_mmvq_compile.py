@@ -14,17 +14,25 @@ import subprocess
 import pytest
 
 from hiraishin.kernels._cuda import NVRTC_OPTIONS, _defines_text, load_source
+from hiraishin.kernels.mmvq import kernel_defines
 
 NVCC = shutil.which("nvcc")
 pytestmark = pytest.mark.skipif(NVCC is None, reason="needs a local nvcc")
 
+def _mmvq(qtype, ncols, rows, nwarps, nblocks, unroll=None):
+    return ("mmvq.cu", kernel_defines(qtype, ncols, rows, nwarps, nblocks, unroll))
+
+
 CASES = [
     ("quantize_q8_1.cu", {}),
-    ("mmvq.cu", {"HX_QTYPE": 12, "HX_NCOLS": 1, "HX_RPB": 1}),
-    ("mmvq.cu", {"HX_QTYPE": 12, "HX_NCOLS": 16, "HX_RPB": 2}),
-    ("mmvq.cu", {"HX_QTYPE": 14, "HX_NCOLS": 1, "HX_RPB": 1}),
-    ("mmvq.cu", {"HX_QTYPE": 14, "HX_NCOLS": 4, "HX_RPB": 8}),
-    ("mmvq.cu", {"HX_QTYPE": 8, "HX_NCOLS": 8, "HX_RPB": 4}),
+    _mmvq("Q4_K", 1, 1, 4, 16),
+    _mmvq("Q4_K", 1, 2, 4, 48),
+    _mmvq("Q4_K", 16, 2, 4, 16),
+    _mmvq("Q6_K", 1, 1, 4, 16),
+    _mmvq("Q6_K", 1, 1, 4, 48),
+    _mmvq("Q6_K", 8, 2, 2, 48),
+    _mmvq("Q6_K", 4, 8, 3, 10, 1),
+    _mmvq("Q8_0", 8, 4, 1, 41),
     ("mmq_tiled.cu", {"HX_QTYPE": 12}),
     ("mmq_tiled.cu", {"HX_QTYPE": 14}),
     ("mmq_tiled.cu", {"HX_QTYPE": 8}),

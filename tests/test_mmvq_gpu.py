@@ -14,7 +14,9 @@ import numpy as np
 import pytest
 
 from hiraishin.kernels import mmq_tiled
-from hiraishin.kernels.mmvq import TYPE_TRAITS, emulate_mmvq, mul_mat, mul_mat_vec, random_weights
+from hiraishin.kernels._cuda import precompile as precompile_modules
+from hiraishin.kernels.mmvq import (TYPE_TRAITS, emulate_mmvq, kernel_defines, mul_mat, mul_mat_vec,
+                                    precompile, random_weights)
 from hiraishin.kernels.quantize_q8_1 import F16_TO_F32, quantize_q8_1
 from hiraishin.order import ReductionOrder
 
@@ -62,6 +64,10 @@ def test_q8_1_kernel_equals_emulator(cp):
 def test_mmvq_kernel_equals_emulator_all_geometries(cp, qtype):
     w, x, xq = _data(qtype, seed=QTYPES.index(qtype))
     wg, xqg = cp.asarray(w), cp.asarray(xq)
+    precompile(qtype, K_OF[qtype], [ReductionOrder.custom(nwarps=nwarps, rows_per_block=rows).matvec_plan(width, qtype)
+                                    for nwarps in (1, 2, 3, 4, 8) for rows in (1, 2, 4) for width in range(1, 17)]
+               + [ReductionOrder.custom(nwarps=nwarps, max_cols_per_launch=16).matvec_plan(width, qtype)
+                  for nwarps in (1, 2, 3, 4, 8) for width in (11, 16)])
     for nwarps in (1, 2, 3, 4, 8):
         emu = emulate_mmvq(w, qtype, xq, nwarps)
         for rows in (1, 2, 4):
@@ -78,6 +84,27 @@ def test_mmvq_kernel_equals_emulator_all_geometries(cp, qtype):
             assert len(plan.launches()) == 1
             got = cp.asnumpy(mul_mat_vec(wg, qtype, xqg[:width], plan, "cuda"))
             np.testing.assert_array_equal(_bits(got), _bits(emu[:width]))
+
+
+@pytest.mark.parametrize("qtype", QTYPES)
+def test_mmvq_narrow_load_path_equals_emulator(cp, qtype):
+    # A weight that starts 4 (Q4_K) or 2 bytes into its buffer takes the kernels' narrow-load
+    # path (Q4_K's 16-byte and Q6_K's 4-byte loads need aligned blocks); same bits.
+    w, x, xq = _data(qtype, seed=7)
+    shift = 4 if qtype == "Q4_K" else 2
+    buf = cp.zeros(w.nbytes + 16, dtype=cp.uint8)
+    wg = buf[shift:shift + w.nbytes].reshape(w.shape)
+    wg[...] = cp.asarray(w)
+    assert wg.data.ptr % 16 == shift
+    xqg = cp.asarray(xq)
+    for nwarps in (2, 4):
+        emu = emulate_mmvq(w, qtype, xq, nwarps)
+        for rows in (1, 2):
+            order = ReductionOrder.custom(nwarps=nwarps, rows_per_block=rows)
+            for width in (1, 3, 8):
+                got = cp.asnumpy(mul_mat_vec(wg, qtype, xqg[:width], order.matvec_plan(width, qtype), "cuda"))
+                np.testing.assert_array_equal(_bits(got), _bits(emu[:width]),
+                                              err_msg=f"nwarps={nwarps} rows={rows} width={width}")
 
 
 @pytest.mark.parametrize("qtype", QTYPES)
@@ -137,14 +164,22 @@ def test_no_spills_and_record_registers(cp):
     records = {}
     kernels = [("quantize_q8_1", get_kernel("quantize_q8_1.cu", "quantize_q8_1"))]
     for qtype in QTYPES:
-        tid = TYPE_TRAITS[qtype].type_id
+        t = TYPE_TRAITS[qtype]
+        tid = t.type_id
         kernels.append((f"mmq_tiled {qtype}", get_kernel("mmq_tiled.cu", "mmq_tiled", {"HX_QTYPE": tid})))
-        for ncols in range(1, 17):
-            for rows in (1, 2, 4, 8):
-                if ncols * rows > 32:
-                    continue
-                defines = {"HX_QTYPE": tid, "HX_NCOLS": ncols, "HX_RPB": rows}
-                kernels.append((f"mmvq {qtype} ncols={ncols} rows={rows}", get_kernel("mmvq.cu", "mmvq", defines)))
+        # Every launch the presets make for 1..16 columns, at the Qwen3-8B row lengths.
+        jobs = {}
+        for k in (4096, 12288):
+            for order in (ReductionOrder.BATCH_VARIANT, ReductionOrder.BATCH_INVARIANT):
+                for width in range(1, 17):
+                    plan = order.matvec_plan(width, qtype)
+                    if plan.kernel != "mmvq":
+                        continue
+                    for _, count in plan.launches():
+                        d = kernel_defines(qtype, count, plan.rows_per_block, plan.nwarps, k // t.qk)
+                        jobs[f"mmvq {qtype} ncols={count} rows={plan.rows_per_block} nwarps={plan.nwarps} k={k}"] = d
+        precompile_modules(("mmvq.cu", d) for d in jobs.values())
+        kernels += [(name, get_kernel("mmvq.cu", "mmvq", d)) for name, d in jobs.items()]
     for name, kernel in kernels:
         attrs = kernel_attributes(kernel)
         records[name] = attrs

@@ -22,7 +22,7 @@ import pytest
 
 from hiraishin.kernels import mmq_tiled
 from hiraishin.kernels._cuda import _defines_text, load_source
-from hiraishin.kernels.mmvq import TYPE_TRAITS, emulate_mmvq, random_weights
+from hiraishin.kernels.mmvq import TYPE_TRAITS, emulate_mmvq, kernel_defines, random_weights
 from hiraishin.kernels.quantize_q8_1 import F16_TO_F32, quantize_q8_1
 
 GXX = shutil.which("g++")
@@ -68,6 +68,14 @@ inline int __dp4a(int a, int b, int c) {
     for (int k = 0; k < 4; ++k) c += (int)(signed char)(a >> (8 * k)) * (int)(signed char)(b >> (8 * k));
     return c;
 }
+struct uint4 { unsigned x, y, z, w; };
+template <class T> inline T __ldg(const T* p) { T v; std::memcpy(&v, p, sizeof(T)); return v; }
+inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+    const unsigned long long b = (unsigned long long)x | ((unsigned long long)y << 32);
+    unsigned r = 0;
+    for (int k = 0; k < 4; ++k) r |= (unsigned)((b >> (8 * ((s >> (4 * k)) & 7))) & 0xFF) << (8 * k);
+    return r;
+}
 inline float __fmaf_rn(float a, float b, float c) { return std::fmaf(a, b, c); }
 inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fsub_rn(float a, float b) { return a - b; }
@@ -110,14 +118,16 @@ static void hx_write(const char* path, const void* p, size_t n) {
 MAINS = {
 "mmvq": r'''
 int main(int argc, char** argv) {
-    int nrows = atoi(argv[3]), nblocks = atoi(argv[4]), nwarps = atoi(argv[7]);
-    long long row_bytes = atoll(argv[5]), col_bytes = atoll(argv[6]);
-    auto w = hx_read(argv[1]); auto y = hx_read(argv[2]);
+    // argv: weights, q8_1, nrows, byte offset of the weights in their buffer (alignment), out
+    int nrows = atoi(argv[3]), shift = atoi(argv[4]);
+    auto w0 = hx_read(argv[1]); auto y = hx_read(argv[2]);
+    std::vector<unsigned char> w(w0.size() + 16);  // hx_read's buffer is 16-byte aligned
+    std::memcpy(w.data() + shift, w0.data(), w0.size());
     std::vector<float> out((size_t)HX_NCOLS * nrows, -12345.0f);
-    hx_launch({(unsigned)((nrows + HX_RPB - 1) / HX_RPB), 1, 1}, {32, (unsigned)nwarps, 1},
-              (size_t)(nwarps - 1) * HX_NCOLS * HX_RPB * 32 * 4,
-              [&] { mmvq(w.data(), y.data(), out.data(), nrows, nblocks, row_bytes, col_bytes, nrows); });
-    hx_write(argv[8], out.data(), out.size() * 4);
+    hx_launch({(unsigned)((nrows + HX_RPB - 1) / HX_RPB), 1, 1}, {32, (unsigned)HX_NWARPS, 1},
+              (size_t)(HX_NWARPS - 1) * HX_NCOLS * HX_RPB * 32 * 4,
+              [&] { mmvq(w.data() + shift, y.data(), out.data(), nrows, (long long)nrows); });
+    hx_write(argv[5], out.data(), out.size() * 4);
 }''',
 "mmq_tiled": r'''
 int main(int argc, char** argv) {
@@ -189,6 +199,13 @@ def test_quantize_source_equals_emulator(build, tmp_path):
     np.testing.assert_array_equal(got, quantize_q8_1(x))
 
 
+# (columns, rows per block, nwarps, unroll, byte offset of the weights): every kernel path —
+# wide and narrow loads (offset 0 vs 2/4 bytes), a row length that nwarps does not divide
+# (K=2560: 10 super-blocks), full and partial unrolling, one and many accumulators.
+MMVQ_SHIM_CASES = [(1, 1, 4, 4, 0), (1, 2, 4, 1, 4), (5, 4, 1, 2, 2), (5, 4, 2, 2, 0), (5, 4, 3, 1, 0),
+                   (5, 4, 4, 4, 4), (5, 4, 8, 2, 2), (3, 1, 4, 2, 0)]
+
+
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q8_0"])
 def test_mmvq_source_equals_emulator(build, tmp_path, qtype):
     t = TYPE_TRAITS[qtype]
@@ -197,16 +214,16 @@ def test_mmvq_source_equals_emulator(build, tmp_path, qtype):
     x = (np.random.default_rng(2).standard_normal((5, k)) * 2).astype(np.float32)
     xq = quantize_q8_1(x)
     w.tofile(tmp_path / "w.bin")
-    # nwarps is a launch argument: one build per (columns, rows per block) covers all of them
-    for ncols, rows, warps in ((5, 4, (1, 2, 3, 4, 8)), (1, 1, (4,))):
-        exe = build("mmvq.cu", {"HX_QTYPE": t.type_id, "HX_NCOLS": ncols, "HX_RPB": rows}, "mmvq")
+    for ncols, rows, nwarps, unroll, shift in MMVQ_SHIM_CASES:
+        if qtype == "Q4_K":
+            shift -= shift % 4  # Q4_K weights must be 4-byte aligned (the launcher checks)
+        defines = kernel_defines(qtype, ncols, rows, nwarps, k // t.qk, unroll)
         xq[:ncols].tofile(tmp_path / "y.bin")
-        for nwarps in warps:
-            _run(exe, tmp_path / "w.bin", tmp_path / "y.bin", n, k // t.qk, w.shape[1], xq.shape[1], nwarps,
-                 tmp_path / "o.bin")
-            got = np.fromfile(tmp_path / "o.bin", np.float32).reshape(ncols, n)
-            emu = emulate_mmvq(w, qtype, xq[:ncols], nwarps)
-            np.testing.assert_array_equal(_bits(got), _bits(emu), err_msg=f"nwarps={nwarps} ncols={ncols}")
+        _run(build("mmvq.cu", defines, "mmvq"), tmp_path / "w.bin", tmp_path / "y.bin", n, shift,
+             tmp_path / "o.bin")
+        got = np.fromfile(tmp_path / "o.bin", np.float32).reshape(ncols, n)
+        emu = emulate_mmvq(w, qtype, xq[:ncols], nwarps)
+        np.testing.assert_array_equal(_bits(got), _bits(emu), err_msg=f"{defines} weight offset {shift}")
 
 
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q8_0"])

@@ -47,30 +47,20 @@ def cuda_available() -> bool:
 
 
 class _MatVecLaunch:
-    """One prepared mat-vec: the plan and, when it is a single mmvq launch, the launch itself.
-
-    Mirrors ``hiraishin.kernels.mmvq._mul_mat_vec_cuda`` for a plan whose columns fit one launch
-    (kernel, grid, block, dynamic shared memory, scalar arguments); other plans (the tiled kernel,
+    """One prepared mat-vec: the plan and, when it is a single mmvq launch, that launch
+    (``mmvq.prepared_launch``, the one ``mmvq.mul_mat_vec`` makes); other plans (the tiled kernel,
     several launches) run through ``mmvq.mul_mat_vec``.
     """
 
-    __slots__ = ("order", "plan", "kernel", "grid", "block", "shared", "scalars", "n", "k", "align")
+    __slots__ = ("order", "plan", "launch", "n")
 
     def __init__(self, order, plan, qtype: str, n: int, row_bytes: int):
         t = mmvq.TYPE_TRAITS[qtype]
         self.order, self.plan, self.n = order, plan, n
-        self.k = row_bytes // t.block_bytes * t.qk
-        self.align = 4 if qtype == "Q4_K" else 2  # the kernel loads ints (Q4_K) or 16-bit halves
-        self.kernel = None
+        self.launch = None
         if plan.kernel == "mmvq" and plan.cols_per_launch == plan.ncols:
-            rows = plan.rows_per_block
-            self.kernel = get_kernel("mmvq.cu", "mmvq",
-                                     {"HX_QTYPE": t.type_id, "HX_NCOLS": plan.ncols, "HX_RPB": rows})
-            self.grid = ((n + rows - 1) // rows, 1, 1)
-            self.block = (32, plan.nwarps, 1)
-            self.shared = (plan.nwarps - 1) * plan.ncols * rows * 32 * 4
-            self.scalars = (np.int32(n), np.int32(self.k // t.qk), np.int64(row_bytes),
-                            np.int64(self.k // 32 * Q8_1_BLOCK_BYTES), np.int64(n))
+            self.launch = mmvq.prepared_launch(qtype, n, row_bytes // t.block_bytes * t.qk, plan.ncols,
+                                               plan.rows_per_block, plan.nwarps)
 
 
 class _QuantizeLaunch:
@@ -161,14 +151,13 @@ class UncheckedCudaOps:
         results = []
         for i, (w, qtype) in enumerate(weights):
             launch = self.matvec_launch(order, T, qtype, w)
-            if launch.kernel is None:  # the tiled kernel, or several launches: MATVEC's runner
+            if launch.launch is None:  # the tiled kernel, or several launches: MATVEC's runner
                 results.append(mmvq.mul_mat_vec(w, qtype, xq, launch.plan, "cuda"))
                 continue
             out = outs[i] if outs is not None else None
             if out is None:
                 out = self._empty((T, launch.n), _F32)
-            launch.kernel(launch.grid, launch.block, (w, xq, out) + launch.scalars, shared_mem=launch.shared)
-            results.append(out)
+            results.append(launch.launch(w, xq, out))
         return results
 
     def attention(self, q, k_cache, v_cache, q_pos, kv_len: int, order, out=None):

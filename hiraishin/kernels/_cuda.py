@@ -20,6 +20,7 @@ CuPy is imported lazily: the package (and its CPU emulators) work without it.
 from __future__ import annotations
 
 import functools
+import os
 import threading
 from importlib import resources
 from typing import Iterable, Mapping
@@ -32,6 +33,7 @@ __all__ = [
     "require_cupy",
     "load_source",
     "get_kernel",
+    "precompile",
     "kernel_attributes",
     "clear_cache",
 ]
@@ -137,18 +139,47 @@ def get_module(source_key: str | Iterable[str], defines: Mapping[str, object] | 
     key = (names, tuple(sorted((k, str(v)) for k, v in defines.items())), exprs)
     with _lock:
         mod = _modules.get(key)
-        if mod is None:
-            code = _defines_text(defines) + load_source(*names)
-            try:
-                mod = cupy.RawModule(code=code, options=NVRTC_OPTIONS, backend="nvrtc",
-                                     name_expressions=exprs)
-                mod.compile()
-            except Exception as exc:
-                raise BackendError(
-                    f"compiling {'+'.join(names)} with defines {defines} failed: {exc}"
-                ) from exc
-            _modules[key] = mod
+    if mod is None:
+        # Compiled outside the lock: NVRTC runs without the GIL, so threads (see precompile)
+        # compile different modules at the same time. Two threads asking for the same module
+        # both compile it; the first stored wins.
+        code = _defines_text(defines) + load_source(*names)
+        try:
+            mod = cupy.RawModule(code=code, options=NVRTC_OPTIONS, backend="nvrtc",
+                                 name_expressions=exprs)
+            mod.compile()
+        except Exception as exc:
+            raise BackendError(
+                f"compiling {'+'.join(names)} with defines {defines} failed: {exc}"
+            ) from exc
+        with _lock:
+            mod = _modules.setdefault(key, mod)
     return mod
+
+
+def precompile(jobs: Iterable[tuple], max_workers: int | None = None) -> int:
+    """Compile many ``(source_key, defines)`` modules at once on a thread pool; returns how many.
+
+    For code that is about to launch many kernel variants (a test sweeping geometries, a model
+    compiling its mat-vecs): NVRTC releases the GIL, so the compiles run side by side instead
+    of one after the other. Modules already compiled are skipped.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    require_cupy()
+    todo = {}
+    for source_key, defines in jobs:
+        names = _source_names(source_key)
+        todo[(names, tuple(sorted((k, str(v)) for k, v in (defines or {}).items())))] = (names, defines)
+    with _lock:
+        todo = [v for k, v in todo.items() if (k[0], k[1], None) not in _modules]
+    if not todo:
+        return 0
+    workers = max_workers or min(len(todo), os.cpu_count() or 1)
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        for _ in pool.map(lambda job: get_module(*job), todo):
+            pass
+    return len(todo)
 
 
 # (sources, name, defines, name expressions) -> RawKernel. CuPy's RawModule.get_function builds a

@@ -3,17 +3,29 @@
 // The geometry of llama.cpp's mul_mat_vec_q (ggml/src/ggml-cuda/mmvq.cu, vecdotq.cuh;
 // reference sections 4.1-4.4), written anew with every order-relevant float op explicit:
 //
-//   block (32, nwarps); tid = 32*threadIdx.y + threadIdx.x
+//   block (32, HX_NWARPS); tid = 32*threadIdx.y + threadIdx.x
 //   a CUDA block computes rows row0 .. row0+HX_RPB-1 for HX_NCOLS columns
-//   thread tid walks weight blocks kbx = tid / HX_TPB, += blocks_per_iter (= 32*nwarps / HX_TPB)
+//   thread tid walks weight blocks kbx = tid / HX_TPB, += HX_BPI (= 32*nwarps / HX_TPB)
 //   and handles the ints iqs = HX_VDR * (tid % HX_TPB) of each block;
-//   tmp[j][i] (column j outer, row i inner) accumulates one vec-dot per kbx;
+//   tmp[j][i] (column j, row i) accumulates one vec-dot per kbx;
 //   warps 1..nwarps-1 hand tmp over through shared memory, warp 0 adds them in warp order,
 //   then a 32-lane xor butterfly (hx_warp_sum); lane i writes row row0+i.
 //
-// Compile-time: HX_QTYPE (HX_Q4_K | HX_Q6_K | HX_Q8_0), HX_NCOLS (1..16), HX_RPB (1..8).
-// Run-time: nwarps = blockDim.y; dynamic shared memory (nwarps-1)*HX_NCOLS*HX_RPB*32 floats.
-// Grid: (ceil(nrows / HX_RPB), 1, 1).
+// Only the float operations fix the result. How a thread gets its integers is free, and is
+// written for few instructions per weight byte (a one-column mat-vec on a big GPU is bound by
+// instruction issue, not only by memory; bench/NOTES_mmvq.md):
+//   * geometry and row length are compile-time, so every load is a per-thread pointer plus an
+//     immediate offset (no 64-bit address arithmetic per load) and the kbx loop unrolls;
+//   * a thread's block-invariant offsets and Q4_K scale-byte selectors are computed once;
+//   * Q4_K reads a super-block's d, dmin and 12 scale bytes with one 16-byte load, Q6_K its
+//     quant ints with 4-byte loads, where the weight's alignment allows it (checked at run time;
+//     otherwise narrower loads of the same bytes).
+//
+// Compile-time: HX_QTYPE (HX_Q4_K | HX_Q6_K | HX_Q8_0), HX_NCOLS (1..16), HX_RPB (1..8),
+// HX_NWARPS (1..8), HX_NBLOCKS (weight blocks per row), HX_UNROLL (kbx iterations per unrolled
+// step). Rows of the weight and columns of the q8_1 activations are contiguous.
+// Run-time: nrows, stride_dst (floats between output columns).
+// Dynamic shared memory (HX_NWARPS-1)*HX_NCOLS*HX_RPB*32 floats. Grid: (ceil(nrows / HX_RPB), 1, 1).
 
 #define HX_Q4_K 12  // ggml type ids
 #define HX_Q6_K 14
@@ -40,19 +52,32 @@
 #error "HX_QTYPE must be HX_Q4_K, HX_Q6_K or HX_Q8_0"
 #endif
 
+#ifndef HX_UNROLL
+#define HX_UNROLL 1
+#endif
+constexpr int hx_unroll = HX_UNROLL;  // #pragma unroll takes a constant, not a macro
+
 #define HX_Y_BLOCK_BYTES 36  // block_q8_1
+#define HX_BPI (32 * HX_NWARPS / HX_TPB)                                  // weight blocks per kbx step
+#define HX_Y_STEP ((HX_QK / 32) * HX_Y_BLOCK_BYTES)                      // q8_1 bytes per weight block
+#define HX_COL_BYTES (HX_NBLOCKS * HX_Y_STEP)                             // q8_1 bytes per column
+#define HX_ROW_BYTES ((long long)HX_NBLOCKS * HX_BLOCK_BYTES)
 
 typedef unsigned char u8;
 
-__device__ __forceinline__ int hx_ld_i32(const u8* __restrict__ p) {  // 4-byte aligned
-    return *(const int*)p;
+// Read-only loads (__ldg: the non-coherent path; weights and activations never change in a launch).
+__device__ __forceinline__ int hx_ld_i32(const u8* p) {  // 4-byte aligned
+    return __ldg((const int*)p);
 }
-__device__ __forceinline__ int hx_ld_i32_b2(const u8* __restrict__ p) {  // 2-byte aligned (get_int_b2)
+__device__ __forceinline__ int hx_ld_i32_b2(const u8* p) {  // 2-byte aligned (get_int_b2)
     const unsigned short* q = (const unsigned short*)p;
-    return (int)((unsigned int)q[0] | ((unsigned int)q[1] << 16));
+    return (int)((unsigned int)__ldg(q) | ((unsigned int)__ldg(q + 1) << 16));
 }
-__device__ __forceinline__ unsigned short hx_ld_u16(const u8* __restrict__ p) {
-    return *(const unsigned short*)p;
+__device__ __forceinline__ unsigned short hx_ld_u16(const u8* p) {
+    return __ldg((const unsigned short*)p);
+}
+__device__ __forceinline__ int hx_ld_s8(const u8* p) {
+    return (int)__ldg((const signed char*)p);
 }
 
 __device__ __forceinline__ int hx_dp4a(int a, int b, int c) {
@@ -65,105 +90,269 @@ __device__ __forceinline__ int hx_sub32_bytes(int x) {
     return (int)((((unsigned int)x | 0x80808080u) - 0x20202020u) ^ 0x80808080u);
 }
 
+// Every type below defines
+//   hx_sites: this thread's pointers into its first weight block of each row (one per place it
+//             loads from) and into the matching q8_1 blocks of column 0, made once by hx_sites_init;
+//   hx_wblock hx_load_w<FAST>(sites, row, woff): the thread's share of weight block
+//             kbx0 + woff / HX_BLOCK_BYTES of that row, decoded to integers and floats;
+//   float hx_dot(acc, wblock, sites, yoff): acc + that share times the q8_1 data yoff bytes on;
+//   bool hx_fast(sites): whether the wide loads are aligned for this thread (warp-uniform).
+// Loads are "site + offset" with offsets that are compile-time constants once the kbx loop
+// is unrolled.
+
 #if HX_QTYPE == HX_Q4_K
 // One thread's share of a Q4_K super-block (vec_dot_q4_K_q8_1): 8 values of sub-block 2c
-// (low nibbles) and 8 of sub-block 2c+1 (high nibbles). bq8 = first of the 8 q8_1 blocks.
-__device__ __forceinline__ float hx_step(float acc, const u8* __restrict__ bq4, const u8* __restrict__ bq8,
-                                         const unsigned int iqs) {
-    const unsigned int c = iqs / 8;
-    const unsigned int pos = 4 * ((iqs / 2) % 4);
-    const int v0 = hx_ld_i32(bq4 + 16 + 32 * c + pos);
-    const int v1 = hx_ld_i32(bq4 + 16 + 32 * c + pos + 16);
-
-    // 6-bit scales/mins of sub-blocks 2c and 2c+1 (get_scale_min_k4), two at a time as byte
-    // pairs and without a branch (threads of one warp have both c < 2 and c >= 2):
+// (low nibbles) and 8 of sub-block 2c+1 (high nibbles), c = (tid % 16) / 4, at ints
+// pos/4 and pos/4 + 4 of the sub-block pair (pos = 4 * (tid % 4)).
+struct hx_sites {
+    const u8* blk[HX_RPB];  // the super-block (d, dmin, scales)
+    const u8* q[HX_RPB];    // its quant int 16 + 32c + pos
+    const u8* yd;           // q8_1 block 2c (its d)
+    const u8* yq;           // q8_1 block 2c, byte 4 + pos
+    // 6-bit scales/mins of sub-blocks 2c, 2c+1 (get_scale_min_k4), as byte pairs:
     //   c < 2:  sc = bytes 2c,2c+1 of scales & 63,  m = bytes 2c+4,2c+5 & 63
     //   c >= 2: sc = low nibbles of bytes 2c+4,2c+5 | top 2 bits of bytes 2c-4,2c-3 << 4
     //           m  = high nibbles of bytes 2c+4,2c+5 | top 2 bits of bytes 2c,2c+1 << 4
-    const unsigned int sh = 16 * (c & 1);
-    const bool hi = c >= 2;
-    const unsigned int t0 = (unsigned int)hx_ld_i32(bq4 + 4) >> sh;   // scales bytes 0..3
-    const unsigned int t1 = (unsigned int)hx_ld_i32(bq4 + 8) >> sh;   // bytes 4..7
-    const unsigned int t2 = (unsigned int)hx_ld_i32(bq4 + 12) >> sh;  // bytes 8..11
-    const unsigned int mlo = hi ? 0x0F0Fu : 0x3F3Fu;
-    const unsigned int mhi = hi ? 0xC0C0u : 0u;
-    const unsigned int pair_sc = ((hi ? t2 : t0) & mlo) | ((t0 & mhi) >> 2);
-    const unsigned int pair_m = ((hi ? (t2 >> 4) : t1) & mlo) | ((t1 & mhi) >> 2);
-    const int sc[2] = {(int)(pair_sc & 0xFF), (int)((pair_sc >> 8) & 0xFF)};
-    const int m[2] = {(int)(pair_m & 0xFF), (int)((pair_m >> 8) & 0xFF)};
-
+    // One byte_perm of (scales 0..3, 8..11) resp. (4..7, 8..11) puts the low-part bytes in the
+    // low half and the top-bit bytes in the high half, with the same selector for both.
+    unsigned int sel, mlo, mtop, mshift;
+};
+__device__ __forceinline__ hx_sites hx_sites_init(const u8* const* wrow, const u8* y, const int tid) {
+    const int kbx0 = tid / HX_TPB;
+    const unsigned int c = (tid % 16) / 4;
+    const unsigned int pos = 4 * (tid % 4);
+    hx_sites s;
+#pragma unroll
+    for (int i = 0; i < HX_RPB; ++i) {
+        s.blk[i] = wrow[i] + kbx0 * HX_BLOCK_BYTES;
+        s.q[i] = s.blk[i] + 16 + 32 * c + pos;
+    }
+    s.yd = y + kbx0 * HX_Y_STEP + 2 * c * HX_Y_BLOCK_BYTES;
+    s.yq = s.yd + 4 + pos;
+    s.sel = (2 * c) | ((2 * c + 1) << 4) | (((2 * c + 4) & 7) << 8) | (((2 * c + 5) & 7) << 12);
+    s.mlo = c >= 2 ? 0x0F0Fu : 0x3F3Fu;
+    s.mtop = c >= 2 ? 0x3030u : 0u;
+    s.mshift = c >= 2 ? 4u : 0u;
+    return s;
+}
+struct hx_wblock {
+    int a[2][2];  // nibbles of sub-blocks 2c (a[0]) and 2c+1 (a[1]), ints pos/4 and pos/4 + 4
+    int sc[2], m[2];
+    float d, dmin;
+};
+template <bool FAST>  // FAST: the super-blocks are 16-byte aligned
+__device__ __forceinline__ hx_wblock hx_load_w(const hx_sites& s, const int i, const int woff) {
+    unsigned int dm, t0, t1, t2;
+    if (FAST) {
+        const uint4 h = __ldg((const uint4*)(s.blk[i] + woff));  // d, dmin, scales[0..11]
+        dm = h.x; t0 = h.y; t1 = h.z; t2 = h.w;
+    } else {
+        dm = (unsigned int)hx_ld_i32(s.blk[i] + woff);
+        t0 = (unsigned int)hx_ld_i32(s.blk[i] + woff + 4);
+        t1 = (unsigned int)hx_ld_i32(s.blk[i] + woff + 8);
+        t2 = (unsigned int)hx_ld_i32(s.blk[i] + woff + 12);
+    }
+    const int v0 = hx_ld_i32(s.q[i] + woff);
+    const int v1 = hx_ld_i32(s.q[i] + woff + 16);
+    const unsigned int x = __byte_perm(t0, t2, s.sel);
+    const unsigned int y = __byte_perm(t1, t2, s.sel);
+    const unsigned int pair_sc = (x & s.mlo) | ((x >> 18) & s.mtop);
+    const unsigned int pair_m = ((y >> s.mshift) & s.mlo) | ((y >> 18) & s.mtop);
+    hx_wblock b;
+    b.a[0][0] = v0 & 0x0F0F0F0F;
+    b.a[0][1] = v1 & 0x0F0F0F0F;
+    b.a[1][0] = (v0 >> 4) & 0x0F0F0F0F;
+    b.a[1][1] = (v1 >> 4) & 0x0F0F0F0F;
+    b.sc[0] = (int)(pair_sc & 0xFF);
+    b.sc[1] = (int)(pair_sc >> 8);
+    b.m[0] = (int)(pair_m & 0xFF);
+    b.m[1] = (int)(pair_m >> 8);
+    b.d = hx_h2f((unsigned short)(dm & 0xFFFF));
+    b.dmin = hx_h2f((unsigned short)(dm >> 16));
+    return b;
+}
+__device__ __forceinline__ float hx_dot(float acc, const hx_wblock& b, const hx_sites& s, const int yoff) {
     float sumf_d = 0.0f;
     float sumf_m = 0.0f;
 #pragma unroll
-    for (unsigned int i = 0; i < 2; ++i) {
-        const u8* b = bq8 + (2 * c + i) * HX_Y_BLOCK_BYTES;
-        const float d8 = hx_h2f(hx_ld_u16(b));
-        const int u0 = hx_ld_i32(b + 4 + pos);
-        const int u1 = hx_ld_i32(b + 4 + pos + 16);
-        const int a0 = (v0 >> (4 * i)) & 0x0F0F0F0F;
-        const int a1 = (v1 >> (4 * i)) & 0x0F0F0F0F;
-        const int dot1 = hx_dp4a(a1, u1, hx_dp4a(a0, u0, 0));
+    for (int i = 0; i < 2; ++i) {
+        const float d8 = hx_h2f(hx_ld_u16(s.yd + yoff + i * HX_Y_BLOCK_BYTES));
+        const int u0 = hx_ld_i32(s.yq + yoff + i * HX_Y_BLOCK_BYTES);
+        const int u1 = hx_ld_i32(s.yq + yoff + i * HX_Y_BLOCK_BYTES + 16);
+        const int dot1 = hx_dp4a(b.a[i][1], u1, hx_dp4a(b.a[i][0], u0, 0));
         const int dot2 = hx_dp4a(0x01010101, u1, hx_dp4a(0x01010101, u0, 0));
-        sumf_d = __fmaf_rn(d8, __int2float_rn(dot1 * sc[i]), sumf_d);
-        sumf_m = __fmaf_rn(d8, __int2float_rn(dot2 * m[i]), sumf_m);
+        sumf_d = __fmaf_rn(d8, __int2float_rn(dot1 * b.sc[i]), sumf_d);
+        sumf_m = __fmaf_rn(d8, __int2float_rn(dot2 * b.m[i]), sumf_m);
     }
-    const unsigned int dm = (unsigned int)hx_ld_i32(bq4);  // fp16 d, fp16 dmin
-    const float d = hx_h2f((unsigned short)(dm & 0xFFFF));
-    const float dmin = hx_h2f((unsigned short)(dm >> 16));
-    const float ret = __fmaf_rn(d, sumf_d, -__fmul_rn(dmin, sumf_m));
+    const float ret = __fmaf_rn(b.d, sumf_d, -__fmul_rn(b.dmin, sumf_m));
     return __fadd_rn(acc, ret);
 }
+__device__ __forceinline__ bool hx_fast(const hx_sites& s) {
+    // Super-blocks are 144 bytes (a multiple of 16) apart in and across rows: one check for all.
+    return ((unsigned long long)s.blk[0] & 15) == 0;
+}
+
 #elif HX_QTYPE == HX_Q6_K
 // One thread's share of a Q6_K super-block (vec_dot_q6_K_q8_1): 4 values of each of two
 // 32-value groups, 64 elements apart. The block's d multiplies into the accumulator (one fma).
-__device__ __forceinline__ float hx_step(float acc, const u8* __restrict__ bq6, const u8* __restrict__ bq8,
-                                         const unsigned int iqs) {
+// With few accumulators the "- 32" of the 6-bit values is folded into the integer dot product
+// (dot(q - 32, u) = dot(q, u) + dot(-32, u), exact); with many it is applied once to the weights.
+#ifndef HX_Q6_SUB_IN_DOT
+#define HX_Q6_SUB_IN_DOT (HX_NCOLS <= 2 * HX_RPB)
+#endif
+struct hx_sites {
+    const u8* blk[HX_RPB];  // the super-block (d at byte 208)
+    const u8* ql[HX_RPB];   // low-bit int iqs
+    const u8* qh[HX_RPB];   // high-bit int 8h + r%8
+    const u8* sc[HX_RPB];   // scale 8h + r/4 (and + 4)
+    const u8* yd;           // q8_1 block 4h + r/8 (and + 2)
+    const u8* yq;           // its int iqs % 8
+    unsigned int vh_shift;
+};
+__device__ __forceinline__ hx_sites hx_sites_init(const u8* const* wrow, const u8* y, const int tid) {
+    const int kbx0 = tid / HX_TPB;
+    const unsigned int iqs = tid % 32;
     const unsigned int h = iqs / 16;
     const unsigned int r = iqs % 16;
-    const unsigned int bq8_offset = 4 * h + r / 8;
-    const unsigned int scale_offset = 8 * h + r / 4;
-    const unsigned int vh_shift = 2 * (r / 8);
-    const int vl = hx_ld_i32_b2(bq6 + 4 * iqs);
-    const int vh = hx_ld_i32_b2(bq6 + 128 + 4 * (8 * h + r % 8)) >> vh_shift;
-
+    hx_sites s;
+#pragma unroll
+    for (int i = 0; i < HX_RPB; ++i) {
+        s.blk[i] = wrow[i] + kbx0 * HX_BLOCK_BYTES;
+        s.ql[i] = s.blk[i] + 4 * iqs;
+        s.qh[i] = s.blk[i] + 128 + 4 * (8 * h + r % 8);
+        s.sc[i] = s.blk[i] + 192 + 8 * h + r / 4;
+    }
+    s.yd = y + kbx0 * HX_Y_STEP + (4 * h + r / 8) * HX_Y_BLOCK_BYTES;
+    s.yq = s.yd + 4 + 4 * (iqs % 8);
+    s.vh_shift = 2 * (r / 8);
+    return s;
+}
+struct hx_wblock {
+    int vi[2];
+    int sc[2];
+    float d;
+};
+template <bool FAST>  // FAST: the super-blocks are 4-byte aligned
+__device__ __forceinline__ hx_wblock hx_load_w(const hx_sites& s, const int i, const int woff) {
+    const int vl = FAST ? hx_ld_i32(s.ql[i] + woff) : hx_ld_i32_b2(s.ql[i] + woff);
+    const int vh = (FAST ? hx_ld_i32(s.qh[i] + woff) : hx_ld_i32_b2(s.qh[i] + woff)) >> s.vh_shift;
+    hx_wblock b;
+    const int q0 = (vl & 0x0F0F0F0F) | ((vh << 4) & 0x30303030);
+    const int q1 = ((vl >> 4) & 0x0F0F0F0F) | (vh & 0x30303030);
+    b.vi[0] = HX_Q6_SUB_IN_DOT ? q0 : hx_sub32_bytes(q0);
+    b.vi[1] = HX_Q6_SUB_IN_DOT ? q1 : hx_sub32_bytes(q1);
+    b.sc[0] = hx_ld_s8(s.sc[i] + woff);
+    b.sc[1] = hx_ld_s8(s.sc[i] + woff + 4);
+    b.d = hx_h2f(hx_ld_u16(s.blk[i] + woff + 208));
+    return b;
+}
+__device__ __forceinline__ float hx_dot(float acc, const hx_wblock& b, const hx_sites& s, const int yoff) {
     float sumf = 0.0f;
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-        const int sc = (int)(signed char)bq6[192 + scale_offset + 4 * i];
-        const int vil = (vl >> (4 * i)) & 0x0F0F0F0F;
-        const int vih = ((vh >> (4 * i)) << 4) & 0x30303030;
-        const int vi = hx_sub32_bytes(vil | vih);
-        const u8* b = bq8 + (bq8_offset + 2 * i) * HX_Y_BLOCK_BYTES;
-        const int u = hx_ld_i32(b + 4 + 4 * (iqs % 8));
-        const float d8 = hx_h2f(hx_ld_u16(b));
-        sumf = __fmaf_rn(d8, __int2float_rn(hx_dp4a(vi, u, 0) * sc), sumf);
+        const int u = hx_ld_i32(s.yq + yoff + 2 * i * HX_Y_BLOCK_BYTES);
+        const float d8 = hx_h2f(hx_ld_u16(s.yd + yoff + 2 * i * HX_Y_BLOCK_BYTES));
+        const int dot = HX_Q6_SUB_IN_DOT ? hx_dp4a(b.vi[i], u, hx_dp4a((int)0xE0E0E0E0, u, 0))
+                                         : hx_dp4a(b.vi[i], u, 0);
+        sumf = __fmaf_rn(d8, __int2float_rn(dot * b.sc[i]), sumf);
     }
-    const float d = hx_h2f(hx_ld_u16(bq6 + 208));
-    return __fmaf_rn(d, sumf, acc);
+    return __fmaf_rn(b.d, sumf, acc);
 }
+__device__ __forceinline__ bool hx_fast(const hx_sites& s) {
+    // 4-byte loads need every super-block this thread reads 4-byte aligned: its first one in
+    // each row, and the step between them (HX_BPI blocks of 210 bytes). kbx0 is the warp
+    // index, so the answer is the same for the whole warp.
+    if ((HX_BPI * HX_BLOCK_BYTES) % 4 != 0) {
+        return false;
+    }
+    bool ok = true;
+#pragma unroll
+    for (int i = 0; i < HX_RPB; ++i) {
+        ok = ok && ((unsigned long long)s.blk[i] & 3) == 0;
+    }
+    return ok;
+}
+
 #else  // HX_Q8_0
 // One thread's share of a Q8_0 block (vec_dot_q8_0_q8_1): 8 values (ints iqs, iqs+1).
-__device__ __forceinline__ float hx_step(float acc, const u8* __restrict__ bq80, const u8* __restrict__ bq8,
-                                         const unsigned int iqs) {
-    const int v0 = hx_ld_i32_b2(bq80 + 2 + 4 * iqs);
-    const int v1 = hx_ld_i32_b2(bq80 + 2 + 4 * (iqs + 1));
-    const int u0 = hx_ld_i32(bq8 + 4 + 4 * iqs);
-    const int u1 = hx_ld_i32(bq8 + 4 + 4 * (iqs + 1));
-    const int sumi = hx_dp4a(v1, u1, hx_dp4a(v0, u0, 0));
-    const float d = __fmul_rn(hx_h2f(hx_ld_u16(bq80)), hx_h2f(hx_ld_u16(bq8)));
+// Blocks are 34 bytes, so the quants are only 2-byte aligned.
+struct hx_sites {
+    const u8* blk[HX_RPB];  // the block (d)
+    const u8* q[HX_RPB];    // its int iqs
+    const u8* yd;           // the q8_1 block (d)
+    const u8* yq;           // its int iqs
+};
+__device__ __forceinline__ hx_sites hx_sites_init(const u8* const* wrow, const u8* y, const int tid) {
+    const int kbx0 = tid / HX_TPB;
+    const unsigned int iqs = HX_VDR * (tid % HX_TPB);
+    hx_sites s;
+#pragma unroll
+    for (int i = 0; i < HX_RPB; ++i) {
+        s.blk[i] = wrow[i] + kbx0 * HX_BLOCK_BYTES;
+        s.q[i] = s.blk[i] + 2 + 4 * iqs;
+    }
+    s.yd = y + kbx0 * HX_Y_STEP;
+    s.yq = s.yd + 4 + 4 * iqs;
+    return s;
+}
+struct hx_wblock {
+    int v[2];
+    float d;
+};
+template <bool FAST>
+__device__ __forceinline__ hx_wblock hx_load_w(const hx_sites& s, const int i, const int woff) {
+    hx_wblock b;
+    b.v[0] = hx_ld_i32_b2(s.q[i] + woff);
+    b.v[1] = hx_ld_i32_b2(s.q[i] + woff + 4);
+    b.d = hx_h2f(hx_ld_u16(s.blk[i] + woff));
+    return b;
+}
+__device__ __forceinline__ float hx_dot(float acc, const hx_wblock& b, const hx_sites& s, const int yoff) {
+    const int u0 = hx_ld_i32(s.yq + yoff);
+    const int u1 = hx_ld_i32(s.yq + yoff + 4);
+    const int sumi = hx_dp4a(b.v[1], u1, hx_dp4a(b.v[0], u0, 0));
+    const float d = __fmul_rn(b.d, hx_h2f(hx_ld_u16(s.yd + yoff)));
     return __fmaf_rn(d, __int2float_rn(sumi), acc);
+}
+__device__ __forceinline__ bool hx_fast(const hx_sites& s) {
+    return false;
 }
 #endif
 
-extern "C" __global__ void mmvq(const u8* __restrict__ w, const u8* __restrict__ y, float* __restrict__ dst,
-                                const int nrows, const int nblocks, const long long row_bytes,
-                                const long long col_bytes_y, const long long stride_dst) {
-    const int nwarps = blockDim.y;
+// One kbx step: weight blocks kbx0 + it*HX_BPI of every row, times every column.
+template <bool FAST>
+__device__ __forceinline__ void hx_step(float (&tmp)[HX_NCOLS][HX_RPB], const hx_sites& s, const int it) {
+#pragma unroll
+    for (int i = 0; i < HX_RPB; ++i) {
+        const hx_wblock b = hx_load_w<FAST>(s, i, it * (HX_BPI * HX_BLOCK_BYTES));
+#pragma unroll
+        for (int j = 0; j < HX_NCOLS; ++j) {
+            tmp[j][i] = hx_dot(tmp[j][i], b, s, it * (HX_BPI * HX_Y_STEP) + j * HX_COL_BYTES);
+        }
+    }
+}
+
+// The kbx loop: every thread takes HX_NBLOCKS / HX_BPI full steps; when HX_BPI does not divide
+// HX_NBLOCKS the threads with kbx0 < HX_NBLOCKS % HX_BPI take one more.
+template <bool FAST>
+__device__ __forceinline__ void hx_accumulate(float (&tmp)[HX_NCOLS][HX_RPB], const hx_sites& s, const int kbx0) {
+    constexpr int full = HX_NBLOCKS / HX_BPI;
+#pragma unroll hx_unroll
+    for (int it = 0; it < full; ++it) {
+        hx_step<FAST>(tmp, s, it);
+    }
+    if (HX_NBLOCKS % HX_BPI != 0 && kbx0 < HX_NBLOCKS % HX_BPI) {
+        hx_step<FAST>(tmp, s, full);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(32 * HX_NWARPS)
+mmvq(const u8* __restrict__ w, const u8* __restrict__ y, float* __restrict__ dst, const int nrows,
+     const long long stride_dst) {
     const int lane = threadIdx.x;
     const int tid = 32 * threadIdx.y + lane;
     const int row0 = HX_RPB * blockIdx.x;
-    const int blocks_per_iter = 32 * nwarps / HX_TPB;
-    const unsigned int iqs = HX_VDR * (tid % HX_TPB);
+    const int kbx0 = tid / HX_TPB;
 
     float tmp[HX_NCOLS][HX_RPB];
 #pragma unroll
@@ -174,30 +363,16 @@ extern "C" __global__ void mmvq(const u8* __restrict__ w, const u8* __restrict__
         }
     }
     // Rows past the end recompute the last row; their results are never written.
-    // Pointers advance by a constant stride per iteration (cheap 64-bit address math).
-    const int kbx0 = tid / HX_TPB;
-    const u8* wb[HX_RPB];
+    const u8* wrow[HX_RPB];
 #pragma unroll
     for (int i = 0; i < HX_RPB; ++i) {
-        wb[i] = w + (long long)min(row0 + i, nrows - 1) * row_bytes + (long long)kbx0 * HX_BLOCK_BYTES;
+        wrow[i] = w + (long long)min(row0 + i, nrows - 1) * HX_ROW_BYTES;
     }
-    const u8* yb = y + (long long)kbx0 * ((HX_QK / 32) * HX_Y_BLOCK_BYTES);
-    const long long w_stride = (long long)blocks_per_iter * HX_BLOCK_BYTES;
-    const long long y_stride = (long long)blocks_per_iter * ((HX_QK / 32) * HX_Y_BLOCK_BYTES);
-
-    for (int kbx = kbx0; kbx < nblocks; kbx += blocks_per_iter) {
-#pragma unroll
-        for (int j = 0; j < HX_NCOLS; ++j) {
-#pragma unroll
-            for (int i = 0; i < HX_RPB; ++i) {
-                tmp[j][i] = hx_step(tmp[j][i], wb[i], yb + j * col_bytes_y, iqs);
-            }
-        }
-#pragma unroll
-        for (int i = 0; i < HX_RPB; ++i) {
-            wb[i] += w_stride;
-        }
-        yb += y_stride;
+    const hx_sites s = hx_sites_init(wrow, y, tid);
+    if (hx_fast(s)) {
+        hx_accumulate<true>(tmp, s, kbx0);
+    } else {
+        hx_accumulate<false>(tmp, s, kbx0);
     }
 
     extern __shared__ float tmp_shared[];  // [nwarps-1][HX_NCOLS][HX_RPB][32]
@@ -220,7 +395,8 @@ extern "C" __global__ void mmvq(const u8* __restrict__ w, const u8* __restrict__
 #pragma unroll
         for (int i = 0; i < HX_RPB; ++i) {
             float s = tmp[j][i];
-            for (int wp = 0; wp < nwarps - 1; ++wp) {  // warps 1, 2, ... in order
+#pragma unroll
+            for (int wp = 0; wp < HX_NWARPS - 1; ++wp) {  // warps 1, 2, ... in order
                 s = __fadd_rn(s, tmp_shared[((wp * HX_NCOLS + j) * HX_RPB + i) * 32 + lane]);
             }
             s = hx_warp_sum(s);

@@ -67,6 +67,10 @@ __all__ = [
     "plan_matvec",
     "mul_mat_vec",
     "mul_mat",
+    "MatVecLaunch",
+    "prepared_launch",
+    "kernel_defines",
+    "precompile",
     "emulate_mmvq",
     "random_weights",
 ]
@@ -596,7 +600,7 @@ def mul_mat_vec(w, qtype: str, xq, plan: MatVecPlan, backend: str = "cpu"):
 
 
 def _mul_mat_vec_cuda(w, qtype, xq, plan, n, k):
-    from ._cuda import get_kernel, require_cupy
+    from ._cuda import require_cupy
 
     cp = require_cupy()
     if not isinstance(w, cp.ndarray) or not isinstance(xq, cp.ndarray):
@@ -607,20 +611,92 @@ def _mul_mat_vec_cuda(w, qtype, xq, plan, n, k):
     align = 4 if qtype == "Q4_K" else 2  # the kernels load ints (Q4_K) or 16-bit halves
     if w.data.ptr % align or xq.data.ptr % 4:
         raise BackendError(f"{qtype} weight must be {align}-byte aligned and q8_1 data 4-byte aligned")
-    t = TYPE_TRAITS[qtype]
     out = cp.empty((plan.ncols, n), dtype=cp.float32)
     if plan.kernel == "tiled":
         mmq_tiled.launch_tiled(w, qtype, xq, out, k)
         return out
-    rows = plan.rows_per_block
     for start, count in plan.launches():
-        kernel = get_kernel("mmvq.cu", "mmvq", {"HX_QTYPE": t.type_id, "HX_NCOLS": count, "HX_RPB": rows})
-        shared = (plan.nwarps - 1) * count * rows * 32 * 4
-        kernel(((n + rows - 1) // rows, 1, 1), (32, plan.nwarps, 1),
-               (w, xq[start:start + count], out[start:start + count], np.int32(n), np.int32(k // t.qk),
-                np.int64(w.shape[1]), np.int64(xq.shape[1]), np.int64(n)),
-               shared_mem=shared)
+        prepared_launch(qtype, n, k, count, plan.rows_per_block, plan.nwarps)(
+            w, xq[start:start + count], out[start:start + count])
     return out
+
+
+# --------------------------------------------------------------------------- kernel launch
+
+# kbx iterations per unrolled step of the kernel's loop (HX_UNROLL): how many weight blocks'
+# loads a thread can have in flight at once, and how many loads share one pointer update.
+# Changes no bits. Measured on an H200 (bench/NOTES_mmvq.md): fully unrolled short rows are
+# fastest for one column; wide launches keep code size down with less.
+MMVQ_UNROLL_ONE_COL = 4
+MMVQ_UNROLL_MULTI_COL = 2
+
+
+def kernel_defines(qtype: str, ncols: int, rows_per_block: int, nwarps: int, nblocks: int,
+                   unroll: int | None = None) -> dict:
+    """The ``#define``\\ s that compile ``mmvq.cu`` for one launch geometry and row length."""
+    t = _traits(qtype)
+    if unroll is None:
+        unroll = MMVQ_UNROLL_ONE_COL if ncols * rows_per_block <= 2 else MMVQ_UNROLL_MULTI_COL
+    return {"HX_QTYPE": t.type_id, "HX_NCOLS": int(ncols), "HX_RPB": int(rows_per_block),
+            "HX_NWARPS": int(nwarps), "HX_NBLOCKS": int(nblocks), "HX_UNROLL": int(unroll)}
+
+
+class MatVecLaunch:
+    """One compiled mmvq launch: ``ncols`` columns of a (``n``, ``k``) ``qtype`` weight.
+
+    Call it with the weight (C-contiguous cupy uint8 (n, row_bytes)), the q8_1 activations
+    (C-contiguous (ncols, k/32*36)) and ``out`` (float32, ``ncols`` rows of at least ``n``
+    floats, rows contiguous); nothing is checked (the checked path is :func:`mul_mat_vec`).
+    """
+
+    __slots__ = ("kernel", "grid", "block", "shared", "n", "ncols", "defines")
+
+    def __init__(self, qtype: str, n: int, k: int, ncols: int, rows_per_block: int, nwarps: int,
+                 unroll: int | None = None):
+        from ._cuda import get_kernel
+
+        t = _traits(qtype)
+        self.n, self.ncols = n, ncols
+        self.defines = kernel_defines(qtype, ncols, rows_per_block, nwarps, k // t.qk, unroll)
+        self.kernel = get_kernel("mmvq.cu", "mmvq", self.defines)
+        self.grid = ((n + rows_per_block - 1) // rows_per_block, 1, 1)
+        self.block = (32, nwarps, 1)
+        self.shared = (nwarps - 1) * ncols * rows_per_block * 32 * 4
+
+    def __call__(self, w, xq, out):
+        self.kernel(self.grid, self.block, (w, xq, out, np.int32(self.n), np.int64(out.strides[0] // 4)),
+                    shared_mem=self.shared)
+        return out
+
+
+_launches: dict = {}
+
+
+def prepared_launch(qtype: str, n: int, k: int, ncols: int, rows_per_block: int, nwarps: int) -> MatVecLaunch:
+    """The cached :class:`MatVecLaunch` for this geometry (kernel compiled on first use)."""
+    key = (qtype, n, k, ncols, rows_per_block, nwarps)
+    hit = _launches.get(key)
+    if hit is None:
+        hit = _launches[key] = MatVecLaunch(qtype, n, k, ncols, rows_per_block, nwarps)
+    return hit
+
+
+def precompile(qtype: str, k: int, plans, max_workers: int | None = None) -> int:
+    """Compile the mmvq kernels that ``plans`` launch for rows of ``k`` values, side by side.
+
+    Kernels compile on first use anyway; this does it for many geometries at once (see
+    :func:`hiraishin.kernels._cuda.precompile`). Returns how many modules were compiled.
+    """
+    from ._cuda import precompile as _precompile
+
+    t = _traits(qtype)
+    jobs = []
+    for plan in plans:
+        if plan.kernel != "mmvq":
+            continue
+        for _, count in plan.launches():
+            jobs.append(("mmvq.cu", kernel_defines(qtype, count, plan.rows_per_block, plan.nwarps, k // t.qk)))
+    return _precompile(jobs, max_workers)
 
 
 def mul_mat(w, qtype: str, x, order, backend: str = "cpu", device=None):
