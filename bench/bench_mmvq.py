@@ -10,6 +10,9 @@
    (weight bytes + q8_1 activation bytes) and its fraction of the copy
    bandwidth, and the cost relative to one column.
 
+3. The launch floor: the same timing of an empty kernel, the fixed cost every launch pays
+   whatever it does (a mat-vec cannot take less; small shapes are bound by it).
+
 Timing: CUDA events around ``--reps`` back-to-back calls; before each batch a
 spin kernel keeps the GPU busy while Python enqueues the calls, so host launch
 overhead is not measured. Weight buffers are rotated (several copies, together
@@ -44,6 +47,10 @@ SHAPES = [
 ]
 TARGET_BW_FRACTION = 0.80
 TARGET_INV9_RATIO = 2.0
+
+_EMPTY_SRC = r"""
+extern "C" __global__ void empty() { }
+"""
 
 _SPIN_SRC = r"""
 extern "C" __global__ void spin(long long cycles) {
@@ -89,7 +96,8 @@ def main(argv=None) -> int:
 
     import cupy as cp
 
-    from hiraishin.kernels.mmvq import TYPE_TRAITS, mul_mat_vec, random_weights
+    from hiraishin.kernels.mmvq import TYPE_TRAITS, launch_plan, mul_mat_vec, random_weights
+    from hiraishin.kernels.q8_1_layout import layout_for, to_layout
     from hiraishin.kernels.quantize_q8_1 import quantize_q8_1
     from hiraishin.order import ReductionOrder
 
@@ -105,6 +113,9 @@ def main(argv=None) -> int:
     bw_copy, t_copy = copy_bandwidth(cp, 1 << 30, 10, args.batches, spin, spin_cycles)
     print(f"device: {dev_name}, L2 {l2 / 2**20:.0f} MiB")
     print(f"copy bandwidth (1 GiB D2D, read+write): {bw_copy / 1e9:.0f} GB/s ({t_copy * 1e6:.0f} us per copy)")
+    empty = cp.RawKernel(_EMPTY_SRC, "empty")
+    t_floor = _median_event_time(cp, lambda i: empty((132,), (128,), ()), 200, args.batches, spin, spin_cycles)
+    print(f"launch floor (empty kernel, 132 x 128 threads, back to back): {t_floor * 1e6:.2f} us")
 
     shapes = SHAPES[:2] if args.quick else SHAPES
     cols = [1, 5, 9] if args.quick else list(range(1, args.max_cols + 1))
@@ -132,7 +143,13 @@ def main(argv=None) -> int:
             for ncols in cols:
                 plan = order.matvec_plan(ncols, qtype)
                 xq = xq_all[:ncols]
-                fn = lambda i: mul_mat_vec(ws[i % n_copies], qtype, xq, plan, "cuda")  # noqa: E731
+                if plan.kernel == "mmvq":
+                    # the kernel's own activation layout, made once: the timed loop is the launches
+                    y = to_layout(xq, qtype) if layout_for(qtype) else xq
+                    out = cp.empty((ncols, n), dtype=cp.float32)
+                    fn = lambda i: launch_plan(ws[i % n_copies], qtype, y, plan, out)  # noqa: E731
+                else:
+                    fn = lambda i: mul_mat_vec(ws[i % n_copies], qtype, xq, plan, "cuda")  # noqa: E731
                 for i in range(3):  # warm-up (compiles on first use)
                     fn(i)
                 cp.cuda.Device().synchronize()
@@ -177,6 +194,7 @@ def main(argv=None) -> int:
         meta = dict(device=dev_name, date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                     command=" ".join([os.path.basename(sys.executable)] + sys.argv), host=platform.node(),
                     cupy=cp.__version__, l2_bytes=l2, copy_bytes_per_s=bw_copy, copy_time_s=t_copy,
+                    launch_floor_s=t_floor,
                     reps=args.reps, batches=args.batches, elapsed_s=elapsed)
         with open(os.path.join(args.out, "bench_mmvq.json"), "w") as f:
             json.dump(dict(meta=meta, results=results, checks=checks), f, indent=1)
@@ -196,6 +214,8 @@ def _markdown(meta, results, checks) -> str:
         f"- copy bandwidth (1 GiB device-to-device, read + write): {meta['copy_bytes_per_s'] / 1e9:.0f} GB/s",
         f"- timing: median of {meta['batches']} batches of {meta['reps']} back-to-back calls (CUDA events), "
         "weights rotated past the L2",
+        f"- launch floor (an empty kernel, back to back): {meta['launch_floor_s'] * 1e6:.2f} µs; at 80% of copy "
+        f"bandwidth a launch moves {0.8 * meta['copy_bytes_per_s'] * meta['launch_floor_s'] / 1e6:.1f} MB in that time",
         "",
         "## targets",
         "",

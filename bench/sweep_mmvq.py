@@ -36,9 +36,9 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--batches", type=int, default=5)
     ap.add_argument("--one-col", default="1:1,1:4,2:1,2:2,2:4",
-                    help="rows:unroll variants for one column")
+                    help="rows:unroll[:min blocks per SM] variants for one column (no min blocks: the library's)")
     ap.add_argument("--multi", default="9:5+4:2:2,9:5+4:1:2,9:5+4:2:1,9:9:2:2,9:9:1:1,16:8+8:2:2",
-                    help="ncols:launch split:rows:unroll variants")
+                    help="ncols:launch split:rows:unroll[:min blocks per SM] variants")
     ap.add_argument("--q6-sub", default="", help="also run Q6_K with HX_Q6_SUB_IN_DOT forced to 0 and 1")
     args = ap.parse_args(argv)
 
@@ -46,6 +46,7 @@ def main(argv=None) -> int:
 
     from hiraishin.kernels._cuda import get_kernel, kernel_attributes
     from hiraishin.kernels.mmvq import TYPE_TRAITS, kernel_defines, random_weights
+    from hiraishin.kernels.q8_1_layout import layout_for
     from hiraishin.kernels.quantize_q8_1 import quantize_q8_1
 
     t0 = time.time()
@@ -71,11 +72,12 @@ def main(argv=None) -> int:
 
     variants = []
     for v in args.one_col.split(","):
-        rows, unroll = v.split(":")
-        variants.append((1, [1], int(rows), int(unroll)))
+        rows, unroll, *minb = v.split(":")
+        variants.append((1, [1], int(rows), int(unroll), int(minb[0]) if minb else None))
     for m in args.multi.split(","):
-        nc, split, rows, unroll = m.split(":")
-        variants.append((int(nc), [int(s) for s in split.split("+")], int(rows), int(unroll)))
+        nc, split, rows, unroll, *minb = m.split(":")
+        variants.append((int(nc), [int(s) for s in split.split("+")], int(rows), int(unroll),
+                         int(minb[0]) if minb else None))
 
     records = []
     rng = np.random.default_rng(0)
@@ -87,13 +89,13 @@ def main(argv=None) -> int:
         ncopies = max(1, math.ceil(4 * l2 / wbytes))
         w0 = cp.asarray(w_host)
         ws = [w0] + [w0.copy() for _ in range(ncopies - 1)]
-        xq = quantize_q8_1(cp.asarray(rng.standard_normal((16, k)).astype(np.float32)), "cuda")
+        xq = quantize_q8_1(cp.asarray(rng.standard_normal((16, k)).astype(np.float32)), "cuda", layout_for(qtype))
         reps = args.reps if wbytes < 100e6 else max(3, args.reps // 4)
         ref = {}
         base_t = {}
         print(f"\n{label} {qtype}: {wbytes / 1e6:.1f} MB")
         subs = [None] + ([0, 1] if args.q6_sub and qtype == "Q6_K" else [])
-        for (ncols, split, rows, unroll), sub in [(v, sub) for v in variants for sub in subs]:
+        for (ncols, split, rows, unroll, minb), sub in [(v, sub) for v in variants for sub in subs]:
             if max(split) * rows > 32:
                 continue
             out = cp.empty((ncols, n), dtype=cp.float32)
@@ -101,7 +103,7 @@ def main(argv=None) -> int:
             start = 0
             attrs = None
             for count in split:
-                defines = kernel_defines(qtype, count, rows, NWARPS, k // t.qk, unroll)
+                defines = kernel_defines(qtype, count, rows, NWARPS, k // t.qk, unroll, minb)
                 if sub is not None:
                     defines["HX_Q6_SUB_IN_DOT"] = sub
                 kern = get_kernel("mmvq.cu", "mmvq", defines)
@@ -127,11 +129,12 @@ def main(argv=None) -> int:
                 base_t[1] = sec
             frac = (wbytes + ncols * xq.shape[1]) / sec / bw_copy
             rec = dict(shape=label, qtype=qtype, ncols=ncols, split=split, rows=rows, unroll=unroll, q6_sub=sub,
+                       min_blocks=defines["HX_MIN_BLOCKS"],
                        time_us=sec * 1e6, fraction_of_copy=frac, ratio_to_first_one_col=sec / base_t[1],
                        bits_equal_first=same, num_regs=attrs["num_regs"], spill=attrs["local_size_bytes"])
             records.append(rec)
             print(f"  cols {ncols:2d} split {'+'.join(map(str, split)):>5} rows {rows} unroll {unroll}"
-                  f"{'' if sub is None else f' sub {sub}'}: "
+                  f"{'' if sub is None else f' sub {sub}'}{f' minblocks {minb}' if minb else ''}: "
                   f"{sec * 1e6:8.1f} us {frac:6.1%} of copy  x{sec / base_t[1]:.2f}  regs {attrs['num_regs']}"
                   f" spill {attrs['local_size_bytes']} bits {'ref' if same is None else same}")
         del ws, w0, xq

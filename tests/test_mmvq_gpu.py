@@ -15,9 +15,10 @@ import pytest
 
 from hiraishin.kernels import mmq_tiled
 from hiraishin.kernels._cuda import precompile as precompile_modules
-from hiraishin.kernels.mmvq import (TYPE_TRAITS, emulate_mmvq, kernel_defines, mul_mat, mul_mat_vec,
+from hiraishin.kernels.mmvq import (TYPE_TRAITS, emulate_mmvq, kernel_defines, mmvq_kernel, mul_mat, mul_mat_vec,
                                     precompile, random_weights)
-from hiraishin.kernels.quantize_q8_1 import F16_TO_F32, quantize_q8_1
+from hiraishin.kernels.q8_1_layout import to_layout
+from hiraishin.kernels.quantize_q8_1 import F16_TO_F32, quantize_kernel, quantize_q8_1
 from hiraishin.order import ReductionOrder
 
 pytestmark = pytest.mark.gpu
@@ -58,6 +59,10 @@ def test_q8_1_kernel_equals_emulator(cp):
     x[6] *= 1e-6
     got = cp.asnumpy(quantize_q8_1(cp.asarray(x), "cuda"))
     np.testing.assert_array_equal(got, quantize_q8_1(x, "cpu"))
+    for layout in ("Q4_K", "Q6_K"):  # the mat-vec layouts, written by the kernel and converted
+        got = cp.asnumpy(quantize_q8_1(cp.asarray(x), "cuda", layout))
+        np.testing.assert_array_equal(got, to_layout(quantize_q8_1(x, "cpu"), layout), err_msg=layout)
+        np.testing.assert_array_equal(cp.asnumpy(to_layout(cp.asarray(quantize_q8_1(x, "cpu")), layout)), got)
 
 
 @pytest.mark.parametrize("qtype", QTYPES)
@@ -162,7 +167,7 @@ def test_no_spills_and_record_registers(cp):
     from hiraishin.kernels._cuda import get_kernel, kernel_attributes
 
     records = {}
-    kernels = [("quantize_q8_1", get_kernel("quantize_q8_1.cu", "quantize_q8_1"))]
+    kernels = [(f"quantize_q8_1 layout={layout}", quantize_kernel(layout)) for layout in (None, "Q4_K", "Q6_K")]
     for qtype in QTYPES:
         t = TYPE_TRAITS[qtype]
         tid = t.type_id
@@ -179,7 +184,9 @@ def test_no_spills_and_record_registers(cp):
                         d = kernel_defines(qtype, count, plan.rows_per_block, plan.nwarps, k // t.qk)
                         jobs[f"mmvq {qtype} ncols={count} rows={plan.rows_per_block} nwarps={plan.nwarps} k={k}"] = d
         precompile_modules(("mmvq.cu", d) for d in jobs.values())
-        kernels += [(name, get_kernel("mmvq.cu", "mmvq", d)) for name, d in jobs.items()]
+        for name, d in jobs.items():
+            kernel, used = mmvq_kernel(d)
+            kernels.append((f"{name} min_blocks={used['HX_MIN_BLOCKS']}", kernel))
     for name, kernel in kernels:
         attrs = kernel_attributes(kernel)
         records[name] = attrs

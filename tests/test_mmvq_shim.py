@@ -23,6 +23,7 @@ import pytest
 from hiraishin.kernels import mmq_tiled
 from hiraishin.kernels._cuda import _defines_text, load_source
 from hiraishin.kernels.mmvq import TYPE_TRAITS, emulate_mmvq, kernel_defines, random_weights
+from hiraishin.kernels.q8_1_layout import layout_for, to_layout
 from hiraishin.kernels.quantize_q8_1 import F16_TO_F32, quantize_q8_1
 
 GXX = shutil.which("g++")
@@ -56,11 +57,12 @@ static std::vector<unsigned char> g_dyn_shared;
 #define __shared__ static
 inline void __syncthreads() { g_block_barrier->arrive_and_wait(); }
 inline int hx_ltid() { return threadIdx.x + threadIdx.y * blockDim.x; }
-inline float __shfl_xor_sync(unsigned, float v, int off, int) {
+template <class T> inline T __shfl_xor_sync(unsigned, T v, int off, int) {
     int t = hx_ltid(), warp = t / 32, lane = t % 32;
-    g_shfl[t] = v;
+    std::memcpy(&g_shfl[t], &v, 4);
     g_warp_barriers[warp]->arrive_and_wait();
-    float r = g_shfl[warp * 32 + (lane ^ off)];
+    T r;
+    std::memcpy(&r, &g_shfl[warp * 32 + (lane ^ off)], 4);
     g_warp_barriers[warp]->arrive_and_wait();
     return r;
 }
@@ -69,6 +71,9 @@ inline int __dp4a(int a, int b, int c) {
     return c;
 }
 struct uint4 { unsigned x, y, z, w; };
+struct int4 { int x, y, z, w; };
+struct int2 { int x, y; };
+struct float2 { float x, y; };
 template <class T> inline T __ldg(const T* p) { T v; std::memcpy(&v, p, sizeof(T)); return v; }
 inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
     const unsigned long long b = (unsigned long long)x | ((unsigned long long)y << 32);
@@ -143,7 +148,7 @@ int main(int argc, char** argv) {
 int main(int argc, char** argv) {
     int ncols = atoi(argv[2]), k = atoi(argv[3]);
     auto x = hx_read(argv[1]);
-    std::vector<unsigned char> out((size_t)ncols * (k / 32) * 36, 0xAB);
+    std::vector<unsigned char> out((size_t)atoll(argv[5]), 0xAB);
     hx_launch({(unsigned)((k / 32 + 7) / 8), (unsigned)ncols, 1}, {256, 1, 1}, 0,
               [&] { quantize_q8_1((const float*)x.data(), out.data(), k, k); });
     hx_write(argv[4], out.data(), out.size());
@@ -187,16 +192,19 @@ def _bits(a):
     return np.ascontiguousarray(a).view(np.uint32)
 
 
-def test_quantize_source_equals_emulator(build, tmp_path):
+@pytest.mark.parametrize("layout", [None, "Q4_K", "Q6_K"])
+def test_quantize_source_equals_emulator(build, tmp_path, layout):
     rng = np.random.default_rng(0)
     x = (rng.standard_normal((3, 768)) * 3).astype(np.float32)
     x[0, :32] = 0.0
     x[1, 32:64] = 0.0
     x[1, 32:40] = [127.0, 63.5, -63.5, 2.5, -2.5, 0.5, -0.5, 1.5]
     x.tofile(tmp_path / "x.bin")
-    _run(build("quantize_q8_1.cu", {}, "quantize_q8_1"), tmp_path / "x.bin", 3, 768, tmp_path / "q.bin")
+    want = quantize_q8_1(x, layout=layout)
+    _run(build("quantize_q8_1.cu", {"HX_LAYOUT": {None: 0, "Q4_K": 12, "Q6_K": 14}[layout]}, "quantize_q8_1"),
+         tmp_path / "x.bin", 3, 768, tmp_path / "q.bin", want.size)
     got = np.fromfile(tmp_path / "q.bin", np.uint8).reshape(3, -1)
-    np.testing.assert_array_equal(got, quantize_q8_1(x))
+    np.testing.assert_array_equal(got, want)
 
 
 # (columns, rows per block, nwarps, unroll, byte offset of the weights): every kernel path —
@@ -218,7 +226,7 @@ def test_mmvq_source_equals_emulator(build, tmp_path, qtype):
         if qtype == "Q4_K":
             shift -= shift % 4  # Q4_K weights must be 4-byte aligned (the launcher checks)
         defines = kernel_defines(qtype, ncols, rows, nwarps, k // t.qk, unroll)
-        xq[:ncols].tofile(tmp_path / "y.bin")
+        (to_layout(xq[:ncols], qtype) if layout_for(qtype) else xq[:ncols]).tofile(tmp_path / "y.bin")
         _run(build("mmvq.cu", defines, "mmvq"), tmp_path / "w.bin", tmp_path / "y.bin", n, shift,
              tmp_path / "o.bin")
         got = np.fromfile(tmp_path / "o.bin", np.float32).reshape(ncols, n)

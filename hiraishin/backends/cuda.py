@@ -25,8 +25,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels import elementwise, fattn_vec, mmvq, rmsnorm, rope
-from ..kernels._cuda import cupy_available, get_kernel, require_cupy
-from ..kernels.quantize_q8_1 import Q8_1_BLOCK_BYTES, QUANTIZE_WARPS_PER_BLOCK
+from ..kernels._cuda import cupy_available, require_cupy
+from ..kernels.q8_1_layout import LAYOUT_BYTES, layout_for
+from ..kernels.quantize_q8_1 import Q8_1_BLOCK_BYTES, QUANTIZE_WARPS_PER_BLOCK, quantize_kernel
 from .base import Backend, _fits_all
 
 __all__ = ["CudaBackend", "UncheckedCudaOps", "cuda_available", "SCRATCH_MAX_TOKENS"]
@@ -64,17 +65,17 @@ class _MatVecLaunch:
 
 
 class _QuantizeLaunch:
-    """The q8_1 quantization of (T, K) activations, as ``quantize_q8_1`` launches it."""
+    """The q8_1 quantization of (T, K) activations into ``layout``, as ``quantize_q8_1`` launches it."""
 
     __slots__ = ("kernel", "grid", "block", "scalars", "shape")
 
-    def __init__(self, T: int, K: int):
+    def __init__(self, T: int, K: int, layout: str | None):
         nb = K // 32
-        self.kernel = get_kernel("quantize_q8_1.cu", "quantize_q8_1")
+        self.kernel = quantize_kernel(layout)
         self.grid = ((nb + QUANTIZE_WARPS_PER_BLOCK - 1) // QUANTIZE_WARPS_PER_BLOCK, T, 1)
         self.block = (32 * QUANTIZE_WARPS_PER_BLOCK, 1, 1)
         self.scalars = (np.int32(K), np.int64(K))
-        self.shape = (T, nb * Q8_1_BLOCK_BYTES)
+        self.shape = (T, nb * Q8_1_BLOCK_BYTES if layout is None else K // 256 * LAYOUT_BYTES[layout])
 
 
 class UncheckedCudaOps:
@@ -132,13 +133,14 @@ class UncheckedCudaOps:
             self._matvec_launches[key] = hit
         return hit
 
-    def quantize(self, x):
-        """q8_1 bytes of float32 ``x`` (T, K) in a scratch buffer: the launch ``quantize_q8_1`` makes."""
+    def quantize(self, x, layout: str | None = None):
+        """q8_1 bytes of float32 ``x`` (T, K) in ``layout`` (None: llama.cpp's), in a scratch
+        buffer: the launch ``quantize_q8_1`` makes."""
         T, K = x.shape
-        q = self._quantize_launches.get((T, K))
+        q = self._quantize_launches.get((T, K, layout))
         if q is None:
-            q = self._quantize_launches[(T, K)] = _QuantizeLaunch(T, K)
-        xq = self._scratch_buffer("q8_1", q.shape, _U8)
+            q = self._quantize_launches[(T, K, layout)] = _QuantizeLaunch(T, K, layout)
+        xq = self._scratch_buffer(f"q8_1 {layout}", q.shape, _U8)
         q.kernel(q.grid, q.block, (x, xq) + q.scalars)
         return xq
 
@@ -146,11 +148,17 @@ class UncheckedCudaOps:
         return self.mul_mats(((w, qtype),), x, order, (out,))[0]
 
     def mul_mats(self, weights, x, order, outs=None) -> list:
+        # x is quantized once per layout the launches read: the mat-vec kernel's own for Q4_K /
+        # Q6_K weights, llama.cpp's for Q8_0 and for the tiled kernel and multi-launch runner.
         T = x.shape[0]
-        xq = self.quantize(x)
+        quantized = {}
         results = []
         for i, (w, qtype) in enumerate(weights):
             launch = self.matvec_launch(order, T, qtype, w)
+            layout = layout_for(qtype) if launch.launch is not None else None
+            xq = quantized.get(layout)
+            if xq is None:
+                xq = quantized[layout] = self.quantize(x, layout)
             if launch.launch is None:  # the tiled kernel, or several launches: MATVEC's runner
                 results.append(mmvq.mul_mat_vec(w, qtype, xq, launch.plan, "cuda"))
                 continue

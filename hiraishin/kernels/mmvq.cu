@@ -59,7 +59,15 @@ constexpr int hx_unroll = HX_UNROLL;  // #pragma unroll takes a constant, not a 
 
 #define HX_Y_BLOCK_BYTES 36  // block_q8_1
 #define HX_BPI (32 * HX_NWARPS / HX_TPB)                                  // weight blocks per kbx step
-#define HX_Y_STEP ((HX_QK / 32) * HX_Y_BLOCK_BYTES)                      // q8_1 bytes per weight block
+// Activation bytes per weight block: Q4_K and Q6_K read the q8_1 data in their own layout
+// (hiraishin/kernels/q8_1_layout.py: 416 / 288 bytes per super-block), Q8_0 llama.cpp's blocks.
+#if HX_QTYPE == HX_Q4_K
+#define HX_Y_STEP 416
+#elif HX_QTYPE == HX_Q6_K
+#define HX_Y_STEP 288
+#else
+#define HX_Y_STEP HX_Y_BLOCK_BYTES
+#endif
 #define HX_COL_BYTES (HX_NBLOCKS * HX_Y_STEP)                             // q8_1 bytes per column
 #define HX_ROW_BYTES ((long long)HX_NBLOCKS * HX_BLOCK_BYTES)
 
@@ -107,8 +115,9 @@ __device__ __forceinline__ int hx_sub32_bytes(int x) {
 struct hx_sites {
     const u8* blk[HX_RPB];  // the super-block (d, dmin, scales)
     const u8* q[HX_RPB];    // its quant int 16 + 32c + pos
-    const u8* yd;           // q8_1 block 2c (its d)
-    const u8* yq;           // q8_1 block 2c, byte 4 + pos
+    const u8* yq;           // activations, Q4_K layout: thread T = tid % 16's 4 ints,
+    const u8* yd;           // the float32 d of q8_1 blocks 2c and 2c+1,
+    const u8* ys;           // and T's two integer sums
     // 6-bit scales/mins of sub-blocks 2c, 2c+1 (get_scale_min_k4), as byte pairs:
     //   c < 2:  sc = bytes 2c,2c+1 of scales & 63,  m = bytes 2c+4,2c+5 & 63
     //   c >= 2: sc = low nibbles of bytes 2c+4,2c+5 | top 2 bits of bytes 2c-4,2c-3 << 4
@@ -127,8 +136,9 @@ __device__ __forceinline__ hx_sites hx_sites_init(const u8* const* wrow, const u
         s.blk[i] = wrow[i] + kbx0 * HX_BLOCK_BYTES;
         s.q[i] = s.blk[i] + 16 + 32 * c + pos;
     }
-    s.yd = y + kbx0 * HX_Y_STEP + 2 * c * HX_Y_BLOCK_BYTES;
-    s.yq = s.yd + 4 + pos;
+    s.yq = y + kbx0 * HX_Y_STEP + 16 * (tid % 16);
+    s.yd = y + kbx0 * HX_Y_STEP + 256 + 8 * c;
+    s.ys = y + kbx0 * HX_Y_STEP + 288 + 8 * (tid % 16);
     s.sel = (2 * c) | ((2 * c + 1) << 4) | (((2 * c + 4) & 7) << 8) | (((2 * c + 5) & 7) << 12);
     s.mlo = c >= 2 ? 0x0F0Fu : 0x3F3Fu;
     s.mtop = c >= 2 ? 0x3030u : 0u;
@@ -172,17 +182,22 @@ __device__ __forceinline__ hx_wblock hx_load_w(const hx_sites& s, const int i, c
     return b;
 }
 __device__ __forceinline__ float hx_dot(float acc, const hx_wblock& b, const hx_sites& s, const int yoff) {
+    // u: ints pos/4, pos/4 + 4 of q8_1 block 2c, then of 2c+1; sums: dp4a(0x01010101, .) of each
+    // pair (what llama.cpp computes as dot2), exact integers from the quantize kernel.
+    const int4 u = __ldg((const int4*)(s.yq + yoff));
+    const float2 d8 = __ldg((const float2*)(s.yd + yoff));
+    const int2 sums = __ldg((const int2*)(s.ys + yoff));
     float sumf_d = 0.0f;
     float sumf_m = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        const float d8 = hx_h2f(hx_ld_u16(s.yd + yoff + i * HX_Y_BLOCK_BYTES));
-        const int u0 = hx_ld_i32(s.yq + yoff + i * HX_Y_BLOCK_BYTES);
-        const int u1 = hx_ld_i32(s.yq + yoff + i * HX_Y_BLOCK_BYTES + 16);
-        const int dot1 = hx_dp4a(b.a[i][1], u1, hx_dp4a(b.a[i][0], u0, 0));
-        const int dot2 = hx_dp4a(0x01010101, u1, hx_dp4a(0x01010101, u0, 0));
-        sumf_d = __fmaf_rn(d8, __int2float_rn(dot1 * b.sc[i]), sumf_d);
-        sumf_m = __fmaf_rn(d8, __int2float_rn(dot2 * b.m[i]), sumf_m);
+    {
+        const int dot1 = hx_dp4a(b.a[0][1], u.y, hx_dp4a(b.a[0][0], u.x, 0));
+        sumf_d = __fmaf_rn(d8.x, __int2float_rn(dot1 * b.sc[0]), sumf_d);
+        sumf_m = __fmaf_rn(d8.x, __int2float_rn(sums.x * b.m[0]), sumf_m);
+    }
+    {
+        const int dot1 = hx_dp4a(b.a[1][1], u.w, hx_dp4a(b.a[1][0], u.z, 0));
+        sumf_d = __fmaf_rn(d8.y, __int2float_rn(dot1 * b.sc[1]), sumf_d);
+        sumf_m = __fmaf_rn(d8.y, __int2float_rn(sums.y * b.m[1]), sumf_m);
     }
     const float ret = __fmaf_rn(b.d, sumf_d, -__fmul_rn(b.dmin, sumf_m));
     return __fadd_rn(acc, ret);
@@ -205,8 +220,8 @@ struct hx_sites {
     const u8* ql[HX_RPB];   // low-bit int iqs
     const u8* qh[HX_RPB];   // high-bit int 8h + r%8
     const u8* sc[HX_RPB];   // scale 8h + r/4 (and + 4)
-    const u8* yd;           // q8_1 block 4h + r/8 (and + 2)
-    const u8* yq;           // its int iqs % 8
+    const u8* yq;           // activations, Q6_K layout: lane iqs's 2 ints,
+    const u8* yd;           // and the float32 d of their q8_1 blocks 4h + r/8, 4h + r/8 + 2
     unsigned int vh_shift;
 };
 __device__ __forceinline__ hx_sites hx_sites_init(const u8* const* wrow, const u8* y, const int tid) {
@@ -222,8 +237,8 @@ __device__ __forceinline__ hx_sites hx_sites_init(const u8* const* wrow, const u
         s.qh[i] = s.blk[i] + 128 + 4 * (8 * h + r % 8);
         s.sc[i] = s.blk[i] + 192 + 8 * h + r / 4;
     }
-    s.yd = y + kbx0 * HX_Y_STEP + (4 * h + r / 8) * HX_Y_BLOCK_BYTES;
-    s.yq = s.yd + 4 + 4 * (iqs % 8);
+    s.yq = y + kbx0 * HX_Y_STEP + 8 * iqs;
+    s.yd = y + kbx0 * HX_Y_STEP + 256 + 8 * (iqs / 8);
     s.vh_shift = 2 * (r / 8);
     return s;
 }
@@ -247,14 +262,16 @@ __device__ __forceinline__ hx_wblock hx_load_w(const hx_sites& s, const int i, c
     return b;
 }
 __device__ __forceinline__ float hx_dot(float acc, const hx_wblock& b, const hx_sites& s, const int yoff) {
+    const int2 u2 = __ldg((const int2*)(s.yq + yoff));
+    const float2 d2 = __ldg((const float2*)(s.yd + yoff));
+    const int u[2] = {u2.x, u2.y};
+    const float d8[2] = {d2.x, d2.y};
     float sumf = 0.0f;
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-        const int u = hx_ld_i32(s.yq + yoff + 2 * i * HX_Y_BLOCK_BYTES);
-        const float d8 = hx_h2f(hx_ld_u16(s.yd + yoff + 2 * i * HX_Y_BLOCK_BYTES));
-        const int dot = HX_Q6_SUB_IN_DOT ? hx_dp4a(b.vi[i], u, hx_dp4a((int)0xE0E0E0E0, u, 0))
-                                         : hx_dp4a(b.vi[i], u, 0);
-        sumf = __fmaf_rn(d8, __int2float_rn(dot * b.sc[i]), sumf);
+        const int dot = HX_Q6_SUB_IN_DOT ? hx_dp4a(b.vi[i], u[i], hx_dp4a((int)0xE0E0E0E0, u[i], 0))
+                                         : hx_dp4a(b.vi[i], u[i], 0);
+        sumf = __fmaf_rn(d8[i], __int2float_rn(dot * b.sc[i]), sumf);
     }
     return __fmaf_rn(b.d, sumf, acc);
 }
@@ -346,7 +363,12 @@ __device__ __forceinline__ void hx_accumulate(float (&tmp)[HX_NCOLS][HX_RPB], co
     }
 }
 
-extern "C" __global__ void __launch_bounds__(32 * HX_NWARPS)
+// Minimum resident CUDA blocks per SM the compiler must allow (register cap); 1 = no cap.
+#ifndef HX_MIN_BLOCKS
+#define HX_MIN_BLOCKS 1
+#endif
+
+extern "C" __global__ void __launch_bounds__(32 * HX_NWARPS, HX_MIN_BLOCKS)
 mmvq(const u8* __restrict__ w, const u8* __restrict__ y, float* __restrict__ dst, const int nrows,
      const long long stride_dst) {
     const int lane = threadIdx.x;

@@ -54,6 +54,7 @@ from ..devices import DeviceProfile, get_profile
 from ..errors import BackendError, PlanError, QuantError
 from ..fp import fmaf
 from . import mmq_tiled
+from .q8_1_layout import layout_for, to_layout
 from .quantize_q8_1 import F16_TO_F32, Q8_1_BLOCK_BYTES, quantize_q8_1
 
 __all__ = [
@@ -68,6 +69,8 @@ __all__ = [
     "mul_mat_vec",
     "mul_mat",
     "MatVecLaunch",
+    "mmvq_kernel",
+    "launch_plan",
     "prepared_launch",
     "kernel_defines",
     "precompile",
@@ -599,53 +602,126 @@ def mul_mat_vec(w, qtype: str, xq, plan: MatVecPlan, backend: str = "cpu"):
     return _mul_mat_vec_cuda(w, qtype, xq, plan, n, k)
 
 
-def _mul_mat_vec_cuda(w, qtype, xq, plan, n, k):
+def _check_cuda_weight(w, qtype):
     from ._cuda import require_cupy
 
     cp = require_cupy()
-    if not isinstance(w, cp.ndarray) or not isinstance(xq, cp.ndarray):
-        raise BackendError(f"backend 'cuda' needs cupy arrays; got w {type(w).__name__}, xq {type(xq).__name__}")
+    if not isinstance(w, cp.ndarray):
+        raise BackendError(f"backend 'cuda' needs a cupy weight; got {type(w).__name__}")
     if not w.flags.c_contiguous:
         raise BackendError(f"{qtype} weight {tuple(w.shape)} must be C-contiguous on the GPU (no silent copies)")
-    xq = cp.ascontiguousarray(xq)
     align = 4 if qtype == "Q4_K" else 2  # the kernels load ints (Q4_K) or 16-bit halves
-    if w.data.ptr % align or xq.data.ptr % 4:
-        raise BackendError(f"{qtype} weight must be {align}-byte aligned and q8_1 data 4-byte aligned")
+    if w.data.ptr % align:
+        raise BackendError(f"{qtype} weight must be {align}-byte aligned")
+    return cp
+
+
+def _mul_mat_vec_cuda(w, qtype, xq, plan, n, k):
+    cp = _check_cuda_weight(w, qtype)
+    if not isinstance(xq, cp.ndarray):
+        raise BackendError(f"backend 'cuda' needs cupy q8_1 data; got {type(xq).__name__}")
+    xq = cp.ascontiguousarray(xq)
     out = cp.empty((plan.ncols, n), dtype=cp.float32)
     if plan.kernel == "tiled":
         mmq_tiled.launch_tiled(w, qtype, xq, out, k)
         return out
+    # The mat-vec kernel reads Q4_K/Q6_K activations in their own layout (q8_1_layout).
+    y = to_layout(xq, qtype) if layout_for(qtype) else xq
+    return launch_plan(w, qtype, y, plan, out)
+
+
+def launch_plan(w, qtype: str, y, plan: MatVecPlan, out):
+    """Run an mmvq plan's launches, unchecked: ``y`` holds the activations already in the kernel's
+    layout for ``qtype`` (``quantize_q8_1(x, "cuda", layout_for(qtype))``), ``out`` is float32
+    (ncols, n). For benchmarks and callers whose arrays are right by construction."""
+    n = w.shape[0]
+    t = _traits(qtype)
+    k = w.shape[1] // t.block_bytes * t.qk
     for start, count in plan.launches():
         prepared_launch(qtype, n, k, count, plan.rows_per_block, plan.nwarps)(
-            w, xq[start:start + count], out[start:start + count])
+            w, y[start:start + count], out[start:start + count])
     return out
 
 
 # --------------------------------------------------------------------------- kernel launch
 
-# kbx iterations per unrolled step of the kernel's loop (HX_UNROLL): how many weight blocks'
-# loads a thread can have in flight at once, and how many loads share one pointer update.
-# Changes no bits. Measured on an H200 (bench/NOTES_mmvq.md): fully unrolled short rows are
-# fastest for one column; wide launches keep code size down with less.
+# Compile-time tuning of mmvq.cu. None of it changes a bit of any output (per-thread order,
+# hand-over and butterfly are the same); measured on an H200 with bench/sweep_mmvq.py
+# (bench/results/2026-11-29-h200-mmvq2/, bench/NOTES_mmvq.md).
+#
+# HX_UNROLL: kbx iterations per unrolled step, i.e. how many weight blocks' loads a thread has
+# in flight together and how many loads share one pointer update. One column: 4 (K = 4096 rows
+# are then fully unrolled); wider launches keep code size and registers down with 2.
 MMVQ_UNROLL_ONE_COL = 4
 MMVQ_UNROLL_MULTI_COL = 2
+# HX_MIN_BLOCKS: resident CUDA blocks per SM the compiler must allow, which caps registers per
+# thread (65536 / (threads * blocks)). One 128-thread column: Q6_K rows of <= 16 super-blocks
+# (output head, K = 4096) fastest at 40 registers (12 blocks: 166 vs 174 us), longer rows
+# (ffn_down, K = 12288) at 32 (16 blocks: 17.9 vs 18.4 us); Q4_K (2 rows per block, K = 4096)
+# at 40 (ffn_up 12.6 vs 13.0 us). Several columns: at most 128 registers (9 columns in one launch:
+# ffn_down 40.9 vs 44.3 us, output head 514 vs 602 us), for up to 18 accumulators per thread
+# (16 columns x 2 rows would spill).
+# (longest row in super-blocks this applies to, None = any; registers) per weight type; Q4_K
+# rows longer than 16 super-blocks are left uncapped (2 rows x 4 unrolled blocks spill at 40).
+MMVQ_ONE_COL_MAX_REGS = {"Q4_K": ((16, 40),), "Q6_K": ((16, 40), (None, 32))}
+MMVQ_MULTI_COL_MAX_REGS = 128
+MMVQ_MULTI_COL_CAPPED_ACCUMULATORS = 18  # columns x rows up to which the cap holds without spills
+# Per-SM limits of the GPUs we compile for (sm_80 .. sm_90): registers, threads, resident blocks.
+_REGISTERS_PER_SM = 65536
+_THREADS_PER_SM = 2048
+_BLOCKS_PER_SM = 32
+
+
+def _min_blocks(qtype: str, ncols: int, rows: int, nwarps: int, nblocks: int) -> int:
+    """HX_MIN_BLOCKS for a launch: the register cap above as resident blocks per SM."""
+    regs = MMVQ_MULTI_COL_MAX_REGS
+    if ncols > 1 and ncols * rows > MMVQ_MULTI_COL_CAPPED_ACCUMULATORS:
+        return 1
+    if ncols == 1:
+        rules = MMVQ_ONE_COL_MAX_REGS.get(qtype, ())
+        regs = next((r for limit, r in rules if limit is None or nblocks <= limit), None)
+        if regs is None:
+            return 1
+    threads = 32 * nwarps
+    return max(1, min(_REGISTERS_PER_SM // (threads * regs), _THREADS_PER_SM // threads, _BLOCKS_PER_SM))
 
 
 def kernel_defines(qtype: str, ncols: int, rows_per_block: int, nwarps: int, nblocks: int,
-                   unroll: int | None = None) -> dict:
-    """The ``#define``\\ s that compile ``mmvq.cu`` for one launch geometry and row length."""
+                   unroll: int | None = None, min_blocks: int | None = None) -> dict:
+    """The ``#define``\\ s that compile ``mmvq.cu`` for one launch geometry and row length.
+
+    ``unroll`` and ``min_blocks`` (HX_UNROLL, HX_MIN_BLOCKS) default to the measured choices above.
+    """
     t = _traits(qtype)
     if unroll is None:
-        unroll = MMVQ_UNROLL_ONE_COL if ncols * rows_per_block <= 2 else MMVQ_UNROLL_MULTI_COL
+        unroll = MMVQ_UNROLL_ONE_COL if ncols == 1 else MMVQ_UNROLL_MULTI_COL
+    if min_blocks is None:
+        min_blocks = _min_blocks(qtype, ncols, rows_per_block, nwarps, nblocks)
     return {"HX_QTYPE": t.type_id, "HX_NCOLS": int(ncols), "HX_RPB": int(rows_per_block),
-            "HX_NWARPS": int(nwarps), "HX_NBLOCKS": int(nblocks), "HX_UNROLL": int(unroll)}
+            "HX_NWARPS": int(nwarps), "HX_NBLOCKS": int(nblocks), "HX_UNROLL": int(unroll),
+            "HX_MIN_BLOCKS": int(min_blocks)}
+
+
+def mmvq_kernel(defines: dict):
+    """The compiled mmvq kernel for ``defines`` and the defines it was compiled with.
+
+    A register cap (HX_MIN_BLOCKS > 1) that makes the compiler spill is dropped: spilling to
+    local memory costs more than the occupancy the cap buys. (Bits are the same either way.)
+    """
+    from ._cuda import get_kernel
+
+    kernel = get_kernel("mmvq.cu", "mmvq", defines)
+    if defines.get("HX_MIN_BLOCKS", 1) > 1 and kernel.local_size_bytes > 0:
+        defines = {**defines, "HX_MIN_BLOCKS": 1}
+        kernel = get_kernel("mmvq.cu", "mmvq", defines)
+    return kernel, defines
 
 
 class MatVecLaunch:
     """One compiled mmvq launch: ``ncols`` columns of a (``n``, ``k``) ``qtype`` weight.
 
-    Call it with the weight (C-contiguous cupy uint8 (n, row_bytes)), the q8_1 activations
-    (C-contiguous (ncols, k/32*36)) and ``out`` (float32, ``ncols`` rows of at least ``n``
+    Call it with the weight (C-contiguous cupy uint8 (n, row_bytes)), the q8_1 activations in
+    the kernel's layout for ``qtype`` (``q8_1_layout.layout_for``; C-contiguous) and ``out`` (float32, ``ncols`` rows of at least ``n``
     floats, rows contiguous); nothing is checked (the checked path is :func:`mul_mat_vec`).
     """
 
@@ -653,12 +729,10 @@ class MatVecLaunch:
 
     def __init__(self, qtype: str, n: int, k: int, ncols: int, rows_per_block: int, nwarps: int,
                  unroll: int | None = None):
-        from ._cuda import get_kernel
-
         t = _traits(qtype)
         self.n, self.ncols = n, ncols
-        self.defines = kernel_defines(qtype, ncols, rows_per_block, nwarps, k // t.qk, unroll)
-        self.kernel = get_kernel("mmvq.cu", "mmvq", self.defines)
+        self.kernel, self.defines = mmvq_kernel(kernel_defines(qtype, ncols, rows_per_block, nwarps, k // t.qk,
+                                                               unroll))
         self.grid = ((n + rows_per_block - 1) // rows_per_block, 1, 1)
         self.block = (32, nwarps, 1)
         self.shared = (nwarps - 1) * ncols * rows_per_block * 32 * 4
@@ -717,8 +791,13 @@ def mul_mat(w, qtype: str, x, order, backend: str = "cpu", device=None):
 
             return require_cupy().empty((0, n), dtype=np.float32)
         return np.empty((0, n), dtype=np.float32)
-    xq = quantize_q8_1(x, backend)
     plan = order.matvec_plan(x.shape[0], qtype, device)
+    if backend == "cuda" and plan.kernel == "mmvq":
+        # quantized straight into the layout the kernel reads (no conversion pass)
+        cp = _check_cuda_weight(w, qtype)
+        y = quantize_q8_1(x, "cuda", layout_for(qtype))
+        return launch_plan(w, qtype, y, plan, cp.empty((x.shape[0], n), dtype=cp.float32))
+    xq = quantize_q8_1(x, backend)
     return mul_mat_vec(w, qtype, xq, plan, backend)
 
 

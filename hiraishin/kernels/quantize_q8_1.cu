@@ -7,10 +7,17 @@
 // reciprocal instead): d = amax / 127 and q = roundf(x / d), both correctly
 // rounded divisions, q = 0 when amax == 0.
 //
-// Layout: y is (ncols, K/32) blocks of 36 bytes: fp16 d, fp16 s, int8 qs[32].
+// Layout (HX_LAYOUT): 0 (default), llama.cpp's: y is (ncols, K/32) blocks of 36 bytes:
+// fp16 d, fp16 s, int8 qs[32]. HX_Q6_K / HX_Q4_K: the same values in the order the mat-vec
+// threads for that weight type read them (hiraishin/kernels/q8_1_layout.py has the tables):
+// per 8 blocks (one weight super-block) a record of 288 / 416 bytes with the ints regrouped per
+// thread, d as float32 (the fp16 value, exactly) and, for Q4_K, per-thread integer sums.
 // Launch: grid (ceil(K/32 / HX_Q8_WARPS), ncols), block (32 * HX_Q8_WARPS).
 
 #define HX_Q8_1_BYTES 36
+#ifndef HX_LAYOUT
+#define HX_LAYOUT 0
+#endif
 
 extern "C" __global__ void quantize_q8_1(const float* __restrict__ x, unsigned char* __restrict__ y,
                                          const int k, const long long x_row_stride) {
@@ -24,14 +31,48 @@ extern "C" __global__ void quantize_q8_1(const float* __restrict__ x, unsigned c
 
     const float xi = x[col * x_row_stride + ib * 32 + lane];
     const float amax = hx_warp_max(fabsf(xi));
-    const float sum = hx_warp_sum(xi);
     const float d = __fdiv_rn(amax, 127.0f);
     const float q = amax == 0.0f ? 0.0f : roundf(__fdiv_rn(xi, d));
 
+    const int qi = (int)q;
+#if HX_LAYOUT == 0
     unsigned char* blk = y + ((long long)col * nb + ib) * HX_Q8_1_BYTES;
-    blk[4 + lane] = (unsigned char)(signed char)(int)q;
+    blk[4 + lane] = (unsigned char)(signed char)qi;
+    const float sum = hx_warp_sum(xi);  // all lanes take part in the butterfly
     if (lane == 0) {
         const unsigned int ds = (unsigned int)hx_f2h(d) | ((unsigned int)hx_f2h(sum) << 16);
         *(unsigned int*)blk = ds;
     }
+#else
+    // Block b = ib % 8 of super-block ib / 8; lane = 4m + e holds byte e of int m.
+    const int b = ib % 8;
+    const int m = lane / 4;
+    const int e = lane % 4;
+    const float dq = hx_h2f(hx_f2h(d));
+#if HX_LAYOUT == 14  // Q6_K: 32 lanes L = 16h + 8r + m read (int m of block 4h+r, of block 4h+r+2)
+    unsigned char* rec = y + ((long long)col * (nb / 8) + ib / 8) * 288;
+    const int h = b / 4, r = b % 2, i = (b % 4) / 2;
+    rec[8 * (16 * h + 8 * r + m) + 4 * i + e] = (unsigned char)(signed char)qi;
+    if (lane == 0) {
+        *(float*)(rec + 256 + 4 * (4 * h + 2 * r + i)) = dq;
+    }
+#elif HX_LAYOUT == 12  // Q4_K: 16 threads T = 4c + p read (ints p, p+4 of block 2c, of 2c+1)
+    unsigned char* rec = y + ((long long)col * (nb / 8) + ib / 8) * 416;
+    const int c = b / 2, i = b % 2, p = m % 4;
+    rec[16 * (4 * c + p) + 4 * (2 * i + m / 4) + e] = (unsigned char)(signed char)qi;
+    if (lane == 0) {
+        *(float*)(rec + 256 + 4 * b) = dq;
+    }
+    // Sum of the values of ints p and p+4 (lanes 4p..4p+3 and 16+4p..16+4p+3): exact integers.
+    int s = qi;
+    s += __shfl_xor_sync(0xffffffffu, s, 1, 32);
+    s += __shfl_xor_sync(0xffffffffu, s, 2, 32);
+    s += __shfl_xor_sync(0xffffffffu, s, 16, 32);
+    if (lane < 16 && e == 0) {
+        *(int*)(rec + 288 + 8 * (4 * c + p) + 4 * i) = s;
+    }
+#else
+#error "HX_LAYOUT must be 0, 12 (Q4_K) or 14 (Q6_K)"
+#endif
+#endif
 }

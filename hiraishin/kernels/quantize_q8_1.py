@@ -10,7 +10,9 @@ block, ``amax`` is a butterfly max of ``|x|`` and ``sum`` is the xor butterfly
     q = 0 if amax == 0 else roundf(x / d)  (correctly rounded division, half away from zero)
     block = fp16 h(d), fp16 h(sum), int8 q[32]
 
-Layout: uint8 array (ncols, K/32 * 36), one row per column (token).
+Layout: uint8 array (ncols, K/32 * 36), one row per column (token). With ``layout="Q4_K"`` or
+``"Q6_K"`` the same values come in the order the mat-vec kernel's threads read them for that
+weight type (:mod:`.q8_1_layout`).
 
 :func:`quantize_q8_1` runs the kernel (``backend="cuda"``) or its Numba
 emulator (``backend="cpu"``); both give the same bytes.
@@ -32,6 +34,7 @@ __all__ = [
     "Q8_1_BLOCK_BYTES",
     "QUANTIZE_WARPS_PER_BLOCK",
     "quantize_q8_1",
+    "quantize_kernel",
     "dequantize_q8_1",
     "f32_to_f16_bits",
     "F16_TO_F32",
@@ -140,12 +143,22 @@ def _check_x(x, xp) -> None:
         )
 
 
-def quantize_q8_1(x, backend: str = "cpu"):
+def quantize_q8_1(x, backend: str = "cpu", layout: str | None = None):
     """Quantize float32 activations ``x`` (ncols, K) to q8_1 bytes (ncols, K/32*36).
 
     ``backend="cpu"`` takes and returns numpy arrays (Numba emulator);
     ``backend="cuda"`` takes and returns cupy arrays (the CUDA kernel).
+    ``layout`` ``"Q4_K"`` / ``"Q6_K"``: the mat-vec input layout for that weight type instead
+    (:mod:`.q8_1_layout`; K a multiple of 256), written directly by the kernel.
     """
+    if layout is not None:
+        from .q8_1_layout import LAYOUT_BYTES, to_layout
+
+        if layout not in LAYOUT_BYTES:
+            raise QuantError(f"quantize_q8_1: unknown layout {layout!r}; expected None or one of "
+                             f"{sorted(LAYOUT_BYTES)}")
+        if backend == "cpu":
+            return to_layout(quantize_q8_1(x, "cpu"), layout)
     if backend == "cpu":
         if not isinstance(x, np.ndarray):
             raise BackendError(f"backend 'cpu' needs a numpy array for x, got {type(x).__name__}")
@@ -156,12 +169,23 @@ def quantize_q8_1(x, backend: str = "cpu"):
             _quantize_q8_1_emulate(x, out)
         return out
     if backend == "cuda":
-        return _quantize_q8_1_cuda(x)
+        return _quantize_q8_1_cuda(x, layout)
     raise BackendError(f"unknown backend {backend!r}; expected 'cpu' or 'cuda'")
 
 
-def _quantize_q8_1_cuda(x):
-    from ._cuda import get_kernel, require_cupy
+# HX_LAYOUT of quantize_q8_1.cu: the ggml type id of the weight whose mat-vec reads the layout.
+_LAYOUT_IDS = {None: 0, "Q4_K": 12, "Q6_K": 14}
+
+
+def quantize_kernel(layout: str | None = None):
+    """The compiled quantize kernel writing ``layout`` (None: llama.cpp's blocks)."""
+    from ._cuda import get_kernel
+
+    return get_kernel("quantize_q8_1.cu", "quantize_q8_1", {"HX_LAYOUT": _LAYOUT_IDS[layout]})
+
+
+def _quantize_q8_1_cuda(x, layout=None):
+    from ._cuda import require_cupy
 
     cp = require_cupy()
     if not isinstance(x, cp.ndarray):
@@ -170,10 +194,18 @@ def _quantize_q8_1_cuda(x):
     x = cp.ascontiguousarray(x)
     ncols, k = x.shape
     nb = k // 32
-    out = cp.empty((ncols, nb * Q8_1_BLOCK_BYTES), dtype=cp.uint8)
+    if layout is None:
+        out = cp.empty((ncols, nb * Q8_1_BLOCK_BYTES), dtype=cp.uint8)
+    else:
+        from .q8_1_layout import LAYOUT_BYTES
+
+        if k % 256:
+            raise QuantError(f"quantize_q8_1: layout {layout} needs K a multiple of 256, got K={k} "
+                             f"(activations {tuple(x.shape)})")
+        out = cp.empty((ncols, k // 256 * LAYOUT_BYTES[layout]), dtype=cp.uint8)
     if ncols == 0:
         return out
-    kernel = get_kernel("quantize_q8_1.cu", "quantize_q8_1")
+    kernel = quantize_kernel(layout)
     grid = ((nb + QUANTIZE_WARPS_PER_BLOCK - 1) // QUANTIZE_WARPS_PER_BLOCK, ncols, 1)
     block = (32 * QUANTIZE_WARPS_PER_BLOCK, 1, 1)
     kernel(grid, block, (x, out, np.int32(k), np.int64(k)))

@@ -1,0 +1,100 @@
+"""The q8_1 activations re-ordered for the mat-vec kernel's threads (Q4_K and Q6_K weights).
+
+In llama.cpp's layout (:mod:`.quantize_q8_1`: blocks of fp16 d, fp16 s, 32 int8) a mat-vec
+thread gathers its activation ints from two or four q8_1 blocks with one 4-byte load each, plus
+two fp16 scale loads and conversions, for every column. The kernel's *float* operations are
+fixed (they decide the bits); where the integers come from is not. So on the GPU the
+activations of a Q4_K or Q6_K mat-vec are stored in the order the threads read them: per
+weight super-block (256 values, 8 q8_1 blocks), each thread's ints side by side, the block
+scales as float32 (exactly the fp16 value), and for Q4_K the integer sums the dot product
+needs (what llama.cpp computes with two ``dp4a(0x01010101, u, .)`` per block). A thread then
+makes one 8- or 16-byte load per kind of data and column. Same values, same results:
+``mmvq.cu`` on this layout equals the emulator on llama.cpp's, bit for bit.
+
+Per super-block (block ``b`` = 0..7 of its 8 q8_1 blocks; ``int m`` = values 4m..4m+3)::
+
+    Q6_K, 288 bytes: lane L = 16h + 8r + m (h, r in 0..1, m in 0..7) of vec_dot_q6_K_q8_1
+      [0, 256)    lane L: int m of block 4h+r, int m of block 4h+r+2        (8 bytes per lane)
+      [256, 288)  float32 d of blocks 0, 2, 1, 3, 4, 6, 5, 7   (lane L reads the pair L // 8)
+
+    Q4_K, 416 bytes: thread T = 4c + p (c, p in 0..3) of vec_dot_q4_K_q8_1
+      [0, 256)    T: ints p, p+4 of block 2c, ints p, p+4 of block 2c+1   (16 bytes per thread)
+      [256, 288)  float32 d of blocks 0..7                      (thread T reads the pair c)
+      [288, 416)  T: int32 sum of the 8 values of ints p, p+4 of block 2c, the same of 2c+1
+
+Rows of weights with K values have K / 256 super-blocks, so a column is K/256 * 288 (Q6_K) or
+K/256 * 416 (Q4_K) bytes. The quantize kernel writes these layouts directly
+(``quantize_q8_1(x, "cuda", layout=...)``); :func:`to_layout` converts llama.cpp-layout bytes
+(numpy or cupy).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import QuantError
+from .quantize_q8_1 import Q8_1_BLOCK_BYTES
+
+__all__ = ["LAYOUT_TYPES", "LAYOUT_BYTES", "layout_for", "to_layout"]
+
+# Bytes per weight super-block (per 8 q8_1 blocks) of each layout.
+LAYOUT_BYTES = {"Q6_K": 288, "Q4_K": 416}
+LAYOUT_TYPES = tuple(LAYOUT_BYTES)
+_BLOCKS_PER_SUPER = 8
+
+# (thread, slot) -> (q8_1 block, int) of the ints region.
+_Q6_K_BLOCK = np.array([[4 * (L // 16) + (L // 8) % 2 + 2 * i for i in range(2)] for L in range(32)])
+_Q6_K_INT = np.array([[L % 8] * 2 for L in range(32)])
+_Q6_K_D_ORDER = np.array([0, 2, 1, 3, 4, 6, 5, 7])
+_Q4_K_BLOCK = np.array([[2 * (T // 4) + i // 2 for i in range(4)] for T in range(16)])
+_Q4_K_INT = np.array([[T % 4 + 4 * (i % 2) for i in range(4)] for T in range(16)])
+
+
+def layout_for(qtype: str) -> str | None:
+    """The activation layout the mat-vec kernel reads for ``qtype`` weights (None: llama.cpp's)."""
+    return qtype if qtype in LAYOUT_BYTES else None
+
+
+def to_layout(xq, qtype: str):
+    """q8_1 bytes (ncols, K/32*36) in llama.cpp's layout -> the ``qtype`` layout (ncols, K/256*bytes).
+
+    Works on numpy and cupy arrays (the result is of the same kind).
+    """
+    if qtype not in LAYOUT_BYTES:
+        raise QuantError(f"no mat-vec activation layout for {qtype!r}; layouts exist for {list(LAYOUT_TYPES)}")
+    xp = _array_module(xq)
+    if xq.ndim != 2 or xq.dtype != np.uint8 or xq.shape[1] % (_BLOCKS_PER_SUPER * Q8_1_BLOCK_BYTES):
+        raise QuantError(
+            f"to_layout({qtype}) needs q8_1 bytes (ncols, K/32*36) with K a multiple of 256; "
+            f"got {xq.dtype} {tuple(xq.shape)}"
+        )
+    ncols = xq.shape[0]
+    nsb = xq.shape[1] // (_BLOCKS_PER_SUPER * Q8_1_BLOCK_BYTES)
+    if ncols == 0 or nsb == 0:
+        return xp.empty((ncols, nsb * LAYOUT_BYTES[qtype]), dtype=xp.uint8)
+    blocks = xp.ascontiguousarray(xq).reshape(ncols, nsb, _BLOCKS_PER_SUPER, Q8_1_BLOCK_BYTES)
+    ints = xp.ascontiguousarray(blocks[..., 4:]).view(xp.int32)  # (ncols, nsb, 8 blocks, 8 ints)
+    d = xp.ascontiguousarray(blocks[..., 0:2]).view(xp.float16)[..., 0].astype(xp.float32)  # exact
+    if qtype == "Q6_K":
+        parts = [ints[:, :, xp.asarray(_Q6_K_BLOCK), xp.asarray(_Q6_K_INT)], d[..., xp.asarray(_Q6_K_D_ORDER)]]
+    else:
+        vals = xp.ascontiguousarray(blocks[..., 4:]).view(xp.int8).reshape(ncols, nsb, _BLOCKS_PER_SUPER, 8, 4)
+        int_sums = vals.astype(xp.int32).sum(axis=-1)  # (ncols, nsb, 8 blocks, 8 ints)
+        pair_sums = int_sums[..., 0:4] + int_sums[..., 4:8]  # ints p and p+4
+        sums = pair_sums.reshape(ncols, nsb, 4, 2, 4).transpose(0, 1, 2, 4, 3)  # [c, p, block 2c+i]
+        parts = [ints[:, :, xp.asarray(_Q4_K_BLOCK), xp.asarray(_Q4_K_INT)], d, sums.astype(xp.int32)]
+    out = xp.concatenate([xp.ascontiguousarray(p).reshape(ncols, nsb, -1).view(xp.uint8) for p in parts], axis=2)
+    return out.reshape(ncols, nsb * LAYOUT_BYTES[qtype])
+
+
+def _array_module(a):
+    if isinstance(a, np.ndarray):
+        return np
+    try:
+        import cupy
+
+        if isinstance(a, cupy.ndarray):
+            return cupy
+    except ImportError:
+        pass
+    raise QuantError(f"to_layout needs a numpy or cupy array, got {type(a).__name__}")
