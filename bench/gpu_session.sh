@@ -47,18 +47,21 @@ if [[ $STEPS == *demo* ]]; then
     timeout 200 python3 -m hiraishin demo --device cuda --json-dir "$RES/demo" 2>&1 | grep -v "it/s\|step/s" | tail -n 30
 fi
 if [[ $STEPS == *bench* ]]; then
-    for b in bench/bench_mmvq.py bench/bench_fattn.py bench/bench_model.py bench/profile_decode.py; do
+    for b in ${BENCHES:-bench/bench_mmvq.py bench/bench_fattn.py bench/bench_model.py bench/profile_decode.py}; do
         [ -f "$b" ] || continue
         echo "== $b"
         timeout ${BENCH_TIMEOUT:-150} python3 "$b" --out "$RES" 2>&1 | tail -n 80
     done
 fi
-if [[ $STEPS == *sanitize* ]] && [ -f bench/sanitize_fattn.py ] && command -v compute-sanitizer >/dev/null; then
-    for tool in memcheck racecheck; do
-        echo "== compute-sanitizer --tool $tool"
+if [[ $STEPS == *sanitize* ]] && command -v compute-sanitizer >/dev/null; then
+    for tool in ${FATTN_SANITIZERS-memcheck racecheck}; do
+        echo "== compute-sanitizer --tool $tool (attention)"
         timeout 240 compute-sanitizer --tool $tool --error-exitcode 3 python3 bench/sanitize_fattn.py > "$RES/sanitizer-$tool.txt" 2>&1
         echo "exit $?"; tail -n 5 "$RES/sanitizer-$tool.txt"
     done
+    echo "== compute-sanitizer --tool memcheck (mat-vec, quantize)"
+    timeout 240 compute-sanitizer --tool memcheck --error-exitcode 3 python3 bench/sanitize_mmvq.py > "$RES/sanitizer-memcheck-mmvq.txt" 2>&1
+    echo "exit $?"; tail -n 5 "$RES/sanitizer-memcheck-mmvq.txt"
 fi
 tar -czf "$OUT/results.tar.gz" -C "$OUT" results
 echo "== done"; date -u

@@ -53,15 +53,17 @@ class _MatVecLaunch:
     several launches) run through ``mmvq.mul_mat_vec``.
     """
 
-    __slots__ = ("order", "plan", "launch", "n")
+    __slots__ = ("order", "plan", "launch", "n", "layout")
 
     def __init__(self, order, plan, qtype: str, n: int, row_bytes: int):
         t = mmvq.TYPE_TRAITS[qtype]
         self.order, self.plan, self.n = order, plan, n
         self.launch = None
+        self.layout = None  # of the q8_1 activations this mat-vec reads (None: llama.cpp's)
         if plan.kernel == "mmvq" and plan.cols_per_launch == plan.ncols:
             self.launch = mmvq.prepared_launch(qtype, n, row_bytes // t.block_bytes * t.qk, plan.ncols,
                                                plan.rows_per_block, plan.nwarps)
+            self.layout = layout_for(qtype)
 
 
 class _QuantizeLaunch:
@@ -155,10 +157,9 @@ class UncheckedCudaOps:
         results = []
         for i, (w, qtype) in enumerate(weights):
             launch = self.matvec_launch(order, T, qtype, w)
-            layout = layout_for(qtype) if launch.launch is not None else None
-            xq = quantized.get(layout)
+            xq = quantized.get(launch.layout)
             if xq is None:
-                xq = quantized[layout] = self.quantize(x, layout)
+                xq = quantized[launch.layout] = self.quantize(x, launch.layout)
             if launch.launch is None:  # the tiled kernel, or several launches: MATVEC's runner
                 results.append(mmvq.mul_mat_vec(w, qtype, xq, launch.plan, "cuda"))
                 continue

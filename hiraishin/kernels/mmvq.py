@@ -721,11 +721,13 @@ class MatVecLaunch:
     """One compiled mmvq launch: ``ncols`` columns of a (``n``, ``k``) ``qtype`` weight.
 
     Call it with the weight (C-contiguous cupy uint8 (n, row_bytes)), the q8_1 activations in
-    the kernel's layout for ``qtype`` (``q8_1_layout.layout_for``; C-contiguous) and ``out`` (float32, ``ncols`` rows of at least ``n``
-    floats, rows contiguous); nothing is checked (the checked path is :func:`mul_mat_vec`).
+    the kernel's layout for ``qtype`` (``q8_1_layout.layout_for``; C-contiguous) and ``out``
+    (float32, ``ncols`` rows of ``n`` floats, contiguous); nothing is checked (the checked path
+    is :func:`mul_mat_vec`). Everything but the three arrays is prepared here: a decode step
+    makes hundreds of these calls.
     """
 
-    __slots__ = ("kernel", "grid", "block", "shared", "n", "ncols", "defines")
+    __slots__ = ("kernel", "grid", "block", "shared", "n", "ncols", "defines", "scalars")
 
     def __init__(self, qtype: str, n: int, k: int, ncols: int, rows_per_block: int, nwarps: int,
                  unroll: int | None = None):
@@ -736,10 +738,10 @@ class MatVecLaunch:
         self.grid = ((n + rows_per_block - 1) // rows_per_block, 1, 1)
         self.block = (32, nwarps, 1)
         self.shared = (nwarps - 1) * ncols * rows_per_block * 32 * 4
+        self.scalars = (np.int32(n), np.int64(n))  # rows, floats between output columns
 
     def __call__(self, w, xq, out):
-        self.kernel(self.grid, self.block, (w, xq, out, np.int32(self.n), np.int64(out.strides[0] // 4)),
-                    shared_mem=self.shared)
+        self.kernel(self.grid, self.block, (w, xq, out) + self.scalars, shared_mem=self.shared)
         return out
 
 
