@@ -220,7 +220,7 @@ class _OpTimer:
 def count_launches(stepper, n) -> dict:
     """RawKernel launches per token by kernel name (handles re-fetched through a counting wrapper)."""
     import hiraishin.backends.cuda as cuda_backend
-    from hiraishin.kernels import _cuda, elementwise, fattn_tile, fattn_vec, rmsnorm, rope
+    from hiraishin.kernels import _cuda, elementwise, fattn_tile, fattn_vec, mmvq, rmsnorm, rope
 
     counts: dict[str, int] = {}
     real_get_kernel = _cuda.get_kernel
@@ -240,6 +240,7 @@ def count_launches(stepper, n) -> dict:
     be = stepper.model.backend
     prepared = [getattr(obj, name) for obj in (be, _ops_of(be))
                 for name in ("_matvec_launches", "_quantize_launches") if hasattr(obj, name)]
+    prepared.append(mmvq._launches)  # the mat-vec launches the backend's prepared ones share
 
     def forget():  # drop held kernel handles, so that they are fetched again through get_kernel
         for c in caches:

@@ -37,8 +37,12 @@ number of threads per block that divides 32, so blocks per iteration is an
 integer; threads whose first block is past the row's end simply add nothing
 (llama.cpp's ``small_k`` case).
 
-Runners: :func:`mul_mat_vec` (q8_1 bytes in) and :func:`mul_mat` (float32 in,
-quantized here). ``backend="cpu"`` runs the Numba emulator on numpy arrays,
+Runners: :func:`mul_mat_vec` (q8_1 bytes in llama.cpp's layout) and :func:`mul_mat` (float32 in,
+quantized here). On the GPU the kernel reads Q4_K/Q6_K activations in its own per-thread layout
+(:mod:`.q8_1_layout`): ``mul_mat`` quantizes straight into it, ``mul_mat_vec`` converts.
+:class:`MatVecLaunch` / :func:`prepared_launch` / :func:`launch_plan` are the unchecked launches
+the CUDA backend and the benchmarks use; compile-time tuning (unroll, register caps) is in the
+constants above :func:`kernel_defines`. ``backend="cpu"`` runs the Numba emulator on numpy arrays,
 ``backend="cuda"`` the CUDA kernels on cupy arrays.
 """
 
