@@ -17,14 +17,13 @@ import argparse
 import json
 import math
 import os
-import statistics
 import sys
 import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_mmvq import SHAPES, _SPIN_SRC, copy_bandwidth  # noqa: E402
+from bench_mmvq import SHAPES, _SPIN_SRC, _median_event_time, copy_bandwidth  # noqa: E402
 
 NWARPS = 4
 
@@ -56,19 +55,6 @@ def main(argv=None) -> int:
     spin_cycles = int(int(props.get("clockRate", 1_500_000)) * 1e3 * 3e-3)
     bw_copy, _ = copy_bandwidth(cp, 1 << 30, 10, args.batches, spin, spin_cycles)
     print(f"copy bandwidth {bw_copy / 1e9:.0f} GB/s")
-
-    def timed(fn, reps):
-        times = []
-        for _ in range(args.batches):
-            spin((1,), (1,), (np.int64(spin_cycles),))
-            a, b = cp.cuda.Event(), cp.cuda.Event()
-            a.record()
-            for i in range(reps):
-                fn(i)
-            b.record()
-            b.synchronize()
-            times.append(cp.cuda.get_elapsed_time(a, b) / 1e3 / reps)
-        return statistics.median(times)
 
     variants = []
     for v in args.one_col.split(","):
@@ -124,7 +110,7 @@ def main(argv=None) -> int:
                 ref[ncols] = got
             else:
                 same = bool(np.array_equal(ref[ncols], got))
-            sec = timed(fn, reps)
+            sec = _median_event_time(cp, fn, reps, args.batches, spin, spin_cycles)
             if ncols == 1 and 1 not in base_t:
                 base_t[1] = sec
             frac = (wbytes + ncols * xq.shape[1]) / sec / bw_copy

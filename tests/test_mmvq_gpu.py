@@ -15,8 +15,8 @@ import pytest
 
 from hiraishin.kernels import mmq_tiled
 from hiraishin.kernels._cuda import precompile as precompile_modules
-from hiraishin.kernels.mmvq import (TYPE_TRAITS, emulate_mmvq, kernel_defines, mmvq_kernel, mul_mat, mul_mat_vec,
-                                    precompile, random_weights)
+from hiraishin.kernels.mmvq import (TYPE_TRAITS, emulate_mmvq, mmvq_kernel, mul_mat, mul_mat_vec, precompile,
+                                    preset_kernel_defines, random_weights)
 from hiraishin.kernels.q8_1_layout import to_layout
 from hiraishin.kernels.quantize_q8_1 import F16_TO_F32, quantize_kernel, quantize_q8_1
 from hiraishin.order import ReductionOrder
@@ -169,20 +169,10 @@ def test_no_spills_and_record_registers(cp):
     records = {}
     kernels = [(f"quantize_q8_1 layout={layout}", quantize_kernel(layout)) for layout in (None, "Q4_K", "Q6_K")]
     for qtype in QTYPES:
-        t = TYPE_TRAITS[qtype]
-        tid = t.type_id
+        tid = TYPE_TRAITS[qtype].type_id
         kernels.append((f"mmq_tiled {qtype}", get_kernel("mmq_tiled.cu", "mmq_tiled", {"HX_QTYPE": tid})))
         # Every launch the presets make for 1..16 columns, at the Qwen3-8B row lengths.
-        jobs = {}
-        for k in (4096, 12288):
-            for order in (ReductionOrder.BATCH_VARIANT, ReductionOrder.BATCH_INVARIANT):
-                for width in range(1, 17):
-                    plan = order.matvec_plan(width, qtype)
-                    if plan.kernel != "mmvq":
-                        continue
-                    for _, count in plan.launches():
-                        d = kernel_defines(qtype, count, plan.rows_per_block, plan.nwarps, k // t.qk)
-                        jobs[f"mmvq {qtype} ncols={count} rows={plan.rows_per_block} nwarps={plan.nwarps} k={k}"] = d
+        jobs = {**preset_kernel_defines(qtype, 4096), **preset_kernel_defines(qtype, 12288)}
         precompile_modules(("mmvq.cu", d) for d in jobs.values())
         for name, d in jobs.items():
             kernel, used = mmvq_kernel(d)

@@ -77,6 +77,7 @@ __all__ = [
     "launch_plan",
     "prepared_launch",
     "kernel_defines",
+    "preset_kernel_defines",
     "precompile",
     "emulate_mmvq",
     "random_weights",
@@ -759,6 +760,24 @@ def prepared_launch(qtype: str, n: int, k: int, ncols: int, rows_per_block: int,
     if hit is None:
         hit = _launches[key] = MatVecLaunch(qtype, n, k, ncols, rows_per_block, nwarps)
     return hit
+
+
+def preset_kernel_defines(qtype: str, k: int, widths=range(1, 17)) -> dict:
+    """``{description: defines}`` of every mmvq launch BATCH_VARIANT and BATCH_INVARIANT make for
+    ``widths`` columns of a ``qtype`` weight with rows of ``k`` values (for precompiling, tests)."""
+    from ..order import ReductionOrder
+
+    t = _traits(qtype)
+    out = {}
+    for order in (ReductionOrder.BATCH_VARIANT, ReductionOrder.BATCH_INVARIANT):
+        for width in widths:
+            plan = order.matvec_plan(width, qtype)
+            if plan.kernel != "mmvq":
+                continue
+            for _, count in plan.launches():
+                d = kernel_defines(qtype, count, plan.rows_per_block, plan.nwarps, k // t.qk)
+                out[f"mmvq {qtype} ncols={count} rows={plan.rows_per_block} nwarps={plan.nwarps} k={k}"] = d
+    return out
 
 
 def precompile(qtype: str, k: int, plans, max_workers: int | None = None) -> int:
