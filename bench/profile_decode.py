@@ -233,6 +233,9 @@ def count_launches(stepper, n) -> dict:
             counts[self.name] = counts.get(self.name, 0) + 1
             return self.kernel(*args, **kwargs)
 
+        def __getattr__(self, attr):  # num_regs, local_size_bytes, ...: the kernel's
+            return getattr(self.kernel, attr)
+
     def get_kernel(source_key, name, defines=None, name_expressions=None):
         return Counted(name, real_get_kernel(source_key, name, defines, name_expressions))
 
