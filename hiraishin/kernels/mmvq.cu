@@ -12,18 +12,21 @@
 //   then a 32-lane xor butterfly (hx_warp_sum); lane i writes row row0+i.
 //
 // Only the float operations fix the result. How a thread gets its integers is free, and is
-// written for few instructions per weight byte (a one-column mat-vec on a big GPU is bound by
-// instruction issue, not only by memory; bench/NOTES_mmvq.md):
+// written for few instructions per weight byte (written plainly, a one-column mat-vec on an H200
+// was bound by instruction issue, not by memory; bench/NOTES_mmvq.md):
 //   * geometry and row length are compile-time, so every load is a per-thread pointer plus an
 //     immediate offset (no 64-bit address arithmetic per load) and the kbx loop unrolls;
 //   * a thread's block-invariant offsets and Q4_K scale-byte selectors are computed once;
 //   * Q4_K reads a super-block's d, dmin and 12 scale bytes with one 16-byte load, Q6_K its
 //     quant ints with 4-byte loads, where the weight's alignment allows it (checked at run time;
-//     otherwise narrower loads of the same bytes).
+//     otherwise narrower loads of the same bytes);
+//   * Q4_K and Q6_K activations come in the threads' own layout (q8_1_layout.py): one 8/16-byte
+//     load per column and kind of data, scales already float32, Q4_K's value sums precomputed.
 //
 // Compile-time: HX_QTYPE (HX_Q4_K | HX_Q6_K | HX_Q8_0), HX_NCOLS (1..16), HX_RPB (1..8),
-// HX_NWARPS (1..8), HX_NBLOCKS (weight blocks per row), HX_UNROLL (kbx iterations per unrolled
-// step). Rows of the weight and columns of the q8_1 activations are contiguous.
+// HX_NWARPS (1..16), HX_NBLOCKS (weight blocks per row), HX_UNROLL (kbx iterations per unrolled
+// step), HX_MIN_BLOCKS (register cap as resident blocks per SM). Rows of the weight and columns
+// of the activations are contiguous.
 // Run-time: nrows, stride_dst (floats between output columns).
 // Dynamic shared memory (HX_NWARPS-1)*HX_NCOLS*HX_RPB*32 floats. Grid: (ceil(nrows / HX_RPB), 1, 1).
 
