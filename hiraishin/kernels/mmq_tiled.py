@@ -40,6 +40,7 @@ import numpy as np
 from numba import njit, prange
 
 from ..fp import fmaf
+from ..quant import BLOCK_BYTES, GGML_TYPE_ID
 
 __all__ = [
     "TILE_ROWS",
@@ -54,97 +55,89 @@ COLS_PER_THREAD = 4
 TILE_COLS = 16  # columns per CUDA block: 4 groups (threadIdx.y) of COLS_PER_THREAD
 TILE_THREADS = TILE_ROWS * (TILE_COLS // COLS_PER_THREAD)  # 128
 
-_TYPE_ID = {"Q4_K": 12, "Q6_K": 14, "Q8_0": 8}
-
-
 @njit(cache=True, inline="always")
 def _u16(a, i, o):
     return np.int64(a[i, o]) | (np.int64(a[i, o + 1]) << 8)
 
 
+@njit(cache=True, inline="always")
+def _block_q4_k(acc, w, r, kb, y, ys, j, h2f, sc, mn):
+    """One Q4_K super-block of row r times column j, added to acc (sc, mn: scratch of 8)."""
+    wo = kb * 144
+    for sb in range(8):  # get_scale_min_k4
+        if sb < 4:
+            sc[sb] = w[r, wo + 4 + sb] & 63
+            mn[sb] = w[r, wo + 8 + sb] & 63
+        else:
+            sc[sb] = (w[r, wo + 8 + sb] & 0x0F) | ((w[r, wo + sb] >> 6) << 4)
+            mn[sb] = (w[r, wo + 8 + sb] >> 4) | ((w[r, wo + 4 + sb] >> 6) << 4)
+    sd = np.float32(0.0)
+    sm = np.float32(0.0)
+    for sb in range(8):
+        yo = (kb * 8 + sb) * 36
+        shift = 4 * (sb % 2)
+        qo = wo + 16 + 32 * (sb // 2)
+        dot = 0
+        ysum = 0
+        for l in range(32):
+            q8 = np.int64(ys[j, yo + 4 + l])
+            dot += ((np.int64(w[r, qo + l]) >> shift) & 15) * q8
+            ysum += q8
+        d8 = h2f[_u16(y, j, yo)]
+        sd = fmaf(d8, np.float32(dot * sc[sb]), sd)
+        sm = fmaf(d8, np.float32(ysum * mn[sb]), sm)
+    d = h2f[_u16(w, r, wo)]
+    dmin = h2f[_u16(w, r, wo + 2)]
+    return acc + fmaf(d, sd, -(dmin * sm))
+
+
+@njit(cache=True, inline="always")
+def _block_q6_k(acc, w, ws, r, kb, y, ys, j, h2f):
+    """One Q6_K super-block of row r times column j, multiplied into acc with one fma."""
+    wo = kb * 210
+    s = np.float32(0.0)
+    for t in range(16):
+        h = t // 8
+        sg = (t % 8) // 2
+        l0 = 16 * (t % 2)
+        yo = (kb * 8 + t // 2) * 36
+        dot = 0
+        for l in range(l0, l0 + 16):
+            lo = (np.int64(w[r, wo + 64 * h + 32 * (sg & 1) + l]) >> (4 * (sg >> 1))) & 15
+            hi = (np.int64(w[r, wo + 128 + 32 * h + l]) >> (2 * sg)) & 3
+            dot += ((lo | (hi << 4)) - 32) * np.int64(ys[j, yo + 4 + l])
+        d8 = h2f[_u16(y, j, yo)]
+        s = fmaf(d8, np.float32(dot * np.int64(ws[r, wo + 192 + t])), s)
+    return fmaf(h2f[_u16(w, r, wo + 208)], s, acc)
+
+
+@njit(cache=True, inline="always")
+def _block_q8_0(acc, w, ws, r, b, y, ys, j, h2f):
+    """One Q8_0 block of row r times column j, added to acc with one fma."""
+    wo = b * 34
+    yo = b * 36
+    dot = 0
+    for l in range(32):
+        dot += np.int64(ws[r, wo + 2 + l]) * np.int64(ys[j, yo + 4 + l])
+    d = h2f[_u16(w, r, wo)] * h2f[_u16(y, j, yo)]
+    return fmaf(d, np.float32(dot), acc)
+
+
 @njit(cache=True, parallel=True, error_model="numpy")
-def _tiled_q4_k(w, y, ys, h2f, out):
-    n = w.shape[0]
-    nb = w.shape[1] // 144
-    ncols = y.shape[0]
-    for r in prange(n):
+def _tiled_emulate(type_id, block_bytes, w, ws, y, ys, h2f, out):
+    nb = w.shape[1] // block_bytes
+    for r in prange(w.shape[0]):
         sc = np.empty(8, dtype=np.int64)
         mn = np.empty(8, dtype=np.int64)
-        for j in range(ncols):
+        for j in range(y.shape[0]):
             acc = np.float32(0.0)
-            for kb in range(nb):
-                wo = kb * 144
-                for sb in range(8):  # get_scale_min_k4
-                    if sb < 4:
-                        sc[sb] = w[r, wo + 4 + sb] & 63
-                        mn[sb] = w[r, wo + 8 + sb] & 63
-                    else:
-                        sc[sb] = (w[r, wo + 8 + sb] & 0x0F) | ((w[r, wo + sb] >> 6) << 4)
-                        mn[sb] = (w[r, wo + 8 + sb] >> 4) | ((w[r, wo + 4 + sb] >> 6) << 4)
-                sd = np.float32(0.0)
-                sm = np.float32(0.0)
-                for sb in range(8):
-                    yo = (kb * 8 + sb) * 36
-                    shift = 4 * (sb % 2)
-                    qo = wo + 16 + 32 * (sb // 2)
-                    dot = 0
-                    ysum = 0
-                    for l in range(32):
-                        q8 = np.int64(ys[j, yo + 4 + l])
-                        dot += ((np.int64(w[r, qo + l]) >> shift) & 15) * q8
-                        ysum += q8
-                    d8 = h2f[_u16(y, j, yo)]
-                    sd = fmaf(d8, np.float32(dot * sc[sb]), sd)
-                    sm = fmaf(d8, np.float32(ysum * mn[sb]), sm)
-                d = h2f[_u16(w, r, wo)]
-                dmin = h2f[_u16(w, r, wo + 2)]
-                acc = acc + fmaf(d, sd, -(dmin * sm))
-            out[j, r] = acc
-
-
-@njit(cache=True, parallel=True, error_model="numpy")
-def _tiled_q6_k(w, ws, y, ys, h2f, out):
-    n = w.shape[0]
-    nb = w.shape[1] // 210
-    ncols = y.shape[0]
-    for r in prange(n):
-        for j in range(ncols):
-            acc = np.float32(0.0)
-            for kb in range(nb):
-                wo = kb * 210
-                s = np.float32(0.0)
-                for t in range(16):
-                    h = t // 8
-                    sg = (t % 8) // 2
-                    l0 = 16 * (t % 2)
-                    yo = (kb * 8 + t // 2) * 36
-                    dot = 0
-                    for l in range(l0, l0 + 16):
-                        lo = (np.int64(w[r, wo + 64 * h + 32 * (sg & 1) + l]) >> (4 * (sg >> 1))) & 15
-                        hi = (np.int64(w[r, wo + 128 + 32 * h + l]) >> (2 * sg)) & 3
-                        dot += ((lo | (hi << 4)) - 32) * np.int64(ys[j, yo + 4 + l])
-                    d8 = h2f[_u16(y, j, yo)]
-                    s = fmaf(d8, np.float32(dot * np.int64(ws[r, wo + 192 + t])), s)
-                acc = fmaf(h2f[_u16(w, r, wo + 208)], s, acc)
-            out[j, r] = acc
-
-
-@njit(cache=True, parallel=True, error_model="numpy")
-def _tiled_q8_0(w, ws, y, ys, h2f, out):
-    n = w.shape[0]
-    nb = w.shape[1] // 34
-    ncols = y.shape[0]
-    for r in prange(n):
-        for j in range(ncols):
-            acc = np.float32(0.0)
-            for b in range(nb):
-                wo = b * 34
-                yo = b * 36
-                dot = 0
-                for l in range(32):
-                    dot += np.int64(ws[r, wo + 2 + l]) * np.int64(ys[j, yo + 4 + l])
-                d = h2f[_u16(w, r, wo)] * h2f[_u16(y, j, yo)]
-                acc = fmaf(d, np.float32(dot), acc)
+            for kb in range(nb):  # one thread per output, blocks in order
+                if type_id == 12:
+                    acc = _block_q4_k(acc, w, r, kb, y, ys, j, h2f, sc, mn)
+                elif type_id == 14:
+                    acc = _block_q6_k(acc, w, ws, r, kb, y, ys, j, h2f)
+                else:
+                    acc = _block_q8_0(acc, w, ws, r, kb, y, ys, j, h2f)
             out[j, r] = acc
 
 
@@ -154,13 +147,7 @@ def emulate_tiled(w: np.ndarray, qtype: str, xq: np.ndarray, h2f: np.ndarray) ->
     Arguments are already validated and contiguous (see ``mmvq.mul_mat_vec``).
     """
     out = np.empty((xq.shape[0], w.shape[0]), dtype=np.float32)
-    ys = xq.view(np.int8)
-    if qtype == "Q4_K":
-        _tiled_q4_k(w, xq, ys, h2f, out)
-    elif qtype == "Q6_K":
-        _tiled_q6_k(w, w.view(np.int8), xq, ys, h2f, out)
-    else:
-        _tiled_q8_0(w, w.view(np.int8), xq, ys, h2f, out)
+    _tiled_emulate(GGML_TYPE_ID[qtype], BLOCK_BYTES[qtype], w, w.view(np.int8), xq, xq.view(np.int8), h2f, out)
     return out
 
 
@@ -173,7 +160,7 @@ def launch_tiled(w, qtype: str, xq, out, k: int) -> None:
 
     nrows, row_bytes = w.shape
     ncols = xq.shape[0]
-    kernel = get_kernel("mmq_tiled.cu", "mmq_tiled", {"HX_QTYPE": _TYPE_ID[qtype]})
+    kernel = get_kernel("mmq_tiled.cu", "mmq_tiled", {"HX_QTYPE": GGML_TYPE_ID[qtype]})
     grid = ((nrows + TILE_ROWS - 1) // TILE_ROWS, (ncols + TILE_COLS - 1) // TILE_COLS, 1)
     block = (TILE_ROWS, TILE_COLS // COLS_PER_THREAD, 1)
     kernel(grid, block, (w, xq, out, np.int32(nrows), np.int32(ncols), np.int32(k),

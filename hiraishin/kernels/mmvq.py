@@ -58,6 +58,7 @@ from ..devices import DeviceProfile, get_profile
 from ..errors import BackendError, PlanError, QuantError
 from ..fp import fmaf
 from . import mmq_tiled
+from .mmq_tiled import _u16
 from .q8_1_layout import layout_for, to_layout
 from .quantize_q8_1 import F16_TO_F32, Q8_1_BLOCK_BYTES, quantize_q8_1
 
@@ -370,11 +371,6 @@ def plan_matvec(order, ncols: int, qtype: str, device=None) -> MatVecPlan:
 
 
 @njit(cache=True, inline="always")
-def _u16(a, i, o):
-    return np.int64(a[i, o]) | (np.int64(a[i, o + 1]) << 8)
-
-
-@njit(cache=True, inline="always")
 def _step_q4_k(acc, w, r, wo, y, ys, j, yo, iqs, h2f):
     """vec_dot_q4_K_q8_1 for one thread (ints iqs, iqs+1) of super-block at w[r, wo]."""
     c = iqs // 8
@@ -461,17 +457,26 @@ def _reduce(acc, s, nwarps):
     return s[0]
 
 
-# One emulator per type (Numba compiles each lazily). Block sizes match TYPE_TRAITS.
+@njit(cache=True, inline="always")
+def _step(type_id, acc, w, ws, r, kbx, y, ys, j, tid, h2f):
+    """Thread ``tid``'s vec-dot of weight block ``kbx`` of row ``r`` with column ``j`` (per type)."""
+    if type_id == 12:  # Q4_K: 16 threads per super-block, ints 2*(tid%16), +1; 8 q8_1 blocks
+        return _step_q4_k(acc, w, r, kbx * 144, y, ys, j, kbx * 8 * 36, 2 * (tid % 16), h2f)
+    if type_id == 14:  # Q6_K: 32 threads per super-block, int tid%32
+        return _step_q6_k(acc, w, ws, r, kbx * 210, y, ys, j, kbx * 8 * 36, tid % 32, h2f)
+    return _step_q8_0(acc, w, ws, r, kbx * 34, y, ys, j, kbx * 36, 2 * (tid % 4), h2f)  # 4 threads per block
+
+
 # Rows are independent; prange over chunks of rows cannot change any result.
 _ROWS_PER_CHUNK = 64
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
-def _mmvq_q4_k(w, y, ys, nwarps, h2f, out):
+def _mmvq_emulate(type_id, block_bytes, tpb, w, ws, y, ys, nwarps, h2f, out):
     n = w.shape[0]
-    nb = w.shape[1] // 144
+    nb = w.shape[1] // block_bytes
     nthreads = 32 * nwarps
-    bpi = nthreads // 16
+    bpi = nthreads // tpb
     nchunks = (n + _ROWS_PER_CHUNK - 1) // _ROWS_PER_CHUNK
     for chunk in prange(nchunks):  # scratch allocated once per chunk of rows
         acc = np.empty(nthreads, dtype=np.float32)
@@ -479,52 +484,9 @@ def _mmvq_q4_k(w, y, ys, nwarps, h2f, out):
         for r in range(chunk * _ROWS_PER_CHUNK, min(n, (chunk + 1) * _ROWS_PER_CHUNK)):
             for j in range(y.shape[0]):
                 for tid in range(nthreads):
-                    iqs = 2 * (tid % 16)
                     a = np.float32(0.0)
-                    for kbx in range(tid // 16, nb, bpi):
-                        a = _step_q4_k(a, w, r, kbx * 144, y, ys, j, kbx * 8 * 36, iqs, h2f)
-                    acc[tid] = a
-                out[j, r] = _reduce(acc, s, nwarps)
-
-
-@njit(cache=True, parallel=True, error_model="numpy")
-def _mmvq_q6_k(w, ws, y, ys, nwarps, h2f, out):
-    n = w.shape[0]
-    nb = w.shape[1] // 210
-    nthreads = 32 * nwarps
-    bpi = nthreads // 32
-    nchunks = (n + _ROWS_PER_CHUNK - 1) // _ROWS_PER_CHUNK
-    for chunk in prange(nchunks):  # scratch allocated once per chunk of rows
-        acc = np.empty(nthreads, dtype=np.float32)
-        s = np.empty(32, dtype=np.float32)
-        for r in range(chunk * _ROWS_PER_CHUNK, min(n, (chunk + 1) * _ROWS_PER_CHUNK)):
-            for j in range(y.shape[0]):
-                for tid in range(nthreads):
-                    iqs = tid % 32
-                    a = np.float32(0.0)
-                    for kbx in range(tid // 32, nb, bpi):
-                        a = _step_q6_k(a, w, ws, r, kbx * 210, y, ys, j, kbx * 8 * 36, iqs, h2f)
-                    acc[tid] = a
-                out[j, r] = _reduce(acc, s, nwarps)
-
-
-@njit(cache=True, parallel=True, error_model="numpy")
-def _mmvq_q8_0(w, ws, y, ys, nwarps, h2f, out):
-    n = w.shape[0]
-    nb = w.shape[1] // 34
-    nthreads = 32 * nwarps
-    bpi = nthreads // 4
-    nchunks = (n + _ROWS_PER_CHUNK - 1) // _ROWS_PER_CHUNK
-    for chunk in prange(nchunks):  # scratch allocated once per chunk of rows
-        acc = np.empty(nthreads, dtype=np.float32)
-        s = np.empty(32, dtype=np.float32)
-        for r in range(chunk * _ROWS_PER_CHUNK, min(n, (chunk + 1) * _ROWS_PER_CHUNK)):
-            for j in range(y.shape[0]):
-                for tid in range(nthreads):
-                    iqs = 2 * (tid % 4)
-                    a = np.float32(0.0)
-                    for kbx in range(tid // 4, nb, bpi):
-                        a = _step_q8_0(a, w, ws, r, kbx * 34, y, ys, j, kbx * 36, iqs, h2f)
+                    for kbx in range(tid // tpb, nb, bpi):
+                        a = _step(type_id, a, w, ws, r, kbx, y, ys, j, tid, h2f)
                     acc[tid] = a
                 out[j, r] = _reduce(acc, s, nwarps)
 
@@ -535,14 +497,10 @@ def emulate_mmvq(w: np.ndarray, qtype: str, xq: np.ndarray, nwarps: int) -> np.n
     Rows per block and columns per launch do not change any output, so only
     ``nwarps`` is needed. Inputs must be validated and C-contiguous.
     """
+    t = TYPE_TRAITS[qtype]
     out = np.empty((xq.shape[0], w.shape[0]), dtype=np.float32)
-    ys = xq.view(np.int8)
-    if qtype == "Q4_K":
-        _mmvq_q4_k(w, xq, ys, nwarps, F16_TO_F32, out)
-    elif qtype == "Q6_K":
-        _mmvq_q6_k(w, w.view(np.int8), xq, ys, nwarps, F16_TO_F32, out)
-    else:
-        _mmvq_q8_0(w, w.view(np.int8), xq, ys, nwarps, F16_TO_F32, out)
+    _mmvq_emulate(t.type_id, t.block_bytes, t.threads_per_block, w, w.view(np.int8), xq, xq.view(np.int8),
+                  nwarps, F16_TO_F32, out)
     return out
 
 
