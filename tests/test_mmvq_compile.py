@@ -1,4 +1,4 @@
-"""Compile-check the mat-vec CUDA sources with a local nvcc (no GPU needed): no errors, no spills.
+"""Compile-check the mat-vec and elementwise CUDA sources with a local nvcc (no GPU needed): no errors, no spills.
 
 NVRTC (what CuPy uses at run time) and nvcc share the front end and ptxas, so
 this catches syntax errors and register spills before a GPU run; the register
@@ -38,6 +38,7 @@ CASES = [
     ("mmq_tiled.cu", {"HX_QTYPE": 12}),
     ("mmq_tiled.cu", {"HX_QTYPE": 14}),
     ("mmq_tiled.cu", {"HX_QTYPE": 8}),
+    ("elementwise.cu", {}),
 ]
 
 

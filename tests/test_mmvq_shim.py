@@ -1,4 +1,4 @@
-"""Run the CUDA C sources of the mat-vec kernels on the CPU and compare with the emulators.
+"""Run the CUDA C sources of the mat-vec, quantize and elementwise kernels on the CPU; compare with the emulators.
 
 No GPU here, so the kernels' index math and order of operations are checked by
 compiling the very same ``.cu`` text with g++ against a small shim: one
@@ -144,6 +144,27 @@ int main(int argc, char** argv) {
               [&] { mmq_tiled(w.data(), y.data(), out.data(), nrows, ncols, k, row_bytes, col_bytes, nrows); });
     hx_write(argv[8], out.data(), out.size() * 4);
 }''',
+"get_rows": r'''
+int main(int argc, char** argv) {
+    // argv: table, int32 ids, n_ids, n_cols, row_bytes, out; HX_SHIM_KERNEL names the kernel
+    int n_ids = atoi(argv[3]), n_cols = atoi(argv[4]);
+    long long row_bytes = atoll(argv[5]);
+    auto table = hx_read(argv[1]); auto ids = hx_read(argv[2]);
+    std::vector<float> out((size_t)n_ids * n_cols, -12345.0f);
+    hx_launch({(unsigned)n_ids, (unsigned)((n_cols + 63) / 64), 1}, {64, 1, 1}, 0,
+              [&] { HX_SHIM_KERNEL(table.data(), (const int*)ids.data(), out.data(), n_cols, row_bytes); });
+    hx_write(argv[6], out.data(), out.size() * 4);
+}''',
+"binary": r'''
+int main(int argc, char** argv) {
+    // argv: a, b (float32), n, out; HX_SHIM_KERNEL names the kernel
+    long long n = atoll(argv[3]);
+    auto a = hx_read(argv[1]); auto b = hx_read(argv[2]);
+    std::vector<float> out(n, -12345.0f);
+    hx_launch({(unsigned)((n + 127) / 128), 1, 1}, {128, 1, 1}, 0,
+              [&] { HX_SHIM_KERNEL((const float*)a.data(), (const float*)b.data(), out.data(), n); });
+    hx_write(argv[4], out.data(), out.size() * 4);
+}''',
 "quantize_q8_1": r'''
 int main(int argc, char** argv) {
     int ncols = atoi(argv[2]), k = atoi(argv[3]);
@@ -246,3 +267,36 @@ def test_tiled_source_equals_emulator(build, tmp_path, qtype):
     _run(exe, tmp_path / "w.bin", tmp_path / "y.bin", n, ncols, k, w.shape[1], xq.shape[1], tmp_path / "o.bin")
     got = np.fromfile(tmp_path / "o.bin", np.float32).reshape(ncols, n)
     np.testing.assert_array_equal(_bits(got), _bits(mmq_tiled.emulate_tiled(w, qtype, xq, F16_TO_F32)))
+
+
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q8_0", "F16", "F32"])
+def test_get_rows_source_equals_emulator(build, tmp_path, qtype):
+    from hiraishin import quant
+    from hiraishin.kernels.elementwise import _GET_ROWS_KERNEL, get_rows_cpu
+
+    rng = np.random.default_rng(6)
+    k = 512
+    x = (rng.standard_normal((9, k)) * 2).astype(np.float32)
+    table = np.ascontiguousarray(quant.quantize(x, qtype)).view(np.uint8).reshape(9, -1)
+    ids = np.array([3, 0, 8, 3], np.int32)
+    table.tofile(tmp_path / "t.bin")
+    ids.tofile(tmp_path / "i.bin")
+    exe = build("elementwise.cu", {"HX_SHIM_KERNEL": _GET_ROWS_KERNEL[qtype]}, "get_rows")
+    _run(exe, tmp_path / "t.bin", tmp_path / "i.bin", ids.size, k, table.shape[1], tmp_path / "o.bin")
+    got = np.fromfile(tmp_path / "o.bin", np.float32).reshape(ids.size, k)
+    np.testing.assert_array_equal(_bits(got), _bits(get_rows_cpu(table, qtype, ids)))
+
+
+@pytest.mark.parametrize("kernel", ["hx_swiglu_f32", "hx_add_f32"])
+def test_binary_source_equals_emulator(build, tmp_path, kernel):
+    from hiraishin.kernels.elementwise import add_cpu, swiglu_cpu
+
+    rng = np.random.default_rng(7)
+    a = (rng.standard_normal(1000) * 30).astype(np.float32)  # exp() over and underflow included
+    b = rng.standard_normal(1000).astype(np.float32)
+    a.tofile(tmp_path / "a.bin")
+    b.tofile(tmp_path / "b.bin")
+    _run(build("elementwise.cu", {"HX_SHIM_KERNEL": kernel}, "binary"), tmp_path / "a.bin", tmp_path / "b.bin",
+         a.size, tmp_path / "o.bin")
+    want = swiglu_cpu(a, b) if kernel == "hx_swiglu_f32" else add_cpu(a, b)
+    np.testing.assert_array_equal(_bits(np.fromfile(tmp_path / "o.bin", np.float32)), _bits(want))

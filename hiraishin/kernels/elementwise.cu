@@ -27,8 +27,7 @@ extern "C" __global__ void hx_add_f32(const float* __restrict__ a, const float* 
 }
 
 // ---- get_rows: out[t, :] = dequantize(table[ids[t], :]) -------------------------------------
-// Grid (n_ids, ceil(n_cols / blockDim.x)); one thread per output element. The float formulas
-// follow gguf-py's dequantize_blocks (and ggml's CPU dequantize_row_*), op for op:
+// The float formulas follow gguf-py's dequantize_blocks (and ggml's CPU dequantize_row_*), op for op:
 //   Q8_0: q * d
 //   Q4_K: (d * sc) * q - (dmin * m)        two products, then one subtraction (no fma)
 //   Q6_K: (d * sc) * q
@@ -39,14 +38,9 @@ extern "C" __global__ void hx_add_f32(const float* __restrict__ a, const float* 
 #define HX_QK8_0 32
 #define HX_Q8_0_BYTES 34
 
-extern "C" __global__ void hx_get_rows_q4_K(const unsigned char* __restrict__ table,
-                                            const int* __restrict__ ids, float* __restrict__ out,
-                                            const int n_cols, const long long row_bytes) {
-    const int t = blockIdx.x;
-    const int col = blockIdx.y * blockDim.x + threadIdx.x;
-    if (col >= n_cols) return;
-    const unsigned char* block = table + (long long)ids[t] * row_bytes
-                                 + (long long)(col / HX_QK_K) * HX_Q4_K_BYTES;
+// Element col of a row, per type: row points at the row's first block.
+__device__ __forceinline__ float hx_row_q4_K(const unsigned char* row, const int col) {
+    const unsigned char* block = row + (long long)(col / HX_QK_K) * HX_Q4_K_BYTES;
     const int e = col % HX_QK_K;
     const int j = e / 32;                 // sub-block 0..7
     const int chunk = e / 64;             // 32-byte chunk of qs
@@ -64,17 +58,11 @@ extern "C" __global__ void hx_get_rows_q4_K(const unsigned char* __restrict__ ta
     const int q = (j & 1) ? (byte >> 4) : (byte & 0x0F);
     const float d1 = __fmul_rn(hx_load_half(block), (float)sc);
     const float m1 = __fmul_rn(hx_load_half(block + 2), (float)m);
-    out[(long long)t * n_cols + col] = __fsub_rn(__fmul_rn(d1, (float)q), m1);
+    return __fsub_rn(__fmul_rn(d1, (float)q), m1);
 }
 
-extern "C" __global__ void hx_get_rows_q6_K(const unsigned char* __restrict__ table,
-                                            const int* __restrict__ ids, float* __restrict__ out,
-                                            const int n_cols, const long long row_bytes) {
-    const int t = blockIdx.x;
-    const int col = blockIdx.y * blockDim.x + threadIdx.x;
-    if (col >= n_cols) return;
-    const unsigned char* block = table + (long long)ids[t] * row_bytes
-                                 + (long long)(col / HX_QK_K) * HX_Q6_K_BYTES;
+__device__ __forceinline__ float hx_row_q6_K(const unsigned char* row, const int col) {
+    const unsigned char* block = row + (long long)(col / HX_QK_K) * HX_Q6_K_BYTES;
     const int e = col % HX_QK_K;
     const int h = e / 128;
     const int s = (e % 128) / 32;
@@ -85,36 +73,35 @@ extern "C" __global__ void hx_get_rows_q6_K(const unsigned char* __restrict__ ta
     const int q = (low | (high << 4)) - 32;
     const int sc = (int)(signed char)block[192 + e / 16];
     const float d = hx_load_half(block + 208);
-    out[(long long)t * n_cols + col] = __fmul_rn(__fmul_rn(d, (float)sc), (float)q);
+    return __fmul_rn(__fmul_rn(d, (float)sc), (float)q);
 }
 
-extern "C" __global__ void hx_get_rows_q8_0(const unsigned char* __restrict__ table,
-                                            const int* __restrict__ ids, float* __restrict__ out,
-                                            const int n_cols, const long long row_bytes) {
-    const int t = blockIdx.x;
-    const int col = blockIdx.y * blockDim.x + threadIdx.x;
-    if (col >= n_cols) return;
-    const unsigned char* block = table + (long long)ids[t] * row_bytes
-                                 + (long long)(col / HX_QK8_0) * HX_Q8_0_BYTES;
+__device__ __forceinline__ float hx_row_q8_0(const unsigned char* row, const int col) {
+    const unsigned char* block = row + (long long)(col / HX_QK8_0) * HX_Q8_0_BYTES;
     const int q = (int)(signed char)block[2 + col % HX_QK8_0];
-    out[(long long)t * n_cols + col] = __fmul_rn((float)q, hx_load_half(block));
+    return __fmul_rn((float)q, hx_load_half(block));
 }
 
-extern "C" __global__ void hx_get_rows_f16(const unsigned char* __restrict__ table,
-                                           const int* __restrict__ ids, float* __restrict__ out,
-                                           const int n_cols, const long long row_bytes) {
-    const int t = blockIdx.x;
-    const int col = blockIdx.y * blockDim.x + threadIdx.x;
-    if (col >= n_cols) return;
-    out[(long long)t * n_cols + col] = hx_load_half(table + (long long)ids[t] * row_bytes + 2 * col);
+__device__ __forceinline__ float hx_row_f16(const unsigned char* row, const int col) {
+    return hx_load_half(row + 2 * col);
 }
 
-extern "C" __global__ void hx_get_rows_f32(const unsigned char* __restrict__ table,
-                                           const int* __restrict__ ids, float* __restrict__ out,
-                                           const int n_cols, const long long row_bytes) {
-    const int t = blockIdx.x;
-    const int col = blockIdx.y * blockDim.x + threadIdx.x;
-    if (col >= n_cols) return;
-    const float* row = (const float*)(table + (long long)ids[t] * row_bytes);
-    out[(long long)t * n_cols + col] = row[col];
+__device__ __forceinline__ float hx_row_f32(const unsigned char* row, const int col) {
+    return ((const float*)row)[col];
 }
+
+// One kernel per table type: grid (n_ids, ceil(n_cols / blockDim.x)), one thread per element.
+#define HX_GET_ROWS_KERNEL(name, element)                                                             \
+    extern "C" __global__ void name(const unsigned char* __restrict__ table, const int* __restrict__ ids, \
+                                    float* __restrict__ out, const int n_cols, const long long row_bytes) { \
+        const int t = blockIdx.x;                                                                     \
+        const int col = blockIdx.y * blockDim.x + threadIdx.x;                                        \
+        if (col >= n_cols) return;                                                                    \
+        out[(long long)t * n_cols + col] = element(table + (long long)ids[t] * row_bytes, col);       \
+    }
+
+HX_GET_ROWS_KERNEL(hx_get_rows_q4_K, hx_row_q4_K)
+HX_GET_ROWS_KERNEL(hx_get_rows_q6_K, hx_row_q6_K)
+HX_GET_ROWS_KERNEL(hx_get_rows_q8_0, hx_row_q8_0)
+HX_GET_ROWS_KERNEL(hx_get_rows_f16, hx_row_f16)
+HX_GET_ROWS_KERNEL(hx_get_rows_f32, hx_row_f32)
