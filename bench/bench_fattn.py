@@ -19,23 +19,17 @@ import datetime
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib import git_commit  # noqa: E402
+
 N_HEAD, N_HEAD_KV, HEAD_DIM = 32, 8, 128  # Qwen3-8B
 KV_LENGTHS = (512, 2048, 8192, 32768)
 QUERY_COUNTS = tuple(range(1, 17))
-
-
-def _git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except Exception:
-        return "unknown"
 
 
 def time_call(cp, fn, warmup: int, repeats: int, calls: int) -> float:
@@ -113,7 +107,7 @@ def main(argv=None) -> int:
         peak_dram_gbs=round(peak_gbs, 1) if peak_gbs else None,
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         command=" ".join([os.path.basename(sys.executable)] + sys.argv),
-        git_commit=_git_commit(),
+        git_commit=git_commit(),
         cupy=cp.__version__,
         shape=dict(n_head=N_HEAD, n_head_kv=N_HEAD_KV, head_dim=HEAD_DIM),
         timing=dict(warmup=3, repeats=repeats, calls_per_repeat=calls, statistic="median of means"),

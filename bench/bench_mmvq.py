@@ -28,14 +28,15 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
-import math
 import os
 import platform
-import statistics
 import sys
 import time
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib import median_event_time, rotating_copies, spin_cycles, spin_kernel  # noqa: E402
 
 # Qwen3-8B (reference section 8): hidden 4096, kv heads 8 x 128, ffn 12288, vocab 151936.
 SHAPES = [
@@ -52,35 +53,13 @@ _EMPTY_SRC = r"""
 extern "C" __global__ void empty() { }
 """
 
-_SPIN_SRC = r"""
-extern "C" __global__ void spin(long long cycles) {
-    long long start = clock64();
-    while (clock64() - start < cycles) { }
-}
-"""
 
-
-def _median_event_time(cp, fn, reps, batches, spin, spin_cycles):
-    """Median over batches of (time of `reps` calls of fn(i)) / reps, in seconds."""
-    times = []
-    for _ in range(batches):
-        spin((1,), (1,), (np.int64(spin_cycles),))
-        start, end = cp.cuda.Event(), cp.cuda.Event()
-        start.record()
-        for i in range(reps):
-            fn(i)
-        end.record()
-        end.synchronize()
-        times.append(cp.cuda.get_elapsed_time(start, end) / 1e3 / reps)
-    return statistics.median(times)
-
-
-def copy_bandwidth(cp, nbytes, reps, batches, spin, spin_cycles):
+def copy_bandwidth(cp, nbytes, reps, batches, spin, cycles):
     src = cp.empty(nbytes, dtype=cp.uint8)
     src.fill(1)
     dst = cp.empty_like(src)
     cp.copyto(dst, src)
-    t = _median_event_time(cp, lambda i: cp.copyto(dst, src), reps, batches, spin, spin_cycles)
+    t = median_event_time(cp, lambda i: cp.copyto(dst, src), reps, batches, spin, cycles)
     del src, dst
     return 2 * nbytes / t, t
 
@@ -96,7 +75,7 @@ def main(argv=None) -> int:
 
     import cupy as cp
 
-    from hiraishin.kernels.mmvq import TYPE_TRAITS, launch_plan, mul_mat_vec, random_weights
+    from hiraishin.kernels.mmvq import launch_plan, mul_mat_vec, random_weights
     from hiraishin.kernels.q8_1_layout import layout_for, to_layout
     from hiraishin.kernels.quantize_q8_1 import quantize_q8_1
     from hiraishin.order import ReductionOrder
@@ -106,15 +85,14 @@ def main(argv=None) -> int:
     props = cp.cuda.runtime.getDeviceProperties(dev.id)
     dev_name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
     l2 = int(props.get("l2CacheSize", 60 * 2**20)) or 60 * 2**20
-    clock_khz = int(props.get("clockRate", 1_500_000))
-    spin = cp.RawKernel(_SPIN_SRC, "spin")
-    spin_cycles = int(clock_khz * 1e3 * 3e-3)  # ~3 ms of GPU time to hide Python's enqueue cost
+    spin = spin_kernel(cp)
+    cycles = spin_cycles(cp, 3e-3)  # ~3 ms of GPU time to hide Python's enqueue cost
 
-    bw_copy, t_copy = copy_bandwidth(cp, 1 << 30, 10, args.batches, spin, spin_cycles)
+    bw_copy, t_copy = copy_bandwidth(cp, 1 << 30, 10, args.batches, spin, cycles)
     print(f"device: {dev_name}, L2 {l2 / 2**20:.0f} MiB")
     print(f"copy bandwidth (1 GiB D2D, read+write): {bw_copy / 1e9:.0f} GB/s ({t_copy * 1e6:.0f} us per copy)")
     empty = cp.RawKernel(_EMPTY_SRC, "empty")
-    t_floor = _median_event_time(cp, lambda i: empty((132,), (128,), ()), 200, args.batches, spin, spin_cycles)
+    t_floor = median_event_time(cp, lambda i: empty((132,), (128,), ()), 200, args.batches, spin, cycles)
     print(f"launch floor (empty kernel, 132 x 128 threads, back to back): {t_floor * 1e6:.2f} us")
 
     shapes = SHAPES[:2] if args.quick else SHAPES
@@ -126,12 +104,10 @@ def main(argv=None) -> int:
     rng = np.random.default_rng(0)
     results = []
     for label, qtype, k, n in shapes:
-        t = TYPE_TRAITS[qtype]
         w_host = random_weights(qtype, n, k, seed=1)
         w_bytes = w_host.nbytes
-        n_copies = max(1, math.ceil(4 * l2 / w_bytes))
-        w0 = cp.asarray(w_host)
-        ws = [w0] + [w0.copy() for _ in range(n_copies - 1)]
+        ws = rotating_copies(cp, w_host, l2)
+        n_copies = len(ws)
         del w_host
         x = cp.asarray(rng.standard_normal((max(cols), k)).astype(np.float32))
         xq_all = quantize_q8_1(x, "cuda")
@@ -153,7 +129,7 @@ def main(argv=None) -> int:
                 for i in range(3):  # warm-up (compiles on first use)
                     fn(i)
                 cp.cuda.Device().synchronize()
-                sec = _median_event_time(cp, fn, args.reps, args.batches, spin, spin_cycles)
+                sec = median_event_time(cp, fn, args.reps, args.batches, spin, cycles)
                 moved = w_bytes + xq.nbytes
                 bw = moved / sec
                 if ncols == 1:
@@ -167,7 +143,7 @@ def main(argv=None) -> int:
                 results.append(rec)
                 print(f"{oname:>9} {ncols:>4} {plan.kernel:>6} {rec['launches']:>8} {sec * 1e6:>9.1f} "
                       f"{bw / 1e9:>7.0f} {bw / bw_copy:>7.1%} {ratio:>7.2f}")
-        del ws, w0, x, xq_all
+        del ws, x, xq_all
         cp.get_default_memory_pool().free_all_blocks()
 
     checks = []

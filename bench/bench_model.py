@@ -18,25 +18,18 @@ import argparse
 import datetime
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib import git_commit  # noqa: E402
+
 # H200 SXM HBM3e bandwidth (NVIDIA datasheet: 4.8 TB/s); other GPUs: pass --bandwidth.
 DEFAULT_BANDWIDTH_GBS = 4800.0
 PROMPT_TOKENS = 128
 N_CTX = 1024
-
-
-def _git_commit() -> str:
-    """The checkout's commit, else $HIRAISHIN_COMMIT (a copied tree without .git), else "unknown"."""
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except Exception:
-        return os.environ.get("HIRAISHIN_COMMIT", "unknown")
 
 
 def bench_shape(shape: str, n_new: int, bandwidth: float, workdir: Path) -> dict:
@@ -101,7 +94,7 @@ def main(argv=None) -> int:
         print(json.dumps(row, indent=1), flush=True)
 
     lines = [f"# Qwen3 forward on {device} ({datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d}, "
-             f"commit {_git_commit()})", "",
+             f"commit {git_commit()})", "",
              "| model | order | prefill tok/s (128) | decode tok/s | ms/token | weights GB/s | of bandwidth | "
              "GPU pool / (file + KV) |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -115,7 +108,7 @@ def main(argv=None) -> int:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         meta = dict(device=device, date=datetime.datetime.now(datetime.timezone.utc).isoformat(),
-                    command=" ".join([sys.executable] + sys.argv), commit=_git_commit(), rows=rows)
+                    command=" ".join([sys.executable] + sys.argv), commit=git_commit(), rows=rows)
         (out / "bench_model.json").write_text(json.dumps(meta, indent=1))
         (out / "bench_model.md").write_text(table + "\n")
     return 0

@@ -2,6 +2,8 @@
 # One GPU session: install carried wheels, run the GPU tests, the benchmarks and the
 # sanitizer checks, and leave everything under $OUT (results.tar.gz + session.log).
 # Usage on the device machine (repo root):  bash bench/gpu_session.sh [pytest -k expr]
+# Pass HIRAISHIN_COMMIT=<commit> for the benchmark records: the device's copy of the tree may
+# carry no .git, or a stale one.
 set -uo pipefail
 OUT=${OUT:-/tmp/hiraishin-out}
 mkdir -p "$OUT"
@@ -18,6 +20,7 @@ else
     export PYTHONPATH=$PWD
 fi
 export HIRAISHIN_RESULTS_DIR="$RES"
+export HIRAISHIN_COMMIT=${HIRAISHIN_COMMIT:-unknown}
 export HIRAISHIN_CACHE=/tmp/hiraishin-cache
 
 echo "== device"; date -u; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total --format=csv

@@ -42,13 +42,15 @@ import json
 import os
 import pstats
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib import git_commit, spin_kernel  # noqa: E402
 
 PROMPT_TOKENS = 16
 WARMUP_TOKENS = 4
@@ -61,23 +63,6 @@ OPS = ("positions", "get_rows", "rms_norm", "mul_mats", "mul_mat", "rope", "writ
        "swiglu", "to_host")
 # Kernels an op launches that are not hiraishin RawKernels (CuPy's own): per call.
 CUPY_KERNELS_PER_CALL = {"write_kv": 2, "positions": 1}
-
-_SPIN_SRC = r"""
-extern "C" __global__ void hx_profile_spin(long long cycles) {
-    long long start = clock64();
-    while (clock64() - start < cycles) { }
-}
-"""
-
-
-def _git_commit() -> str:
-    """The checkout's commit, else $HIRAISHIN_COMMIT (a copied tree without .git), else "unknown"."""
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except Exception:
-        return os.environ.get("HIRAISHIN_COMMIT", "unknown")
-
 
 class _Stepper:
     """One-token forward passes continuing a prompt (greedy; rolls back before the cache fills)."""
@@ -158,7 +143,7 @@ def time_wall(stepper, n):
 
 
 def time_gpu(cp, stepper, n, spin_cycles):
-    spin = cp.RawKernel(_SPIN_SRC, "hx_profile_spin")
+    spin = spin_kernel(cp)
     samples, caught_up = [], 0
     be = stepper.model.backend
     for _ in range(n):
@@ -410,7 +395,7 @@ def main(argv=None) -> int:
             print(json.dumps({k: v for k, v in row.items() if k not in ("cprofile_top25", "wall_ms_all")},
                              indent=1), flush=True)
     meta = dict(device=device, shape=args.shape, date=datetime.datetime.now(datetime.timezone.utc).isoformat(),
-                commit=_git_commit(), command=" ".join([sys.executable] + sys.argv), cupy=cp.__version__,
+                commit=git_commit(), command=" ".join([sys.executable] + sys.argv), cupy=cp.__version__,
                 python=sys.version.split()[0], graphs_bit_identical=identical)
     text = markdown(meta, rows)
     print(text)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
@@ -23,7 +22,8 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_mmvq import SHAPES, _SPIN_SRC, _median_event_time, copy_bandwidth  # noqa: E402
+from bench_mmvq import SHAPES, copy_bandwidth  # noqa: E402
+from benchlib import median_event_time, rotating_copies, spin_cycles, spin_kernel  # noqa: E402
 
 NWARPS = 4
 
@@ -51,9 +51,9 @@ def main(argv=None) -> int:
     t0 = time.time()
     props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
     l2 = int(props.get("l2CacheSize", 60 * 2**20)) or 60 * 2**20
-    spin = cp.RawKernel(_SPIN_SRC, "spin")
-    spin_cycles = int(int(props.get("clockRate", 1_500_000)) * 1e3 * 3e-3)
-    bw_copy, _ = copy_bandwidth(cp, 1 << 30, 10, args.batches, spin, spin_cycles)
+    spin = spin_kernel(cp)
+    cycles = spin_cycles(cp, 3e-3)
+    bw_copy, _ = copy_bandwidth(cp, 1 << 30, 10, args.batches, spin, cycles)
     print(f"copy bandwidth {bw_copy / 1e9:.0f} GB/s")
 
     variants = []
@@ -72,9 +72,8 @@ def main(argv=None) -> int:
         t = TYPE_TRAITS[qtype]
         w_host = random_weights(qtype, n, k, seed=1)
         wbytes = w_host.nbytes
-        ncopies = max(1, math.ceil(4 * l2 / wbytes))
-        w0 = cp.asarray(w_host)
-        ws = [w0] + [w0.copy() for _ in range(ncopies - 1)]
+        ws = rotating_copies(cp, w_host, l2)
+        ncopies = len(ws)
         xq = quantize_q8_1(cp.asarray(rng.standard_normal((16, k)).astype(np.float32)), "cuda", layout_for(qtype))
         reps = args.reps if wbytes < 100e6 else max(3, args.reps // 4)
         ref = {}
@@ -110,7 +109,7 @@ def main(argv=None) -> int:
                 ref[ncols] = got
             else:
                 same = bool(np.array_equal(ref[ncols], got))
-            sec = _median_event_time(cp, fn, reps, args.batches, spin, spin_cycles)
+            sec = median_event_time(cp, fn, reps, args.batches, spin, cycles)
             if ncols == 1 and 1 not in base_t:
                 base_t[1] = sec
             frac = (wbytes + ncols * xq.shape[1]) / sec / bw_copy
@@ -123,7 +122,7 @@ def main(argv=None) -> int:
                   f"{'' if sub is None else f' sub {sub}'}{f' minblocks {minb}' if minb else ''}: "
                   f"{sec * 1e6:8.1f} us {frac:6.1%} of copy  x{sec / base_t[1]:.2f}  regs {attrs['num_regs']}"
                   f" spill {attrs['local_size_bytes']} bits {'ref' if same is None else same}")
-        del ws, w0, xq
+        del ws, xq
         cp.get_default_memory_pool().free_all_blocks()
     print(f"sweep took {time.time() - t0:.0f} s")
     if args.out:

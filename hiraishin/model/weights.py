@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from ..errors import GGUFError
 from ..quant import dequantize
 from .config import LAYER_TENSORS

@@ -30,7 +30,6 @@ from .formats import (
     QTYPES,
     as_blocks,
     from_gguf_type,
-    n_elems_of,
     qtype_name,
     row_bytes,
     to_gguf_type,

@@ -1,0 +1,69 @@
+"""Helpers shared by the benchmark scripts in bench/ (GPU timing, provenance).
+
+The scripts run as ``python bench/<script>.py``, so this module is imported as ``benchlib``
+(the script's folder is first on ``sys.path``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import subprocess
+
+import numpy as np
+
+SPIN_SRC = r"""
+extern "C" __global__ void hx_bench_spin(long long cycles) {
+    long long start = clock64();
+    while (clock64() - start < cycles) { }
+}
+"""
+
+
+def git_commit() -> str:
+    """$HIRAISHIN_COMMIT if set (a copied tree whose .git may be missing or stale), else the
+    checkout's commit, else "unknown"."""
+    if os.environ.get("HIRAISHIN_COMMIT"):
+        return os.environ["HIRAISHIN_COMMIT"]
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except Exception:
+        return "unknown"
+
+
+def spin_kernel(cp):
+    """A kernel that keeps the GPU busy for ``cycles`` clocks: launch it before a batch of timed
+    calls, so the host's enqueue time is hidden behind it."""
+    return cp.RawKernel(SPIN_SRC, "hx_bench_spin")
+
+
+def spin_cycles(cp, seconds: float) -> int:
+    """Clocks of ``seconds`` at the device's reported clock rate."""
+    props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
+    return int(int(props.get("clockRate", 1_500_000)) * 1e3 * seconds)
+
+
+def median_event_time(cp, fn, reps, batches, spin, cycles) -> float:
+    """Median over batches of (time of ``reps`` calls of fn(i)) / reps, in seconds (CUDA events;
+    a spin kernel before each batch hides the host)."""
+    times = []
+    for _ in range(batches):
+        spin((1,), (1,), (np.int64(cycles),))
+        start, end = cp.cuda.Event(), cp.cuda.Event()
+        start.record()
+        for i in range(reps):
+            fn(i)
+        end.record()
+        end.synchronize()
+        times.append(cp.cuda.get_elapsed_time(start, end) / 1e3 / reps)
+    return statistics.median(times)
+
+
+def rotating_copies(cp, host_array, l2_bytes: int) -> list:
+    """The array on the device, copied until the copies together are at least 4x the L2 size, so
+    that calls rotating through them read from DRAM."""
+    n_copies = max(1, math.ceil(4 * l2_bytes / host_array.nbytes))
+    first = cp.asarray(host_array)
+    return [first] + [first.copy() for _ in range(n_copies - 1)]
