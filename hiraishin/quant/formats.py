@@ -119,3 +119,18 @@ def blocks_as_bytes(blocks: np.ndarray) -> np.ndarray:
     """Structured blocks ``(..., n_blocks)`` back to uint8 rows ``(..., row_bytes)``."""
     blocks = np.ascontiguousarray(blocks)
     return blocks.view(np.uint8).reshape(*blocks.shape[:-1], blocks.shape[-1] * blocks.dtype.itemsize)
+
+
+def quantize_superblocks_in_chunks(x: np.ndarray, block_dtype: np.dtype, quantize_chunk,
+                                   chunk_blocks: int) -> np.ndarray:
+    """float32 (..., n), n a multiple of 256 -> uint8 bytes of ``block_dtype`` super-blocks.
+
+    ``quantize_chunk`` maps float32 (b, 256) to b structured blocks; it runs on at most
+    ``chunk_blocks`` super-blocks at a time, so its work arrays stay small.
+    """
+    lead = x.shape[:-1]
+    flat = x.reshape(-1, QK_K)
+    out = np.empty(flat.shape[0], dtype=block_dtype)
+    for s in range(0, flat.shape[0], chunk_blocks):
+        out[s : s + chunk_blocks] = quantize_chunk(flat[s : s + chunk_blocks])
+    return blocks_as_bytes(out.reshape(*lead, x.shape[-1] // QK_K))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .formats import BLOCK_Q4_K, K_SCALE_SIZE, QK_K, blocks_as_bytes
+from .formats import BLOCK_Q4_K, K_SCALE_SIZE, QK_K, quantize_superblocks_in_chunks
 from .rounding import fp16_bits, nearest_int
 
 SUB = 32  # values per sub-block
@@ -155,12 +155,7 @@ def _quantize_superblocks(x: np.ndarray) -> np.ndarray:
 
 def quantize_q4_k(x: np.ndarray) -> np.ndarray:
     """float32 (..., n) with n % 256 == 0 -> uint8 (..., n/256*144), as quantize_row_q4_K_ref."""
-    lead = x.shape[:-1]
-    flat = x.reshape(-1, QK_K)
-    out = np.empty(flat.shape[0], dtype=BLOCK_Q4_K)
-    for s in range(0, flat.shape[0], CHUNK_BLOCKS):
-        out[s : s + CHUNK_BLOCKS] = _quantize_superblocks(flat[s : s + CHUNK_BLOCKS])
-    return blocks_as_bytes(out.reshape(*lead, x.shape[-1] // QK_K))
+    return quantize_superblocks_in_chunks(x, BLOCK_Q4_K, _quantize_superblocks, CHUNK_BLOCKS)
 
 
 def dequantize_q4_k(blocks: np.ndarray) -> np.ndarray:
