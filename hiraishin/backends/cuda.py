@@ -48,9 +48,9 @@ def cuda_available() -> bool:
 
 
 class _MatVecLaunch:
-    """One prepared mat-vec: the plan and, when it is a single mmvq launch, that launch
-    (``mmvq.prepared_launch``, the one ``mmvq.mul_mat_vec`` makes); other plans (the tiled kernel,
-    several launches) run through ``mmvq.mul_mat_vec``.
+    """One prepared mat-vec: the plan and, for the mat-vec kernel, its launches
+    (``mmvq.prepared_plan``, the ones ``mmvq.mul_mat_vec`` makes); tiled plans run through
+    ``mmvq.mul_mat_vec``.
     """
 
     __slots__ = ("order", "plan", "launch", "n", "layout")
@@ -60,9 +60,8 @@ class _MatVecLaunch:
         self.order, self.plan, self.n = order, plan, n
         self.launch = None
         self.layout = None  # of the q8_1 activations this mat-vec reads (None: llama.cpp's)
-        if plan.kernel == "mmvq" and plan.cols_per_launch == plan.ncols:
-            self.launch = mmvq.prepared_launch(qtype, n, row_bytes // t.block_bytes * t.qk, plan.ncols,
-                                               plan.rows_per_block, plan.nwarps)
+        if plan.kernel == "mmvq":
+            self.launch = mmvq.prepared_plan(qtype, n, row_bytes // t.block_bytes * t.qk, plan)
             self.layout = layout_for(qtype)
 
 
@@ -151,7 +150,7 @@ class UncheckedCudaOps:
 
     def mul_mats(self, weights, x, order, outs=None) -> list:
         # x is quantized once per layout the launches read: the mat-vec kernel's own for Q4_K /
-        # Q6_K weights, llama.cpp's for Q8_0 and for the tiled kernel and multi-launch runner.
+        # Q6_K weights, llama.cpp's for Q8_0 and for the tiled kernel.
         T = x.shape[0]
         quantized = {}
         results = []
@@ -160,7 +159,7 @@ class UncheckedCudaOps:
             xq = quantized.get(launch.layout)
             if xq is None:
                 xq = quantized[launch.layout] = self.quantize(x, launch.layout)
-            if launch.launch is None:  # the tiled kernel, or several launches: MATVEC's runner
+            if launch.launch is None:  # the tiled kernel
                 results.append(mmvq.mul_mat_vec(w, qtype, xq, launch.plan, "cuda"))
                 continue
             out = outs[i] if outs is not None else None

@@ -76,6 +76,8 @@ __all__ = [
     "MatVecLaunch",
     "mmvq_kernel",
     "launch_plan",
+    "PlanLaunches",
+    "prepared_plan",
     "prepared_launch",
     "kernel_defines",
     "preset_kernel_defines",
@@ -597,13 +599,8 @@ def launch_plan(w, qtype: str, y, plan: MatVecPlan, out):
     """Run an mmvq plan's launches, unchecked: ``y`` holds the activations already in the kernel's
     layout for ``qtype`` (``quantize_q8_1(x, "cuda", layout_for(qtype))``), ``out`` is float32
     (ncols, n). For benchmarks and callers whose arrays are right by construction."""
-    n = w.shape[0]
     t = _traits(qtype)
-    k = w.shape[1] // t.block_bytes * t.qk
-    for start, count in plan.launches():
-        prepared_launch(qtype, n, k, count, plan.rows_per_block, plan.nwarps)(
-            w, y[start:start + count], out[start:start + count])
-    return out
+    return prepared_plan(qtype, w.shape[0], w.shape[1] // t.block_bytes * t.qk, plan)(w, y, out)
 
 
 # --------------------------------------------------------------------------- kernel launch
@@ -708,6 +705,23 @@ class MatVecLaunch:
         return out
 
 
+class PlanLaunches:
+    """All launches of an mmvq plan, prepared (:class:`MatVecLaunch` each); called like one."""
+
+    __slots__ = ("launches",)
+
+    def __init__(self, qtype: str, n: int, k: int, plan: MatVecPlan):
+        self.launches = [(start, count, prepared_launch(qtype, n, k, count, plan.rows_per_block, plan.nwarps))
+                         for start, count in plan.launches()]
+
+    def __call__(self, w, xq, out):
+        if len(self.launches) == 1:
+            return self.launches[0][2](w, xq, out)
+        for start, count, launch in self.launches:
+            launch(w, xq[start:start + count], out[start:start + count])
+        return out
+
+
 _launches: dict = {}
 
 
@@ -717,6 +731,15 @@ def prepared_launch(qtype: str, n: int, k: int, ncols: int, rows_per_block: int,
     hit = _launches.get(key)
     if hit is None:
         hit = _launches[key] = MatVecLaunch(qtype, n, k, ncols, rows_per_block, nwarps)
+    return hit
+
+
+def prepared_plan(qtype: str, n: int, k: int, plan: MatVecPlan) -> PlanLaunches:
+    """The cached :class:`PlanLaunches` of an mmvq ``plan`` for an (``n``, ``k``) ``qtype`` weight."""
+    key = (qtype, n, k, plan)
+    hit = _launches.get(key)
+    if hit is None:
+        hit = _launches[key] = PlanLaunches(qtype, n, k, plan)
     return hit
 
 
