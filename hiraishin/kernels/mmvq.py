@@ -40,10 +40,10 @@ integer; threads whose first block is past the row's end simply add nothing
 Runners: :func:`mul_mat_vec` (q8_1 bytes in llama.cpp's layout) and :func:`mul_mat` (float32 in,
 quantized here). On the GPU the kernel reads Q4_K/Q6_K activations in its own per-thread layout
 (:mod:`.q8_1_layout`): ``mul_mat`` quantizes straight into it, ``mul_mat_vec`` converts.
-:class:`MatVecLaunch` / :func:`prepared_launch` / :func:`launch_plan` are the unchecked launches
-the CUDA backend and the benchmarks use; compile-time tuning (unroll, register caps) is in the
-constants above :func:`kernel_defines`. ``backend="cpu"`` runs the Numba emulator on numpy arrays,
-``backend="cuda"`` the CUDA kernels on cupy arrays.
+:class:`MatVecLaunch` / :func:`prepared_launch` / :func:`prepared_plan` / :func:`launch_plan` are
+the unchecked launches the CUDA backend and the benchmarks use; compile-time tuning (unroll,
+register caps) is in the constants above :func:`kernel_defines`. ``backend="cpu"`` runs the
+Numba emulator on numpy arrays, ``backend="cuda"`` the CUDA kernels on cupy arrays.
 """
 
 from __future__ import annotations
@@ -80,6 +80,7 @@ __all__ = [
     "prepared_plan",
     "prepared_launch",
     "kernel_defines",
+    "plan_kernel_defines",
     "preset_kernel_defines",
     "precompile",
     "emulate_mmvq",
@@ -687,14 +688,11 @@ class MatVecLaunch:
     makes hundreds of these calls.
     """
 
-    __slots__ = ("kernel", "grid", "block", "shared", "n", "ncols", "defines", "scalars")
+    __slots__ = ("kernel", "grid", "block", "shared", "defines", "scalars")
 
-    def __init__(self, qtype: str, n: int, k: int, ncols: int, rows_per_block: int, nwarps: int,
-                 unroll: int | None = None):
+    def __init__(self, qtype: str, n: int, k: int, ncols: int, rows_per_block: int, nwarps: int):
         t = _traits(qtype)
-        self.n, self.ncols = n, ncols
-        self.kernel, self.defines = mmvq_kernel(kernel_defines(qtype, ncols, rows_per_block, nwarps, k // t.qk,
-                                                               unroll))
+        self.kernel, self.defines = mmvq_kernel(kernel_defines(qtype, ncols, rows_per_block, nwarps, k // t.qk))
         self.grid = ((n + rows_per_block - 1) // rows_per_block, 1, 1)
         self.block = (32, nwarps, 1)
         self.shared = (nwarps - 1) * ncols * rows_per_block * 32 * 4
@@ -722,7 +720,7 @@ class PlanLaunches:
         return out
 
 
-_launches: dict = {}
+_launches: dict = {}  # prepared MatVecLaunch and PlanLaunches objects, by geometry
 
 
 def prepared_launch(qtype: str, n: int, k: int, ncols: int, rows_per_block: int, nwarps: int) -> MatVecLaunch:
@@ -743,21 +741,24 @@ def prepared_plan(qtype: str, n: int, k: int, plan: MatVecPlan) -> PlanLaunches:
     return hit
 
 
+def plan_kernel_defines(qtype: str, k: int, plan: MatVecPlan) -> list[dict]:
+    """The ``kernel_defines`` of each launch of an mmvq ``plan`` for rows of ``k`` values."""
+    t = _traits(qtype)
+    if plan.kernel != "mmvq":
+        return []
+    return [kernel_defines(qtype, count, plan.rows_per_block, plan.nwarps, k // t.qk) for _, count in plan.launches()]
+
+
 def preset_kernel_defines(qtype: str, k: int, widths=range(1, 17)) -> dict:
     """``{description: defines}`` of every mmvq launch BATCH_VARIANT and BATCH_INVARIANT make for
     ``widths`` columns of a ``qtype`` weight with rows of ``k`` values (for precompiling, tests)."""
     from ..order import ReductionOrder
 
-    t = _traits(qtype)
     out = {}
     for order in (ReductionOrder.BATCH_VARIANT, ReductionOrder.BATCH_INVARIANT):
         for width in widths:
-            plan = order.matvec_plan(width, qtype)
-            if plan.kernel != "mmvq":
-                continue
-            for _, count in plan.launches():
-                d = kernel_defines(qtype, count, plan.rows_per_block, plan.nwarps, k // t.qk)
-                out[f"mmvq {qtype} ncols={count} rows={plan.rows_per_block} nwarps={plan.nwarps} k={k}"] = d
+            for d in plan_kernel_defines(qtype, k, order.matvec_plan(width, qtype)):
+                out[f"mmvq {qtype} ncols={d['HX_NCOLS']} rows={d['HX_RPB']} nwarps={d['HX_NWARPS']} k={k}"] = d
     return out
 
 
@@ -769,14 +770,8 @@ def precompile(qtype: str, k: int, plans, max_workers: int | None = None) -> int
     """
     from ._cuda import precompile as _precompile
 
-    t = _traits(qtype)
-    jobs = []
-    for plan in plans:
-        if plan.kernel != "mmvq":
-            continue
-        for _, count in plan.launches():
-            jobs.append(("mmvq.cu", kernel_defines(qtype, count, plan.rows_per_block, plan.nwarps, k // t.qk)))
-    return _precompile(jobs, max_workers)
+    return _precompile((("mmvq.cu", d) for plan in plans for d in plan_kernel_defines(qtype, k, plan)),
+                       max_workers)
 
 
 def mul_mat(w, qtype: str, x, order, backend: str = "cpu", device=None):
