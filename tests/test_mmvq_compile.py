@@ -15,6 +15,7 @@ import pytest
 
 from hiraishin.kernels._cuda import NVRTC_OPTIONS, _defines_text, load_source
 from hiraishin.kernels.mmvq import kernel_defines, preset_kernel_defines
+from hiraishin.kernels.quantize_q8_1 import quantize_defines
 
 NVCC = shutil.which("nvcc")
 pytestmark = pytest.mark.skipif(NVCC is None, reason="needs a local nvcc")
@@ -24,9 +25,9 @@ def _mmvq(qtype, ncols, rows, nwarps, nblocks, unroll=None):
 
 
 CASES = [
-    ("quantize_q8_1.cu", {}),
-    ("quantize_q8_1.cu", {"HX_LAYOUT": 12}),
-    ("quantize_q8_1.cu", {"HX_LAYOUT": 14}),
+    ("quantize_q8_1.cu", quantize_defines(None)),
+    ("quantize_q8_1.cu", quantize_defines("Q4_K")),
+    ("quantize_q8_1.cu", quantize_defines("Q6_K")),
     _mmvq("Q4_K", 1, 1, 4, 16),
     _mmvq("Q4_K", 1, 2, 4, 48),
     _mmvq("Q4_K", 16, 2, 4, 16),

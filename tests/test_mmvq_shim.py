@@ -24,7 +24,7 @@ from hiraishin.kernels import mmq_tiled
 from hiraishin.kernels._cuda import _defines_text, load_source
 from hiraishin.kernels.mmvq import TYPE_TRAITS, emulate_mmvq, kernel_defines, random_weights
 from hiraishin.kernels.q8_1_layout import layout_for, to_layout
-from hiraishin.kernels.quantize_q8_1 import F16_TO_F32, quantize_q8_1
+from hiraishin.kernels.quantize_q8_1 import F16_TO_F32, quantize_defines, quantize_q8_1
 
 GXX = shutil.which("g++")
 pytestmark = pytest.mark.skipif(GXX is None, reason="needs g++ (C++20)")
@@ -222,7 +222,7 @@ def test_quantize_source_equals_emulator(build, tmp_path, layout):
     x[1, 32:40] = [127.0, 63.5, -63.5, 2.5, -2.5, 0.5, -0.5, 1.5]
     x.tofile(tmp_path / "x.bin")
     want = quantize_q8_1(x, layout=layout)
-    _run(build("quantize_q8_1.cu", {"HX_LAYOUT": {None: 0, "Q4_K": 12, "Q6_K": 14}[layout]}, "quantize_q8_1"),
+    _run(build("quantize_q8_1.cu", quantize_defines(layout), "quantize_q8_1"),
          tmp_path / "x.bin", 3, 768, tmp_path / "q.bin", want.size)
     got = np.fromfile(tmp_path / "q.bin", np.uint8).reshape(3, -1)
     np.testing.assert_array_equal(got, want)

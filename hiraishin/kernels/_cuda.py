@@ -129,6 +129,10 @@ def _source_names(source_key: str | Iterable[str]) -> tuple[str, ...]:
     return tuple(source_key)
 
 
+def _module_key(names: tuple, defines: Mapping[str, object], exprs) -> tuple:
+    return names, tuple(sorted((k, str(v)) for k, v in defines.items())), exprs
+
+
 def get_module(source_key: str | Iterable[str], defines: Mapping[str, object] | None = None,
                name_expressions: Iterable[str] | None = None):
     """The compiled ``cupy.RawModule`` for these sources and defines (cached)."""
@@ -136,7 +140,7 @@ def get_module(source_key: str | Iterable[str], defines: Mapping[str, object] | 
     names = _source_names(source_key)
     defines = dict(defines or {})
     exprs = tuple(name_expressions) if name_expressions else None
-    key = (names, tuple(sorted((k, str(v)) for k, v in defines.items())), exprs)
+    key = _module_key(names, defines, exprs)
     with _lock:
         mod = _modules.get(key)
     if mod is None:
@@ -170,9 +174,9 @@ def precompile(jobs: Iterable[tuple], max_workers: int | None = None) -> int:
     todo = {}
     for source_key, defines in jobs:
         names = _source_names(source_key)
-        todo[(names, tuple(sorted((k, str(v)) for k, v in (defines or {}).items())))] = (names, defines)
+        todo[_module_key(names, defines or {}, None)] = (names, defines)
     with _lock:
-        todo = [v for k, v in todo.items() if (k[0], k[1], None) not in _modules]
+        todo = [job for key, job in todo.items() if key not in _modules]
     if not todo:
         return 0
     workers = max_workers or min(len(todo), os.cpu_count() or 1)

@@ -28,6 +28,7 @@ from numba.extending import intrinsic
 
 from ..errors import BackendError, QuantError
 from ..fp import roundf
+from ..quant import GGML_TYPE_ID
 
 __all__ = [
     "Q8_1_BLOCK_ELEMS",
@@ -35,6 +36,7 @@ __all__ = [
     "QUANTIZE_WARPS_PER_BLOCK",
     "quantize_q8_1",
     "quantize_kernel",
+    "quantize_defines",
     "dequantize_q8_1",
     "f32_to_f16_bits",
     "F16_TO_F32",
@@ -173,15 +175,19 @@ def quantize_q8_1(x, backend: str = "cpu", layout: str | None = None):
     raise BackendError(f"unknown backend {backend!r}; expected 'cpu' or 'cuda'")
 
 
-# HX_LAYOUT of quantize_q8_1.cu: the ggml type id of the weight whose mat-vec reads the layout.
-_LAYOUT_IDS = {None: 0, "Q4_K": 12, "Q6_K": 14}
+
+
+def quantize_defines(layout: str | None = None) -> dict:
+    """``#define``\\ s of quantize_q8_1.cu: HX_LAYOUT is 0 (llama.cpp's blocks) or the ggml type id of
+    the weight whose mat-vec reads the layout."""
+    return {"HX_LAYOUT": 0 if layout is None else GGML_TYPE_ID[layout]}
 
 
 def quantize_kernel(layout: str | None = None):
     """The compiled quantize kernel writing ``layout`` (None: llama.cpp's blocks)."""
     from ._cuda import get_kernel
 
-    return get_kernel("quantize_q8_1.cu", "quantize_q8_1", {"HX_LAYOUT": _LAYOUT_IDS[layout]})
+    return get_kernel("quantize_q8_1.cu", "quantize_q8_1", quantize_defines(layout))
 
 
 def _quantize_q8_1_cuda(x, layout=None):
