@@ -40,6 +40,11 @@ class DeviceProfile:
     def __post_init__(self):
         object.__setattr__(self, "occupancy", MappingProxyType(dict(self.occupancy)))
 
+    def __hash__(self) -> int:
+        # plans are cached per profile; the occupancy mapping is read-only, so hash its items
+        return hash((self.name, self.compute_capability, self.sm_count, tuple(sorted(self.occupancy.items())),
+                     self.mmvq_table))
+
     def blocks_per_sm(self, kernel: str) -> int:
         """Recorded occupancy of ``kernel``; a :class:`PlanError` names a missing one."""
         try:
@@ -93,8 +98,8 @@ def get_profile(name: str | DeviceProfile | None = None) -> DeviceProfile:
 def current_device(occupancy: Mapping[str, int] | None = None) -> DeviceProfile:
     """Profile of the current CUDA device, read from the driver through CuPy.
 
-    ``occupancy`` is filled in by the kernel modules, which know their compiled
-    kernels (see ``hiraishin.kernels.fattn_vec.measure_occupancy``).
+    ``occupancy`` is filled in by the caller that knows the compiled kernels (the CUDA backend,
+    through ``hiraishin.kernels.attention.launch.measure_occupancy``).
     """
     try:
         import cupy

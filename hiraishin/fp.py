@@ -26,7 +26,12 @@ from numba import njit, types
 from numba.core.errors import TypingError
 from numba.extending import intrinsic
 
-__all__ = ["fmaf", "expf", "roundf", "warp_sum32", "EXP_LO", "EXP_HI", "expf_array"]
+__all__ = ["fmaf", "expf", "roundf", "warp_sum32", "EXP_LO", "EXP_HI", "expf_array", "F16_TO_F32",
+           "f32_to_f16_bits", "u16le"]
+
+# fp16 bits -> float32 value, for all 65536 patterns (exact conversion; a table is the fastest
+# way for the emulators to read fp16 scale fields).
+F16_TO_F32 = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
 
 
 @intrinsic
@@ -132,3 +137,51 @@ def warp_sum32(x):
     for i in range(2):
         a[i] = a[i] + a[i + 2]
     return a[0] + a[1]
+
+
+@njit(cache=True, inline="always")
+def u16le(a, i, o):
+    """The little-endian 16-bit word at bytes ``a[i, o], a[i, o+1]`` (an fp16 field's bits)."""
+    return np.int64(a[i, o]) | (np.int64(a[i, o + 1]) << 8)
+
+
+@intrinsic
+def _f32_bits(typingctx, x):
+    """The IEEE bit pattern of a float32, as uint32 (an LLVM bitcast)."""
+    if x != types.float32:
+        raise TypingError(f"_f32_bits needs a float32, got {x}")
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+
+    return types.uint32(types.float32), codegen
+
+
+@njit(cache=True, inline="always")
+def f32_to_f16_bits(x):
+    """IEEE fp32 -> fp16 conversion, round to nearest even (CUDA ``cvt.rn.f16.f32``); returns the bits."""
+    bits = np.int64(_f32_bits(x))
+    sign = (bits >> 16) & 0x8000
+    exp = (bits >> 23) & 0xFF
+    mant = bits & 0x7FFFFF
+    if exp == 0xFF:  # inf or nan (nan keeps a quiet payload bit)
+        return sign | 0x7C00 | (0x200 if mant != 0 else 0)
+    e = exp - 112  # rebias 127 -> 15
+    if e >= 31:
+        return sign | 0x7C00
+    if e <= 0:  # fp16 subnormal (or zero): value = m * 2**-24
+        shift = 14 - e
+        if shift > 24:
+            return sign
+        full = mant | 0x800000
+        r = full >> shift
+        rem = full & ((1 << shift) - 1)
+        half = 1 << (shift - 1)
+        if rem > half or (rem == half and (r & 1) == 1):
+            r += 1
+        return sign | r
+    r = (e << 10) | (mant >> 13)
+    rem = mant & 0x1FFF
+    if rem > 0x1000 or (rem == 0x1000 and (r & 1) == 1):
+        r += 1  # may carry into the exponent, up to inf: that is the correct rounding
+    return sign | r

@@ -1,11 +1,11 @@
 """Reduction orders: the order of float adds as data.
 
-A :class:`ReductionOrder` is a policy. Given the shape of one pass (how many
-columns a mat-vec gets, how many queries an attention launch gets, how long the
-KV cache is, which device) it returns a *plan*: the geometry every kernel uses
-to group its float additions. The kernels (``hiraishin.kernels``) and their
-CPU emulators both execute plans, so batch-variant and batch-invariant orders
-are one argument, not two code paths.
+A :class:`ReductionOrder` is a policy, the lowest layer of the library: plain data. Given the
+shape of one pass (how many columns a mat-vec gets, how many queries an attention launch gets,
+how long the KV cache is, which device), :mod:`hiraishin.plans` turns it into a *plan*: the
+geometry every kernel uses to group its float additions. The kernels (``hiraishin.kernels``)
+and their CPU emulators both execute plans, so batch-variant and batch-invariant orders are one
+argument, not two code paths.
 
 Presets:
 
@@ -23,7 +23,7 @@ Presets:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import ClassVar, Literal
 
 from .errors import PlanError
@@ -81,6 +81,11 @@ class ReductionOrder:
             )
         if self.kv_boundary is not None and self.kv_boundary < 1:
             raise PlanError(f"{self.name}: kv_boundary must be >= 1, got {self.kv_boundary}")
+        # Orders key every plan cache and prepared launch: hash the fields once, not per lookup.
+        object.__setattr__(self, "_hash", hash(tuple(getattr(self, f.name) for f in fields(self))))
+
+    def __hash__(self) -> int:
+        return self._hash
 
     @classmethod
     def custom(cls, name: str = "custom", **geometry) -> "ReductionOrder":
@@ -101,20 +106,6 @@ class ReductionOrder:
     def with_device(self, device: str) -> "ReductionOrder":
         """The same policy, planning for the named device profile."""
         return replace(self, device=device)
-
-    def matvec_plan(self, ncols: int, qtype: str, device=None):
-        """The mat-vec plan for ``ncols`` columns of a ``qtype`` weight."""
-        from .kernels.mmvq import plan_matvec
-
-        return plan_matvec(self, ncols, qtype, device if device is not None else self.device)
-
-    def attention_plan(self, n_queries: int, kv_len: int, n_head: int, n_head_kv: int,
-                       head_dim: int = 128, device=None):
-        """The attention plan for ``n_queries`` queries over ``kv_len`` filled KV cells."""
-        from .kernels.fattn_vec import plan_attention
-
-        return plan_attention(self, n_queries, kv_len, n_head, n_head_kv, head_dim,
-                              device if device is not None else self.device)
 
     def verify_limit(self, start_pos: int, n_tokens: int) -> int:
         """How many of ``n_tokens`` tokens starting at ``start_pos`` one verify pass may take.

@@ -5,14 +5,79 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..kernels import attention, elementwise, mmvq, quantize, rmsnorm, rope, tiled
+from ..kernels.attention.emulate import emulate_combine, emulate_partials
 from .base import Backend
 
-__all__ = ["CpuBackend"]
+__all__ = ["CpuBackend", "CpuOps"]
+
+
+class CpuOps:
+    """The ops without checks, on numpy arrays: each calls its op's emulator (``out`` is ignored)."""
+
+    def __init__(self, backend: "CpuBackend"):
+        self.backend = backend
+
+    def positions(self, start_pos: int, n: int):
+        return np.arange(start_pos, start_pos + n, dtype=np.int32)
+
+    def get_rows(self, table, qtype: str, ids, out=None):
+        return elementwise.emulate_get_rows(table, qtype, ids)
+
+    def rms_norm(self, x, w, eps: float, out=None):
+        return rmsnorm.emulate(x, w, eps)
+
+    def rope(self, x, pos, cos_table, sin_table, out=None):
+        return rope.emulate(x, pos, cos_table, sin_table)
+
+    def swiglu(self, g, u, out=None):
+        return elementwise.emulate_swiglu(g, u)
+
+    def add(self, a, b, out=None):
+        return elementwise.emulate_add(a, b)
+
+    def quantize(self, x, layout: str | None = None):
+        return quantize.emulate(x, layout)
+
+    def mul_mat_q8_1(self, w, qtype: str, xq, plan):
+        if plan.kernel == "tiled":
+            return tiled.emulate(w, qtype, xq, plan)
+        return mmvq.emulate(w, qtype, xq, plan)
+
+    def mul_mat(self, w, qtype: str, x, order, out=None):
+        return self.mul_mats(((w, qtype),), x, order)[0]
+
+    def mul_mats(self, weights, x, order, outs=None) -> list:
+        # one quantization shared by every weight (the emulators read llama.cpp's layout)
+        xq = quantize.emulate(x)
+        return [self.mul_mat_q8_1(w, qtype, xq, self.backend.matvec_plan(order, x.shape[0], qtype))
+                for w, qtype in weights]
+
+    def flash_attn(self, q, k_cache, v_cache, q_pos, plan, out=None):
+        return attention.emulate(q, k_cache, v_cache, q_pos, plan)
+
+    def attention(self, q, k_cache, v_cache, q_pos, kv_len: int, order, out=None):
+        T, H, D = q.shape
+        plan = self.backend.attention_plan(order, T, kv_len, H, k_cache.shape[1], D)
+        return attention.emulate(q, k_cache, v_cache, q_pos, plan)
+
+    def attention_partials(self, q, k_cache, v_cache, q_pos, plan):
+        return emulate_partials(q, k_cache, v_cache, q_pos, plan)
+
+    def attention_combine(self, parts, meta):
+        return emulate_combine(parts, meta)
+
+    def write_kv(self, cache, layer: int, start_pos: int, k, v) -> None:
+        cache.write(layer, start_pos, k, v)
 
 
 class CpuBackend(Backend):
     name = "cpu"
     xp = np
+
+    def __init__(self, device=None):
+        super().__init__(device)
+        self.ops = CpuOps(self)
 
     def to_device(self, a):
         return np.asarray(a)

@@ -38,8 +38,10 @@ from .q4_k import dequantize_q4_k, quantize_q4_k
 from .q6_k import dequantize_q6_k, quantize_q6_k
 from .q8_0 import dequantize_q8_0, quantize_q8_0
 from .q8_1 import dequantize_q8_1, quantize_q8_1
+from .random import random_blocks
 
 __all__ = [
+    "random_blocks",
     "BLOCK_BYTES",
     "BLOCK_DTYPES",
     "BLOCK_ELEMS",

@@ -22,29 +22,22 @@
 //
 // Compile-time: HX_QTYPE (HX_Q4_K | HX_Q6_K | HX_Q8_0).
 
-#define HX_Q4_K 12
-#define HX_Q6_K 14
-#define HX_Q8_0 8
-
-#define HX_TILE_ROWS 32
-#define HX_COLS_PER_THREAD 4
-#define HX_COL_GROUPS 4
+// The tile (HX_TILE_ROWS, HX_COLS_PER_THREAD, HX_COL_GROUPS) comes from hiraishin/plans/matvec.py
+// and the block facts (type ids, HX_Q8_1_BYTES, HX_STEP_BYTES = weight bytes per 256 values)
+// from hiraishin.quant, as #defines (hiraishin/kernels/tiled/launch.py).
 #define HX_TILE_COLS (HX_COLS_PER_THREAD * HX_COL_GROUPS)
 #define HX_THREADS (HX_TILE_ROWS * HX_COL_GROUPS)
-#define HX_STEP_VALUES 256                    // values of K per step
-#define HX_Y_BLOCK_BYTES 36                   // block_q8_1
-#define HX_Y_STEP_WORDS (8 * HX_Y_BLOCK_BYTES / 4)  // 8 q8_1 blocks = 72 ints per column
+#define HX_STEP_VALUES HX_QK_K                // values of K per step
+#define HX_Y_BLOCK_BYTES HX_Q8_1_BYTES        // block_q8_1
+#define HX_Y_STEP_WORDS (HX_STEP_VALUES / HX_QK8_1 * HX_Y_BLOCK_BYTES / 4)  // 8 q8_1 blocks = 72 ints per column
 
 // Bytes of one row per step, and the shared-memory row stride in 16-bit units, padded so
 // that the stride in 32-bit words is odd (32 rows read the same offset without bank conflicts).
 #if HX_QTYPE == HX_Q4_K
-#define HX_STEP_BYTES 144
 #define HX_SH_STRIDE 74
 #elif HX_QTYPE == HX_Q6_K
-#define HX_STEP_BYTES 210
 #define HX_SH_STRIDE 106
 #elif HX_QTYPE == HX_Q8_0
-#define HX_STEP_BYTES 272  // 8 blocks of 34 bytes
 #define HX_SH_STRIDE 138
 #else
 #error "HX_QTYPE must be HX_Q4_K, HX_Q6_K or HX_Q8_0"

@@ -1,11 +1,11 @@
 """Compile and cache the library's CUDA sources with CuPy (NVRTC).
 
-Every kernel module ships its CUDA C as a ``.cu`` file beside its launcher
-(package data). :func:`load_source` reads those files with importlib.resources
-and prepends ``fp.cuh`` (NVRTC has no include path into the package), and
-:func:`get_kernel` compiles the text with ``#define``\\ s for the geometry in
-front, once per (source, defines, name expressions), into a
-``cupy.RawModule``.
+Every op folder (``hiraishin/kernels/<op>/``) ships its CUDA C as a ``.cu`` file beside its
+launcher and emulator (package data). Sources are named by their path under
+``hiraishin/kernels`` (``"mmvq/mmvq.cu"``). :func:`load_source` reads them with
+importlib.resources and prepends ``fp.cuh`` (NVRTC has no include path into the package), and
+:func:`get_kernel` compiles the text with ``#define``\\ s for the geometry in front, once per
+(source, defines, name expressions), into a ``cupy.RawModule``.
 
 Compile options: C++17 and IEEE arithmetic. We never pass ``-use_fast_math``
 and we also turn FMA contraction off (``--fmad=false``): the kernels write
@@ -32,6 +32,8 @@ __all__ = [
     "cupy_available",
     "require_cupy",
     "load_source",
+    "defines_text",
+    "format_defines",
     "get_kernel",
     "precompile",
     "kernel_attributes",
@@ -95,14 +97,33 @@ def require_cupy():
 @functools.lru_cache(maxsize=None)
 def _read(name: str) -> str:
     try:
-        return resources.files("hiraishin.kernels").joinpath(name).read_text(encoding="utf-8")
+        return resources.files("hiraishin.kernels").joinpath(*name.split("/")).read_text(encoding="utf-8")
     except FileNotFoundError:
         raise BackendError(f"CUDA source {name!r} is not in the hiraishin.kernels package data") from None
 
 
+@functools.lru_cache(maxsize=1)
+def format_defines() -> dict:
+    """Block-format facts every source gets as ``#define``\\ s, computed from :mod:`hiraishin.quant`.
+
+    ggml type ids (``HX_Q4_K`` ...), values per block (``HX_QK_K``, ``HX_QK8_0``) and bytes per block
+    (``HX_Q4_K_BYTES`` ...): the CUDA sources repeat no table of their own.
+    """
+    from ..quant import BLOCK_BYTES, BLOCK_ELEMS, GGML_TYPE_ID
+
+    out = {}
+    for qtype in ("Q4_K", "Q6_K", "Q8_0", "Q8_1"):
+        out[f"HX_{qtype}"] = GGML_TYPE_ID[qtype]
+        out[f"HX_{qtype}_BYTES"] = BLOCK_BYTES[qtype]
+    out["HX_QK_K"] = BLOCK_ELEMS["Q4_K"]
+    out["HX_QK8_0"] = BLOCK_ELEMS["Q8_0"]
+    out["HX_QK8_1"] = BLOCK_ELEMS["Q8_1"]
+    return out
+
+
 def load_source(*names: str) -> str:
-    """Text of ``fp.cuh`` followed by the named ``.cu``/``.cuh`` files of this package."""
-    parts = [_read(_PRELUDE)]
+    """The block-format defines, ``fp.cuh``, then the named ``.cu``/``.cuh`` files of this package."""
+    parts = [defines_text(format_defines()) + _read(_PRELUDE)]
     for name in names:
         if name == _PRELUDE:
             continue
@@ -110,7 +131,8 @@ def load_source(*names: str) -> str:
     return "\n".join(parts)
 
 
-def _defines_text(defines: Mapping[str, object]) -> str:
+def defines_text(defines: Mapping[str, object]) -> str:
+    """``#define NAME VALUE`` lines (sorted) for ``defines``; what :func:`get_module` prepends."""
     lines = []
     for key, value in sorted(defines.items()):
         if not key.isidentifier():
@@ -147,7 +169,7 @@ def get_module(source_key: str | Iterable[str], defines: Mapping[str, object] | 
         # Compiled outside the lock: NVRTC runs without the GIL, so threads (see precompile)
         # compile different modules at the same time. Two threads asking for the same module
         # both compile it; the first stored wins.
-        code = _defines_text(defines) + load_source(*names)
+        code = defines_text(defines) + load_source(*names)
         try:
             mod = cupy.RawModule(code=code, options=NVRTC_OPTIONS, backend="nvrtc",
                                  name_expressions=exprs)
@@ -195,7 +217,7 @@ def get_kernel(source_key: str | Iterable[str], name: str, defines: Mapping[str,
                name_expressions: Iterable[str] | None = None):
     """The ``cupy.RawKernel`` ``name`` from ``source_key`` compiled with ``defines``.
 
-    ``source_key`` is one file name (``"mmvq.cu"``) or several, concatenated
+    ``source_key`` is one source path (``"mmvq/mmvq.cu"``) or several, concatenated
     after ``fp.cuh``. ``defines`` become ``#define`` lines in front of the
     source; compiled modules are cached per (sources, defines, name expressions),
     and the kernel objects per (sources, name, defines, name expressions), so a

@@ -20,7 +20,7 @@
 //   * Q4_K reads a super-block's d, dmin and 12 scale bytes with one 16-byte load, Q6_K its
 //     quant ints with 4-byte loads, where the weight's alignment allows it (checked at run time;
 //     otherwise narrower loads of the same bytes);
-//   * Q4_K and Q6_K activations come in the threads' own layout (q8_1_layout.py): one 8/16-byte
+//   * Q4_K and Q6_K activations come in the threads' own layout (hiraishin/kernels/quantize/layout.py): one 8/16-byte
 //     load per column and kind of data, scales already float32, Q4_K's value sums precomputed.
 //
 // Compile-time: HX_QTYPE (HX_Q4_K | HX_Q6_K | HX_Q8_0), HX_NCOLS (1..16), HX_RPB (1..8),
@@ -30,28 +30,15 @@
 // Run-time: nrows, stride_dst (floats between output columns).
 // Dynamic shared memory (HX_NWARPS-1)*HX_NCOLS*HX_RPB*32 floats. Grid: (ceil(nrows / HX_RPB), 1, 1).
 
-#define HX_Q4_K 12  // ggml type ids
-#define HX_Q6_K 14
-#define HX_Q8_0 8
-
-// Per type (reference section 2 table, vecdotq.cuh): values per block, bytes per block,
-// VDR_MMVQ (ints per thread per call) and qi/vdr (threads per weight block).
-#if HX_QTYPE == HX_Q4_K
-#define HX_QK 256
-#define HX_BLOCK_BYTES 144
-#define HX_VDR 2
-#define HX_TPB 16
-#elif HX_QTYPE == HX_Q6_K
-#define HX_QK 256
-#define HX_BLOCK_BYTES 210
-#define HX_VDR 1
-#define HX_TPB 32
-#elif HX_QTYPE == HX_Q8_0
-#define HX_QK 32
-#define HX_BLOCK_BYTES 34
-#define HX_VDR 2
-#define HX_TPB 4
-#else
+// Block facts come from Python (hiraishin/kernels/mmvq/launch.py kernel_defines, from hiraishin.quant
+// and the plan's traits): HX_QK (values per block), HX_BLOCK_BYTES, HX_VDR (VDR_MMVQ, ints per
+// thread per call), HX_TPB (qi/vdr, threads per weight block), HX_Y_STEP (activation bytes per
+// weight block in the layout the kernel reads); the ggml type ids HX_Q4_K/HX_Q6_K/HX_Q8_0 come
+// with every source (hiraishin/kernels/compile.py).
+#if !defined(HX_QK) || !defined(HX_BLOCK_BYTES) || !defined(HX_VDR) || !defined(HX_TPB) || !defined(HX_Y_STEP)
+#error "mmvq.cu needs HX_QK, HX_BLOCK_BYTES, HX_VDR, HX_TPB and HX_Y_STEP from kernel_defines"
+#endif
+#if HX_QTYPE != HX_Q4_K && HX_QTYPE != HX_Q6_K && HX_QTYPE != HX_Q8_0
 #error "HX_QTYPE must be HX_Q4_K, HX_Q6_K or HX_Q8_0"
 #endif
 
@@ -60,17 +47,7 @@
 #endif
 constexpr int hx_unroll = HX_UNROLL;  // #pragma unroll takes a constant, not a macro
 
-#define HX_Y_BLOCK_BYTES 36  // block_q8_1
 #define HX_BPI (32 * HX_NWARPS / HX_TPB)                                  // weight blocks per kbx step
-// Activation bytes per weight block: Q4_K and Q6_K read the q8_1 data in their own layout
-// (hiraishin/kernels/q8_1_layout.py: 416 / 288 bytes per super-block), Q8_0 llama.cpp's blocks.
-#if HX_QTYPE == HX_Q4_K
-#define HX_Y_STEP 416
-#elif HX_QTYPE == HX_Q6_K
-#define HX_Y_STEP 288
-#else
-#define HX_Y_STEP HX_Y_BLOCK_BYTES
-#endif
 #define HX_COL_BYTES (HX_NBLOCKS * HX_Y_STEP)                             // q8_1 bytes per column
 #define HX_ROW_BYTES ((long long)HX_NBLOCKS * HX_BLOCK_BYTES)
 

@@ -32,11 +32,8 @@ extern "C" __global__ void hx_add_f32(const float* __restrict__ a, const float* 
 //   Q4_K: (d * sc) * q - (dmin * m)        two products, then one subtraction (no fma)
 //   Q6_K: (d * sc) * q
 
-#define HX_QK_K 256
-#define HX_Q4_K_BYTES 144
-#define HX_Q6_K_BYTES 210
-#define HX_QK8_0 32
-#define HX_Q8_0_BYTES 34
+// HX_QK_K, HX_Q4_K_BYTES, HX_Q6_K_BYTES, HX_QK8_0, HX_Q8_0_BYTES: block facts every source gets
+// from hiraishin.quant (hiraishin/kernels/compile.py format_defines).
 
 // Element col of a row, per type: row points at the row's first block.
 __device__ __forceinline__ float hx_row_q4_K(const unsigned char* row, const int col) {

@@ -9,12 +9,12 @@
 //
 // Layout (HX_LAYOUT): 0 (default), llama.cpp's: y is (ncols, K/32) blocks of 36 bytes:
 // fp16 d, fp16 s, int8 qs[32]. HX_Q6_K / HX_Q4_K: the same values in the order the mat-vec
-// threads for that weight type read them (hiraishin/kernels/q8_1_layout.py has the tables):
+// threads for that weight type read them (hiraishin/kernels/quantize/layout.py has the tables):
 // per 8 blocks (one weight super-block) a record of 288 / 416 bytes with the ints regrouped per
 // thread, d as float32 (the fp16 value, exactly) and, for Q4_K, per-thread integer sums.
 // Launch: grid (ceil(K/32 / HX_Q8_WARPS), ncols), block (32 * HX_Q8_WARPS).
 
-#define HX_Q8_1_BYTES 36
+// HX_Q8_1_BYTES (36) and the type ids come from hiraishin.quant (compile.py format_defines).
 #ifndef HX_LAYOUT
 #define HX_LAYOUT 0
 #endif

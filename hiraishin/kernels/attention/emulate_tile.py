@@ -15,36 +15,21 @@ the float operations differently:
   kernel does;
 * the output of a (query, dim) is one thread's sequential sum over the cells.
 
-Results for ``P > 1`` go through the vector module's combine kernel. The
-Numba emulator here does the same operations in the same order; its entry is
-:func:`emulate_tile_partials` (``fattn_vec.flash_attn`` calls it).
+Results for ``P > 1`` go through the vector kernels' combine. The Numba emulator here does the
+same operations in the same order; its entry is :func:`emulate_tile_partials` (``emulate.emulate``
+calls it).
 """
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 from numba import njit
 
-from ..fp import expf, fmaf, warp_sum32
+from ...fp import expf, fmaf, warp_sum32
+from ...plans.attention import NTHREADS, TILE_CELLS, TILE_QUERIES
 
-__all__ = [
-    "KERNEL_NAME",
-    "SOURCE",
-    "NTHREADS",
-    "TILE_QUERIES",
-    "TILE_CELLS",
-    "SOFTMAX_FTZ_THRESHOLD",
-    "emulate_tile_partials",
-    "launch_tile",
-]
+__all__ = ["emulate_tile_partials", "SOFTMAX_FTZ_THRESHOLD", "TILE_QUERIES", "TILE_CELLS", "NTHREADS"]
 
-KERNEL_NAME = "fattn_tile"
-SOURCE = "fattn_tile.cu"
-NTHREADS = 128  # FT_NTHREADS
-TILE_QUERIES = 8  # FT_TILE_Q: queries per block
-TILE_CELLS = 64  # FT_TILE_KV: cells per shared-memory tile (the kernel's KV granularity)
 # llama.cpp SOFTMAX_FTZ_THRESHOLD (ggml/src/ggml-cuda/fattn-common.cuh), used by the MMA kernel
 SOFTMAX_FTZ_THRESHOLD = np.float32(-20.0)
 
@@ -136,22 +121,3 @@ def emulate_tile_partials(q, k32, v32, q_pos, kv_len, n_blocks, split_cells, kv_
     _tile_partials(q, k32, v32, q_pos, kv_len, n_blocks, split_cells, kv_attended, np.float32(scale),
                    parts, meta)
     return parts, meta
-
-
-@functools.cache
-def _kernel(head_dim: int):
-    from ._cuda import get_kernel
-
-    return get_kernel(SOURCE, KERNEL_NAME, defines={"HX_D": head_dim})
-
-
-def launch_tile(q, k_cache, v_cache, q_pos, kv_len, n_blocks, split_cells, kv_attended, scale,
-                dst, parts, meta):
-    """Launch fattn_tile on CuPy arrays (validated by the caller); P == 1 writes ``dst``."""
-    T, H, D = q.shape
-    kernel = _kernel(D)
-    grid = ((T + TILE_QUERIES - 1) // TILE_QUERIES, n_blocks, H)
-    kernel(grid, (NTHREADS, 1, 1),
-           (q, k_cache, v_cache, q_pos, dst, parts, meta, np.int32(T), np.int32(H),
-            np.int32(k_cache.shape[1]), np.int32(kv_len), np.int32(kv_attended),
-            np.int32(split_cells), np.float32(scale)))

@@ -11,7 +11,7 @@
 //     p[lane] + p[lane+32], running sum S = fma(S, scale, tile_sum);
 //   * V: thread owns (query, dim) outputs and adds the 64 cells of a tile in order.
 // P == 1: dst = o / S.  P > 1: parts = o, meta = (max, S), merged by fattn_combine (fattn_vec.cu).
-// Every rounding-relevant op is an explicit intrinsic; the emulator in fattn_tile.py mirrors them.
+// Every rounding-relevant op is an explicit intrinsic; the emulator in emulate_tile.py mirrors them.
 // Needs fp.cuh prepended and HX_D (64 or 128) defined.
 
 #ifndef HX_D
@@ -19,9 +19,11 @@
 #endif
 static_assert(HX_D == 64 || HX_D == 128, "fattn_tile supports head dimensions 64 and 128");
 
-#define FT_NTHREADS 128
-#define FT_TILE_Q 8    // queries per block
-#define FT_TILE_KV 64  // cells per shared-memory tile
+// FT_NTHREADS (128), FT_TILE_Q (queries per block, 8) and FT_TILE_KV (cells per shared-memory
+// tile, 64) come from hiraishin/plans/attention.py (NTHREADS, TILE_QUERIES, TILE_CELLS).
+#if !defined(FT_NTHREADS) || !defined(FT_TILE_Q) || !defined(FT_TILE_KV)
+#error "fattn_tile.cu needs FT_NTHREADS, FT_TILE_Q and FT_TILE_KV from the launcher"
+#endif
 // llama.cpp SOFTMAX_FTZ_THRESHOLD (fattn-common.cuh): exp of differences below it are flushed to 0
 #define FT_FTZ_THRESHOLD (-20.0f)
 #define FT_NEG_HALF_FLT_MAX __int_as_float(0xfeffffff)

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..errors import BackendError, HiraishinError
 
-__all__ = ["KVCache", "KVCacheError"]
+__all__ = ["KVCache", "KVCacheError", "cache_bytes"]
 
 
 class KVCacheError(HiraishinError, ValueError):
@@ -26,10 +26,15 @@ def _array_module(backend: str):
     if backend == "cpu":
         return np
     if backend == "cuda":
-        from ..kernels._cuda import require_cupy
+        from ..kernels.compile import require_cupy
 
         return require_cupy()
     raise BackendError(f"unknown backend {backend!r}; use 'cpu' or 'cuda'")
+
+
+def cache_bytes(n_layer: int, n_ctx: int, n_head_kv: int, head_dim: int) -> int:
+    """Bytes of an f16 K and V cache of ``n_ctx`` cells (2 tensors x 2 bytes per value)."""
+    return 2 * n_layer * n_ctx * n_head_kv * head_dim * 2
 
 
 class KVCache:
@@ -51,8 +56,20 @@ class KVCache:
         self.backend = backend
         self._xp = _array_module(backend)
         shape = (self.n_ctx, self.n_head_kv, self.head_dim)
-        self._k = [self._xp.zeros(shape, dtype=self._xp.float16) for _ in range(self.n_layer)]
-        self._v = [self._xp.zeros(shape, dtype=self._xp.float16) for _ in range(self.n_layer)]
+        self._k, self._v = [], []
+        try:
+            for _ in range(self.n_layer):
+                self._k.append(self._xp.zeros(shape, dtype=self._xp.float16))
+                self._v.append(self._xp.zeros(shape, dtype=self._xp.float16))
+        except Exception as exc:  # noqa: BLE001 - MemoryError, or CuPy's OutOfMemoryError (not a MemoryError)
+            if not _is_out_of_memory(exc):
+                raise
+            self._k, self._v = [], []  # release what was allocated before saying so
+            per_cell = cache_bytes(self.n_layer, 1, self.n_head_kv, self.head_dim)
+            raise KVCacheError(
+                f"KVCache: {self.n_ctx} cells need {per_cell * self.n_ctx / 2**30:.2f} GiB "
+                f"({per_cell} bytes per cell) on {backend}, which is not available{_fits(self._xp, per_cell)}"
+            ) from None
         self._length = 0
 
     @property
@@ -63,7 +80,7 @@ class KVCache:
     @property
     def nbytes(self) -> int:
         """Bytes held by all K and V arrays."""
-        return 2 * self.n_layer * self.n_ctx * self.n_head_kv * self.head_dim * 2
+        return cache_bytes(self.n_layer, self.n_ctx, self.n_head_kv, self.head_dim)
 
     def _check_layer(self, layer: int) -> int:
         if int(layer) != layer or not 0 <= layer < self.n_layer:
@@ -130,3 +147,19 @@ class KVCache:
     def __repr__(self) -> str:
         return (f"KVCache(n_layer={self.n_layer}, n_ctx={self.n_ctx}, n_head_kv={self.n_head_kv}, "
                 f"head_dim={self.head_dim}, backend={self.backend!r}, length={self._length})")
+
+
+def _is_out_of_memory(exc: BaseException) -> bool:
+    return isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError"
+
+
+def _fits(xp, per_cell: int) -> str:
+    """', at most N cells fit now' for a GPU (free memory / bytes per cell), else ''."""
+    if xp is np:
+        return ""
+    try:
+        xp.get_default_memory_pool().free_all_blocks()
+        free, _ = xp.cuda.runtime.memGetInfo()
+    except Exception:  # noqa: BLE001 - only for the message
+        return ""
+    return f"; at most {free // per_cell} cells fit in the {free / 2**30:.2f} GiB free now"

@@ -1,6 +1,6 @@
 """The q8_1 activations re-ordered for the mat-vec kernel's threads (Q4_K and Q6_K weights).
 
-In llama.cpp's layout (:mod:`.quantize_q8_1`: blocks of fp16 d, fp16 s, 32 int8) a mat-vec
+In llama.cpp's layout (:mod:`hiraishin.kernels.quantize`: blocks of fp16 d, fp16 s, 32 int8) a mat-vec
 thread gathers its activation ints from two or four q8_1 blocks with one 4-byte load each, plus
 two fp16 scale loads and conversions, for every column. The kernel's *float* operations are
 fixed (they decide the bits); where the integers come from is not. So on the GPU the
@@ -24,7 +24,7 @@ Per super-block (block ``b`` = 0..7 of its 8 q8_1 blocks; ``int m`` = values 4m.
 
 Rows of weights with K values have K / 256 super-blocks, so a column is K/256 * 288 (Q6_K) or
 K/256 * 416 (Q4_K) bytes. The quantize kernel writes these layouts directly
-(``quantize_q8_1(x, "cuda", layout=...)``); :func:`to_layout` converts llama.cpp-layout bytes
+(``quantize.launch(x, out, layout=...)``); :func:`to_layout` converts llama.cpp-layout bytes
 (numpy or cupy).
 """
 
@@ -32,10 +32,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import QuantError
-from .quantize_q8_1 import Q8_1_BLOCK_BYTES
+from ...errors import QuantError
+from ...quant import BLOCK_BYTES, QK_K
 
-__all__ = ["LAYOUT_TYPES", "LAYOUT_BYTES", "layout_for", "to_layout"]
+__all__ = ["LAYOUT_TYPES", "LAYOUT_BYTES", "SUPER_BLOCK", "layout_for", "to_layout"]
+
+Q8_1_BLOCK_BYTES = BLOCK_BYTES["Q8_1"]
+SUPER_BLOCK = QK_K  # values per layout unit: one Q4_K/Q6_K weight super-block
 
 # Bytes per weight super-block (per 8 q8_1 blocks) of each layout.
 LAYOUT_BYTES = {"Q6_K": 288, "Q4_K": 416}

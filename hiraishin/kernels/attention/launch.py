@@ -1,0 +1,120 @@
+"""Launchers of ``fattn_vec.cu`` and ``fattn_tile.cu``, and the occupancy the variant plan needs.
+
+``launch`` runs one attention launch of a plan (the combine included when ``P > 1``) on CuPy
+arrays, unchecked, writing into given buffers. :func:`measure_occupancy` asks the driver how many
+blocks of our compiled kernels fit on an SM: stock llama.cpp sizes ``P`` from exactly that, so a
+device profile made from it (:func:`current_profile`) reproduces this GPU's variant plans.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from ...devices import DeviceProfile, current_device
+from ...plans.attention import (KERNEL_COMBINE, KERNEL_Q1, KERNEL_QN, KERNEL_TILE, NTHREADS, TILE_CELLS,
+                                TILE_QUERIES, AttentionPlan)
+from ..compile import get_kernel, kernel_attributes, require_cupy
+from .emulate import attention_scale
+
+__all__ = ["launch", "launch_partials", "launch_combine", "measure_occupancy", "current_profile",
+           "kernel_report"]
+
+SOURCE_VEC = "attention/fattn_vec.cu"
+SOURCE_TILE = "attention/fattn_tile.cu"
+
+
+@functools.cache
+def _kernel(name: str, head_dim: int):
+    if name == KERNEL_TILE:
+        return get_kernel(SOURCE_TILE, name, defines={"HX_D": head_dim, "FT_TILE_Q": TILE_QUERIES,
+                                                      "FT_TILE_KV": TILE_CELLS, "FT_NTHREADS": NTHREADS})
+    return get_kernel(SOURCE_VEC, name, defines={"HX_D": head_dim})
+
+
+@functools.cache
+def _scale(head_dim: int) -> np.float32:
+    return attention_scale(head_dim)
+
+
+def _kv_len(plan: AttentionPlan) -> int:
+    return plan.kv_len if plan.kv_len is not None else plan.kv_attended
+
+
+def launch_partials(q, k_cache, v_cache, q_pos, plan: AttentionPlan, out, parts, meta):
+    """The plan's attention kernel only. With ``P == 1`` it normalises in place into ``out`` (and
+    writes no partials); with ``P > 1`` it writes ``parts`` (T, H, P, D) and ``meta`` (T, H, P, 2)."""
+    T, H, D = q.shape
+    P = plan.parallel_blocks
+    if P == 1:
+        parts = meta = out  # not written by the kernel when P == 1
+    kv_len = _kv_len(plan)
+    scale = _scale(D)
+    if plan.kernel == "tile":
+        grid = ((T + TILE_QUERIES - 1) // TILE_QUERIES, P, H)
+        extent = plan.split_cells
+    else:
+        grid = (-(-T // plan.queries_per_block), P, H)
+        extent = plan.chunk_cells
+    _kernel(plan.kernel_name, D)(
+        grid, (NTHREADS, 1, 1) if plan.kernel == "tile" else (32, NTHREADS // 32, 1),
+        (q, k_cache, v_cache, q_pos, out, parts, meta, np.int32(T), np.int32(H), np.int32(k_cache.shape[1]),
+         np.int32(kv_len), np.int32(plan.kv_attended), np.int32(extent), np.float32(scale)))
+    return out
+
+
+def launch_combine(parts, meta, out):
+    """``fattn_combine``: merge the ``P`` partials (T, H, P, D) in block order into ``out`` (T, H, D)."""
+    T, H, P, D = parts.shape
+    _kernel(KERNEL_COMBINE, D)((T, H, 1), (D, 1, 1), (parts, meta, out, np.int32(P)), shared_mem=8 * P)
+    return out
+
+
+def launch(q, k_cache, v_cache, q_pos, plan: AttentionPlan, out, parts=None, meta=None):
+    """Run ``plan`` on CuPy arrays, unchecked (with the combine when ``P > 1``); returns ``out``.
+
+    ``q`` float32 C-contiguous (T, H, D); caches float16 C-contiguous (n_ctx, n_head_kv, D)
+    holding at least the plan's filled cells; ``q_pos`` int32 C-contiguous (T,) on the device,
+    each in ``0..kv_len-1``; ``plan`` made for exactly these shapes. ``out`` (T, H, D) and, when
+    ``P > 1``, the scratch ``parts`` (T, H, P, D) and ``meta`` (T, H, P, 2): float32 C-contiguous
+    (allocated here when None).
+    """
+    P = plan.parallel_blocks
+    if P > 1 and (parts is None or meta is None):
+        cp = require_cupy()
+        T, H, D = q.shape
+        parts = cp.empty((T, H, P, D), cp.float32) if parts is None else parts
+        meta = cp.empty((T, H, P, 2), cp.float32) if meta is None else meta
+    launch_partials(q, k_cache, v_cache, q_pos, plan, out, parts, meta)
+    return out if P == 1 else launch_combine(parts, meta, out)
+
+
+def _kernels(head_dim: int) -> dict:
+    return {name: _kernel(name, head_dim) for name in (KERNEL_Q1, KERNEL_QN, KERNEL_TILE, KERNEL_COMBINE)}
+
+
+def measure_occupancy(head_dim: int = 128) -> dict[str, int]:
+    """Blocks per SM of our compiled attention kernels, asked from the driver (CuPy).
+
+    ``cuOccupancyMaxActiveBlocksPerMultiprocessor`` with 128 threads and no dynamic shared memory,
+    as llama.cpp asks for its vec kernel. Keys are the :class:`DeviceProfile` occupancy names.
+    """
+    cp = require_cupy()
+    kernels = _kernels(head_dim)
+    return {name: int(cp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(kernels[name].kernel.ptr,
+                                                                               NTHREADS, 0))
+            for name in (KERNEL_Q1, KERNEL_QN, KERNEL_TILE)}
+
+
+@functools.lru_cache(maxsize=None)
+def current_profile(head_dim: int = 128) -> DeviceProfile:
+    """The CUDA device's profile with our kernels' measured occupancy (cached)."""
+    return current_device(measure_occupancy(head_dim))
+
+
+def kernel_report(head_dim: int = 128) -> dict:
+    """Registers, spills, shared memory and occupancy of every attention kernel (for results JSON)."""
+    occupancy = measure_occupancy(head_dim)
+    return {name: dict(kernel_attributes(kernel), blocks_per_sm=occupancy.get(name))
+            for name, kernel in _kernels(head_dim).items()}

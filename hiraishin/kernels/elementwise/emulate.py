@@ -1,0 +1,43 @@
+"""Emulators of ``elementwise.cu``: SwiGLU, add, get_rows (the op sequences are in the package docstring)."""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from ...fp import expf
+from ...quant import dequantize
+
+__all__ = ["emulate_swiglu", "emulate_add", "emulate_get_rows"]
+
+
+@njit(cache=True)
+def _swiglu_flat(g, u, out):
+    one = np.float32(1.0)
+    for i in range(g.size):
+        gi = g[i]
+        out[i] = (gi / (one + expf(-gi))) * u[i]
+
+
+def emulate_swiglu(g: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """``silu(g) * u`` elementwise on float32 numpy arrays of one shape; unchecked."""
+    g = np.ascontiguousarray(g)
+    u = np.ascontiguousarray(u)
+    out = np.empty_like(g)
+    _swiglu_flat(g.reshape(-1), u.reshape(-1), out.reshape(-1))
+    return out
+
+
+def emulate_add(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``a + b`` (numpy's float32 add is the same single IEEE op); unchecked."""
+    return np.add(a, b, dtype=np.float32)
+
+
+def emulate_get_rows(table: np.ndarray, qtype: str, ids: np.ndarray) -> np.ndarray:
+    """Rows ``ids`` of a uint8 (N, row_bytes) ``qtype`` table as float32 (len(ids), K); unchecked.
+
+    The kernels' per-element formulas are the block formats' dequantization (gguf-py's order, op
+    for op), so the emulator is :func:`hiraishin.quant.dequantize` of the selected rows.
+    """
+    rows = np.ascontiguousarray(table[np.asarray(ids, dtype=np.int64)])
+    return dequantize(rows, qtype).reshape(len(ids), -1)

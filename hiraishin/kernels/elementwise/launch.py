@@ -1,0 +1,56 @@
+"""Launchers of ``elementwise.cu`` (1-D launches; no reduction, so the block size changes no bit)."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from ..compile import get_kernel
+
+__all__ = ["launch_swiglu", "launch_add", "launch_get_rows", "GET_ROWS_KERNELS"]
+
+ELEMENTWISE_THREADS = 256  # block size of the 1-D elementwise launches (no reduction: any size is exact)
+GET_ROWS_THREADS = 256
+SOURCE = "elementwise/elementwise.cu"
+# The get_rows kernel of each table type (one kernel body, per-type element functions).
+GET_ROWS_KERNELS = {"Q4_K": "hx_get_rows_q4_K", "Q6_K": "hx_get_rows_q6_K", "Q8_0": "hx_get_rows_q8_0",
+                    "F16": "hx_get_rows_f16", "F32": "hx_get_rows_f32"}
+
+
+@functools.cache
+def _kernel(name: str):
+    return get_kernel(SOURCE, name)
+
+
+def _binary(kernel_name: str, a, b, out):
+    n = a.size
+    if n:
+        blocks = (n + ELEMENTWISE_THREADS - 1) // ELEMENTWISE_THREADS
+        _kernel(kernel_name)((blocks,), (ELEMENTWISE_THREADS,), (a, b, out, np.int64(n)))
+    return out
+
+
+def launch_swiglu(g, u, out):
+    """``hx_swiglu_f32`` into ``out``, unchecked: float32 C-contiguous CuPy arrays of one size,
+    ``out`` overlapping neither input. Returns ``out``."""
+    return _binary("hx_swiglu_f32", g, u, out)
+
+
+def launch_add(a, b, out):
+    """``hx_add_f32`` into ``out``, unchecked (as :func:`launch_swiglu`). Returns ``out``."""
+    return _binary("hx_add_f32", a, b, out)
+
+
+def launch_get_rows(table, qtype: str, ids, out):
+    """``hx_get_rows_<qtype>`` into ``out``, unchecked: grid (len(ids), ceil(K/256)).
+
+    ``table`` uint8 C-contiguous (N, row_bytes) CuPy array of ``qtype`` blocks, ``ids`` int32
+    C-contiguous (T,) on the device, each in ``0..N-1``, ``out`` float32 C-contiguous (T, K).
+    """
+    n_cols = out.shape[1]
+    if ids.size:
+        grid = (ids.size, (n_cols + GET_ROWS_THREADS - 1) // GET_ROWS_THREADS)
+        _kernel(GET_ROWS_KERNELS[qtype])(grid, (GET_ROWS_THREADS,),
+                                         (table, ids, out, np.int32(n_cols), np.int64(table.shape[1])))
+    return out

@@ -1,0 +1,38 @@
+"""Fused kernels for what runs between the mat-vecs: fewer launches, the same bits.
+
+Each kernel performs exactly the float operations of the unfused sequence it replaces, in the
+same order (no new reduction order: every sum keeps the unfused kernel's tree), so its outputs
+equal that sequence's bit for bit; tests/test_fused.py (the CUDA source on the CPU, through the
+g++ shim) and tests/test_fused_gpu.py (on a GPU) check it against the unfused kernels and the
+emulators. ``layout`` is the q8_1 activation layout written: ``None`` (llama.cpp's blocks),
+``"Q4_K"`` or ``"Q6_K"`` (the mat-vec's, :mod:`hiraishin.kernels.quantize.layout`).
+
+============================  ===========================================================================
+fused kernel (``fused.cu``)   equals, bit for bit
+============================  ===========================================================================
+``hx_rms_norm_q8_1``          ``y = rmsnorm.cu hx_rms_norm_f32(x, w, eps)`` (rows, n), then
+                              ``quantize_q8_1.cu quantize_q8_1(y)`` in ``layout``; optionally ``y`` too
+``hx_add_rms_norm_q8_1``      ``s = elementwise.cu hx_add_f32(a, b)`` (written: the next residual),
+                              then ``hx_rms_norm_q8_1(s, w, eps)``
+``hx_swiglu_q8_1``            ``m = elementwise.cu hx_swiglu_f32(g, u)``, then ``quantize_q8_1(m)`` in
+                              ``layout``; optionally ``m`` too
+``hx_qk_norm_rope_kv``        ``hx_rms_norm_f32`` of every head of q (T, H, D) with ``q_norm_w`` and of k
+                              (T, Hkv, D) with ``k_norm_w``; ``rope.cu hx_rope_neox_f32`` of both at
+                              ``pos`` (a device int32 (T,)); q out as float32; k (after RoPE) and v
+                              rounded f32 -> f16 (nearest even) into the KV-cache cells ``pos[t]`` of one
+                              layer (``model/kv_cache.py``: (n_ctx, Hkv, D) float16), what
+                              ``KVCache.write`` / the backend's ``write_kv`` store; optionally k float32
+============================  ===========================================================================
+
+Geometry: the norm kernels run rmsnorm's launch (one block per row of ``block_threads(n)``
+threads) and quantize inside it (warp ``w`` takes q8_1 blocks ``w, w + nwarps, ...``); SwiGLU
+runs the quantize launch (one warp per q8_1 block). Nothing per step is a scalar argument.
+
+Files: ``fused.cu``; :mod:`.launch` (prepared launches ``RmsNormQ8_1Launch``,
+``AddRmsNormQ8_1Launch``, ``SwigluQ8_1Launch``, ``QkNormRopeKvLaunch`` and cached ``launch_*``
+functions); :mod:`.emulate` (``emulate_*``, the compositions of the unfused emulators).
+"""
+
+from .emulate import emulate_add_rms_norm_q8_1, emulate_qk_norm_rope_kv, emulate_rms_norm_q8_1, emulate_swiglu_q8_1
+
+__all__ = ["emulate_rms_norm_q8_1", "emulate_add_rms_norm_q8_1", "emulate_swiglu_q8_1", "emulate_qk_norm_rope_kv"]

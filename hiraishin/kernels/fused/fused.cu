@@ -1,0 +1,226 @@
+// hiraishin: fused kernels for what runs between the mat-vecs of a decode step. Each one performs
+// exactly the float operations of the unfused kernels it replaces, in the same order, so its
+// bits equal the unfused sequence's (checked in tests/test_fused.py and tests/test_fused_gpu.py):
+//
+//   hx_rms_norm_q8_1       rmsnorm/rmsnorm.cu (hx_rms_norm_f32), then quantize/quantize_q8_1.cu
+//   hx_add_rms_norm_q8_1   elementwise/elementwise.cu (hx_add_f32), then the two above
+//   hx_swiglu_q8_1         elementwise/elementwise.cu (hx_swiglu_f32), then quantize_q8_1.cu
+//   hx_qk_norm_rope_kv     hx_rms_norm_f32 per head of q and of k, rope/rope.cu (hx_rope_neox_f32),
+//                          and the f32 -> f16 cast (round to nearest even) of k and v into the
+//                          KV-cache cells at the token positions (model/kv_cache.py layout)
+//
+// HX_LAYOUT selects the q8_1 layout written, as in quantize_q8_1.cu: 0 llama.cpp's blocks,
+// 12 the Q4_K mat-vec's, 14 the Q6_K mat-vec's (hiraishin/kernels/quantize/layout.py).
+// Requires fp.cuh prepended (hx_warp_sum, hx_warp_max, hx_expf, hx_f2h).
+// Nothing per step is a scalar argument: token positions are read from device memory, so a
+// CUDA graph replays these launches unchanged across steps.
+
+#define HX_Q8_1_BYTES 36
+#ifndef HX_LAYOUT
+#define HX_LAYOUT 0
+#endif
+
+// One q8_1 block: lane `lane` of a warp holds value `xi` of block ib (of nb per row) of row col.
+// The body of quantize_q8_1.cu's kernel after its load, statement for statement. Every lane of
+// the warp must call it (butterflies).
+__device__ __forceinline__ void hx_q8_1_store(unsigned char* __restrict__ y, const int col, const int nb,
+                                              const int ib, const int lane, const float xi) {
+    const float amax = hx_warp_max(fabsf(xi));
+    const float d = __fdiv_rn(amax, 127.0f);
+    const float q = amax == 0.0f ? 0.0f : roundf(__fdiv_rn(xi, d));
+
+    const int qi = (int)q;
+#if HX_LAYOUT == 0
+    unsigned char* blk = y + ((long long)col * nb + ib) * HX_Q8_1_BYTES;
+    blk[4 + lane] = (unsigned char)(signed char)qi;
+    const float sum = hx_warp_sum(xi);  // all lanes take part in the butterfly
+    if (lane == 0) {
+        const unsigned int ds = (unsigned int)hx_f2h(d) | ((unsigned int)hx_f2h(sum) << 16);
+        *(unsigned int*)blk = ds;
+    }
+#else
+    const int b = ib % 8;
+    const int m = lane / 4;
+    const int e = lane % 4;
+    const float dq = hx_h2f(hx_f2h(d));
+#if HX_LAYOUT == 14  // Q6_K
+    unsigned char* rec = y + ((long long)col * (nb / 8) + ib / 8) * 288;
+    const int h = b / 4, r = b % 2, i = (b % 4) / 2;
+    rec[8 * (16 * h + 8 * r + m) + 4 * i + e] = (unsigned char)(signed char)qi;
+    if (lane == 0) {
+        *(float*)(rec + 256 + 4 * (4 * h + 2 * r + i)) = dq;
+    }
+#elif HX_LAYOUT == 12  // Q4_K
+    unsigned char* rec = y + ((long long)col * (nb / 8) + ib / 8) * 416;
+    const int c = b / 2, i = b % 2, p = m % 4;
+    rec[16 * (4 * c + p) + 4 * (2 * i + m / 4) + e] = (unsigned char)(signed char)qi;
+    if (lane == 0) {
+        *(float*)(rec + 256 + 4 * b) = dq;
+    }
+    int s = qi;
+    s += __shfl_xor_sync(0xffffffffu, s, 1, 32);
+    s += __shfl_xor_sync(0xffffffffu, s, 2, 32);
+    s += __shfl_xor_sync(0xffffffffu, s, 16, 32);
+    if (lane < 16 && e == 0) {
+        *(int*)(rec + 288 + 8 * (4 * c + p) + 4 * i) = s;
+    }
+#else
+#error "HX_LAYOUT must be 0, 12 (Q4_K) or 14 (Q6_K)"
+#endif
+#endif
+}
+
+// RMSNorm's scale of a row xr of n floats: the tree of rmsnorm.cu, statement for statement
+// (thread t: fma over i = t, t + nthreads, ...; warp butterflies; lane i takes warp i's partial).
+// Every thread of the block must call it (one __syncthreads).
+__device__ __forceinline__ float hx_rms_scale(const float* xr, const int n, const float eps,
+                                              float* warp_partial) {
+    const int tid = threadIdx.x;
+    const int nthreads = blockDim.x;
+    const int lane = tid % 32;
+    const int warp = tid / 32;
+    float s = 0.0f;
+    for (int i = tid; i < n; i += nthreads) {
+        const float xi = xr[i];
+        s = __fmaf_rn(xi, xi, s);
+    }
+    s = hx_warp_sum(s);
+    if (lane == 0) warp_partial[warp] = s;
+    __syncthreads();
+    float total = lane < nthreads / 32 ? warp_partial[lane] : 0.0f;
+    total = hx_warp_sum(total);
+    const float mean = __fdiv_rn(total, (float)n);
+    return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, eps)));
+}
+
+// y = (scale * x) * w of row `row` (rmsnorm.cu's last loop), quantized block by block: warp w of
+// the block takes q8_1 blocks w, w + nwarps, ... (lane = value within the block). Value i is then
+// handled by thread i % nthreads, the thread that read it in hx_rms_scale. n % 32 == 0.
+__device__ __forceinline__ void hx_norm_store(const float* xr, const float* __restrict__ w, const float scale,
+                                              unsigned char* __restrict__ yq, float* __restrict__ y,
+                                              const int row, const int n) {
+    const int lane = threadIdx.x % 32;
+    const int nwarps = blockDim.x / 32;
+    const int nb = n / 32;
+    for (int ib = threadIdx.x / 32; ib < nb; ib += nwarps) {  // uniform per warp
+        const int i = ib * 32 + lane;
+        const float v = __fmul_rn(__fmul_rn(scale, xr[i]), w[i]);
+        if (y) y[(size_t)row * n + i] = v;
+        hx_q8_1_store(yq, row, nb, ib, lane, v);
+    }
+}
+
+// rms_norm then quantize_q8_1. Grid (rows), block (rmsnorm's block_threads(n)).
+// yq: q8_1 bytes of the normed rows in HX_LAYOUT; y: the float32 normed rows, or NULL.
+extern "C" __global__ void hx_rms_norm_q8_1(const float* __restrict__ x, const float* __restrict__ w,
+                                            unsigned char* __restrict__ yq, float* __restrict__ y,
+                                            const int n, const float eps) {
+    __shared__ float warp_partial[32];
+    const int row = blockIdx.x;
+    const float* xr = x + (size_t)row * n;
+    const float scale = hx_rms_scale(xr, n, eps, warp_partial);
+    hx_norm_store(xr, w, scale, yq, y, row, n);
+}
+
+// s = a + b (the next residual, written to s), then rms_norm of s, then quantize_q8_1.
+// Grid (rows), block (block_threads(n)). Thread t writes s[i] for i = t, t + nthreads, ... and later
+// reads back only those values (its own writes). s must not overlap a or b.
+extern "C" __global__ void hx_add_rms_norm_q8_1(const float* __restrict__ a, const float* __restrict__ b,
+                                                const float* __restrict__ w, float* s,
+                                                unsigned char* __restrict__ yq, float* __restrict__ y,
+                                                const int n, const float eps) {
+    __shared__ float warp_partial[32];
+    const int row = blockIdx.x;
+    const size_t base = (size_t)row * n;
+    float* sr = s + base;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        sr[i] = __fadd_rn(a[base + i], b[base + i]);
+    }
+    const float scale = hx_rms_scale(sr, n, eps, warp_partial);
+    hx_norm_store(sr, w, scale, yq, y, row, n);
+}
+
+// m = silu(g) * u (elementwise.cu's hx_swiglu_f32), then quantize_q8_1.
+// Grid (ceil(k/32 / warps per block), rows), block (32 * warps per block): one warp per q8_1 block,
+// as quantize_q8_1's launch. m: the float32 product, or NULL.
+extern "C" __global__ void hx_swiglu_q8_1(const float* __restrict__ g, const float* __restrict__ u,
+                                          unsigned char* __restrict__ yq, float* __restrict__ m,
+                                          const int k) {
+    const int nb = k / 32;
+    const int col = blockIdx.y;
+    const int ib = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (ib >= nb) {
+        return;  // uniform per warp
+    }
+    const int lane = threadIdx.x % 32;
+    const size_t i = (size_t)col * k + ib * 32 + lane;
+    const float gi = g[i];
+    const float silu = __fdiv_rn(gi, __fadd_rn(1.0f, hx_expf(-gi)));
+    const float v = __fmul_rn(silu, u[i]);
+    if (m) m[i] = v;
+    hx_q8_1_store(yq, col, nb, ib, lane, v);
+}
+
+// Per head: RMSNorm of q (T, n_head, D) with wq and of k (T, n_head_kv, D) with wk (rmsnorm.cu's
+// tree over D), NEOX RoPE at pos[t] (rope.cu's ops), q written to q_out (float32, (T, n_head, D)),
+// k rounded to f16 into k_cache[pos[t]] (and as float32 into k_out unless NULL), v rounded to f16
+// into v_cache[pos[t]]. Caches: one layer's (n_ctx, n_head_kv, D) f16 cells.
+// Grid (T * (n_head + 2 * n_head_kv)): per token its q heads, its k heads, its v heads;
+// block (block_threads(D)) threads, the rmsnorm launch of a row of D.
+extern "C" __global__ void hx_qk_norm_rope_kv(const float* __restrict__ q, const float* __restrict__ k,
+                                              const float* __restrict__ v,
+                                              const float* __restrict__ wq, const float* __restrict__ wk,
+                                              const int* __restrict__ pos,
+                                              const float* __restrict__ cos_table,
+                                              const float* __restrict__ sin_table,
+                                              float* __restrict__ q_out, float* __restrict__ k_out,
+                                              unsigned short* __restrict__ k_cache,
+                                              unsigned short* __restrict__ v_cache,
+                                              const int n_head, const int n_head_kv, const int head_dim,
+                                              const float eps) {
+    __shared__ float warp_partial[32];
+    const int per_token = n_head + 2 * n_head_kv;
+    const int token = blockIdx.x / per_token;
+    const int r = blockIdx.x % per_token;
+    const size_t cell = (size_t)pos[token];
+    const int tid = threadIdx.x;
+    const int nthreads = blockDim.x;
+    if (r >= n_head + n_head_kv) {  // a v head: the cast only (the whole block leaves together)
+        const int h = r - n_head - n_head_kv;
+        const float* vr = v + ((size_t)token * n_head_kv + h) * head_dim;
+        unsigned short* vc = v_cache + (cell * n_head_kv + h) * head_dim;
+        for (int d = tid; d < head_dim; d += nthreads) vc[d] = hx_f2h(vr[d]);
+        return;
+    }
+    const bool is_q = r < n_head;
+    const int h = is_q ? r : r - n_head;
+    const size_t row = is_q ? (size_t)token * n_head + h : (size_t)token * n_head_kv + h;
+    const float* xr = (is_q ? q : k) + row * head_dim;
+    const float* w = is_q ? wq : wk;
+    const float scale = hx_rms_scale(xr, head_dim, eps, warp_partial);
+
+    const int half = head_dim / 2;
+    const float* cr = cos_table + cell * half;
+    const float* sr = sin_table + cell * half;
+    for (int d = tid; d < half; d += nthreads) {
+        const float x0 = __fmul_rn(__fmul_rn(scale, xr[d]), w[d]);
+        const float x1 = __fmul_rn(__fmul_rn(scale, xr[d + half]), w[d + half]);
+        const float c = cr[d];
+        const float sn = sr[d];
+        const float y0 = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, sn));
+        const float y1 = __fadd_rn(__fmul_rn(x0, sn), __fmul_rn(x1, c));
+        if (is_q) {
+            float* qr = q_out + row * head_dim;
+            qr[d] = y0;
+            qr[d + half] = y1;
+        } else {
+            unsigned short* kc = k_cache + (cell * n_head_kv + h) * head_dim;
+            kc[d] = hx_f2h(y0);
+            kc[d + half] = hx_f2h(y1);
+            if (k_out) {
+                k_out[row * head_dim + d] = y0;
+                k_out[row * head_dim + d + half] = y1;
+            }
+        }
+    }
+}

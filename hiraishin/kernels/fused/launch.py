@@ -1,0 +1,170 @@
+"""Prepared launches of ``fused.cu`` (what each kernel equals: the package docstring).
+
+Each launch object is built once per shape (everything but the arrays: kernel handle, grid,
+block, scalar arguments) and called with the arrays, writing into given ``out`` buffers, like
+:class:`hiraishin.kernels.quantize.launch.QuantizeLaunch`. Calls are unchecked: arrays must be
+C-contiguous CuPy arrays of the documented dtypes and shapes, outputs not overlapping inputs.
+No argument changes per decode step (positions are read from a device array), so a CUDA graph
+that captured a call replays it for any position.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..compile import get_kernel
+from ..quantize.launch import QUANTIZE_WARPS_PER_BLOCK, output_shape, quantize_defines
+from ..rmsnorm.emulate import block_threads
+
+__all__ = ["SOURCE", "NULL", "fused_kernel", "RmsNormQ8_1Launch", "AddRmsNormQ8_1Launch", "SwigluQ8_1Launch",
+           "QkNormRopeKvLaunch", "launch_rms_norm_q8_1", "launch_add_rms_norm_q8_1", "launch_swiglu_q8_1",
+           "launch_qk_norm_rope_kv"]
+
+SOURCE = "fused/fused.cu"
+# A null device pointer: the optional float outputs are skipped when given this.
+NULL = np.uint64(0)
+_Q8_1_VALUES = 32  # values per q8_1 block (one warp's lanes)
+
+
+def fused_kernel(name: str, layout: str | None = None):
+    """The compiled kernel ``name`` of fused.cu writing q8_1 ``layout`` (None: llama.cpp's blocks)."""
+    return get_kernel(SOURCE, name, quantize_defines(layout))
+
+
+def _ptr(a):
+    return NULL if a is None else a
+
+
+class RmsNormQ8_1Launch:
+    """``rms_norm`` of float32 (rows, n) then q8_1 in ``layout``: call ``(x, w, out_q, out_norm=None)``.
+
+    ``w`` float32 (n,); ``out_q`` uint8 :func:`~hiraishin.kernels.quantize.launch.output_shape`
+    ``(rows, n, layout)``; ``out_norm`` float32 (rows, n) or None. n % 32 == 0 (% 256 with a layout).
+    Grid (rows,), block rmsnorm's ``block_threads(n)``: the rmsnorm launch.
+    """
+
+    __slots__ = ("kernel", "grid", "block", "scalars", "shape", "rows")
+
+    def __init__(self, rows: int, n: int, eps: float, layout: str | None = None):
+        self.kernel = fused_kernel("hx_rms_norm_q8_1", layout)
+        self.rows = rows
+        self.grid = (rows, 1, 1)
+        self.block = (block_threads(n), 1, 1)
+        self.scalars = (np.int32(n), np.float32(eps))
+        self.shape = output_shape(rows, n, layout)
+
+    def __call__(self, x, w, out_q, out_norm=None):
+        if self.rows:
+            self.kernel(self.grid, self.block, (x, w, out_q, _ptr(out_norm)) + self.scalars)
+        return out_q
+
+
+class AddRmsNormQ8_1Launch:
+    """``s = a + b`` then :class:`RmsNormQ8_1Launch` of ``s``: call ``(a, b, w, out_sum, out_q, out_norm=None)``.
+
+    ``a``, ``b``, ``out_sum`` float32 (rows, n) (``out_sum``, the next residual, overlapping neither).
+    """
+
+    __slots__ = ("kernel", "grid", "block", "scalars", "shape", "rows")
+
+    def __init__(self, rows: int, n: int, eps: float, layout: str | None = None):
+        self.kernel = fused_kernel("hx_add_rms_norm_q8_1", layout)
+        self.rows = rows
+        self.grid = (rows, 1, 1)
+        self.block = (block_threads(n), 1, 1)
+        self.scalars = (np.int32(n), np.float32(eps))
+        self.shape = output_shape(rows, n, layout)
+
+    def __call__(self, a, b, w, out_sum, out_q, out_norm=None):
+        if self.rows:
+            self.kernel(self.grid, self.block, (a, b, w, out_sum, out_q, _ptr(out_norm)) + self.scalars)
+        return out_q
+
+
+class SwigluQ8_1Launch:
+    """``silu(g) * u`` of float32 (rows, k) then q8_1 in ``layout``: call ``(g, u, out_q, out_m=None)``.
+
+    ``out_q`` uint8 ``output_shape(rows, k, layout)``; ``out_m`` float32 (rows, k) or None.
+    Grid and block of the quantize launch (one warp per q8_1 block).
+    """
+
+    __slots__ = ("kernel", "grid", "block", "scalars", "shape", "rows")
+
+    def __init__(self, rows: int, k: int, layout: str | None = None):
+        nb = k // _Q8_1_VALUES
+        self.kernel = fused_kernel("hx_swiglu_q8_1", layout)
+        self.rows = rows
+        self.grid = ((nb + QUANTIZE_WARPS_PER_BLOCK - 1) // QUANTIZE_WARPS_PER_BLOCK, rows, 1)
+        self.block = (32 * QUANTIZE_WARPS_PER_BLOCK, 1, 1)
+        self.scalars = (np.int32(k),)
+        self.shape = output_shape(rows, k, layout)
+
+    def __call__(self, g, u, out_q, out_m=None):
+        if self.rows:
+            self.kernel(self.grid, self.block, (g, u, out_q, _ptr(out_m)) + self.scalars)
+        return out_q
+
+
+class QkNormRopeKvLaunch:
+    """Q/K head norms, NEOX RoPE and the KV store of ``T`` tokens.
+
+    Call ``(q, k, v, q_norm_w, k_norm_w, pos, cos_t, sin_t, q_out, k_cache, v_cache, k_out=None)``:
+    ``q`` float32 (T, n_head, D) (or (T, n_head*D)), ``k``, ``v`` float32 (T, n_head_kv, D);
+    norm weights float32 (D,); ``pos`` int32 (T,) on the device, each in 0..n_ctx-1;
+    ``cos_t``/``sin_t`` float32 (n_ctx, D/2); ``q_out`` float32 (T, n_head, D); ``k_cache``,
+    ``v_cache`` one layer's float16 (n_ctx, n_head_kv, D), written at cells ``pos``; ``k_out``
+    float32 (T, n_head_kv, D) (the roped k) or None. Grid T * (n_head + 2 n_head_kv) blocks of
+    rmsnorm's ``block_threads(D)`` threads.
+    """
+
+    __slots__ = ("kernel", "grid", "block", "scalars", "T")
+
+    def __init__(self, T: int, n_head: int, n_head_kv: int, head_dim: int, eps: float):
+        self.kernel = fused_kernel("hx_qk_norm_rope_kv")
+        self.T = T
+        self.grid = (T * (n_head + 2 * n_head_kv), 1, 1)
+        self.block = (block_threads(head_dim), 1, 1)
+        self.scalars = (np.int32(n_head), np.int32(n_head_kv), np.int32(head_dim), np.float32(eps))
+
+    def __call__(self, q, k, v, q_norm_w, k_norm_w, pos, cos_t, sin_t, q_out, k_cache, v_cache, k_out=None):
+        if self.T:
+            self.kernel(self.grid, self.block, (q, k, v, q_norm_w, k_norm_w, pos, cos_t, sin_t, q_out,
+                                                _ptr(k_out), k_cache, v_cache) + self.scalars)
+        return q_out
+
+
+_launches: dict = {}
+
+
+def _cached(cls, *key):
+    hit = _launches.get((cls, key))
+    if hit is None:
+        hit = _launches[(cls, key)] = cls(*key)
+    return hit
+
+
+def launch_rms_norm_q8_1(x, w, eps: float, out_q, out_norm=None, layout: str | None = None):
+    """:class:`RmsNormQ8_1Launch` for ``x``'s shape (cached), unchecked. Returns ``out_q``."""
+    rows, n = x.shape
+    return _cached(RmsNormQ8_1Launch, rows, n, float(eps), layout)(x, w, out_q, out_norm)
+
+
+def launch_add_rms_norm_q8_1(a, b, w, eps: float, out_sum, out_q, out_norm=None, layout: str | None = None):
+    """:class:`AddRmsNormQ8_1Launch` for ``a``'s shape (cached), unchecked. Returns ``out_q``."""
+    rows, n = a.shape
+    return _cached(AddRmsNormQ8_1Launch, rows, n, float(eps), layout)(a, b, w, out_sum, out_q, out_norm)
+
+
+def launch_swiglu_q8_1(g, u, out_q, out_m=None, layout: str | None = None):
+    """:class:`SwigluQ8_1Launch` for ``g``'s shape (cached), unchecked. Returns ``out_q``."""
+    rows, k = g.shape
+    return _cached(SwigluQ8_1Launch, rows, k, layout)(g, u, out_q, out_m)
+
+
+def launch_qk_norm_rope_kv(q, k, v, q_norm_w, k_norm_w, eps: float, pos, cos_t, sin_t, q_out, k_cache, v_cache,
+                           k_out=None):
+    """:class:`QkNormRopeKvLaunch` for these shapes (cached), unchecked. Returns ``q_out``."""
+    T, n_head_kv, D = k.shape
+    n_head = q_out.shape[1]
+    launch = _cached(QkNormRopeKvLaunch, T, n_head, n_head_kv, D, float(eps))
+    return launch(q, k, v, q_norm_w, k_norm_w, pos, cos_t, sin_t, q_out, k_cache, v_cache, k_out)

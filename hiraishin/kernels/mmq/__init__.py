@@ -1,0 +1,41 @@
+"""The sub-block order: a mat-vec / mat-mat of Q4_K and Q6_K weights whose float operations are
+defined per q8_1 block of 32 values, on int8 tensor cores, identical at every width.
+
+Order, for one output (row r, column j) of an (N, K) weight (``hiraishin/plans/subblock.py``)::
+
+    NB = K/256; NSEG = min(NB, 16)                         # from K alone
+    segment s = super-blocks [s*NB // NSEG, (s+1)*NB // NSEG)
+    seg[s] = 0.0f
+    for each q8_1 block b of segment s in k order (super-block i = b // 8, sub-block jj = b % 8):
+        dx, sx = fp16 d and s of activation block b (llama.cpp q8_1 layout)
+        Q4_K:  C  = sum_{l<32} q_l * qx_l                   (q = 4-bit value of sub-block jj; exact int)
+               ws = d_i * sc_jj ; wm = dmin_i * m_jj       (__fmul_rn; exact: 11 x 6 bits)
+               seg[s] = __fmaf_rn(__fmul_rn(ws, dx), (float)C, seg[s])
+               seg[s] = __fmaf_rn(-wm, sx, seg[s])
+        Q6_K:  C  = sc[2jj] * sum_{l<16} (q_l-32) qx_l + sc[2jj+1] * sum_{16<=l<32} (q_l-32) qx_l
+                                                            (exact int: |C| <= 2*128*16*32*127 < 2^24)
+               seg[s] = __fmaf_rn(__fmul_rn(d_i, dx), (float)C, seg[s])
+    out = seg[0]; for s = 1 .. NSEG-1: out = __fadd_rn(out, seg[s])
+
+Geometry (``mmq.cu``): a CUDA block is a tile of 16 rows (the M of ``mma.m16n8k32``) x 8 or 16
+columns (one or two n-tiles of 8), NSEG warps (warp w: segments w, w + nwarps, ...), a shared
+memory hand-over of NSEG x 16 x columns floats, one barrier, the segment sum in order. Q4_K: one
+``mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32`` per 32-value sub-block (nibbles masked to
+int8); Q6_K: two ``m16n8k16`` per q8_1 block, one per 16-value sub-block, with ``q - 32`` formed
+bytewise, the two integer results scaled by their int8 scales and added as integers. One column
+(``HX_ONECOL``): the same kernel, float work only for the column that exists.
+
+Upstream facts mirrored (llama.cpp ggml-cuda ``mmq.cuh`` / ``mma.cuh``; reference section 4): MMQ
+accumulates per 32-value sub-block in k order, ``sum += dA*dB*C_int32`` then the Q4_K min term
+``sum += mA*sB`` with the q8_1 ``s`` field, and Q6_K's 16-value sub-blocks via their int8 scales.
+Unlike upstream the scale products are float32 (upstream packs ``half2(d*sc, -dmin*m)`` in FP16),
+the k split is fixed by K (upstream's stream-k split depends on SM count and rows), and every
+rounding is an explicit IEEE intrinsic: this is our own exact order, not llama.cpp's bits.
+
+Files: ``mmq.cu`` (kernel), :mod:`.launch` (``launch``), :mod:`.emulate` (``emulate``).
+"""
+
+from .emulate import emulate
+from .launch import launch
+
+__all__ = ["emulate", "launch"]

@@ -1,0 +1,149 @@
+"""Numba emulator of ``mmq.cu``: the sub-block order, bit for bit (see the package docstring).
+
+The integers (dot products of a q8_1 block with a weight sub-block) are computed here in plain
+k order: they are exact, so any order gives the kernel's (tensor-core) values. Every float
+operation is the kernel's, in the kernel's order: ``fmaf`` where it writes ``__fmaf_rn``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from ...fp import F16_TO_F32, fmaf
+from ...quant import BLOCK_BYTES, BLOCK_ELEMS
+
+__all__ = ["emulate", "segment_starts"]
+
+_Q8_BYTES = BLOCK_BYTES["Q8_1"]
+_Q8_ELEMS = BLOCK_ELEMS["Q8_1"]
+
+
+@njit(cache=True, inline="always")
+def _h(b0, b1, f16):
+    return f16[np.int64(b0) | (np.int64(b1) << 8)]
+
+
+@njit(cache=True, inline="always")
+def _s8(b):
+    v = np.int32(b)
+    return v - 256 if v >= 128 else v
+
+
+@njit(cache=True, parallel=True, error_model="numpy")
+def _mmq_q4_k(w, xq, starts, out, f16):
+    nrows = w.shape[0]
+    ncols = xq.shape[0]
+    nseg = starts.shape[0] - 1
+    for r in prange(nrows):
+        ws = np.empty(8, dtype=np.float32)
+        wm = np.empty(8, dtype=np.float32)
+        part = np.empty(nseg, dtype=np.float32)
+        for j in range(ncols):
+            for s in range(nseg):
+                acc = np.float32(0.0)
+                for i in range(starts[s], starts[s + 1]):
+                    o = i * 144
+                    d = _h(w[r, o], w[r, o + 1], f16)
+                    dmin = _h(w[r, o + 2], w[r, o + 3], f16)
+                    for sb in range(8):
+                        q = o + 4
+                        if sb < 4:
+                            sc = np.int32(w[r, q + sb]) & 63
+                            m = np.int32(w[r, q + sb + 4]) & 63
+                        else:
+                            sc = (np.int32(w[r, q + sb + 4]) & 0xF) | ((np.int32(w[r, q + sb - 4]) >> 6) << 4)
+                            m = (np.int32(w[r, q + sb + 4]) >> 4) | ((np.int32(w[r, q + sb]) >> 6) << 4)
+                        ws[sb] = d * np.float32(sc)
+                        wm[sb] = dmin * np.float32(m)
+                    for sb in range(8):
+                        b = i * 8 + sb
+                        xo = b * 36
+                        dx = _h(xq[j, xo], xq[j, xo + 1], f16)
+                        sx = _h(xq[j, xo + 2], xq[j, xo + 3], f16)
+                        qo = o + 16 + 32 * (sb >> 1)
+                        shift = 4 * (sb & 1)
+                        c = np.int32(0)
+                        for l in range(32):
+                            c += ((np.int32(w[r, qo + l]) >> shift) & 0xF) * _s8(xq[j, xo + 4 + l])
+                        acc = fmaf(ws[sb] * dx, np.float32(c), acc)
+                        acc = fmaf(-wm[sb], sx, acc)
+                part[s] = acc
+            v = part[0]
+            for s in range(1, nseg):
+                v = v + part[s]
+            out[j, r] = v
+
+
+@njit(cache=True, parallel=True, error_model="numpy")
+def _mmq_q6_k(w, xq, starts, out, f16):
+    nrows = w.shape[0]
+    ncols = xq.shape[0]
+    nseg = starts.shape[0] - 1
+    for r in prange(nrows):
+        part = np.empty(nseg, dtype=np.float32)
+        for j in range(ncols):
+            for s in range(nseg):
+                acc = np.float32(0.0)
+                for i in range(starts[s], starts[s + 1]):
+                    o = i * 210
+                    d = _h(w[r, o + 208], w[r, o + 209], f16)
+                    for jj in range(8):
+                        b = i * 8 + jj
+                        xo = b * 36
+                        dx = _h(xq[j, xo], xq[j, xo + 1], f16)
+                        n = jj >> 2
+                        bb = jj & 3
+                        c = np.int32(0)
+                        for h in range(2):
+                            ch = np.int32(0)
+                            for l in range(16 * h, 16 * h + 16):
+                                lo = (np.int32(w[r, o + 64 * n + 32 * (bb & 1) + l]) >> (4 * (bb >> 1))) & 0xF
+                                hi = (np.int32(w[r, o + 128 + 32 * n + l]) >> (2 * bb)) & 3
+                                ch += ((lo | (hi << 4)) - 32) * _s8(xq[j, xo + 4 + l])
+                            c += _s8(w[r, o + 192 + 2 * jj + h]) * ch
+                        acc = fmaf(d * dx, np.float32(c), acc)
+                part[s] = acc
+            v = part[0]
+            for s in range(1, nseg):
+                v = v + part[s]
+            out[j, r] = v
+
+
+def segment_starts(k: int, nseg: int) -> np.ndarray:
+    """First super-block of each of ``nseg`` segments of a row of ``k`` values, and the end."""
+    nb = k // 256
+    return np.array([s * nb // nseg for s in range(nseg + 1)], dtype=np.int64)
+
+
+def emulate(w: np.ndarray, qtype: str, xq: np.ndarray, plan) -> np.ndarray:
+    """Outputs (ncols, N) float32 of the sub-block order, the kernels' bits.
+
+    ``w``: uint8 (N, row_bytes) Q4_K/Q6_K rows. ``xq``: uint8 (ncols, K/32*36) q8_1 bytes in
+    llama.cpp's layout (``hiraishin.kernels.quantize.emulate(x)``), or float32 (ncols, K)
+    activations, quantized here the same way. ``plan``: a :class:`~hiraishin.plans.subblock.SubBlockPlan`
+    (only ``plan.nseg`` and ``plan.k`` matter; the width does not).
+    """
+    xq = np.asarray(xq)
+    if xq.dtype == np.float32:
+        from ..quantize import emulate as quantize
+
+        xq = quantize(np.atleast_2d(xq))
+    xq = np.ascontiguousarray(np.atleast_2d(xq), dtype=np.uint8)
+    w = np.ascontiguousarray(w, dtype=np.uint8)
+    k = xq.shape[1] // _Q8_BYTES * _Q8_ELEMS
+    if k != plan.k:
+        raise ValueError(f"activations have K={k}, the plan K={plan.k}")
+    if w.shape[1] != k // 256 * BLOCK_BYTES[qtype]:
+        raise ValueError(f"weight rows of {w.shape[1]} bytes are not {qtype} rows of K={k}")
+    out = np.empty((xq.shape[0], w.shape[0]), dtype=np.float32)
+    if out.size == 0:
+        return out
+    starts = segment_starts(k, plan.nseg)
+    if qtype == "Q4_K":
+        _mmq_q4_k(w, xq, starts, out, F16_TO_F32)
+    elif qtype == "Q6_K":
+        _mmq_q6_k(w, xq, starts, out, F16_TO_F32)
+    else:
+        raise ValueError(f"sub-block order covers Q4_K and Q6_K, not {qtype!r}")
+    return out

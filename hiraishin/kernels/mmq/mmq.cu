@@ -1,0 +1,226 @@
+// hiraishin: the sub-block order on int8 tensor cores (see hiraishin/kernels/mmq/__init__.py).
+//
+// One CUDA block = one tile of 16 weight rows x HX_COLS columns; warp w sums K-segments
+// w, w + HX_NWARPS, ... of those 16 rows (each segment in k order, its own accumulators), writes
+// each segment's partials to shared memory, and after one barrier the block adds the segments in
+// order 0..HX_NSEG-1. The exact integer dot product of every q8_1 block of 32 values comes from
+// mma.sync (Q4_K: m16n8k32 per 32-value sub-block; Q6_K: m16n8k16 per 16-value sub-block); the
+// float work per output is the same at every width. HX_ONECOL: the same float operations, done
+// only for the one column that exists (the other 7 MMA columns are ignored).
+//
+// Defines (launch.py): HX_QTYPE (ggml id: 12 Q4_K, 14 Q6_K), HX_BLOCK_BYTES, HX_Q8_BYTES,
+// HX_NB (super-blocks per row), HX_NSEG, HX_NWARPS, HX_NT (n-tiles of 8 columns per CUDA block),
+// HX_ONECOL (0/1), HX_MIN_BLOCKS (register cap as resident blocks per SM).
+//
+// Activations: llama.cpp's q8_1 blocks (fp16 d, fp16 s, int8 q[32]; 36 bytes), one row of
+// K/32 blocks per column. Fragment facts (PTX ISA, mma.m16n8k32 / m16n8k16 .s8; lane = 4g + t):
+// A regs a0 (row g, k 4t..4t+3), a1 (row g+8, same k), [k32: a2 (row g, k 16+4t..), a3 (row
+// g+8, k 16+4t..)]; B regs b0 (k 4t..4t+3, column g) [k32: b1 (k 16+4t.., column g)];
+// C c0 (row g, column 2t), c1 (row g, 2t+1), c2 (row g+8, 2t), c3 (row g+8, 2t+1).
+
+#define HX_TILE_ROWS 16
+#define HX_COLS (8 * HX_NT)
+
+#ifndef HX_SHIM
+__device__ __forceinline__ void hx_mma_k32(int c[4], int a0, int a1, int a2, int a3, int b0, int b1) {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%10,%11,%12,%13};"
+        : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(0), "r"(0), "r"(0), "r"(0));
+}
+__device__ __forceinline__ void hx_mma_k16(int c[4], int a0, int a1, int b0) {
+    asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
+        "{%7,%8,%9,%10};"
+        : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
+        : "r"(a0), "r"(a1), "r"(b0), "r"(0), "r"(0), "r"(0), "r"(0));
+}
+#endif
+
+__device__ __forceinline__ int hx_ld32(const unsigned char* p) { return *(const int*)p; }
+
+// 4 bytes at a 2-byte aligned address: two aligned words and a funnel shift (Q6_K blocks are
+// 210 bytes). sh = 0 or 16 (bits).
+__device__ __forceinline__ int hx_ld32_a2(const unsigned char* base4, int off, int sh) {
+    const unsigned int lo = *(const unsigned int*)(base4 + off);
+    const unsigned int hi = *(const unsigned int*)(base4 + off + 4);
+    return (int)__funnelshift_r(lo, hi, sh);
+}
+
+__device__ __forceinline__ int hx_sbyte(int word, int i) { return (int)(signed char)(word >> (8 * i)); }
+
+#if HX_QTYPE == 12
+// ---- Q4_K: d, dmin (fp16), scales[12], qs[128]; 144 bytes ----
+struct hx_row_sb {
+    float ws[8], wm[8];   // d*sc_b, dmin*m_b (exact products)
+    int q[8];             // qs ints at 32*jp + 4t and 32*jp + 16 + 4t, jp = 0..3
+};
+
+__device__ __forceinline__ void hx_load_row(const unsigned char* p, int t, hx_row_sb& r) {
+    const uint4 h = *(const uint4*)p;
+    const float d = hx_h2f((unsigned short)(h.x & 0xFFFF));
+    const float dmin = hx_h2f((unsigned short)(h.x >> 16));
+    // get_scale_min_k4 for all 8 sub-blocks at once (bytes q[0..3] = h.y, q[4..7] = h.z, q[8..11] = h.w)
+    const unsigned int sc_lo = h.y & 0x3F3F3F3Fu;
+    const unsigned int m_lo = h.z & 0x3F3F3F3Fu;
+    const unsigned int sc_hi = (h.w & 0x0F0F0F0Fu) | ((h.y >> 2) & 0x30303030u);
+    const unsigned int m_hi = ((h.w >> 4) & 0x0F0F0F0Fu) | ((h.z >> 2) & 0x30303030u);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        r.ws[j] = __fmul_rn(d, (float)((sc_lo >> (8 * j)) & 0xFF));
+        r.ws[4 + j] = __fmul_rn(d, (float)((sc_hi >> (8 * j)) & 0xFF));
+        r.wm[j] = __fmul_rn(dmin, (float)((m_lo >> (8 * j)) & 0xFF));
+        r.wm[4 + j] = __fmul_rn(dmin, (float)((m_hi >> (8 * j)) & 0xFF));
+    }
+#pragma unroll
+    for (int jp = 0; jp < 4; ++jp) {
+        r.q[2 * jp] = hx_ld32(p + 16 + 32 * jp + 4 * t);
+        r.q[2 * jp + 1] = hx_ld32(p + 16 + 32 * jp + 16 + 4 * t);
+    }
+}
+#else
+// ---- Q6_K: ql[128], qh[64], scales[16] (int8), d (fp16); 210 bytes ----
+struct hx_row_sb {
+    float d;
+    int ql[8];   // ql ints at 64n + 16m + 4t (n = 0..1, m = 0..3), index 4n + m
+    int qh[4];   // qh ints at 128 + 32n + 16h + 4t, index 2n + h
+    int sc[4];   // the 16 int8 scales
+};
+
+__device__ __forceinline__ void hx_load_row(const unsigned char* p, int t, hx_row_sb& r) {
+    r.d = hx_h2f(*(const unsigned short*)(p + 208));
+    const size_t a = (size_t)p;
+    if ((a & 3) == 0) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) r.ql[i] = hx_ld32(p + 64 * (i >> 2) + 16 * (i & 3) + 4 * t);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) r.qh[i] = hx_ld32(p + 128 + 32 * (i >> 1) + 16 * (i & 1) + 4 * t);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) r.sc[i] = hx_ld32(p + 192 + 4 * i);
+    } else {
+        const unsigned char* b = p - 2;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) r.ql[i] = hx_ld32_a2(b, 64 * (i >> 2) + 16 * (i & 3) + 4 * t, 16);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) r.qh[i] = hx_ld32_a2(b, 128 + 32 * (i >> 1) + 16 * (i & 1) + 4 * t, 16);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) r.sc[i] = hx_ld32_a2(b, 192 + 4 * i, 16);
+    }
+}
+
+// int8 values q - 32 of q8_1 block bb (0..3) of 128-half n, half h, from a row's ints.
+__device__ __forceinline__ int hx_q6_vals(const hx_row_sb& r, int n, int bb, int h) {
+    const unsigned int lo = ((unsigned int)r.ql[4 * n + 2 * (bb & 1) + h] >> (4 * (bb >> 1))) & 0x0F0F0F0Fu;
+    const unsigned int hi = (((unsigned int)r.qh[2 * n + h] >> (2 * bb)) & 0x03030303u) << 4;
+    // bytewise v - 32 for v in 0..63: ((v | 0x80) - 0x20) ^ 0x80, no borrow between bytes
+    return (int)((((lo | hi) | 0x80808080u) - 0x20202020u) ^ 0x80808080u);
+}
+#endif
+
+extern "C" __global__ void __launch_bounds__(32 * HX_NWARPS, HX_MIN_BLOCKS)
+hx_mmq(const unsigned char* __restrict__ w, const unsigned char* __restrict__ xq, float* __restrict__ out,
+       const int nrows, const int ncols, const long long out_stride) {
+    __shared__ float part[HX_NSEG][HX_TILE_ROWS][HX_ONECOL ? 1 : HX_COLS];
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int row0 = blockIdx.x * HX_TILE_ROWS;
+    const int col0 = blockIdx.y * HX_COLS;
+    const size_t row_bytes = (size_t)HX_NB * HX_BLOCK_BYTES;
+    const size_t x_bytes = (size_t)HX_NB * 8 * HX_Q8_BYTES;  // q8_1 bytes per column
+    const unsigned char* wA = w + (size_t)min(row0 + g, nrows - 1) * row_bytes;
+    const unsigned char* wB = w + (size_t)min(row0 + g + 8, nrows - 1) * row_bytes;
+    const unsigned char* xb[HX_NT];   // B fragment column (g) of each n-tile
+    const unsigned char* xc[HX_NT][2]; // C columns (2t, 2t+1) of each n-tile
+#pragma unroll
+    for (int nt = 0; nt < HX_NT; ++nt) {
+        xb[nt] = xq + (size_t)min(col0 + 8 * nt + g, ncols - 1) * x_bytes;
+        xc[nt][0] = xq + (size_t)min(col0 + 8 * nt + 2 * t, ncols - 1) * x_bytes;
+        xc[nt][1] = xq + (size_t)min(col0 + 8 * nt + 2 * t + 1, ncols - 1) * x_bytes;
+    }
+
+    for (int s = warp; s < HX_NSEG; s += HX_NWARPS) {
+        const int sb0 = s * HX_NB / HX_NSEG, sb1 = (s + 1) * HX_NB / HX_NSEG;
+        float acc[HX_NT][4];
+#pragma unroll
+        for (int nt = 0; nt < HX_NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[nt][e] = 0.0f;
+
+        for (int i = sb0; i < sb1; ++i) {
+            hx_row_sb rA, rB;
+            hx_load_row(wA + (size_t)i * HX_BLOCK_BYTES, t, rA);
+            hx_load_row(wB + (size_t)i * HX_BLOCK_BYTES, t, rB);
+#pragma unroll
+            for (int jj = 0; jj < 8; ++jj) {   // q8_1 block 8i + jj, in k order
+                const size_t xo = (size_t)(8 * i + jj) * HX_Q8_BYTES;
+#if HX_QTYPE == 12
+                const int jp = jj >> 1, sh = 4 * (jj & 1);
+                const int a0 = (rA.q[2 * jp] >> sh) & 0x0F0F0F0F;
+                const int a1 = (rB.q[2 * jp] >> sh) & 0x0F0F0F0F;
+                const int a2 = (rA.q[2 * jp + 1] >> sh) & 0x0F0F0F0F;
+                const int a3 = (rB.q[2 * jp + 1] >> sh) & 0x0F0F0F0F;
+#else
+                const int n = jj >> 2, bb = jj & 3;
+                const int lA0 = hx_q6_vals(rA, n, bb, 0), lB0 = hx_q6_vals(rB, n, bb, 0);
+                const int lA1 = hx_q6_vals(rA, n, bb, 1), lB1 = hx_q6_vals(rB, n, bb, 1);
+                const int si = 2 * jj;  // scale index of the first 16-value half
+                const int scA0 = hx_sbyte(rA.sc[si >> 2], si & 3), scA1 = hx_sbyte(rA.sc[si >> 2], (si & 3) + 1);
+                const int scB0 = hx_sbyte(rB.sc[si >> 2], si & 3), scB1 = hx_sbyte(rB.sc[si >> 2], (si & 3) + 1);
+#endif
+#pragma unroll
+                for (int nt = 0; nt < HX_NT; ++nt) {
+                    const int b0 = hx_ld32(xb[nt] + xo + 4 + 4 * t);
+                    const int b1 = hx_ld32(xb[nt] + xo + 20 + 4 * t);
+                    int c[4];
+#if HX_QTYPE == 12
+                    hx_mma_k32(c, a0, a1, a2, a3, b0, b1);
+#else
+                    int c1[4];
+                    hx_mma_k16(c, lA0, lB0, b0);
+                    hx_mma_k16(c1, lA1, lB1, b1);
+                    c[0] = scA0 * c[0] + scA1 * c1[0];
+                    c[1] = scA0 * c[1] + scA1 * c1[1];
+                    c[2] = scB0 * c[2] + scB1 * c1[2];
+                    c[3] = scB0 * c[3] + scB1 * c1[3];
+#endif
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        if (HX_ONECOL && (e & 1)) continue;  // column 2t+1 >= 1 does not exist
+                        if (HX_ONECOL && t != 0) continue;   // column 2t >= 1 does not exist
+                        const unsigned int ds = *(const unsigned int*)(xc[nt][e & 1] + xo);
+                        const float dx = hx_h2f((unsigned short)(ds & 0xFFFF));
+#if HX_QTYPE == 12
+                        const float sx = hx_h2f((unsigned short)(ds >> 16));
+                        const float ws = e < 2 ? rA.ws[jj] : rB.ws[jj];
+                        const float wm = e < 2 ? rA.wm[jj] : rB.wm[jj];
+                        acc[nt][e] = __fmaf_rn(__fmul_rn(ws, dx), (float)c[e], acc[nt][e]);
+                        acc[nt][e] = __fmaf_rn(-wm, sx, acc[nt][e]);
+#else
+                        const float dw = e < 2 ? rA.d : rB.d;
+                        acc[nt][e] = __fmaf_rn(__fmul_rn(dw, dx), (float)c[e], acc[nt][e]);
+#endif
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int nt = 0; nt < HX_NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                if (HX_ONECOL && ((e & 1) || t != 0)) continue;
+                const int rr = g + 8 * (e >> 1);
+                const int cc = HX_ONECOL ? 0 : 8 * nt + 2 * t + (e & 1);
+                part[s][rr][cc] = acc[nt][e];
+            }
+    }
+    __syncthreads();
+    constexpr int NOUT = HX_TILE_ROWS * (HX_ONECOL ? 1 : HX_COLS);
+    for (int o = threadIdx.x; o < NOUT; o += 32 * HX_NWARPS) {
+        const int rr = HX_ONECOL ? o : o / HX_COLS;
+        const int cc = HX_ONECOL ? 0 : o % HX_COLS;
+        float v = part[0][rr][cc];
+#pragma unroll
+        for (int s = 1; s < HX_NSEG; ++s) v = __fadd_rn(v, part[s][rr][cc]);
+        if (row0 + rr < nrows && col0 + cc < ncols) out[(size_t)(col0 + cc) * out_stride + row0 + rr] = v;
+    }
+}

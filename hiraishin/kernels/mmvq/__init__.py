@@ -1,0 +1,22 @@
+"""dp4a mat-vec (Q4_K, Q6_K, Q8_0 weights x q8_1 activations): llama.cpp's ``mul_mat_vec_q``.
+
+The geometry is llama.cpp's (reference sections 4.1-4.4, ``ggml/src/ggml-cuda/mmvq.cu`` and
+``vecdotq.cuh``); the arithmetic is IEEE with every rounding-relevant op explicit, so the Numba
+emulator reproduces the kernel's bits. Which thread sums which weight blocks, and how warps hand
+their partials over, is the plan's (:mod:`hiraishin.plans.matvec`, where the order is written
+out); only ``nwarps`` changes a result.
+
+Files, side by side:
+
+* ``mmvq.cu``: the kernel; geometry, row length and block facts are compile-time ``#define``\\ s;
+  on the GPU it reads Q4_K/Q6_K activations in its own per-thread layout
+  (:mod:`hiraishin.kernels.quantize.layout`), same values, same bits;
+* :mod:`.launch`: ``launch(w, qtype, y, plan, out)`` and the prepared launches behind it, with the
+  measured compile-time tuning (unroll, register caps) as named constants;
+* :mod:`.emulate`: ``emulate(w, qtype, xq, plan)`` on numpy arrays (llama.cpp's q8_1 layout).
+"""
+
+from .emulate import emulate
+from .launch import launch
+
+__all__ = ["emulate", "launch"]

@@ -1,0 +1,164 @@
+"""Numba emulator of ``mmvq.cu``: the same float operations, in the same order, as the kernel.
+
+Per output (row r, column j), thread ``tid`` of ``32 * nwarps`` walks the weight blocks the plan
+gives it (``MatVecPlan.thread_blocks``), each step one vec-dot of llama.cpp's ``vecdotq.cuh``
+(the ``_step_*`` functions below, with ``fmaf`` exactly where the kernel writes ``__fmaf_rn``);
+then the warp hand-over in warp order and the 32-lane xor butterfly (``_reduce``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from ...fp import F16_TO_F32, fmaf, u16le
+from ...quant import BLOCK_BYTES, GGML_TYPE_ID
+from ...plans.matvec import MatVecPlan, matvec_traits
+
+__all__ = ["emulate"]
+
+# Block facts as module constants (Numba folds them into the compiled code).
+_Q8_1 = BLOCK_BYTES["Q8_1"]
+_Q4_K = BLOCK_BYTES["Q4_K"]
+_Q6_K = BLOCK_BYTES["Q6_K"]
+_Q8_0 = BLOCK_BYTES["Q8_0"]
+_Q4_K_ID = GGML_TYPE_ID["Q4_K"]
+_Q6_K_ID = GGML_TYPE_ID["Q6_K"]
+_Q8_1_PER_SUPER = 8  # q8_1 blocks of 32 values per 256-value super-block
+
+@njit(cache=True, inline="always")
+def _step_q4_k(acc, w, r, wo, y, ys, j, yo, iqs, h2f):
+    """vec_dot_q4_K_q8_1 for one thread (ints iqs, iqs+1) of super-block at w[r, wo]."""
+    c = iqs // 8
+    pos = 4 * ((iqs // 2) % 4)
+    qo = wo + 16 + 32 * c + pos
+    sumf_d = np.float32(0.0)
+    sumf_m = np.float32(0.0)
+    for i in range(2):
+        sb = 2 * c + i  # get_scale_min_k4
+        if sb < 4:
+            sc = np.int64(w[r, wo + 4 + sb]) & 63
+            mn = np.int64(w[r, wo + 8 + sb]) & 63
+        else:
+            sc = (np.int64(w[r, wo + 8 + sb]) & 0x0F) | ((np.int64(w[r, wo + sb]) >> 6) << 4)
+            mn = (np.int64(w[r, wo + 8 + sb]) >> 4) | ((np.int64(w[r, wo + 4 + sb]) >> 6) << 4)
+        bo = yo + sb * _Q8_1
+        shift = 4 * i
+        dot1 = 0
+        dot2 = 0
+        for k in range(4):
+            u0 = np.int64(ys[j, bo + 4 + pos + k])
+            u1 = np.int64(ys[j, bo + 4 + pos + 16 + k])
+            dot1 += ((np.int64(w[r, qo + k]) >> shift) & 15) * u0
+            dot1 += ((np.int64(w[r, qo + 16 + k]) >> shift) & 15) * u1
+            dot2 += u0 + u1
+        d8 = h2f[u16le(y, j, bo)]
+        sumf_d = fmaf(d8, np.float32(dot1 * sc), sumf_d)
+        sumf_m = fmaf(d8, np.float32(dot2 * mn), sumf_m)
+    d = h2f[u16le(w, r, wo)]
+    dmin = h2f[u16le(w, r, wo + 2)]
+    return acc + fmaf(d, sumf_d, -(dmin * sumf_m))
+
+
+@njit(cache=True, inline="always")
+def _step_q6_k(acc, w, ws, r, wo, y, ys, j, yo, iqs, h2f):
+    """vec_dot_q6_K_q8_1 for one thread (int iqs) of super-block at w[r, wo]."""
+    h = iqs // 16
+    rr = iqs % 16
+    bq8_offset = 4 * h + rr // 8
+    scale_offset = 8 * h + rr // 4
+    vh_shift = 2 * (rr // 8)
+    lo_o = wo + 4 * iqs
+    hi_o = wo + 128 + 4 * (8 * h + rr % 8)
+    sumf = np.float32(0.0)
+    for i in range(2):
+        sc = np.int64(ws[r, wo + 192 + scale_offset + 4 * i])
+        bo = yo + (bq8_offset + 2 * i) * _Q8_1
+        uo = bo + 4 + 4 * (iqs % 8)
+        dot = 0
+        for k in range(4):
+            lo = (np.int64(w[r, lo_o + k]) >> (4 * i)) & 15
+            hi = (np.int64(w[r, hi_o + k]) >> (vh_shift + 4 * i)) & 3
+            dot += ((lo | (hi << 4)) - 32) * np.int64(ys[j, uo + k])
+        d8 = h2f[u16le(y, j, bo)]
+        sumf = fmaf(d8, np.float32(dot * sc), sumf)
+    return fmaf(h2f[u16le(w, r, wo + 208)], sumf, acc)
+
+
+@njit(cache=True, inline="always")
+def _step_q8_0(acc, w, ws, r, wo, y, ys, j, yo, iqs, h2f):
+    """vec_dot_q8_0_q8_1 for one thread (ints iqs, iqs+1) of the block at w[r, wo]."""
+    dot = 0
+    for k in range(8):
+        dot += np.int64(ws[r, wo + 2 + 4 * iqs + k]) * np.int64(ys[j, yo + 4 + 4 * iqs + k])
+    d = h2f[u16le(w, r, wo)] * h2f[u16le(y, j, yo)]
+    return fmaf(d, np.float32(dot), acc)
+
+
+@njit(cache=True, inline="always")
+def _reduce(acc, s, nwarps):
+    """Warp hand-over in warp order, then lane 0 of the xor butterfly."""
+    for lane in range(32):
+        s[lane] = acc[lane]
+    for wp in range(1, nwarps):
+        for lane in range(32):
+            s[lane] = s[lane] + acc[32 * wp + lane]
+    # Lane L adds lane L^off; after each step lanes L and L+off hold the same value,
+    # so lane 0's result is this in-place halving.
+    off = 16
+    while off > 0:
+        for lane in range(off):
+            s[lane] = s[lane] + s[lane + off]
+        off //= 2
+    return s[0]
+
+
+@njit(cache=True, inline="always")
+def _step(type_id, acc, w, ws, r, kbx, y, ys, j, tid, h2f):
+    """Thread ``tid``'s vec-dot of weight block ``kbx`` of row ``r`` with column ``j`` (per type)."""
+    if type_id == _Q4_K_ID:  # Q4_K: 16 threads per super-block, ints 2*(tid%16), +1; 8 q8_1 blocks
+        return _step_q4_k(acc, w, r, kbx * _Q4_K, y, ys, j, kbx * _Q8_1_PER_SUPER * _Q8_1, 2 * (tid % 16), h2f)
+    if type_id == _Q6_K_ID:  # Q6_K: 32 threads per super-block, int tid%32
+        return _step_q6_k(acc, w, ws, r, kbx * _Q6_K, y, ys, j, kbx * _Q8_1_PER_SUPER * _Q8_1, tid % 32, h2f)
+    return _step_q8_0(acc, w, ws, r, kbx * _Q8_0, y, ys, j, kbx * _Q8_1, 2 * (tid % 4), h2f)  # 4 threads per block
+
+
+# Rows are independent; prange over chunks of rows cannot change any result.
+_ROWS_PER_CHUNK = 64
+
+
+@njit(cache=True, parallel=True, error_model="numpy")
+def _mmvq_emulate(type_id, block_bytes, tpb, w, ws, y, ys, nwarps, h2f, out):
+    n = w.shape[0]
+    nb = w.shape[1] // block_bytes
+    nthreads = 32 * nwarps
+    bpi = nthreads // tpb
+    nchunks = (n + _ROWS_PER_CHUNK - 1) // _ROWS_PER_CHUNK
+    for chunk in prange(nchunks):  # scratch allocated once per chunk of rows
+        acc = np.empty(nthreads, dtype=np.float32)
+        s = np.empty(32, dtype=np.float32)
+        for r in range(chunk * _ROWS_PER_CHUNK, min(n, (chunk + 1) * _ROWS_PER_CHUNK)):
+            for j in range(y.shape[0]):
+                for tid in range(nthreads):
+                    a = np.float32(0.0)
+                    for kbx in range(tid // tpb, nb, bpi):
+                        a = _step(type_id, a, w, ws, r, kbx, y, ys, j, tid, h2f)
+                    acc[tid] = a
+                out[j, r] = _reduce(acc, s, nwarps)
+
+
+def emulate(w: np.ndarray, qtype: str, xq: np.ndarray, plan: MatVecPlan) -> np.ndarray:
+    """The mat-vec kernel's outputs for ``plan``, on the CPU: float32 (ncols, N).
+
+    ``w`` uint8 (N, row_bytes) blocks of ``qtype``; ``xq`` q8_1 bytes (ncols, K/32*36) in
+    llama.cpp's layout. Rows per block and columns per launch change no output, so only
+    ``plan.nwarps`` is used. Inputs are not checked (the CPU backend checks them).
+    """
+    t = matvec_traits(qtype)
+    w = np.ascontiguousarray(w)
+    xq = np.ascontiguousarray(xq)
+    nwarps = plan.nwarps
+    out = np.empty((xq.shape[0], w.shape[0]), dtype=np.float32)
+    _mmvq_emulate(t.type_id, t.block_bytes, t.threads_per_block, w, w.view(np.int8), xq, xq.view(np.int8),
+                  nwarps, F16_TO_F32, out)
+    return out

@@ -1,0 +1,213 @@
+"""Launcher of ``mmvq.cu``: compile-time geometry, measured tuning, prepared launches.
+
+The kernel is compiled per launch geometry and row length (``kernel_defines``); block facts come
+from :mod:`hiraishin.quant` and the plan's traits as ``#define``\\ s. A decode step makes
+hundreds of mat-vec calls, so everything but the arrays is prepared once (:class:`MatVecLaunch`,
+:class:`PlanLaunches`, cached by geometry).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...order import ReductionOrder
+from ...plans import matvec_plan
+from ...plans.matvec import MatVecPlan, matvec_traits
+from ...quant import BLOCK_BYTES
+from ..compile import get_kernel
+from ..compile import precompile as compile_many
+from ..quantize.layout import LAYOUT_BYTES, layout_for
+
+__all__ = [
+    "MMVQ_UNROLL_ONE_COL",
+    "MMVQ_UNROLL_MULTI_COL",
+    "MMVQ_ONE_COL_MAX_REGS",
+    "MMVQ_MULTI_COL_MAX_REGS",
+    "kernel_defines",
+    "mmvq_kernel",
+    "MatVecLaunch",
+    "PlanLaunches",
+    "prepared_launch",
+    "prepared_plan",
+    "plan_kernel_defines",
+    "preset_kernel_defines",
+    "precompile",
+    "launch",
+]
+
+SOURCE = "mmvq/mmvq.cu"
+
+# Compile-time tuning of mmvq.cu. None of it changes a bit of any output (per-thread order,
+# hand-over and butterfly are the same); measured on an H200 with bench/sweep_mmvq.py
+# (bench/results/2026-11-29-h200-mmvq2/, bench/NOTES_mmvq.md).
+#
+# HX_UNROLL: kbx iterations per unrolled step, i.e. how many weight blocks' loads a thread has
+# in flight together and how many loads share one pointer update. One column: 4 (K = 4096 rows
+# are then fully unrolled); wider launches keep code size and registers down with 2.
+MMVQ_UNROLL_ONE_COL = 4
+MMVQ_UNROLL_MULTI_COL = 2
+# HX_MIN_BLOCKS: resident CUDA blocks per SM the compiler must allow, which caps registers per
+# thread (65536 / (threads * blocks)). One 128-thread column: Q6_K rows of <= 16 super-blocks
+# (output head, K = 4096) fastest at 40 registers (12 blocks: 166 vs 174 us), longer rows
+# (ffn_down, K = 12288) at 32 (16 blocks: 17.9 vs 18.4 us); Q4_K (2 rows per block, K = 4096)
+# at 40 (ffn_up 12.6 vs 13.0 us). Several columns: at most 128 registers (9 columns in one launch:
+# ffn_down 40.9 vs 44.3 us, output head 514 vs 602 us), for up to 18 accumulators per thread
+# (16 columns x 2 rows would spill).
+# (longest row in super-blocks this applies to, None = any; registers) per weight type; Q4_K
+# rows longer than 16 super-blocks are left uncapped (2 rows x 4 unrolled blocks spill at 40).
+MMVQ_ONE_COL_MAX_REGS = {"Q4_K": ((16, 40),), "Q6_K": ((16, 40), (None, 32))}
+MMVQ_MULTI_COL_MAX_REGS = 128
+MMVQ_MULTI_COL_CAPPED_ACCUMULATORS = 18  # columns x rows up to which the cap holds without spills
+# Per-SM limits of the GPUs we compile for (sm_80 .. sm_90): registers, threads, resident blocks.
+_REGISTERS_PER_SM = 65536
+_THREADS_PER_SM = 2048
+_BLOCKS_PER_SM = 32
+
+
+def _min_blocks(qtype: str, ncols: int, rows: int, nwarps: int, nblocks: int) -> int:
+    """HX_MIN_BLOCKS for a launch: the register cap above as resident blocks per SM."""
+    regs = MMVQ_MULTI_COL_MAX_REGS
+    if ncols > 1 and ncols * rows > MMVQ_MULTI_COL_CAPPED_ACCUMULATORS:
+        return 1
+    if ncols == 1:
+        rules = MMVQ_ONE_COL_MAX_REGS.get(qtype, ())
+        regs = next((r for limit, r in rules if limit is None or nblocks <= limit), None)
+        if regs is None:
+            return 1
+    threads = 32 * nwarps
+    return max(1, min(_REGISTERS_PER_SM // (threads * regs), _THREADS_PER_SM // threads, _BLOCKS_PER_SM))
+
+
+def kernel_defines(qtype: str, ncols: int, rows_per_block: int, nwarps: int, nblocks: int,
+                   unroll: int | None = None, min_blocks: int | None = None) -> dict:
+    """The ``#define``\\ s that compile ``mmvq.cu`` for one launch geometry and row length.
+
+    ``unroll`` and ``min_blocks`` (HX_UNROLL, HX_MIN_BLOCKS) default to the measured choices above.
+    """
+    t = matvec_traits(qtype)
+    if unroll is None:
+        unroll = MMVQ_UNROLL_ONE_COL if ncols == 1 else MMVQ_UNROLL_MULTI_COL
+    if min_blocks is None:
+        min_blocks = _min_blocks(qtype, ncols, rows_per_block, nwarps, nblocks)
+    # block facts from hiraishin.quant / the plan's traits, activation bytes per weight block from
+    # the layout the kernel reads (its own for Q4_K/Q6_K, llama.cpp's q8_1 blocks for Q8_0)
+    layout = layout_for(qtype)
+    y_step = LAYOUT_BYTES[layout] if layout else BLOCK_BYTES["Q8_1"]
+    return {"HX_QTYPE": t.type_id, "HX_QK": t.qk, "HX_BLOCK_BYTES": t.block_bytes, "HX_VDR": t.vdr,
+            "HX_TPB": t.threads_per_block, "HX_Y_STEP": y_step, "HX_NCOLS": int(ncols),
+            "HX_RPB": int(rows_per_block), "HX_NWARPS": int(nwarps), "HX_NBLOCKS": int(nblocks),
+            "HX_UNROLL": int(unroll), "HX_MIN_BLOCKS": int(min_blocks)}
+
+
+def mmvq_kernel(defines: dict):
+    """The compiled mmvq kernel for ``defines`` and the defines it was compiled with.
+
+    A register cap (HX_MIN_BLOCKS > 1) that makes the compiler spill is dropped: spilling to
+    local memory costs more than the occupancy the cap buys. (Bits are the same either way.)
+    """
+    kernel = get_kernel(SOURCE, "mmvq", defines)
+    if defines.get("HX_MIN_BLOCKS", 1) > 1 and kernel.local_size_bytes > 0:
+        defines = {**defines, "HX_MIN_BLOCKS": 1}
+        kernel = get_kernel(SOURCE, "mmvq", defines)
+    return kernel, defines
+
+
+class MatVecLaunch:
+    """One compiled mmvq launch: ``ncols`` columns of a (``n``, ``k``) ``qtype`` weight.
+
+    Call it with the weight (C-contiguous cupy uint8 (n, row_bytes)), the q8_1 activations in
+    the kernel's layout for ``qtype`` (``quantize.layout.layout_for``; C-contiguous) and ``out``
+    (float32, ``ncols`` rows of ``n`` floats, contiguous); nothing is checked (the backends check). Everything but the three arrays is prepared here: a decode step
+    makes hundreds of these calls.
+    """
+
+    __slots__ = ("kernel", "grid", "block", "shared", "defines", "scalars")
+
+    def __init__(self, qtype: str, n: int, k: int, ncols: int, rows_per_block: int, nwarps: int):
+        t = matvec_traits(qtype)
+        self.kernel, self.defines = mmvq_kernel(kernel_defines(qtype, ncols, rows_per_block, nwarps, k // t.qk))
+        self.grid = ((n + rows_per_block - 1) // rows_per_block, 1, 1)
+        self.block = (32, nwarps, 1)
+        self.shared = (nwarps - 1) * ncols * rows_per_block * 32 * 4
+        self.scalars = (np.int32(n), np.int64(n))  # rows, floats between output columns
+
+    def __call__(self, w, xq, out):
+        self.kernel(self.grid, self.block, (w, xq, out) + self.scalars, shared_mem=self.shared)
+        return out
+
+
+class PlanLaunches:
+    """All launches of an mmvq plan, prepared (:class:`MatVecLaunch` each); called like one."""
+
+    __slots__ = ("launches",)
+
+    def __init__(self, qtype: str, n: int, k: int, plan: MatVecPlan):
+        self.launches = [(start, count, prepared_launch(qtype, n, k, count, plan.rows_per_block, plan.nwarps))
+                         for start, count in plan.launches()]
+
+    def __call__(self, w, xq, out):
+        if len(self.launches) == 1:
+            return self.launches[0][2](w, xq, out)
+        for start, count, launch in self.launches:
+            launch(w, xq[start:start + count], out[start:start + count])
+        return out
+
+
+_launches: dict = {}  # prepared MatVecLaunch and PlanLaunches objects, by geometry
+
+
+def prepared_launch(qtype: str, n: int, k: int, ncols: int, rows_per_block: int, nwarps: int) -> MatVecLaunch:
+    """The cached :class:`MatVecLaunch` for this geometry (kernel compiled on first use)."""
+    key = (qtype, n, k, ncols, rows_per_block, nwarps)
+    hit = _launches.get(key)
+    if hit is None:
+        hit = _launches[key] = MatVecLaunch(qtype, n, k, ncols, rows_per_block, nwarps)
+    return hit
+
+
+def prepared_plan(qtype: str, n: int, k: int, plan: MatVecPlan) -> PlanLaunches:
+    """The cached :class:`PlanLaunches` of an mmvq ``plan`` for an (``n``, ``k``) ``qtype`` weight."""
+    key = (qtype, n, k, plan)
+    hit = _launches.get(key)
+    if hit is None:
+        hit = _launches[key] = PlanLaunches(qtype, n, k, plan)
+    return hit
+
+
+def plan_kernel_defines(qtype: str, k: int, plan: MatVecPlan) -> list[dict]:
+    """The ``kernel_defines`` of each launch of an mmvq ``plan`` for rows of ``k`` values."""
+    t = matvec_traits(qtype)
+    if plan.kernel != "mmvq":
+        return []
+    return [kernel_defines(qtype, count, plan.rows_per_block, plan.nwarps, k // t.qk) for _, count in plan.launches()]
+
+
+def preset_kernel_defines(qtype: str, k: int, widths=range(1, 17)) -> dict:
+    """``{description: defines}`` of every mmvq launch BATCH_VARIANT and BATCH_INVARIANT make for
+    ``widths`` columns of a ``qtype`` weight with rows of ``k`` values (for precompiling, tests)."""
+    out = {}
+    for order in (ReductionOrder.BATCH_VARIANT, ReductionOrder.BATCH_INVARIANT):
+        for width in widths:
+            for d in plan_kernel_defines(qtype, k, matvec_plan(order, width, qtype)):
+                out[f"mmvq {qtype} ncols={d['HX_NCOLS']} rows={d['HX_RPB']} nwarps={d['HX_NWARPS']} k={k}"] = d
+    return out
+
+
+def precompile(qtype: str, k: int, plans, max_workers: int | None = None) -> int:
+    """Compile the mmvq kernels that ``plans`` launch for rows of ``k`` values, side by side.
+
+    Kernels compile on first use anyway; this does it for many geometries at once (see
+    :func:`hiraishin.kernels.compile.precompile`). Returns how many modules were compiled.
+    """
+    return compile_many(((SOURCE, d) for plan in plans for d in plan_kernel_defines(qtype, k, plan)),
+                       max_workers)
+
+
+def launch(w, qtype: str, y, plan: MatVecPlan, out):
+    """Run an mmvq ``plan``'s launches on cupy arrays, unchecked, writing ``out``; returns ``out``.
+
+    ``w`` uint8 (N, row_bytes) C-contiguous; ``y`` the activations already in the kernel's layout
+    for ``qtype`` (``quantize.launch(x, y, layout_for(qtype))``); ``out`` float32 (ncols, N).
+    """
+    t = matvec_traits(qtype)
+    return prepared_plan(qtype, w.shape[0], w.shape[1] // t.block_bytes * t.qk, plan)(w, y, out)

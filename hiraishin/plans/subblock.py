@@ -1,0 +1,127 @@
+"""Plans of the sub-block order: a mat-vec / mat-mat whose float operations are defined per
+q8_1 block of 32 values, so that 1 and 16 columns do the same float work (``hiraishin/kernels/mmq``).
+
+For one output (row r, column j) of an (N, K) Q4_K or Q6_K weight against q8_1 activations::
+
+    NB   = K / 256                               # super-blocks per row
+    NSEG = min(NB, SUBBLOCK_MAX_SEGMENTS)        # from K alone
+    segment s = super-blocks [s*NB // NSEG, (s+1)*NB // NSEG)
+    seg[s] = 0; for each q8_1 block b of segment s, in k order: seg[s] = step(seg[s], b)
+    out = seg[0]; for s in 1 .. NSEG-1: out = out + seg[s]           (__fadd_rn, in s order)
+
+``step`` (C = the exact integer dot product of the block, however computed):
+
+* Q4_K, sub-block b of super-block i (scale sc, min m, 6-bit; d, dmin fp16)::
+
+      acc = fmaf((d*sc) * dx_b, float(C_b), acc)    # d*sc exact in float; one rounded mul
+      acc = fmaf(-(dmin*m), sx_b, acc)              # dmin*m exact in float
+
+  with ``dx_b``, ``sx_b`` the q8_1 block's fp16 ``d`` and ``s`` (llama.cpp's layout).
+* Q6_K, q8_1 block b = 16-value sub-blocks 2b, 2b+1 of super-block i::
+
+      C_b = sc[2b] * sum_{l<16} (q_l - 32) qx_l + sc[2b+1] * sum_{16<=l<32} (q_l - 32) qx_l  (int, |C_b| < 2^24)
+      acc = fmaf(d * dx_b, float(C_b), acc)
+
+Nothing here depends on the number of columns: the kernel choice, columns per CUDA block and
+warps per CUDA block are launch facts that change no bit.
+
+This module is pure Python (no kernels, no backends).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import PlanError
+
+__all__ = [
+    "SUBBLOCK_QTYPES",
+    "SUBBLOCK_QK",
+    "SUBBLOCK_MAX_SEGMENTS",
+    "SUBBLOCK_TILE_ROWS",
+    "SUBBLOCK_NTILE_COLS",
+    "SUBBLOCK_MAX_COLS_PER_BLOCK",
+    "SUBBLOCK_NWARPS",
+    "SubBlockPlan",
+    "subblock_segments",
+    "subblock_plan",
+]
+
+SUBBLOCK_QTYPES = ("Q4_K", "Q6_K")
+SUBBLOCK_QK = 256  # values per super-block (QK_K)
+# At most 16 K-segments per row: with K = 4096 (16 super-blocks) every segment is one super-block,
+# so the smallest Qwen3-8B projection (4096 -> 1024, 64 tiles of 16 rows) still runs 1024 warps
+# (~8 per SM on 132 SMs) with one DRAM round trip each; K = 12288 gets 3 super-blocks per segment.
+SUBBLOCK_MAX_SEGMENTS = 16
+SUBBLOCK_TILE_ROWS = 16  # rows per warp tile: the M of mma.m16n8k32 / m16n8k16
+SUBBLOCK_NTILE_COLS = 8  # columns per MMA n-tile: the N of m16n8k*
+SUBBLOCK_MAX_COLS_PER_BLOCK = 16  # two n-tiles per CUDA block; wider widths use more CUDA blocks
+# Warps per CUDA block (one column, several): a launch fact; start values before measurement.
+SUBBLOCK_NWARPS = (16, 8)
+
+
+def subblock_segments(k: int) -> int:
+    """NSEG of rows of ``k`` values (the only geometry that changes bits)."""
+    return min(k // SUBBLOCK_QK, SUBBLOCK_MAX_SEGMENTS)
+
+
+@dataclass(frozen=True)
+class SubBlockPlan:
+    """One launch of the sub-block order for ``ncols`` columns of a (N, ``k``) ``qtype`` weight.
+
+    ``nseg`` is the order (from ``k`` only); ``kernel`` ("onecol": the MMA kernel specialised to
+    one column, float work only for the column that exists; "mma": up to 16 columns per CUDA
+    block), ``cols_per_block`` and ``nwarps`` are launch facts that change no bit.
+    """
+
+    qtype: str
+    ncols: int
+    k: int
+    nseg: int
+    kernel: str
+    tile_rows: int
+    cols_per_block: int
+    nwarps: int
+
+    @property
+    def nblocks(self) -> int:
+        """Super-blocks per row."""
+        return self.k // SUBBLOCK_QK
+
+    def segment_bounds(self) -> list[tuple[int, int]]:
+        """[first, end) super-block of each segment."""
+        nb, ns = self.nblocks, self.nseg
+        return [(s * nb // ns, (s + 1) * nb // ns) for s in range(ns)]
+
+    def describe(self) -> str:
+        sizes = sorted({b - a for a, b in self.segment_bounds()})
+        step = ("acc = fmaf((d*sc)*dx, float(C), acc); acc = fmaf(-(dmin*m), sx, acc)"
+                if self.qtype == "Q4_K" else
+                "C = sc[2b]*C_lo + sc[2b+1]*C_hi (int); acc = fmaf(d*dx, float(C), acc)")
+        return (f"sub-block order, {self.qtype}, K={self.k}: each row in {self.nseg} K-segments of "
+                f"{'/'.join(map(str, sizes))} super-block(s); per q8_1 block of 32 values in k order: "
+                f"{step}; segments added in order 0..{self.nseg - 1}. Same float operations at every "
+                f"width. Launch ({self.ncols} column(s)): {self.kernel} kernel, {self.tile_rows} rows x "
+                f"{self.cols_per_block} columns per CUDA block, {self.nwarps} warps.")
+
+
+def subblock_plan(ncols: int, qtype: str, k: int, device=None) -> SubBlockPlan:
+    """The :class:`SubBlockPlan` for ``ncols`` >= 1 columns of ``qtype`` rows of ``k`` values.
+
+    ``device`` is accepted for symmetry with the other plan functions; no choice here depends on
+    it (the order must not, and the launch facts are the same on sm_80..sm_90).
+    Raises :class:`PlanError` on a type the order does not cover, ``k`` not a positive multiple
+    of 256, or ``ncols`` < 1.
+    """
+    if qtype not in SUBBLOCK_QTYPES:
+        raise PlanError(f"sub-block order covers {list(SUBBLOCK_QTYPES)}, got {qtype!r}")
+    if not isinstance(k, int) or k <= 0 or k % SUBBLOCK_QK:
+        raise PlanError(f"sub-block order: K={k!r} must be a positive multiple of {SUBBLOCK_QK}")
+    if not isinstance(ncols, int) or ncols < 1:
+        raise PlanError(f"sub-block order: ncols={ncols!r} must be >= 1")
+    nseg = subblock_segments(k)
+    cols = SUBBLOCK_NTILE_COLS if ncols <= SUBBLOCK_NTILE_COLS else SUBBLOCK_MAX_COLS_PER_BLOCK
+    return SubBlockPlan(qtype=qtype, ncols=ncols, k=k, nseg=nseg,
+                        kernel="onecol" if ncols == 1 else "mma",
+                        tile_rows=SUBBLOCK_TILE_ROWS, cols_per_block=cols,
+                        nwarps=min(nseg, SUBBLOCK_NWARPS[0 if ncols == 1 else 1]))
