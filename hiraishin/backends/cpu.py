@@ -61,6 +61,12 @@ class CpuOps:
         plan = self.backend.attention_plan(order, T, kv_len, H, k_cache.shape[1], D)
         return attention.emulate(q, k_cache, v_cache, q_pos, plan)
 
+    def causal_attention(self, q, k_cache, v_cache, pos, kv_len: int, order, out=None):
+        return self.attention(q, k_cache, v_cache, pos, kv_len, order)
+
+    def store_kv(self, cache, layer: int, pos, k, v) -> None:
+        cache.write(layer, int(pos[0]), k, v)  # a pass's positions are consecutive
+
     def attention_partials(self, q, k_cache, v_cache, q_pos, plan):
         return emulate_partials(q, k_cache, v_cache, q_pos, plan)
 

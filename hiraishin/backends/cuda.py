@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels import attention, elementwise, mmvq, rmsnorm, rope, tiled
+from ..kernels import attention, elementwise, rmsnorm, rope, tiled
 from ..kernels.attention.launch import current_profile, launch_combine, launch_partials
 from ..kernels.compile import cupy_available, require_cupy
+from ..kernels.mmvq.launch import prepared_plan  # (mmvq.launch is the launch function, not the module)
 from ..kernels.quantize.launch import QuantizeLaunch
 from ..kernels.quantize.layout import layout_for
 from ..plans.matvec import matvec_traits
@@ -55,7 +56,7 @@ class _MatVec:
         t = matvec_traits(qtype)
         self.plan, self.n, self.qtype = plan, n, qtype
         if plan.kernel == "mmvq":
-            self.launch = mmvq.launch.prepared_plan(qtype, n, row_bytes // t.block_bytes * t.qk, plan)
+            self.launch = prepared_plan(qtype, n, row_bytes // t.block_bytes * t.qk, plan)
             self.layout = layout_for(qtype)  # of the q8_1 activations this mat-vec reads (None: llama.cpp's)
         else:
             self.launch = None
@@ -148,7 +149,7 @@ class CudaOps:
         if plan.kernel == "tiled":
             return tiled.launch(w, qtype, xq, plan, out)
         y = to_layout(xq, qtype) if layout_for(qtype) else xq  # the kernel reads its own layout
-        return mmvq.launch.prepared_plan(qtype, w.shape[0], w.shape[1] // t.block_bytes * t.qk, plan)(w, y, out)
+        return prepared_plan(qtype, w.shape[0], w.shape[1] // t.block_bytes * t.qk, plan)(w, y, out)
 
     def mul_mat(self, w, qtype: str, x, order, out=None):
         return self.mul_mats(((w, qtype),), x, order, (out,))[0]
@@ -168,15 +169,31 @@ class CudaOps:
             results.append(mv(w, xq, self._empty((T, mv.n), _F32) if out is None else out))
         return results
 
-    def flash_attn(self, q, k_cache, v_cache, q_pos, plan, out=None):
-        T, H, D = q.shape
+    def attention_scratch(self, plan, T: int, H: int, D: int):
+        """The partials and meta scratch of a ``plan`` launch for T queries of H heads (None, None
+        when P == 1); allocated on first use, so a CUDA-graph capture can allocate them before."""
         P = plan.parallel_blocks
-        parts = meta = None
-        if P > 1:
-            parts = self.scratch("attn_parts", (T, H, P, D))
-            meta = self.scratch("attn_meta", (T, H, P, 2))
+        if P == 1:
+            return None, None
+        return self.scratch("attn_parts", (T, H, P, D)), self.scratch("attn_meta", (T, H, P, 2))
+
+    def flash_attn(self, q, k_cache, v_cache, q_pos, plan, out=None, kv_from_positions=False):
+        T, H, D = q.shape
+        parts, meta = self.attention_scratch(plan, T, H, D)
         return attention.launch(q, k_cache, v_cache, q_pos, plan, self._empty(q.shape, _F32) if out is None else out,
-                                parts, meta)
+                                parts, meta, kv_from_positions)
+
+    def causal_attention(self, q, k_cache, v_cache, pos, kv_len: int, order, out=None):
+        """Attention of a forward pass: ``pos`` are the device positions ``kv_len-T .. kv_len-1``,
+        and the kernel reads the KV length from them (graph-replayable at any position whose plan
+        is the same). The same launch, hence the same bits, as :meth:`attention`."""
+        T, H, D = q.shape
+        plan = self.backend.attention_plan(order, T, kv_len, H, k_cache.shape[1], D)
+        return self.flash_attn(q, k_cache, v_cache, pos, plan, out, kv_from_positions=True)
+
+    def store_kv(self, cache, layer: int, pos, k, v) -> None:
+        """Store float32 ``k``, ``v`` (T, n_head_kv, D) as f16 at the cells of the device positions ``pos``."""
+        elementwise.launch_kv_store(k, v, pos, cache.k(layer), cache.v(layer))
 
     def attention(self, q, k_cache, v_cache, q_pos, kv_len: int, order, out=None):
         T, H, D = q.shape

@@ -1,37 +1,39 @@
 """Passes of up to 16 tokens replayed from CUDA graphs: decode steps and speculative verify passes.
 
-A pass is ``n_layer + 1`` segments of fixed launches (everything between two attentions: the
-output projection, feed-forward, the next layer's norms, Q/K/V and RoPE) separated by the two
-ops that take the pass's position as host values: the KV-cache store and the attention (its KV
-length and plan). The segments are captured once per (order, width) into CUDA graphs and
-replayed at every position; the KV stores and attentions are launched as usual between them. The
-token ids and positions live in device buffers (filled before the replay), and every segment
-reads and writes the model's fixed activation buffers of that width, so a replay runs exactly
-the launches of the eager pass (same kernels, arguments, order): the same bits.
+A whole pass (embedding, every layer, output head) is captured into ONE CUDA graph per (order,
+width, attention plan) and replayed at every position with the same plan: the token ids and
+positions live in device buffers filled before the replay, the KV store writes the cells those
+positions name, and the attention kernels take the KV length from them (``pos[-1] + 1``). Only
+the attention plan depends on the position (the attended range is the KV length padded to 256
+cells, and the parallel blocks follow from it), so a width's graph is re-captured when the plan
+changes, at most once per 256 positions, and kept for later passes with the same plan.
 
-Per (order, width) the first pass runs the segments without capturing (kernels compiled,
-launches prepared, scratch allocated), the second captures them, later passes replay. Everything
-runs on a stream of its own (capture needs a non-default stream) and is synchronized by the
-logits copy at the end, like an eager pass. If a capture fails, that (order, width) falls back
-to eager passes with a warning.
+A replay runs exactly the launches of the eager pass (same kernels, arguments and buffers, in
+the same order): the same bits. The first pass of each (order, width) runs eagerly (kernels
+compiled, launches prepared, scratch allocated); later ones capture or replay. Everything runs
+on a stream of its own (capture needs a non-default stream) and is synchronized by the logits
+copy at the end, like an eager pass. If a capture fails, that (order, width) falls back to eager
+passes with a warning.
 """
 
 from __future__ import annotations
 
 import warnings
+from collections import OrderedDict
 
 import numpy as np
 
-__all__ = ["PassGraphs"]
+__all__ = ["PassGraphs", "MAX_GRAPHS"]
 
-_COLD, _WARM, _FAILED = "cold", "warm", None
+# Captured graphs kept (least recently used dropped first): widths 1..16 x a few plans x orders.
+MAX_GRAPHS = 256
 
 
 class PassGraphs:
     """CUDA-graph replay of a model's passes of ``1..max_tokens`` tokens (see the module docstring).
 
-    ``model`` provides ``pass_buffers(T)``, ``embed``, ``attention_inputs``, ``attend``,
-    ``layer_output``, ``head``, ``config``, ``cache`` and ``backend`` (a CUDA backend).
+    ``model`` provides ``pass_buffers(T)``, ``run_pass(ids, pos, start_pos, order, buf)`` (the
+    eager pass into the width's buffers), ``config`` and ``backend`` (a CUDA backend).
     """
 
     def __init__(self, model, max_tokens: int):
@@ -39,9 +41,12 @@ class PassGraphs:
         self.model = model
         self.max_tokens = int(max_tokens)
         self.stream = cp.cuda.Stream(non_blocking=True)
-        self._ids = {}  # T -> int32 (T,) device token ids
-        self._pos = {}  # T -> int32 (T,) device positions
-        self._state: dict = {}  # (order, T) -> "cold" | "warm" | list of graphs | None (capture failed)
+        self._ids: dict = {}  # T -> int32 (T,) device token ids
+        self._pos: dict = {}  # T -> int32 (T,) device positions
+        self._warm: set = set()  # (order, T) that ran once eagerly
+        self._failed: set = set()  # (order, T) whose capture failed
+        self._graphs: OrderedDict = OrderedDict()  # (order, T, plan signature) -> cupy Graph
+        self.captures = 0  # graphs captured so far (for tests and benchmarks)
 
     def _inputs(self, T: int):
         ids = self._ids.get(T)
@@ -51,82 +56,63 @@ class PassGraphs:
             self._pos[T] = cp.zeros((T,), np.int32)
         return ids, self._pos[T]
 
+    def _plan(self, order, T: int, start_pos: int):
+        c = self.model.config
+        return self.model.backend.attention_plan(order, T, start_pos + T, c.n_head, c.n_head_kv, c.head_dim)
+
     def run(self, tokens: np.ndarray, start_pos: int, order) -> np.ndarray | None:
         """Logits (T, n_vocab) of ``tokens`` (int32, T <= max_tokens) at ``start_pos`` (the cache is
         not committed), or None when this (order, width) has no graphs: run an eager pass instead."""
         T = int(tokens.size)
-        key = (order, T)
-        state = self._state.get(key, _COLD)
-        if state is _FAILED:
+        if (order, T) in self._failed:
             return None
         m = self.model
         ids, pos = self._inputs(T)
         buf = m.pass_buffers(T)
+        plan = self._plan(order, T, start_pos)
+        # what the captured launches depend on: everything of the plan but the KV length
+        key = (order, T, (plan.kernel, plan.queries_per_block, plan.parallel_blocks, plan.chunk_cells,
+                          plan.kv_attended, plan.split_cells))
         with self.stream:
             ids.set(tokens)  # host -> device on this stream, before the launches that read it
             pos.set(np.arange(start_pos, start_pos + T, dtype=np.int32))
-            m.embed(ids, out=buf["embd"])
-            if state == _COLD:
-                self._run(order, T, start_pos, None)
-                self._state[key] = _WARM
-            elif state == _WARM:
-                graphs: list = []
-                try:
-                    self._run(order, T, start_pos, graphs)
-                except Exception as exc:  # noqa: BLE001 - any capture failure: eager passes for this key
-                    self._abandon_capture()
-                    self._state[key] = _FAILED
-                    warnings.warn(f"CUDA-graph capture of a {T}-token pass failed under {order.name} "
-                                  f"({type(exc).__name__}: {exc}); using eager passes", RuntimeWarning, stacklevel=3)
-                    return None
-                self._state[key] = graphs
+            graph = self._graphs.get(key)
+            if graph is not None:
+                self._graphs.move_to_end(key)
+                graph.launch(self.stream)
+            elif (order, T) not in self._warm:
+                m.run_pass(ids, pos, start_pos, order, buf)
+                self._warm.add((order, T))
             else:
-                for il in range(m.config.n_layer):
-                    state[il].launch(self.stream)
-                    self._attend(il, T, start_pos, order)
-                state[-1].launch(self.stream)
+                graph = self._capture(ids, pos, start_pos, order, buf, plan)
+                if graph is None:
+                    return None
+                self._graphs[key] = graph
+                if len(self._graphs) > MAX_GRAPHS:
+                    self._graphs.popitem(last=False)
+                graph.launch(self.stream)
             return m.backend.to_host(buf["logits"])
 
-    def _segment(self, i: int, T: int, order) -> None:
-        """Segment ``i``: layer ``i-1``'s output half (i > 0), then layer ``i``'s attention inputs
-        (i < n_layer), or the output norm and projection (i == n_layer)."""
+    def _capture(self, ids, pos, start_pos: int, order, buf: dict, plan):
         m = self.model
-        buf = m.pass_buffers(T)
-        n_layer = m.config.n_layer
-        x = buf["embd"] if i == 0 else buf["l_out"]
-        if i > 0:
-            prev_in = buf["embd"] if i == 1 else buf["l_out"]
-            x = m.layer_output(i - 1, buf["attn"], prev_in, order, buf)
-        if i < n_layer:
-            m.attention_inputs(i, x, self._pos[T], order, buf)
-        else:
-            m.head(x, order, buf)
-
-    def _attend(self, il: int, T: int, start_pos: int, order) -> None:
-        m = self.model
-        buf = m.pass_buffers(T)
         c = m.config
-        m.attend(il, buf["q_rope"], buf["k_rope"], buf["v"].reshape(T, c.n_head_kv, c.head_dim), self._pos[T],
-                 start_pos, order, buf)
-
-    def _run(self, order, T: int, start_pos: int, graphs: list | None) -> None:
-        """Run the pass segment by segment; with ``graphs`` (a list), capture each segment into a
-        graph appended to it and launch that graph."""
-        n_layer = self.model.config.n_layer
-        for i in range(n_layer + 1):
-            if graphs is None:
-                self._segment(i, T, order)
-            else:
-                self.stream.synchronize()  # capture begins on an idle stream
-                self.stream.begin_capture()
-                try:
-                    self._segment(i, T, order)
-                finally:
-                    graph = self.stream.end_capture()
-                graphs.append(graph)
-                graph.launch(self.stream)
-            if i < n_layer:
-                self._attend(i, T, start_pos, order)
+        # the new plan's attention scratch must exist before capture (no allocation inside it)
+        m.backend.ops.attention_scratch(plan, ids.size, c.n_head, c.head_dim)
+        self.stream.synchronize()  # capture begins on an idle stream
+        try:
+            self.stream.begin_capture()
+            try:
+                m.run_pass(ids, pos, start_pos, order, buf)
+            finally:
+                graph = self.stream.end_capture()
+        except Exception as exc:  # noqa: BLE001 - any capture failure: eager passes for this (order, T)
+            self._abandon_capture()
+            self._failed.add((order, ids.size))
+            warnings.warn(f"CUDA-graph capture of a {ids.size}-token pass failed under {order.name} "
+                          f"({type(exc).__name__}: {exc}); using eager passes", RuntimeWarning, stacklevel=4)
+            return None
+        self.captures += 1
+        return graph
 
     def _abandon_capture(self) -> None:
         try:

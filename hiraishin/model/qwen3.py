@@ -141,20 +141,24 @@ class Qwen3:
             if logits is not None:
                 self.cache.commit(start_pos + T)
                 return logits
-        rec = _recorder(record, self.backend)
-        ops = self.ops
-        buf = self.pass_buffers(T)
-        pos = ops.positions(start_pos, T)                                           # int32 (T,)
-        x = ops.get_rows(self.weights.token_embd.data, self.weights.token_embd.qtype,
-                         self.backend.to_device(tokens.astype(np.int32)))          # (T, n_embd)
-        rec("token_embd", x)
+        ids = self.backend.to_device(tokens.astype(np.int32))                      # int32 (T,)
+        pos = self.ops.positions(start_pos, T)                                      # int32 (T,)
+        logits = self.run_pass(ids, pos, start_pos, order, self.pass_buffers(T), _recorder(record, self.backend))
+        self.cache.commit(start_pos + T)
+        return self.backend.to_host(logits)
+
+    def run_pass(self, ids, pos, start_pos: int, order, buf: dict, rec=None):
+        """One pass on the backend: token ids and positions (T,) int32 arrays of the backend ->
+        logits (T, n_vocab) of the backend (``buf["logits"]`` when given). Writes the cache cells
+        ``pos``; does not commit them (see :meth:`forward`). What a CUDA graph of the pass captures."""
+        x = self.embed(ids, out=buf.get("embd"))                                    # (T, n_embd)
+        if rec is not None:
+            rec("token_embd", x)
         for il in range(self.config.n_layer):
             q, k, v = self.attention_inputs(il, x, pos, order, buf, rec)
             a = self.attend(il, q, k, v, pos, start_pos, order, buf)
             x = self.layer_output(il, a, x, order, buf, rec)                        # (T, n_embd)
-        logits = self.head(x, order, buf, rec)                                      # (T, n_vocab)
-        self.cache.commit(start_pos + T)
-        return self.backend.to_host(logits)
+        return self.head(x, order, buf, rec)                                        # (T, n_vocab)
 
     def _check_tokens(self, tokens) -> np.ndarray:
         """Token ids as int64 (T,), each in ``[0, n_vocab)``; a :class:`HiraishinError` otherwise."""
@@ -212,9 +216,10 @@ class Qwen3:
             buf = self._pass_buffers[T] = {name: xp.empty(shape, np.float32) for name, shape in shapes.items()}
         return buf
 
-    # One layer in three segments. Only ``attend`` (the KV-cache store and the attention) takes the
-    # pass's start position and KV length as host values; everything else reads positions from
-    # the device array ``pos``, so a CUDA graph of it replays unchanged at any position.
+    # One layer in three segments. Every op reads the pass's positions from the device array
+    # ``pos`` (the KV store writes the cells ``pos``, attention takes the KV length from
+    # ``pos[-1] + 1``); only the attention *plan* depends on the host's ``start_pos``, so a CUDA
+    # graph of a pass replays unchanged at any position with the same plan.
     # Buffers: x is the previous layer's "l_out" (or the embedding); "h" is free again once
     # Q/K/V are made, "l_out" once "ffn_inp" is made.
     def attention_inputs(self, il: int, x, pos, order, buf: dict, rec=None):
@@ -239,8 +244,9 @@ class Qwen3:
         """Store k, v in layer ``il``'s cache cells ``start_pos..`` and attend -> (T, H, D)."""
         ops = self.ops
         T = q.shape[0]
-        ops.write_kv(self.cache, il, start_pos, k, v)                             # f16 cells start_pos..+T-1
-        return ops.attention(q, self.cache.k(il), self.cache.v(il), pos, start_pos + T, order, out=buf.get("attn"))
+        ops.store_kv(self.cache, il, pos, k, v)                                   # f16 cells start_pos..+T-1
+        return ops.causal_attention(q, self.cache.k(il), self.cache.v(il), pos, start_pos + T, order,
+                                    out=buf.get("attn"))
 
     def layer_output(self, il: int, a, x, order, buf: dict, rec=None):
         """Output projection, residual, feed-forward, residual of layer ``il`` -> (T, n_embd)."""

@@ -39,9 +39,11 @@ fattn_tile(const float* __restrict__ Q,            // (n_tokens, n_head, D) floa
            const unsigned short* __restrict__ V,   // (n_ctx, n_head_kv, D) f16 bits
            const int* __restrict__ q_pos,          // (n_tokens,)
            float* __restrict__ dst, float* __restrict__ parts, float* __restrict__ meta,
-           const int n_tokens, const int n_head, const int n_head_kv, const int kv_len,
+           const int n_tokens, const int n_head, const int n_head_kv, const int kv_len_arg,
            const int kv_attended, const int split_cells, const float scale) {
     constexpr int D = HX_D;
+    // kv_len_arg < 0: the last query's position + 1 (as in fattn_vec.cu)
+    const int kv_len = kv_len_arg >= 0 ? kv_len_arg : q_pos[n_tokens - 1] + 1;
     constexpr int K_STRIDE = D / 2 + 1;  // words per K row in shared (padded: conflict-free dots)
     constexpr int OUTS = FT_TILE_Q * D / FT_NTHREADS;  // (query, dim) outputs per thread
     constexpr int QPW = FT_TILE_Q / 4;                 // queries whose softmax each warp runs

@@ -52,9 +52,12 @@ __device__ __forceinline__ void fattn_vec_impl(
     float* __restrict__ dst,                // (n_tokens, n_head, D), written when P == 1
     float* __restrict__ parts,              // (n_tokens, n_head, P, D), written when P > 1
     float* __restrict__ meta,               // (n_tokens, n_head, P, 2), written when P > 1
-    const int n_tokens, const int n_head, const int n_head_kv, const int kv_len,
+    const int n_tokens, const int n_head, const int n_head_kv, const int kv_len_arg,
     const int kv_attended, const int chunk_cells, const float scale) {
     constexpr int D = HX_D;
+    // kv_len_arg < 0: the KV length is the last query's position + 1, read from q_pos (a forward
+    // pass's queries are the cache's last cells), so a CUDA graph of the pass replays at any position.
+    const int kv_len = kv_len_arg >= 0 ? kv_len_arg : q_pos[n_tokens - 1] + 1;
     constexpr int KQ_SHARED = (NCOLS * FV_NTHREADS > 16 * D) ? NCOLS * FV_NTHREADS : 16 * D;
     __shared__ float KQ[KQ_SHARED];  // softmax weights of the current step, later the 16 partials
     __shared__ float KQ_max_sh[NCOLS][32];

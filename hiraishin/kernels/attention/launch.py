@@ -42,14 +42,23 @@ def _kv_len(plan: AttentionPlan) -> int:
     return plan.kv_len if plan.kv_len is not None else plan.kv_attended
 
 
-def launch_partials(q, k_cache, v_cache, q_pos, plan: AttentionPlan, out, parts, meta):
+# The kernels' kv_len argument meaning "the last query's position + 1, read from q_pos".
+KV_LEN_FROM_POSITIONS = -1
+
+
+def launch_partials(q, k_cache, v_cache, q_pos, plan: AttentionPlan, out, parts, meta, kv_from_positions=False):
     """The plan's attention kernel only. With ``P == 1`` it normalises in place into ``out`` (and
-    writes no partials); with ``P > 1`` it writes ``parts`` (T, H, P, D) and ``meta`` (T, H, P, 2)."""
+    writes no partials); with ``P > 1`` it writes ``parts`` (T, H, P, D) and ``meta`` (T, H, P, 2).
+
+    ``kv_from_positions``: the kernel takes the KV length from the device positions (the last
+    query's position + 1, which it is in a forward pass) instead of ``plan.kv_len``, so a CUDA
+    graph of the launch replays at any position whose plan is the same.
+    """
     T, H, D = q.shape
     P = plan.parallel_blocks
     if P == 1:
         parts = meta = out  # not written by the kernel when P == 1
-    kv_len = _kv_len(plan)
+    kv_len = KV_LEN_FROM_POSITIONS if kv_from_positions else _kv_len(plan)
     scale = _scale(D)
     if plan.kernel == "tile":
         grid = ((T + TILE_QUERIES - 1) // TILE_QUERIES, P, H)
@@ -71,14 +80,14 @@ def launch_combine(parts, meta, out):
     return out
 
 
-def launch(q, k_cache, v_cache, q_pos, plan: AttentionPlan, out, parts=None, meta=None):
+def launch(q, k_cache, v_cache, q_pos, plan: AttentionPlan, out, parts=None, meta=None, kv_from_positions=False):
     """Run ``plan`` on CuPy arrays, unchecked (with the combine when ``P > 1``); returns ``out``.
 
     ``q`` float32 C-contiguous (T, H, D); caches float16 C-contiguous (n_ctx, n_head_kv, D)
     holding at least the plan's filled cells; ``q_pos`` int32 C-contiguous (T,) on the device,
     each in ``0..kv_len-1``; ``plan`` made for exactly these shapes. ``out`` (T, H, D) and, when
     ``P > 1``, the scratch ``parts`` (T, H, P, D) and ``meta`` (T, H, P, 2): float32 C-contiguous
-    (allocated here when None).
+    (allocated here when None). ``kv_from_positions``: see :func:`launch_partials`.
     """
     P = plan.parallel_blocks
     if P > 1 and (parts is None or meta is None):
@@ -86,7 +95,7 @@ def launch(q, k_cache, v_cache, q_pos, plan: AttentionPlan, out, parts=None, met
         T, H, D = q.shape
         parts = cp.empty((T, H, P, D), cp.float32) if parts is None else parts
         meta = cp.empty((T, H, P, 2), cp.float32) if meta is None else meta
-    launch_partials(q, k_cache, v_cache, q_pos, plan, out, parts, meta)
+    launch_partials(q, k_cache, v_cache, q_pos, plan, out, parts, meta, kv_from_positions)
     return out if P == 1 else launch_combine(parts, meta, out)
 
 

@@ -12,10 +12,11 @@ sequence of float ops per element, written explicitly on both sides:
   :func:`hiraishin.quant.dequantize` of those rows bit for bit.
 
 Files: ``elementwise.cu`` (the three kernels), :mod:`.launch` (``launch_swiglu``, ``launch_add``,
-``launch_get_rows``), :mod:`.emulate` (``emulate_swiglu``, ``emulate_add``, ``emulate_get_rows``).
+``launch_get_rows``, ``launch_kv_store``: the KV-cache store at device positions), :mod:`.emulate` (``emulate_swiglu``, ``emulate_add``, ``emulate_get_rows``).
 """
 
 from .emulate import emulate_add, emulate_get_rows, emulate_swiglu
-from .launch import launch_add, launch_get_rows, launch_swiglu
+from .launch import launch_add, launch_get_rows, launch_kv_store, launch_swiglu
 
-__all__ = ["emulate_swiglu", "emulate_add", "emulate_get_rows", "launch_swiglu", "launch_add", "launch_get_rows"]
+__all__ = ["emulate_swiglu", "emulate_add", "emulate_get_rows", "launch_swiglu", "launch_add", "launch_get_rows",
+           "launch_kv_store"]

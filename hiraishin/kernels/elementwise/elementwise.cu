@@ -102,3 +102,20 @@ HX_GET_ROWS_KERNEL(hx_get_rows_q6_K, hx_row_q6_K)
 HX_GET_ROWS_KERNEL(hx_get_rows_q8_0, hx_row_q8_0)
 HX_GET_ROWS_KERNEL(hx_get_rows_f16, hx_row_f16)
 HX_GET_ROWS_KERNEL(hx_get_rows_f32, hx_row_f32)
+
+// ---- KV store: cache[pos[t], h, d] = f16(kv[t, h, d]) for the K and the V of one layer ---------
+// Positions come from the device (the pass's int32 positions), so a CUDA graph of a pass replays
+// at any position. The cast is f32 -> f16, round to nearest even (hx_f2h), as the host-side
+// KVCache.write's astype(float16) and CuPy's cast round. Grid (T, ceil(row / 256)), row =
+// n_head_kv * head_dim values.
+extern "C" __global__ void hx_kv_store(const float* __restrict__ k, const float* __restrict__ v,
+                                       const int* __restrict__ pos, unsigned short* __restrict__ k_cache,
+                                       unsigned short* __restrict__ v_cache, const int row) {
+    const int t = blockIdx.x;
+    const int i = blockIdx.y * blockDim.x + threadIdx.x;
+    if (i >= row) return;
+    const long long dst = (long long)pos[t] * row + i;
+    const long long src = (long long)t * row + i;
+    k_cache[dst] = hx_f2h(k[src]);
+    v_cache[dst] = hx_f2h(v[src]);
+}

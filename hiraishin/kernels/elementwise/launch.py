@@ -8,7 +8,7 @@ import numpy as np
 
 from ..compile import get_kernel
 
-__all__ = ["launch_swiglu", "launch_add", "launch_get_rows", "GET_ROWS_KERNELS"]
+__all__ = ["launch_swiglu", "launch_add", "launch_get_rows", "launch_kv_store", "GET_ROWS_KERNELS"]
 
 ELEMENTWISE_THREADS = 256  # block size of the 1-D elementwise launches (no reduction: any size is exact)
 GET_ROWS_THREADS = 256
@@ -54,3 +54,13 @@ def launch_get_rows(table, qtype: str, ids, out):
         _kernel(GET_ROWS_KERNELS[qtype])(grid, (GET_ROWS_THREADS,),
                                          (table, ids, out, np.int32(n_cols), np.int64(table.shape[1])))
     return out
+
+
+def launch_kv_store(k, v, pos, k_cache, v_cache):
+    """``hx_kv_store``: float32 ``k``, ``v`` (T, n_head_kv, D) rounded to f16 into the cache rows at
+    the device positions ``pos`` (int32 (T,)), unchecked. Caches float16 C-contiguous (n_ctx, n_head_kv, D)."""
+    T = k.shape[0]
+    row = k.shape[1] * k.shape[2]
+    if T:
+        _kernel("hx_kv_store")((T, (row + ELEMENTWISE_THREADS - 1) // ELEMENTWISE_THREADS), (ELEMENTWISE_THREADS,),
+                               (k, v, pos, k_cache, v_cache, np.int32(row)))
