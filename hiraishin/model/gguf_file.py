@@ -105,6 +105,7 @@ class Qwen3GGUF:
         self.config = config
         self.metadata = metadata
         self.tensors = tensors
+        self._tokenizer = None  # built by tokenizer.validate_tokenizer at open, reused by Qwen3
 
     def tensor(self, name: str) -> GGUFTensor:
         """The tensor called ``name``; ``GGUFError`` naming file and tensor if there is none."""
@@ -197,10 +198,13 @@ class Qwen3GGUF:
         )
 
 
-def open_qwen3_gguf(path: str | os.PathLike[str]) -> Qwen3GGUF:
+def open_qwen3_gguf(path: str | os.PathLike[str], validate_tokenizer: bool = True) -> Qwen3GGUF:
     """Open and validate a Qwen3 GGUF file; tensors stay memory-mapped.
 
-    Raises ``GGUFError`` (naming the file and the key or tensor) for anything unusable.
+    Raises ``GGUFError`` (naming the file and the key or tensor) for anything unusable. With
+    ``validate_tokenizer`` (the default) the BPE tokenizer is built from the vocabulary and merges
+    now (see :func:`hiraishin.model.tokenizer.validate_tokenizer`); ``False`` skips that for
+    callers that never tokenize (e.g. a tool that copies tensors).
     """
     path = Path(path)
     header = _check_header(path)
@@ -208,10 +212,16 @@ def open_qwen3_gguf(path: str | os.PathLike[str]) -> Qwen3GGUF:
     metadata = _plain_metadata(reader, path)
     _check_architecture(metadata, path)  # first: a file of another model says so, whatever else is wrong
     tensors = _tensors(reader, path)
-    config = Qwen3Config.from_metadata(metadata, path, tied_embeddings="output.weight" not in tensors)
+    config = Qwen3Config.from_metadata(metadata, path, tied_embeddings="output.weight" not in tensors,
+                                       tensor_count=len(tensors))
     _check_tensors(tensors, config, path)
     _check_tokenizer(metadata, config, path)
-    return Qwen3GGUF(path, config, metadata, tensors)
+    gguf = Qwen3GGUF(path, config, metadata, tensors)
+    if validate_tokenizer:
+        from .tokenizer import validate_tokenizer as build_and_check
+
+        build_and_check(gguf)  # a corrupt vocabulary fails here, not after the weights are loaded
+    return gguf
 
 
 # --- header and parsing ------------------------------------------------------------------
@@ -378,8 +388,8 @@ class _CheckedReader(GGUFReader):
     def _build_tensors(self, start_offs, fields):
         self._stage = "tensor data"
         seen = set()
-        for field in fields:
-            _check_tensor_info(field, start_offs, self.alignment, self._size, seen)
+        ranges = [_check_tensor_info(field, start_offs, self.alignment, self._size, seen) for field in fields]
+        _check_no_overlap(ranges)
         super()._build_tensors(start_offs, fields)
 
 
@@ -387,7 +397,8 @@ class _TensorInfoError(Exception):
     """A tensor's header entry is unusable; the message names the tensor."""
 
 
-def _check_tensor_info(field, start_offs: int, alignment: int, file_size: int, seen: set) -> None:
+def _check_tensor_info(field, start_offs: int, alignment: int, file_size: int, seen: set) -> tuple[int, int, str]:
+    """Check one tensor info entry; return its data range ``(start, end, name)`` in file offsets."""
     _name_len, _name, n_dims, dims, raw_type, rel_offset = field.parts
     name = field.name
     if name in seen:
@@ -420,6 +431,22 @@ def _check_tensor_info(field, start_offs: int, alignment: int, file_size: int, s
             f"tensor {name!r}: data ({n_bytes} bytes at offset {start_offs + offset}) runs past the end "
             f"of the file ({file_size} bytes; truncated?)"
         )
+    return start_offs + offset, start_offs + offset + n_bytes, name
+
+
+def _check_no_overlap(ranges: list[tuple[int, int, str]]) -> None:
+    """No two tensors share a byte of data: two weights read from one place are a corrupt file.
+
+    (Offsets are unsigned and relative to the data section, which starts after the header and the
+    tensor infos, so no range can reach back into the header.)
+    """
+    ordered = sorted(ranges)
+    for (start_a, end_a, a), (start_b, end_b, b) in zip(ordered, ordered[1:]):
+        if start_b < end_a:
+            raise _TensorInfoError(
+                f"tensors {_shorten(a)!r} (bytes {start_a}..{end_a}) and {_shorten(b)!r} "
+                f"(bytes {start_b}..{end_b}) overlap"
+            )
 
 
 def _read(path: Path, header: _Header) -> _CheckedReader:

@@ -31,6 +31,7 @@ from gguf import GGUFWriter
 from gguf.constants import GGML_QUANT_VERSION, GGMLQuantizationType
 from tqdm import tqdm
 
+from ..atomic import atomic_path
 from ..errors import HiraishinError
 from .config import ARCHITECTURE, Qwen3Config
 from .synth_vocab import MICRO_N_VOCAB, QWEN3_N_VOCAB, qwen3_vocab
@@ -198,8 +199,22 @@ def write_synthetic(path: str | os.PathLike[str], shape: str | SynthShape = "tin
     plan = tensor_plan(config)
     vocab = qwen3_vocab(spec.vocab)
 
-    partial = path.with_name(path.name + ".partial")
-    writer = GGUFWriter(partial, ARCHITECTURE)
+    if not path.parent.is_dir():
+        raise HiraishinError(f"{path}: cannot write: folder {path.parent} does not exist")
+    try:
+        # A unique temporary name beside ``path``, renamed over it when complete: concurrent
+        # writers each produce a whole file (the last rename wins), and SIGINT/SIGTERM leave no
+        # partial file (hiraishin.atomic registers the temporary name for cleanup).
+        with atomic_path(path) as tmp:
+            _write_file(tmp, spec, config, plan, vocab, seed, progress, label=path.name)
+    except OSError as exc:
+        raise HiraishinError(f"{path}: cannot write: {exc.strerror or exc}") from None
+    return path
+
+
+def _write_file(tmp: Path, spec: SynthShape, config: Qwen3Config, plan: list[PlannedTensor], vocab, seed: int,
+                progress: bool, label: str) -> None:
+    writer = GGUFWriter(tmp, ARCHITECTURE)
     try:
         _add_metadata(writer, config, vocab, f"hiraishin synthetic Qwen3 {spec.name} (seed {seed})")
         for t in plan:
@@ -214,7 +229,7 @@ def write_synthetic(path: str | os.PathLike[str], shape: str | SynthShape = "tin
         fout = writer.fout[0]
         writer.write_padding(fout, fout.tell())  # the data section starts aligned
         total = sum(t.n_bytes for t in plan)
-        with tqdm(total=total, unit="B", unit_scale=True, desc=f"writing {path.name}", disable=not progress) as bar:
+        with tqdm(total=total, unit="B", unit_scale=True, desc=f"writing {label}", disable=not progress) as bar:
             for index, t in enumerate(plan):
                 # One generator per tensor: its bytes depend on (seed, position) only.
                 rng = np.random.default_rng([seed, index])
@@ -222,13 +237,8 @@ def write_synthetic(path: str | os.PathLike[str], shape: str | SynthShape = "tin
                     fout.write(piece.data)
                     bar.update(piece.nbytes)
                 writer.write_padding(fout, t.n_bytes)
-        writer.close()
-        os.replace(partial, path)
     finally:
         writer.close()
-        if partial.exists():
-            partial.unlink()
-    return path
 
 
 def _resolve_shape(shape: str | SynthShape) -> SynthShape:
@@ -302,3 +312,139 @@ def _random_blocks(rng: np.random.Generator, rows: int, row_bytes: int, qtype: s
     for field, (low, high) in RANDOM_SCALE_RANGE[qtype].items():
         blocks[field] = rng.uniform(low, high, blocks.shape).astype(np.float16)
     return raw.reshape(rows, row_bytes)
+
+
+# --- a verified cache of synthetic models (demo, notebooks) --------------------------------------
+
+# Environment variable naming the cache folder; without it ``~/.cache/hiraishin``.
+CACHE_ENV = "HIRAISHIN_CACHE"
+# The sidecar beside each cached file: its size and sha256 as written, and the generator version.
+SIDECAR_SUFFIX = ".sha256.json"
+# Bump when write_synthetic's bytes for a (shape, seed) change: older cache entries are rewritten.
+SYNTH_FORMAT = 1
+# Files up to this size are hashed on every use (sha256 runs at ~1 GB/s: 64 MiB costs well under
+# 0.1 s); larger ones only have their size checked unless ``verify="sha256"``.
+HASH_ON_USE_BYTES = 64 << 20
+VERIFY_MODES = ("auto", "size", "sha256")
+
+
+def default_cache_dir() -> Path:
+    """``$HIRAISHIN_CACHE``, else ``~/.cache/hiraishin``."""
+    env = os.environ.get(CACHE_ENV)
+    return Path(env) if env else Path.home() / ".cache" / "hiraishin"
+
+
+def _notice_to_stderr(message: str) -> None:
+    import sys
+
+    print(message, file=sys.stderr, flush=True)
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _cache_problem(path: Path, sidecar: Path, verify: str) -> str | None:
+    """Why the cached ``path`` cannot be used as is (one short phrase), or None if it is good."""
+    import json
+
+    if not path.exists():
+        return "missing"
+    try:
+        record = json.loads(sidecar.read_text(encoding="utf-8"))
+        size, digest, fmt = int(record["size"]), str(record["sha256"]), record.get("format")
+    except FileNotFoundError:
+        return f"has no record {sidecar.name}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"has an unreadable record {sidecar.name}"
+    if fmt != SYNTH_FORMAT:
+        return f"was written by synth format {fmt!r} (now {SYNTH_FORMAT})"
+    actual = path.stat().st_size
+    if actual != size:
+        return f"is {actual} bytes, {size} were written (truncated or replaced)"
+    if verify == "sha256" or (verify == "auto" and size <= HASH_ON_USE_BYTES):
+        if _sha256(path) != digest:
+            return "has a sha256 that differs from the one recorded at write (corrupted)"
+    return None
+
+
+def cached_file(name: str, write, cache_dir: str | os.PathLike[str] | None = None, *, verify: str = "auto",
+                notice=_notice_to_stderr) -> tuple[Path, bool]:
+    """A verified cache entry: ``(path, True)`` if ``cache_dir/name`` was good, else ``(path, False)``
+    after writing it with ``write(tmp_path)``.
+
+    ``write`` must write the whole file to the path it is given and be deterministic (the same
+    bytes every time: concurrent processes may both write the entry, the last rename wins). The
+    file's size and sha256 are recorded in ``name + ".sha256.json"`` beside it (written
+    atomically, after the file); every use checks the size, and the sha256 too when
+    ``verify="sha256"``, or with ``"auto"`` for files up to ``HASH_ON_USE_BYTES``. A missing,
+    truncated or corrupted entry is rewritten, with one line to ``notice`` saying why (``None``:
+    silent). Raises ``HiraishinError`` naming the folder if it cannot be created or written.
+    """
+    import json
+
+    from ..atomic import atomic_path, atomic_write
+
+    if verify not in VERIFY_MODES:
+        raise HiraishinError(f"verify must be one of {', '.join(VERIFY_MODES)}, got {verify!r}")
+    if not isinstance(name, str) or not name or os.sep in name or name.startswith("."):
+        raise HiraishinError(f"cache entry name must be a plain file name, got {name!r}")
+    folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    path, sidecar = folder / name, folder / (name + SIDECAR_SUFFIX)
+    problem = _cache_problem(path, sidecar, verify)
+    if problem is None:
+        return path, True
+    if problem != "missing" and notice is not None:
+        notice(f"hiraishin: cached {path} {problem}; writing it again")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with atomic_path(path) as tmp:
+            write(tmp)
+            # Hash what was written, before it becomes visible: the record describes these bytes.
+            record = {"name": name, "size": tmp.stat().st_size, "sha256": _sha256(tmp), "format": SYNTH_FORMAT}
+        with atomic_write(sidecar) as f:
+            json.dump(record, f, indent=1)
+            f.write("\n")
+    except OSError as exc:
+        raise HiraishinError(f"{folder}: cannot write the model cache: {exc.strerror or exc}") from None
+    return path, False
+
+
+def cached_model(shape: str | SynthShape = "micro", seed: int = 0, cache_dir: str | os.PathLike[str] | None = None,
+                 *, noise: float | None = None, draft_writer=None, verify: str = "auto",
+                 notice=_notice_to_stderr) -> Path:
+    """Path of a synthetic model in the cache (``$HIRAISHIN_CACHE`` or ``~/.cache/hiraishin``),
+    written once by :func:`write_synthetic` and verified on every use (see :func:`cached_file`).
+
+    With ``noise`` (a float), the path of a noisy draft of that model instead:
+    ``draft_writer(target_path, out_path)`` writes it (e.g. a closure over
+    ``hiraishin.decode.draft.write_draft`` with the noise and its seed); the entry is named after
+    ``noise``, so ``draft_writer`` must depend on nothing else but the target.
+    """
+    spec = _resolve_shape(shape)
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise HiraishinError(f"seed must be a non-negative integer, got {seed!r}")
+    seed = int(seed)
+    stem = f"qwen3-{spec.name}"
+    if spec != SHAPES.get(spec.name):  # a custom shape: its name alone does not say what it holds
+        import hashlib
+
+        stem += "-" + hashlib.sha256(repr(spec).encode()).hexdigest()[:10]
+    target, _ = cached_file(f"{stem}-seed{seed}.gguf",
+                            lambda p: write_synthetic(p, shape=spec, seed=seed, progress=False),
+                            cache_dir, verify=verify, notice=notice)
+    if noise is None:
+        return target
+    if draft_writer is None:
+        raise HiraishinError("cached_model: noise given without a draft_writer(target_path, out_path)")
+    if isinstance(noise, bool) or not isinstance(noise, (int, float)) or not np.isfinite(noise) or noise < 0:
+        raise HiraishinError(f"noise must be a finite non-negative number, got {noise!r}")
+    draft, _ = cached_file(f"{stem}-seed{seed}-draft-noise{noise:g}.gguf", lambda p: draft_writer(target, p),
+                           cache_dir, verify=verify, notice=notice)
+    return draft

