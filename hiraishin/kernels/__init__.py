@@ -1,1 +1,17 @@
-"""hiraishin.kernels"""
+"""Ops: one folder per op, each with its CUDA source, its launcher and its Numba emulator.
+
+=============  ==========================================================================
+``mmvq/``      dp4a mat-vec (Q4_K, Q6_K, Q8_0 x q8_1): llama.cpp's ``mul_mat_vec_q`` geometry
+``tiled/``     tiled mat-mat, the variant order's wide-batch path (stand-in for llama.cpp's MMQ)
+``quantize/``  activation quantization to q8_1 (and the mat-vec's per-thread layouts)
+``attention/`` split-KV vector flash attention + combine, and the multi-query tile kernel
+``rmsnorm/``   RMSNorm times weight
+``rope/``      NEOX rotary embedding (host-built tables)
+``elementwise/`` SwiGLU, residual add, embedding rows, KV-cache store
+=============  ==========================================================================
+
+Every op folder exposes ``emulate`` (numpy in and out, the kernel's float operations in the
+kernel's order) and ``launch`` (CuPy arrays, unchecked, writing into a given output). An op that
+sums floats takes a plan (:mod:`hiraishin.plans`); geometry and block-format facts reach the
+``.cu`` as ``#define``\\ s computed in Python (:mod:`.compile`). Input checks live in the backends.
+"""
