@@ -33,6 +33,11 @@ Files: ``fused.cu``; :mod:`.launch` (prepared launches ``RmsNormQ8_1Launch``,
 functions); :mod:`.emulate` (``emulate_*``, the compositions of the unfused emulators).
 """
 
-from .emulate import emulate_add_rms_norm_q8_1, emulate_qk_norm_rope_kv, emulate_rms_norm_q8_1, emulate_swiglu_q8_1
+from .emulate import (
+    emulate_add_rms_norm_q8_1,
+    emulate_qk_norm_rope_kv,
+    emulate_rms_norm_q8_1,
+    emulate_swiglu_q8_1,
+)
 
 __all__ = ["emulate_rms_norm_q8_1", "emulate_add_rms_norm_q8_1", "emulate_swiglu_q8_1", "emulate_qk_norm_rope_kv"]

@@ -1,0 +1,326 @@
+"""The fused kernels' CUDA source == their emulators == the unfused kernels' sources, bit for bit (CPU).
+
+``fused.cu`` and the unfused kernels it replaces (``rmsnorm.cu``, ``quantize_q8_1.cu``,
+``elementwise.cu``, ``rope.cu``) are compiled with g++ against the CUDA shim (tests/cuda_shim.py)
+and run on the same inputs; the fused outputs must equal both the unfused sequence's outputs and
+the emulators (hiraishin.kernels.fused.emulate), byte for byte. Shapes are awkward on purpose:
+row counts not a multiple of anything, n = 1024 and 4096 (1024-thread blocks), n = 800 (256
+threads, 25 q8_1 blocks: not a multiple of the 8 warps), every q8_1 layout, zero blocks, values
+on rounding ties, RoPE positions at the end of the table, and an f16 overflow into the KV cache.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from cuda_shim import GXX, ShimBuilder, bits, run
+
+from hiraishin.kernels.fused.emulate import (
+    emulate_add_rms_norm_q8_1,
+    emulate_qk_norm_rope_kv,
+    emulate_rms_norm_q8_1,
+    emulate_swiglu_q8_1,
+)
+from hiraishin.kernels.fused.launch import SOURCE
+from hiraishin.kernels.quantize.launch import output_shape, quantize_defines
+from hiraishin.kernels.rmsnorm.emulate import block_threads
+from hiraishin.kernels.rope.emulate import rope_tables
+
+pytestmark = pytest.mark.skipif(GXX is None, reason="needs g++ (C++20)")
+
+EPS = np.float32(1e-6)  # Qwen3's rms_eps as stored in its GGUF (float32)
+ROPE_BASE = 1e6  # Qwen3's rope_freq_base
+EPS_ARG = repr(float(EPS))  # the shim reads it with strtof: the same float32
+
+# C++ mains; "-" as an optional output path passes a null pointer.
+_OPT = "static float* hx_opt(const char* a, std::vector<float>& v) { return a[0] == '-' ? nullptr : v.data(); }\n"
+_OPT_WRITE = "static void hx_opt_write(const char* a, std::vector<float>& v) { if (a[0] != '-') hx_write(a, v.data(), v.size() * 4); }\n"
+
+MAIN_RMS_Q8 = _OPT + _OPT_WRITE + r'''
+int main(int argc, char** argv) {
+    // argv: x, w, rows, n, eps, q bytes, out q, out y ("-": none), threads
+    int rows = atoi(argv[3]), n = atoi(argv[4]), nt = atoi(argv[9]); float eps = strtof(argv[5], nullptr);
+    auto x = hx_read(argv[1]); auto w = hx_read(argv[2]);
+    std::vector<unsigned char> q((size_t)atoll(argv[6]), 0xAB); std::vector<float> y((size_t)rows * n, -12345.0f);
+    float* yp = hx_opt(argv[8], y);
+    hx_launch({(unsigned)rows, 1, 1}, {(unsigned)nt, 1, 1}, 0,
+              [&] { hx_rms_norm_q8_1((const float*)x.data(), (const float*)w.data(), q.data(), yp, n, eps); });
+    hx_write(argv[7], q.data(), q.size()); hx_opt_write(argv[8], y);
+}'''
+
+MAIN_ADD_RMS_Q8 = _OPT + _OPT_WRITE + r'''
+int main(int argc, char** argv) {
+    // argv: a, b, w, rows, n, eps, q bytes, out s, out q, out y ("-": none), threads
+    int rows = atoi(argv[4]), n = atoi(argv[5]), nt = atoi(argv[11]); float eps = strtof(argv[6], nullptr);
+    auto a = hx_read(argv[1]); auto b = hx_read(argv[2]); auto w = hx_read(argv[3]);
+    std::vector<unsigned char> q((size_t)atoll(argv[7]), 0xAB);
+    std::vector<float> s((size_t)rows * n, -12345.0f), y((size_t)rows * n, -12345.0f);
+    float* yp = hx_opt(argv[10], y);
+    hx_launch({(unsigned)rows, 1, 1}, {(unsigned)nt, 1, 1}, 0,
+              [&] { hx_add_rms_norm_q8_1((const float*)a.data(), (const float*)b.data(), (const float*)w.data(),
+                                         s.data(), q.data(), yp, n, eps); });
+    hx_write(argv[8], s.data(), s.size() * 4); hx_write(argv[9], q.data(), q.size()); hx_opt_write(argv[10], y);
+}'''
+
+MAIN_SWIGLU_Q8 = _OPT + _OPT_WRITE + r'''
+int main(int argc, char** argv) {
+    // argv: g, u, rows, k, q bytes, out q, out m ("-": none); the quantize launch: 8 warps per block
+    int rows = atoi(argv[3]), k = atoi(argv[4]);
+    auto g = hx_read(argv[1]); auto u = hx_read(argv[2]);
+    std::vector<unsigned char> q((size_t)atoll(argv[5]), 0xAB); std::vector<float> m((size_t)rows * k, -12345.0f);
+    float* mp = hx_opt(argv[7], m);
+    hx_launch({(unsigned)((k / 32 + 7) / 8), (unsigned)rows, 1}, {256, 1, 1}, 0,
+              [&] { hx_swiglu_q8_1((const float*)g.data(), (const float*)u.data(), q.data(), mp, k); });
+    hx_write(argv[6], q.data(), q.size()); hx_opt_write(argv[7], m);
+}'''
+
+MAIN_QK = _OPT + _OPT_WRITE + r'''
+int main(int argc, char** argv) {
+    // argv: q, k, v, wq, wk, pos, cos, sin, T, H, Hkv, D, eps, threads, k cache, v cache (in/out),
+    //       out q, out k ("-": none)
+    int T = atoi(argv[9]), H = atoi(argv[10]), Hkv = atoi(argv[11]), D = atoi(argv[12]), nt = atoi(argv[14]);
+    float eps = strtof(argv[13], nullptr);
+    auto q = hx_read(argv[1]); auto k = hx_read(argv[2]); auto v = hx_read(argv[3]);
+    auto wq = hx_read(argv[4]); auto wk = hx_read(argv[5]); auto pos = hx_read(argv[6]);
+    auto cs = hx_read(argv[7]); auto sn = hx_read(argv[8]);
+    auto kc = hx_read(argv[15]); auto vc = hx_read(argv[16]);
+    size_t cache_bytes = kc.size() - 64;  // hx_read pads by 64 bytes
+    std::vector<float> qo((size_t)T * H * D, -12345.0f), ko((size_t)T * Hkv * D, -12345.0f);
+    float* kp = hx_opt(argv[18], ko);
+    hx_launch({(unsigned)(T * (H + 2 * Hkv)), 1, 1}, {(unsigned)nt, 1, 1}, 0,
+              [&] { hx_qk_norm_rope_kv((const float*)q.data(), (const float*)k.data(), (const float*)v.data(),
+                                       (const float*)wq.data(), (const float*)wk.data(), (const int*)pos.data(),
+                                       (const float*)cs.data(), (const float*)sn.data(), qo.data(), kp,
+                                       (unsigned short*)kc.data(), (unsigned short*)vc.data(), H, Hkv, D, eps); });
+    hx_write(argv[15], kc.data(), cache_bytes); hx_write(argv[16], vc.data(), cache_bytes);
+    hx_write(argv[17], qo.data(), qo.size() * 4); hx_opt_write(argv[18], ko);
+}'''
+
+# The unfused kernels, launched as their launchers launch them.
+MAIN_RMS = r'''
+int main(int argc, char** argv) {
+    // argv: x, w, rows, n, eps, out, threads
+    int rows = atoi(argv[3]), n = atoi(argv[4]), nt = atoi(argv[7]); float eps = strtof(argv[5], nullptr);
+    auto x = hx_read(argv[1]); auto w = hx_read(argv[2]);
+    std::vector<float> y((size_t)rows * n, -12345.0f);
+    hx_launch({(unsigned)rows, 1, 1}, {(unsigned)nt, 1, 1}, 0,
+              [&] { hx_rms_norm_f32((const float*)x.data(), (const float*)w.data(), y.data(), n, eps); });
+    hx_write(argv[6], y.data(), y.size() * 4);
+}'''
+
+MAIN_QUANTIZE = r'''
+int main(int argc, char** argv) {
+    // argv: x, rows, k, out, out bytes (quantize.launch: 8 warps per block)
+    int ncols = atoi(argv[2]), k = atoi(argv[3]);
+    auto x = hx_read(argv[1]);
+    std::vector<unsigned char> out((size_t)atoll(argv[5]), 0xAB);
+    hx_launch({(unsigned)((k / 32 + 7) / 8), (unsigned)ncols, 1}, {256, 1, 1}, 0,
+              [&] { quantize_q8_1((const float*)x.data(), out.data(), k, k); });
+    hx_write(argv[4], out.data(), out.size());
+}'''
+
+MAIN_BINARY = r'''
+int main(int argc, char** argv) {
+    // argv: a, b, n, out (elementwise launch: 256 threads per block)
+    long long n = atoll(argv[3]);
+    auto a = hx_read(argv[1]); auto b = hx_read(argv[2]);
+    std::vector<float> out(n, -12345.0f);
+    hx_launch({(unsigned)((n + 255) / 256), 1, 1}, {256, 1, 1}, 0,
+              [&] { HX_SHIM_KERNEL((const float*)a.data(), (const float*)b.data(), out.data(), n); });
+    hx_write(argv[4], out.data(), out.size() * 4);
+}'''
+
+MAIN_ROPE = r'''
+int main(int argc, char** argv) {
+    // argv: x, pos, cos, sin, T, H, D, out (rope launch: one block per (token, head), D/2 threads)
+    int T = atoi(argv[5]), H = atoi(argv[6]), D = atoi(argv[7]);
+    auto x = hx_read(argv[1]); auto pos = hx_read(argv[2]); auto cs = hx_read(argv[3]); auto sn = hx_read(argv[4]);
+    std::vector<float> y((size_t)T * H * D, -12345.0f);
+    hx_launch({(unsigned)(T * H), 1, 1}, {(unsigned)(D / 2), 1, 1}, 0,
+              [&] { hx_rope_neox_f32((const float*)x.data(), y.data(), (const int*)pos.data(), (const float*)cs.data(),
+                                     (const float*)sn.data(), H, D); });
+    hx_write(argv[8], y.data(), y.size() * 4);
+}'''
+
+
+@pytest.fixture(scope="module")
+def shim(tmp_path_factory):
+    return ShimBuilder(tmp_path_factory.mktemp("fused-shim"))
+
+
+class Files:
+    """Writes arrays to ``folder`` and reads outputs back."""
+
+    def __init__(self, folder):
+        self.folder = folder
+
+    def put(self, name, a):
+        p = self.folder / name
+        np.ascontiguousarray(a).tofile(p)
+        return p
+
+    def path(self, name):
+        return self.folder / name
+
+    def get(self, name, dtype, shape):
+        return np.fromfile(self.folder / name, dtype).reshape(shape)
+
+
+def _activations(rng, rows, n, scale=3.0):
+    """float32 (rows, n) with a zero q8_1 block, a block of rounding ties, and large values."""
+    x = (rng.standard_normal((rows, n)) * scale).astype(np.float32)
+    x[0, :32] = 0.0
+    if rows > 1:
+        x[1, 32:40] = [127.0, 63.5, -63.5, 2.5, -2.5, 0.5, -0.5, 1.5]
+        x[-1, -32:] *= 1000.0
+    return x
+
+
+def _unfused_rms_q8(shim, f, x, w, layout, tag):
+    """rmsnorm.cu then quantize_q8_1.cu through the shim: (q bytes, normed floats)."""
+    rows, n = x.shape
+    xp, wp = f.put(f"{tag}x.bin", x), f.put(f"{tag}w.bin", w)
+    run(shim.build("rmsnorm/rmsnorm.cu", {}, MAIN_RMS, "rmsnorm"), xp, wp, rows, n, EPS_ARG,
+        f.path(f"{tag}uy.bin"), block_threads(n))
+    y = f.get(f"{tag}uy.bin", np.float32, (rows, n))
+    qshape = output_shape(rows, n, layout)
+    run(shim.build("quantize/quantize_q8_1.cu", quantize_defines(layout), MAIN_QUANTIZE, "quantize"),
+        f.path(f"{tag}uy.bin"), rows, n, f.path(f"{tag}uq.bin"), qshape[0] * qshape[1])
+    return f.get(f"{tag}uq.bin", np.uint8, qshape), y
+
+
+# (rows, n, layouts): 1024 and 4096 (1024 threads), 800 (not a multiple of 256: llama.cpp's layout only).
+NORM_CASES = [(3, 1024, (None, "Q4_K", "Q6_K")), (1, 4096, ("Q4_K", "Q6_K")), (5, 800, (None,))]
+
+
+@pytest.mark.parametrize("rows,n,layouts", NORM_CASES)
+def test_rms_norm_q8_1_source_equals_unfused_and_emulator(shim, tmp_path, rows, n, layouts):
+    f = Files(tmp_path)
+    rng = np.random.default_rng(n + rows)
+    x = _activations(rng, rows, n)
+    w = (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+    for layout in layouts:
+        uq, uy = _unfused_rms_q8(shim, f, x, w, layout, "u")
+        eq, ey = emulate_rms_norm_q8_1(x, w, EPS, layout)
+        exe = shim.build(SOURCE, quantize_defines(layout), MAIN_RMS_Q8, "rms_q8")
+        for with_y in (True, False) if layout is None else (True,):  # the null pointer once
+            run(exe, f.put("x.bin", x), f.put("w.bin", w), rows, n, EPS_ARG, uq.size, f.path("q.bin"),
+                f.path("y.bin") if with_y else "-", block_threads(n))
+            got_q = f.get("q.bin", np.uint8, uq.shape)
+            np.testing.assert_array_equal(got_q, uq, err_msg=f"fused vs unfused q8_1, layout {layout}")
+            np.testing.assert_array_equal(got_q, eq, err_msg=f"fused vs emulator q8_1, layout {layout}")
+            if with_y:
+                got_y = f.get("y.bin", np.float32, (rows, n))
+                np.testing.assert_array_equal(bits(got_y), bits(uy))
+                np.testing.assert_array_equal(bits(got_y), bits(ey))
+
+
+@pytest.mark.parametrize("rows,n,layout", [(3, 1024, "Q4_K"), (1, 4096, "Q6_K"), (5, 800, None)])
+def test_add_rms_norm_q8_1_source_equals_unfused_and_emulator(shim, tmp_path, rows, n, layout):
+    f = Files(tmp_path)
+    rng = np.random.default_rng(10 * n + rows)
+    a = _activations(rng, rows, n)
+    b = (rng.standard_normal((rows, n)) * 2).astype(np.float32)
+    b[0, :32] = -a[0, :32]  # a zero block of s
+    w = (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+    # unfused: hx_add_f32, then rmsnorm + quantize
+    run(shim.build("elementwise/elementwise.cu", {"HX_SHIM_KERNEL": "hx_add_f32"}, MAIN_BINARY, "add"),
+        f.put("a.bin", a), f.put("b.bin", b), a.size, f.path("us.bin"))
+    us = f.get("us.bin", np.float32, (rows, n))
+    uq, uy = _unfused_rms_q8(shim, f, us, w, layout, "u")
+    es, eq, ey = emulate_add_rms_norm_q8_1(a, b, w, EPS, layout)
+    run(shim.build(SOURCE, quantize_defines(layout), MAIN_ADD_RMS_Q8, "add_rms_q8"), f.path("a.bin"),
+        f.path("b.bin"), f.put("w.bin", w), rows, n, EPS_ARG, uq.size, f.path("s.bin"), f.path("q.bin"),
+        f.path("y.bin"), block_threads(n))
+    got_s, got_q = f.get("s.bin", np.float32, (rows, n)), f.get("q.bin", np.uint8, uq.shape)
+    got_y = f.get("y.bin", np.float32, (rows, n))
+    for want_s, want_q, want_y in ((us, uq, uy), (es, eq, ey)):
+        np.testing.assert_array_equal(bits(got_s), bits(want_s))
+        np.testing.assert_array_equal(got_q, want_q)
+        np.testing.assert_array_equal(bits(got_y), bits(want_y))
+
+
+# (rows, k, layouts): 800 = 25 q8_1 blocks (a partial CUDA block of warps); 768 = 24 (3 super-blocks).
+SWIGLU_CASES = [(3, 800, (None,)), (2, 768, ("Q4_K", "Q6_K"))]
+
+
+@pytest.mark.parametrize("rows,k,layouts", SWIGLU_CASES)
+def test_swiglu_q8_1_source_equals_unfused_and_emulator(shim, tmp_path, rows, k, layouts):
+    f = Files(tmp_path)
+    rng = np.random.default_rng(20 * k + rows)
+    g = (rng.standard_normal((rows, k)) * 6).astype(np.float32)
+    g[0, :4] = [-100.0, -88.5, 88.5, 1e30]  # exp() under- and overflow
+    u = (rng.standard_normal((rows, k)) * 2).astype(np.float32)
+    u[0, 32:64] = 0.0  # a zero block of m
+    run(shim.build("elementwise/elementwise.cu", {"HX_SHIM_KERNEL": "hx_swiglu_f32"}, MAIN_BINARY, "swiglu"),
+        f.put("g.bin", g), f.put("u.bin", u), g.size, f.path("um.bin"))
+    um = f.get("um.bin", np.float32, (rows, k))
+    for layout in layouts:
+        qshape = output_shape(rows, k, layout)
+        run(shim.build("quantize/quantize_q8_1.cu", quantize_defines(layout), MAIN_QUANTIZE, "quantize"),
+            f.path("um.bin"), rows, k, f.path("uq.bin"), qshape[0] * qshape[1])
+        uq = f.get("uq.bin", np.uint8, qshape)
+        eq, em = emulate_swiglu_q8_1(g, u, layout)
+        run(shim.build(SOURCE, quantize_defines(layout), MAIN_SWIGLU_Q8, "swiglu_q8"), f.path("g.bin"),
+            f.path("u.bin"), rows, k, uq.size, f.path("q.bin"), f.path("m.bin"))
+        got_q, got_m = f.get("q.bin", np.uint8, qshape), f.get("m.bin", np.float32, (rows, k))
+        np.testing.assert_array_equal(got_q, uq, err_msg=f"layout {layout}")
+        np.testing.assert_array_equal(got_q, eq, err_msg=f"layout {layout}")
+        np.testing.assert_array_equal(bits(got_m), bits(um))
+        np.testing.assert_array_equal(bits(got_m), bits(em))
+
+
+# (T, H, Hkv, D, positions, n_ctx): the last cells of the RoPE table, out of order; a one-token step.
+QK_CASES = [(3, 4, 2, 128, [61, 63, 62], 64), (1, 2, 1, 64, [40], 41), (2, 16, 8, 128, [0, 255], 256)]
+
+
+@pytest.mark.parametrize("T,H,Hkv,D,positions,n_ctx", QK_CASES)
+def test_qk_norm_rope_kv_source_equals_unfused_and_emulator(shim, tmp_path, T, H, Hkv, D, positions, n_ctx):
+    f = Files(tmp_path)
+    rng = np.random.default_rng(T * 100 + D)
+    q = (rng.standard_normal((T, H, D)) * 4).astype(np.float32)
+    k = (rng.standard_normal((T, Hkv, D)) * 4).astype(np.float32)
+    v = (rng.standard_normal((T, Hkv, D)) * 3).astype(np.float32)
+    v[0, 0, :3] = [1e5, -7e4, 65519.0]  # beyond the f16 range: +-inf; a rounding tie at the top
+    wq = (1.0 + 0.2 * rng.standard_normal(D)).astype(np.float32)
+    wk = (1.0 + 0.2 * rng.standard_normal(D)).astype(np.float32)
+    wk[:4] *= 1e6  # k beyond the f16 range after the norm
+    pos = np.array(positions, np.int32)
+    cos_t, sin_t = rope_tables(n_ctx, D, ROPE_BASE)
+    cache0 = rng.integers(0, 0x7C00, (n_ctx, Hkv, D), dtype=np.uint16).view(np.float16)  # stale cells
+    nt = block_threads(D)
+
+    # unfused: rmsnorm of the q and k heads, rope of both, the f16 cast into the cells (KVCache.write)
+    run(shim.build("rmsnorm/rmsnorm.cu", {}, MAIN_RMS, "rmsnorm"), f.put("q.bin", q), f.put("wq.bin", wq),
+        T * H, D, EPS_ARG, f.path("uqn.bin"), nt)
+    run(shim.build("rmsnorm/rmsnorm.cu", {}, MAIN_RMS, "rmsnorm"), f.put("k.bin", k), f.put("wk.bin", wk),
+        T * Hkv, D, EPS_ARG, f.path("ukn.bin"), nt)
+    rope = shim.build("rope/rope.cu", {}, MAIN_ROPE, "rope")
+    args = (f.put("pos.bin", pos), f.put("cos.bin", cos_t), f.put("sin.bin", sin_t))
+    run(rope, f.path("uqn.bin"), *args, T, H, D, f.path("uq.bin"))
+    run(rope, f.path("ukn.bin"), *args, T, Hkv, D, f.path("uk.bin"))
+    uq, uk = f.get("uq.bin", np.float32, (T, H, D)), f.get("uk.bin", np.float32, (T, Hkv, D))
+    ukc, uvc = cache0.copy(), cache0.copy()
+    with np.errstate(over="ignore"):
+        ukc[pos], uvc[pos] = uk.astype(np.float16), v.astype(np.float16)
+
+    ekc, evc = cache0.copy(), cache0.copy()
+    eq, ek = emulate_qk_norm_rope_kv(q, k, v, wq, wk, EPS, pos, cos_t, sin_t, ekc, evc)
+
+    exe = shim.build(SOURCE, {}, MAIN_QK, "qk")
+    for with_k in (True, False):
+        run(exe, f.path("q.bin"), f.path("k.bin"), f.put("v.bin", v), f.path("wq.bin"), f.path("wk.bin"), *args,
+            T, H, Hkv, D, EPS_ARG, nt, f.put("kc.bin", cache0), f.put("vc.bin", cache0), f.path("oq.bin"),
+            f.path("ok.bin") if with_k else "-")
+        got_q = f.get("oq.bin", np.float32, (T, H, D))
+        got_kc = f.get("kc.bin", np.uint16, cache0.shape)
+        got_vc = f.get("vc.bin", np.uint16, cache0.shape)
+        for want_q, want_kc, want_vc in ((uq, ukc, uvc), (eq, ekc, evc)):
+            np.testing.assert_array_equal(bits(got_q), bits(want_q))
+            np.testing.assert_array_equal(got_kc, want_kc.view(np.uint16))  # untouched cells too
+            np.testing.assert_array_equal(got_vc, want_vc.view(np.uint16))
+        if with_k:
+            got_k = f.get("ok.bin", np.float32, (T, Hkv, D))
+            np.testing.assert_array_equal(bits(got_k), bits(uk))
+            np.testing.assert_array_equal(bits(got_k), bits(ek))
+    assert np.isinf(ekc[pos].astype(np.float32)).any() and np.isinf(evc[pos].astype(np.float32)).any()
