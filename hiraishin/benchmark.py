@@ -1,0 +1,697 @@
+"""``hiraishin bench``'s measurements: a llama-bench-like benchmark of one model (and a draft).
+
+>>> from hiraishin.benchmark import BenchSettings, run_bench, format_report
+>>> result = run_bench("Qwen3-8B-Q4_K_M.gguf", draft_path="Qwen3-0.6B-Q4_K_M.gguf", device="cuda")
+>>> print(format_report(result))
+
+What is measured, per reduction order (``settings.orders``):
+
+* ``decode_ms``: one-token passes (plain decoding) at a short context, median of several steps;
+* ``prefill_tok_s``: a prompt of ``prefill`` tokens (512 by default), in the passes plain
+  decoding makes (cut at the order's KV boundary, ``order.verify_limit``), median over repetitions;
+* ``verify_ms``: one pass of ``w`` tokens for each width ``w`` (1..16 by default), as a
+  speculative verifier makes it, at the same context, median;
+* ``speculative``: exact speculative decoding with an **oracle schedule** (below) against plain
+  greedy decoding of the same tokens: ms per token of both, the speedup, the per-cycle split
+  (drafting / verifying / bookkeeping ms), tokens per cycle, acceptance, and whether the
+  emitted tokens equal plain greedy decoding's.
+
+Plus the draft's one-token step under each order (the draft runs its fastest one: only the
+target's order decides exactness), the device-to-device copy bandwidth (bytes read + written),
+and the memory the backend holds against the file sizes plus KV caches.
+
+The oracle. Synthetic weights do not agree like trained ones (a synthetic draft almost never
+guesses the target's token), so *which* guesses are right comes from a seeded schedule with the
+original report's profile (:data:`REPORT`): per cycle ``k`` drafted tokens (mean verify batch
+``k + 1`` = 2.97) of which a prefix of ``a`` is right (77.3% of drafted tokens overall, 2.52
+tokens out per cycle). Everything else runs for real: per cycle the draft model makes its ``k``
+one-token passes; the drafted tokens are the target's own plain-greedy tokens for the
+scheduled-right prefix and a deliberately wrong token at the first rejection; the target runs
+one verify pass of ``k + 1`` tokens (cut to ``order.verify_limit``); acceptance compares each
+drafted token with the target's argmax in that pass (so under an exact order the schedule is
+reproduced, and the emitted tokens equal plain greedy decoding's; under ``BATCH_VARIANT`` any
+divergence is reported); then both KV caches roll back to the accepted length.
+
+Timing: passes are bracketed by ``backend.synchronize()``; warm-up passes first (JIT, kernel
+compilation, CUDA-graph capture are excluded); medians of several repetitions. Only the model
+API is used (``from_gguf``, ``forward``, ``rollback``, ``reset``, ``kv_len``, ``backend``).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .errors import HiraishinError
+from .order import ReductionOrder
+
+__all__ = ["ORDERS", "REPORT", "BenchSettings", "OracleSchedule", "run_bench", "format_report", "write_json",
+           "parse_orders", "parse_widths", "git_commit", "copy_bandwidth_gbs", "SCHEMA"]
+
+SCHEMA = "hiraishin-bench/1"
+
+# The orders a benchmark may run, by the short name the command line takes. Extend here.
+ORDERS: dict[str, ReductionOrder] = {
+    "variant": ReductionOrder.BATCH_VARIANT,
+    "invariant": ReductionOrder.BATCH_INVARIANT,
+    "fixed_split": ReductionOrder.FIXED_SPLIT,
+}
+DEFAULT_ORDERS = ("variant", "invariant")
+
+# The original report (laptop RTX 5060, 286 GB/s; ../shared/reference/performance.md §1): plain
+# 61.4 tok/s, exact speculative 92.3 tok/s = 1.50x; per cycle 8.5 ms drafting, 19.0 ms verifying
+# (mean verify batch 2.97 tokens), 0.4 ms bookkeeping, 2.52 tokens out; 77.3% of drafted tokens
+# accepted; a plain step 16.1 ms.
+REPORT = {
+    "device": "laptop RTX 5060 (286 GB/s)",
+    "plain_ms_per_token": 16.1,
+    "plain_tok_s": 61.4,
+    "speculative_tok_s": 92.3,
+    "speedup": 1.50,
+    "cycle_ms": {"drafting": 8.5, "verifying": 19.0, "bookkeeping": 0.4},
+    "tokens_per_cycle": 2.52,
+    "acceptance": 0.773,
+    "mean_verify_batch": 2.97,
+}
+ORACLE_SEED = 20261201
+# Drafted tokens per cycle before the profile's mean is imposed: probabilities of k = 1, 2, 3, 4
+# (mean 1.97 = the report's mean verify batch 2.97 minus the one token the target adds).
+_K_PROBS = (0.35, 0.40, 0.18, 0.07)
+# Stock llama.cpp on the same H200 and file (performance.md §1), for the table's last line.
+LLAMA_CPP_H200 = {"decode_ms_8b": 4.00, "draft_step_ms_0.6b": 1.40}
+
+CONTEXT = 32  # prompt tokens before the decode / verify measurements (a short context, as tg128)
+QUICK_CONTEXT = 8
+COPY_BYTES = 1 << 29  # bytes per device-to-device copy buffer on a GPU (512 MiB: far past the L2)
+CPU_COPY_BYTES = 1 << 26  # 64 MiB on the CPU
+WRONG_TOKEN_STEP = 1  # the deliberately wrong draft token: the right one + this, mod n_vocab
+
+
+@dataclass
+class BenchSettings:
+    """What to run. ``quick``: fewer repetitions and tokens (a CPU smoke run, seconds per token)."""
+
+    orders: tuple[str, ...] = DEFAULT_ORDERS
+    widths: tuple[int, ...] = tuple(range(1, 17))
+    prefill: int = 512
+    quick: bool = False
+    warmup: int = 2
+    repetitions: int = 5
+    decode_steps: int = 16
+    spec_tokens: int = 64
+    spec_repetitions: int = 3
+    n_draft: int = 4  # most drafted tokens per cycle (the schedule's largest k)
+    context: int = CONTEXT
+    seed: int = ORACLE_SEED
+
+    @classmethod
+    def make(cls, quick: bool = False, **overrides) -> "BenchSettings":
+        """Defaults (or the quick ones), with the non-None ``overrides`` applied."""
+        base = cls(warmup=1, repetitions=1, decode_steps=2, spec_tokens=6, spec_repetitions=1, prefill=16,
+                   context=QUICK_CONTEXT, quick=True) if quick else cls()
+        for key, value in overrides.items():
+            if value is not None:
+                setattr(base, key, value)
+        for name in base.orders:
+            if name not in ORDERS:
+                raise HiraishinError(f"unknown order {name!r}; choose from {', '.join(ORDERS)}")
+        if not base.widths or min(base.widths) < 1 or max(base.widths) > 16:
+            raise HiraishinError(f"verify widths must be in 1..16, got {base.widths}")
+        if base.prefill < 1:
+            raise HiraishinError(f"prefill must be >= 1 token, got {base.prefill}")
+        return base
+
+
+def parse_orders(text: str) -> tuple[str, ...]:
+    """``"variant,invariant"`` -> ``("variant", "invariant")`` (preset full names accepted)."""
+    names = tuple(s.strip().lower().removeprefix("batch_") for s in text.split(",") if s.strip())
+    bad = [n for n in names if n not in ORDERS]
+    if not names or bad:
+        raise HiraishinError(f"unknown order(s) {bad or text!r}; choose from {', '.join(ORDERS)}")
+    return names
+
+
+def parse_widths(text: str) -> tuple[int, ...]:
+    """``"1-16"``, ``"1,2,4"`` or ``"1-4,8"`` -> sorted distinct widths."""
+    out: set[int] = set()
+    try:
+        for part in text.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            if "-" in part:
+                lo, hi = (int(p) for p in part.split("-", 1))
+                out.update(range(lo, hi + 1))
+            else:
+                out.add(int(part))
+    except ValueError:
+        raise HiraishinError(f"widths must look like 1-16 or 1,2,4; got {text!r}") from None
+    if not out or min(out) < 1 or max(out) > 16:
+        raise HiraishinError(f"widths must be in 1..16; got {text!r}")
+    return tuple(sorted(out))
+
+
+# ---- facts about the run ---------------------------------------------------------------------
+
+def git_commit() -> str:
+    """``git rev-parse HEAD`` of the source tree, else ``$HIRAISHIN_COMMIT``, else ``"unknown"``."""
+    try:
+        proc = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
+                              capture_output=True, text=True, timeout=10, check=False)
+        if proc.returncode == 0 and proc.stdout.strip():
+            return proc.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return os.environ.get("HIRAISHIN_COMMIT") or "unknown"
+
+
+def _device_info(backend) -> dict:
+    info = {"backend": backend.name}
+    if backend.name == "cuda":
+        try:
+            cp = backend.xp
+            props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
+            name = props["name"]
+            info["name"] = name.decode() if isinstance(name, bytes) else str(name)
+            info["sms"] = int(props["multiProcessorCount"])
+            info["memory_bytes"] = int(props["totalGlobalMem"])
+        except Exception:  # noqa: BLE001 - a fact we can do without
+            info["name"] = "unknown CUDA device"
+    else:
+        info["name"] = platform.processor() or platform.machine()
+        info["cpus"] = os.cpu_count()
+    return info
+
+
+def copy_bandwidth_gbs(backend, nbytes: int | None = None, repetitions: int = 5) -> float:
+    """Device-to-device copy bandwidth in GB/s, counting bytes read + written (median)."""
+    xp = getattr(backend, "xp", np)
+    if nbytes is None:
+        nbytes = COPY_BYTES if backend.name == "cuda" else CPU_COPY_BYTES
+    src = xp.ones(nbytes // 4, dtype=np.float32)
+    dst = xp.empty_like(src)
+    xp.copyto(dst, src)  # warm-up (page faults, allocation)
+    times = []
+    for _ in range(repetitions):
+        backend.synchronize()
+        t0 = time.perf_counter()
+        xp.copyto(dst, src)
+        backend.synchronize()
+        times.append(time.perf_counter() - t0)
+    del src, dst
+    return 2 * nbytes / statistics.median(times) / 1e9
+
+
+# ---- timed passes ----------------------------------------------------------------------------
+
+def _timed(model, tokens, start_pos: int, order) -> tuple[np.ndarray, float]:
+    """One forward pass bracketed by synchronizations: (host logits, seconds)."""
+    sync = model.backend.synchronize
+    sync()
+    t0 = time.perf_counter()
+    logits = model.forward(tokens, start_pos, order)
+    sync()
+    return logits, time.perf_counter() - t0
+
+
+def _prompt(model, n: int, seed: int = 0) -> list[int]:
+    """``n`` seeded token ids (synthetic models have no meaningful text)."""
+    rng = np.random.default_rng(seed)
+    return [int(t) for t in rng.integers(0, model.config.n_vocab, n)]
+
+
+def _feed(model, tokens, start_pos: int, order) -> tuple[np.ndarray, float]:
+    """Feed ``tokens`` in the passes plain decoding makes (cut at ``order.verify_limit``)."""
+    total, pos, logits = 0.0, start_pos, None
+    end = start_pos + len(tokens)
+    while pos < end:
+        n = order.verify_limit(pos, end - pos)
+        logits, dt = _timed(model, tokens[pos - start_pos:pos - start_pos + n], pos, order)
+        total += dt
+        pos += n
+    return logits, total
+
+
+def measure_decode(model, order, settings: BenchSettings) -> list[float]:
+    """Seconds of each timed one-token step (greedy, after a prompt of ``settings.context``)."""
+    model.reset()
+    logits, _ = _feed(model, _prompt(model, settings.context), 0, order)
+    token = int(np.argmax(logits[-1]))
+    times = []
+    for i in range(settings.warmup + settings.decode_steps):
+        pos = model.kv_len
+        logits, dt = _timed(model, [token], pos, order)
+        token = int(np.argmax(logits[-1]))
+        if i >= settings.warmup:
+            times.append(dt)
+    return times
+
+
+def measure_prefill(model, order, settings: BenchSettings) -> tuple[float, int]:
+    """(tokens per second, passes) of a ``settings.prefill``-token prompt from an empty cache."""
+    prompt = _prompt(model, settings.prefill, seed=1)
+    times = []
+    for i in range(settings.warmup + settings.repetitions):
+        model.reset()
+        _, dt = _feed(model, prompt, 0, order)
+        if i >= settings.warmup:
+            times.append(dt)
+    passes, pos = 0, 0
+    while pos < settings.prefill:
+        pos += order.verify_limit(pos, settings.prefill - pos)
+        passes += 1
+    return settings.prefill / statistics.median(times), passes
+
+
+def measure_verify(model, order, settings: BenchSettings) -> dict[str, float]:
+    """Median ms of one pass of ``w`` tokens at context ``settings.context``, per width ``w``."""
+    model.reset()
+    ctx = settings.context
+    _feed(model, _prompt(model, ctx), 0, order)
+    batch = _prompt(model, 16, seed=2)
+    out = {}
+    for w in settings.widths:
+        if order.verify_limit(ctx, w) < w:
+            raise HiraishinError(f"a verify pass of {w} tokens at position {ctx} crosses {order.name}'s KV boundary")
+        times = []
+        for i in range(settings.warmup + settings.repetitions):
+            _, dt = _timed(model, batch[:w], ctx, order)
+            model.rollback(ctx)
+            if i >= settings.warmup:
+                times.append(dt)
+        out[str(w)] = 1e3 * statistics.median(times)
+    return out
+
+
+# ---- the oracle schedule ---------------------------------------------------------------------
+
+@dataclass
+class OracleSchedule:
+    """Seeded (drafted, right) counts per cycle with the report's profile, exactly on average.
+
+    ``k[i]`` tokens are drafted in cycle ``i`` and the first ``a[i]`` of them are scheduled right
+    (the draft's token ``a[i] + 1``, if any, is wrong). Over the schedule the mean of ``k`` is the
+    report's mean verify batch minus one and ``sum(a) / sum(k)`` its acceptance, to rounding.
+    """
+
+    k: list[int]
+    a: list[int]
+    seed: int
+
+    @classmethod
+    def make(cls, cycles: int, seed: int = ORACLE_SEED, n_draft: int = 4,
+             mean_verify_batch: float = REPORT["mean_verify_batch"],
+             acceptance: float = REPORT["acceptance"]) -> "OracleSchedule":
+        if cycles < 1 or not 1 <= n_draft <= 16:
+            raise HiraishinError(f"an oracle schedule needs cycles >= 1 and n_draft in 1..16, got {cycles}, {n_draft}")
+        rng = np.random.default_rng(seed)
+        probs = np.asarray(_K_PROBS[:n_draft], np.float64)
+        k = list(rng.choice(np.arange(1, len(probs) + 1), size=cycles, p=probs / probs.sum()))
+        # (between 1 and n_draft per cycle, or the nudging below could not end)
+        want_drafted = min(max(cycles, round((mean_verify_batch - 1.0) * cycles)), n_draft * cycles)
+        while sum(k) > want_drafted:  # impose the mean exactly: nudge random cycles
+            i = int(rng.integers(cycles))
+            if k[i] > 1:
+                k[i] -= 1
+        while sum(k) < want_drafted:
+            i = int(rng.integers(cycles))
+            if k[i] < n_draft:
+                k[i] += 1
+        a = list(k)
+        want_right = round(acceptance * sum(k))
+        while sum(a) > want_right:  # reject from random cycles: a prefix stays right
+            i = int(rng.integers(cycles))
+            if a[i] > 0:
+                a[i] -= 1
+        return cls([int(v) for v in k], [int(v) for v in a], seed)
+
+    @classmethod
+    def for_tokens(cls, n_tokens: int, seed: int = ORACLE_SEED, n_draft: int = 4) -> "OracleSchedule":
+        """The schedule a run of ``n_tokens`` tokens uses up (about ``(n_tokens - 1) / 2.52`` cycles: the first
+        token comes from the prefill), so the run itself has the profile, not just the schedule."""
+        return cls.make(max(1, math.ceil((n_tokens - 1) / REPORT["tokens_per_cycle"])), seed, n_draft)
+
+    def cycle(self, i: int) -> tuple[int, int]:
+        """(drafted, scheduled right) of cycle ``i`` (the schedule repeats past its end)."""
+        return self.k[i % len(self.k)], self.a[i % len(self.a)]
+
+    def profile(self) -> dict:
+        drafted, right = sum(self.k), sum(self.a)
+        return {"cycles": len(self.k), "acceptance": right / drafted, "mean_verify_batch": 1 + drafted / len(self.k),
+                "tokens_per_cycle": 1 + right / len(self.k)}
+
+
+# ---- plain and speculative decoding, timed ---------------------------------------------------
+
+def plain_decode(model, prompt, n_tokens: int, order) -> tuple[list[int], list[float]]:
+    """Greedy tokens after ``prompt`` (the prefill's token first) and the seconds of each one-token step."""
+    model.reset()
+    logits, _ = _feed(model, prompt, 0, order)
+    tokens = [int(np.argmax(logits[-1]))]
+    times = []
+    while len(tokens) < n_tokens:
+        logits, dt = _timed(model, [tokens[-1]], model.kv_len, order)
+        times.append(dt)
+        tokens.append(int(np.argmax(logits[-1])))
+    return tokens, times
+
+
+@dataclass
+class SpecRun:
+    """One timed speculative run under the oracle schedule."""
+
+    tokens: list[int] = field(default_factory=list)
+    drafting_s: list[float] = field(default_factory=list)
+    verifying_s: list[float] = field(default_factory=list)
+    cycle_s: list[float] = field(default_factory=list)
+    drafted: list[int] = field(default_factory=list)
+    accepted: list[int] = field(default_factory=list)
+    scheduled: list[int] = field(default_factory=list)
+    verify_widths: list[int] = field(default_factory=list)
+
+    @property
+    def total_s(self) -> float:
+        return sum(self.cycle_s)
+
+    @property
+    def emitted(self) -> int:
+        """Tokens the cycles emitted (each cycle: its accepted guesses and the target's next token)."""
+        return sum(self.accepted) + len(self.cycle_s)
+
+
+def speculative_decode(target, draft, prompt, n_tokens: int, order, draft_order, schedule: OracleSchedule,
+                       reference: list[int]) -> SpecRun:
+    """Exact speculative decoding of ``n_tokens`` tokens after ``prompt`` with the oracle ``schedule``.
+
+    ``reference``: the target's plain greedy tokens after ``prompt`` (at least ``n_tokens`` +
+    the schedule's largest k long), from which the oracle takes the right guesses. The first
+    token comes from the prefill (not timed); every later one from a timed cycle.
+    """
+    n_vocab = target.config.n_vocab
+    target.reset()
+    draft.reset()
+    logits, _ = _feed(target, prompt, 0, order)
+    _feed(draft, prompt, 0, draft_order)
+    seq = list(prompt) + [int(np.argmax(logits[-1]))]  # the last token is not in either cache yet
+    base = len(prompt)  # position of reference[0]
+    run = SpecRun(tokens=[seq[-1]])
+    sync = target.backend.synchronize
+    i = 0
+    while len(run.tokens) < n_tokens:
+        sync()
+        t_cycle = time.perf_counter()
+        p = len(seq) - 1  # position of the pending token
+        k, right = schedule.cycle(i)
+        k = min(k, n_tokens - len(run.tokens))  # no drafting past the end
+        k = max(0, min(k, order.verify_limit(p, k + 1) - 1))  # the verify pass stops at the KV boundary
+        right = min(right, k)
+        guesses = []
+        for j in range(k):
+            ref = reference[p + 1 + j - base] if p + 1 + j - base < len(reference) else 0
+            guesses.append(ref if j < right else (ref + WRONG_TOKEN_STEP) % n_vocab if j == right else ref)
+        # drafting: catch the draft's cache up to p (it lacks the last accepted tokens), then k passes
+        t_draft = 0.0
+        feed_tokens = seq[draft.kv_len:p + 1] if k else []
+        fed = 0
+        while fed < len(feed_tokens) and k:
+            # one-token passes: the draft's own steps (its cache is behind by the tokens of the last cycle)
+            _, dt = _timed(draft, [feed_tokens[fed]], draft.kv_len, draft_order)
+            t_draft += dt
+            fed += 1
+        for j in range(k - 1):
+            _, dt = _timed(draft, [guesses[j]], draft.kv_len, draft_order)
+            t_draft += dt
+        # verifying: one pass of the pending token and the k guesses
+        batch = [seq[-1]] + guesses
+        vlogits, t_verify = _timed(target, batch, p, order)
+        # bookkeeping: acceptance against the target's own argmax, emit, roll both caches back
+        best = np.argmax(vlogits, axis=1)
+        n_acc = 0
+        while n_acc < k and int(best[n_acc]) == guesses[n_acc]:
+            n_acc += 1
+        emitted = guesses[:n_acc] + [int(best[n_acc])]
+        seq.extend(emitted)
+        run.tokens.extend(emitted)
+        target.rollback(p + n_acc + 1)
+        if draft.kv_len > p + n_acc + 1:
+            draft.rollback(p + n_acc + 1)
+        sync()
+        run.cycle_s.append(time.perf_counter() - t_cycle)
+        run.drafting_s.append(t_draft)
+        run.verifying_s.append(t_verify)
+        run.drafted.append(k)
+        run.accepted.append(n_acc)
+        run.scheduled.append(right)
+        run.verify_widths.append(k + 1)
+        i += 1
+    run.tokens = run.tokens[:n_tokens]
+    return run
+
+
+def _first_divergence(a, b) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def measure_speculative(target, draft, order, draft_order, settings: BenchSettings) -> dict:
+    """Plain vs oracle-scheduled speculative decoding of ``settings.spec_tokens`` tokens (medians).
+
+    First the target's plain greedy tokens (the oracle's right guesses; also the warm-up), then
+    (unless quick) one untimed speculative run, then ``spec_repetitions`` rounds of a timed plain
+    run and a timed speculative run of the same tokens; the round with the median speculative
+    time is reported.
+    """
+    n = settings.spec_tokens
+    prompt = _prompt(target, settings.context, seed=3)
+    schedule = OracleSchedule.for_tokens(n, settings.seed, settings.n_draft)
+    reference, _ = plain_decode(target, prompt, n + settings.n_draft + 1, order)
+    if not settings.quick:
+        speculative_decode(target, draft, prompt, n, order, draft_order, schedule, reference)
+    rounds = []
+    for _ in range(max(1, settings.spec_repetitions)):
+        _, steps = plain_decode(target, prompt, n, order)
+        run = speculative_decode(target, draft, prompt, n, order, draft_order, schedule, reference)
+        rounds.append((sum(steps) / max(1, len(steps)), run))
+    plain_s = statistics.median(p for p, _ in rounds)
+    run = sorted((r for _, r in rounds), key=lambda s: s.total_s / s.emitted)[len(rounds) // 2]
+    cycles = len(run.cycle_s)
+    spec_s = run.total_s / run.emitted
+    drafted, accepted = sum(run.drafted), sum(run.accepted)
+    divergence = _first_divergence(run.tokens, reference[:n])
+    return {
+        "oracle": True,
+        "draft_order": draft_order.name,
+        "plain_ms_per_token": 1e3 * plain_s,
+        "speculative_ms_per_token": 1e3 * spec_s,
+        "speedup": plain_s / spec_s,
+        "cycle_ms": {"drafting": 1e3 * sum(run.drafting_s) / cycles,
+                     "verifying": 1e3 * sum(run.verifying_s) / cycles,
+                     "bookkeeping": 1e3 * (run.total_s - sum(run.drafting_s) - sum(run.verifying_s)) / cycles},
+        "tokens_per_cycle": run.emitted / cycles,
+        "acceptance": accepted / drafted if drafted else float("nan"),
+        "mean_verify_batch": statistics.fmean(run.verify_widths),
+        "cycles": cycles,
+        "tokens": len(run.tokens),
+        "schedule_reproduced": run.accepted == run.scheduled,
+        "matches_plain": divergence is None,
+        "first_divergence": divergence,
+        "repetitions": len(rounds),
+    }
+
+
+# ---- the whole benchmark ---------------------------------------------------------------------
+
+def _n_ctx(settings: BenchSettings) -> int:
+    need = max(settings.prefill, settings.context + max(16, settings.spec_tokens + 2 * settings.n_draft + 2))
+    return max(256, -(-need // 256) * 256)
+
+
+def _load(path, device, n_ctx):
+    from .model.qwen3 import Qwen3
+
+    return Qwen3.from_gguf(path, device=device, n_ctx=n_ctx, progress=False)
+
+
+def _log(progress, msg):
+    if progress:
+        print(msg, file=sys.stderr, flush=True)
+
+
+def run_bench(model_path, draft_path=None, device: str = "auto", settings: BenchSettings | None = None,
+              progress: bool = False, argv: list[str] | None = None) -> dict:
+    """Run every measurement and return the result as plain data (what ``--json`` writes).
+
+    Without ``draft_path`` the draft is a second instance of the target (self-speculation).
+    """
+    settings = settings or BenchSettings()
+    n_ctx = _n_ctx(settings)
+    model_path = Path(model_path)
+    target = _load(model_path, device, n_ctx)
+    be = target.backend
+    draft_file = Path(draft_path) if draft_path else model_path
+    _log(progress, f"loaded {target.name} on {be.name}; loading the draft {draft_file.name}")
+    draft = _load(draft_file, be.name, n_ctx)
+    memory = {"file_bytes": model_path.stat().st_size + draft_file.stat().st_size,
+              "kv_cache_bytes": int(target.cache.nbytes + draft.cache.nbytes)}
+    used = getattr(be, "memory_used", None)
+    if callable(used):
+        memory["used_bytes"] = int(used())
+        memory["used_over_file_and_kv"] = memory["used_bytes"] / (memory["file_bytes"] + memory["kv_cache_bytes"])
+    result = {
+        "schema": SCHEMA,
+        "model": {"name": target.name, "path": str(model_path), "bytes": model_path.stat().st_size,
+                  "n_layer": target.config.n_layer, "n_embd": target.config.n_embd, "n_vocab": target.config.n_vocab},
+        "device": _device_info(be),
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "commit": git_commit(),
+        "command": list(argv) if argv is not None else None,
+        "settings": asdict(settings) | {"n_ctx": n_ctx},
+        "cuda_graphs": bool(getattr(target, "cuda_graphs", False)),
+        "copy_bandwidth_gbs": copy_bandwidth_gbs(be),
+        "memory": memory,
+        "orders": {},
+        "draft": {"name": draft.name, "bytes": draft_file.stat().st_size, "self": draft_path is None, "orders": {}},
+        "oracle": {"seed": settings.seed, "report": REPORT,
+                   "description": "ORACLE: which drafted tokens are right comes from a seeded schedule with the "
+                                  "original report's profile; every draft step and verify pass runs for real",
+                   "schedule": OracleSchedule.for_tokens(settings.spec_tokens, settings.seed,
+                                                         settings.n_draft).profile()},
+        "speculative": {},
+    }
+    result["model"]["floor_ms"] = 1e3 * result["model"]["bytes"] / (result["copy_bandwidth_gbs"] * 1e9)
+    for name in settings.orders:
+        order = ORDERS[name]
+        _log(progress, f"[{order.name}] draft step")
+        result["draft"]["orders"][order.name] = {"decode_ms": 1e3 * statistics.median(measure_decode(draft, order, settings))}
+    fastest = min(result["draft"]["orders"], key=lambda n: result["draft"]["orders"][n]["decode_ms"])
+    result["draft"]["order"] = fastest
+    result["draft"]["decode_ms"] = result["draft"]["orders"][fastest]["decode_ms"]
+    draft_order = next(ORDERS[n] for n in settings.orders if ORDERS[n].name == fastest)
+    for name in settings.orders:
+        order = ORDERS[name]
+        _log(progress, f"[{order.name}] decode")
+        steps = measure_decode(target, order, settings)
+        _log(progress, f"[{order.name}] prefill {settings.prefill}")
+        tok_s, passes = measure_prefill(target, order, settings)
+        _log(progress, f"[{order.name}] verify widths {settings.widths[0]}..{settings.widths[-1]}")
+        verify = measure_verify(target, order, settings)
+        result["orders"][order.name] = {
+            "decode_ms": 1e3 * statistics.median(steps), "decode_tok_s": 1.0 / statistics.median(steps),
+            "prefill_tok_s": tok_s, "prefill_tokens": settings.prefill, "prefill_passes": passes,
+            "verify_ms": verify,
+        }
+        _log(progress, f"[{order.name}] speculative (oracle schedule), draft under {draft_order.name}")
+        result["speculative"][order.name] = measure_speculative(target, draft, order, draft_order, settings)
+    target.reset()
+    draft.reset()
+    return result
+
+
+def _json_ready(x):
+    if isinstance(x, dict):
+        return {str(k): _json_ready(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_json_ready(v) for v in x]
+    if isinstance(x, (np.integer,)):
+        return int(x)
+    if isinstance(x, (float, np.floating)):
+        x = float(x)
+        return x if np.isfinite(x) else None
+    return x
+
+
+def write_json(result: dict, path) -> Path:
+    """Write ``result`` to ``path`` atomically (the old file or the whole new one, never half)."""
+    from .atomic import atomic_write
+
+    with atomic_write(path) as f:
+        json.dump(_json_ready(result), f, indent=2)
+        f.write("\n")
+    return Path(path)
+
+
+# ---- the table -------------------------------------------------------------------------------
+
+def _mb(n: float) -> str:
+    return f"{n / 1e6:,.1f} MB"
+
+
+def format_report(r: dict) -> str:
+    """The llama-bench-like text table of a :func:`run_bench` result."""
+    lines = []
+    dev = r["device"]
+    lines.append(f"hiraishin bench  {r['model']['name']} ({_mb(r['model']['bytes'])})  device {dev['backend']}: "
+                 f"{dev.get('name', '?')}  date {r['date']}  commit {r['commit'][:12]}"
+                 + ("  [quick]" if r["settings"].get("quick") else ""))
+    lines.append(f"copy bandwidth {r['copy_bandwidth_gbs']:,.1f} GB/s (device-to-device, bytes read + written); "
+                 f"weight floor {r['model']['floor_ms']:.3f} ms/token; CUDA graphs {'on' if r['cuda_graphs'] else 'off'}")
+    m = r["memory"]
+    mem = f"memory: file(s) {_mb(m['file_bytes'])} + KV caches {_mb(m['kv_cache_bytes'])}"
+    if "used_bytes" in m:
+        mem += f"; backend holds {_mb(m['used_bytes'])} = {m['used_over_file_and_kv']:.2f}x of that"
+    lines.append(mem)
+    lines.append("")
+    orders = list(r["orders"])
+    hdr = f"| {'order':<16} | {'decode ms/tok':>13} | {'tok/s':>9} | {'prefill tok/s':>13} |"
+    lines.append(hdr)
+    lines.append("|" + "|".join("-" * (len(c)) for c in hdr.split("|")[1:-1]) + "|")
+    for name in orders:
+        o = r["orders"][name]
+        lines.append(f"| {name:<16} | {o['decode_ms']:>13.3f} | {o['decode_tok_s']:>9.2f} | "
+                     f"{o['prefill_tok_s']:>13.1f} |")
+    lines.append(f"(prefill: {r['settings']['prefill']} tokens, in the passes plain decoding makes)")
+    lines.append("")
+    widths = list(next(iter(r["orders"].values()))["verify_ms"]) if orders else []
+    hdr = "| verify width | " + " | ".join(f"{n:>16}" for n in orders) + " |"
+    lines.append(hdr)
+    lines.append("|" + "|".join("-" * len(c) for c in hdr.split("|")[1:-1]) + "|")
+    for w in widths:
+        lines.append(f"| {w:>12} | " + " | ".join(f"{r['orders'][n]['verify_ms'][w]:>13.3f} ms" for n in orders) + " |")
+    lines.append("")
+    d = r["draft"]
+    lines.append(f"draft {d['name']}{' (the target itself)' if d['self'] else ''}: one-token step "
+                 + ", ".join(f"{n} {v['decode_ms']:.3f} ms" for n, v in d["orders"].items())
+                 + f"; speculation drafts under its fastest order, {d['order']}")
+    lines.append("")
+    o = r["oracle"]
+    lines.append("speculative decoding, ORACLE schedule (seeded, the original report's profile: which guesses are "
+                 "right is scheduled; every draft step and verify pass runs for real)")
+    sp = o["schedule"]
+    lines.append(f"  schedule: acceptance {sp['acceptance']:.1%}, mean verify batch {sp['mean_verify_batch']:.2f}, "
+                 f"{sp['tokens_per_cycle']:.2f} tokens per cycle, seed {o['seed']}")
+    hdr = (f"| {'order':<18} | {'plain ms/tok':>12} | {'spec ms/tok':>11} | {'speedup':>7} | {'draft ms':>8} | "
+           f"{'verify ms':>9} | {'bookkeep ms':>11} | {'tok/cycle':>9} | {'accept':>6} | {'verify batch':>12} | "
+           f"{'== plain':>8} |")
+    lines.append(hdr)
+    lines.append("|" + "|".join("-" * len(c) for c in hdr.split("|")[1:-1]) + "|")
+    for name, s in r["speculative"].items():
+        c = s["cycle_ms"]
+        same = "yes" if s["matches_plain"] else f"no @{s['first_divergence']}"
+        lines.append(f"| {name:<18} | {s['plain_ms_per_token']:>12.3f} | {s['speculative_ms_per_token']:>11.3f} | "
+                     f"{s['speedup']:>6.2f}x | {c['drafting']:>8.3f} | {c['verifying']:>9.3f} | "
+                     f"{c['bookkeeping']:>11.3f} | {s['tokens_per_cycle']:>9.2f} | {s['acceptance']:>6.1%} | "
+                     f"{s['mean_verify_batch']:>12.2f} | {same:>8} |")
+    rep = o["report"]
+    rc = rep["cycle_ms"]
+    lines.append(f"| {'report (RTX 5060)':<18} | {rep['plain_ms_per_token']:>12.3f} | "
+                 f"{1e3 / rep['speculative_tok_s']:>11.3f} | {rep['speedup']:>6.2f}x | {rc['drafting']:>8.3f} | "
+                 f"{rc['verifying']:>9.3f} | {rc['bookkeeping']:>11.3f} | {rep['tokens_per_cycle']:>9.2f} | "
+                 f"{rep['acceptance']:>6.1%} | {rep['mean_verify_batch']:>12.2f} | {'yes':>8} |")
+    for name, s in r["speculative"].items():
+        if not s["schedule_reproduced"]:
+            lines.append(f"note: under {name} the target's argmax departed from the oracle schedule "
+                         "(acceptance decided by the target's own argmax, as always)")
+    return "\n".join(lines)

@@ -1,0 +1,97 @@
+"""``hiraishin bench`` on the CPU: a quick run on a micro synthetic model, the oracle schedule, the helpers.
+
+The quick run is the CPU cost a notebook user without a GPU pays (seconds per token); it checks
+that the JSON has every key the issue asks for, that the numbers are positive, and that exact
+speculative decoding under the oracle schedule emits plain greedy decoding's tokens under
+BATCH_INVARIANT (and reproduces the schedule).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from hiraishin import benchmark
+from hiraishin.benchmark import REPORT, OracleSchedule, parse_orders, parse_widths
+from hiraishin.errors import HiraishinError
+
+
+@pytest.fixture(scope="module")
+def micro_path(tmp_path_factory):
+    from hiraishin.model.synth import write_synthetic
+
+    return write_synthetic(tmp_path_factory.mktemp("bench") / "micro.gguf", shape="micro", seed=0, progress=False)
+
+
+def _run_command(argv):
+    from hiraishin.commands import bench
+
+    parser = argparse.ArgumentParser()
+    bench.register(parser.add_subparsers())
+    args = parser.parse_args(["bench", *argv])
+    return args.run(args)
+
+
+def test_quick_cpu_bench_writes_every_key_and_speculation_is_exact(micro_path, tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    rc = _run_command([str(micro_path), "--device", "cpu", "--quick", "--orders", "invariant", "--widths", "1-2",
+                       "--json", str(out), "--quiet"])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "ORACLE" in text and "batch_invariant" in text and "report (RTX 5060)" in text
+    r = json.loads(out.read_text())
+    assert r["model"]["name"] == "micro.gguf" and r["model"]["bytes"] == micro_path.stat().st_size
+    assert r["device"]["backend"] == "cpu"
+    assert r["date"] and r["commit"]
+    assert r["copy_bandwidth_gbs"] > 0
+    o = r["orders"]["batch_invariant"]
+    assert o["decode_ms"] > 0 and o["prefill_tok_s"] > 0
+    assert set(o["verify_ms"]) == {"1", "2"} and all(v > 0 for v in o["verify_ms"].values())
+    assert r["draft"]["decode_ms"] > 0 and r["draft"]["order"] == "batch_invariant"
+    s = r["speculative"]["batch_invariant"]
+    assert s["oracle"] is True
+    assert s["speedup"] > 0 and s["plain_ms_per_token"] > 0 and s["speculative_ms_per_token"] > 0
+    assert all(s["cycle_ms"][k] >= 0 for k in ("drafting", "verifying", "bookkeeping"))
+    assert s["cycle_ms"]["drafting"] > 0 and s["cycle_ms"]["verifying"] > 0
+    assert s["tokens_per_cycle"] >= 1 and 0 <= s["acceptance"] <= 1 and s["mean_verify_batch"] >= 1
+    # exact order: the target's argmax reproduces the schedule and the tokens are plain greedy's
+    assert s["matches_plain"] is True and s["first_divergence"] is None
+    assert s["schedule_reproduced"] is True
+    assert r["oracle"]["report"] == json.loads(json.dumps(REPORT))
+
+
+def test_oracle_schedule_has_the_report_profile_and_is_seeded():
+    sched = OracleSchedule.make(1000)
+    prof = sched.profile()
+    assert prof["acceptance"] == pytest.approx(REPORT["acceptance"], abs=1e-3)
+    assert prof["mean_verify_batch"] == pytest.approx(REPORT["mean_verify_batch"], abs=1e-3)
+    assert prof["tokens_per_cycle"] == pytest.approx(REPORT["tokens_per_cycle"], abs=5e-3)
+    assert all(1 <= k <= 4 and 0 <= a <= k for k, a in zip(sched.k, sched.a))
+    assert OracleSchedule.make(1000).k == sched.k and OracleSchedule.make(1000, seed=1).k != sched.k
+    small = OracleSchedule.for_tokens(64)
+    assert small.profile()["mean_verify_batch"] == pytest.approx(2.97, abs=0.05)
+    assert OracleSchedule.make(5, n_draft=1).k == [1] * 5  # no endless nudging when k cannot grow
+
+
+def test_parsers():
+    assert parse_widths("1-16") == tuple(range(1, 17))
+    assert parse_widths("4,1-2") == (1, 2, 4)
+    assert parse_orders("variant,batch_invariant") == ("variant", "invariant")
+    for bad in ("0-3", "17", "x"):
+        with pytest.raises(HiraishinError):
+            parse_widths(bad)
+    with pytest.raises(HiraishinError):
+        parse_orders("fastest")
+
+
+def test_commit_falls_back_to_the_environment(monkeypatch):
+    def no_git(*args, **kwargs):
+        raise OSError("no git")
+
+    monkeypatch.setattr(benchmark.subprocess, "run", no_git)
+    monkeypatch.setenv("HIRAISHIN_COMMIT", "abc123")
+    assert benchmark.git_commit() == "abc123"
+    monkeypatch.delenv("HIRAISHIN_COMMIT")
+    assert benchmark.git_commit() == "unknown"
