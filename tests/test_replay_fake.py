@@ -11,7 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hiraishin.decode.replay import pass_spans, replay
-from hiraishin.decode.report import ReplayReport, localize
+from hiraishin.decode.localize import localize
+from hiraishin.decode.report import ReplayReport
 from hiraishin.errors import HiraishinError
 from hiraishin.order import ReductionOrder
 
@@ -88,7 +89,7 @@ def test_without_the_boundary_guard_the_replay_differs_at_256():
 def test_report_json_round_trip(tmp_path):
     model = FakeModel(variant_shift=0.5)
     rep = replay(model, "hello world", [2, 5, 9], order=VAR, n_new=10)
-    rep.localize(model)
+    localize(model, rep)
     back = ReplayReport.load(rep.save(tmp_path / "r.json"))
     assert back == rep
     assert str(back) == str(rep)
@@ -116,8 +117,18 @@ def test_plot_and_tables(tmp_path):
     rep = replay(model, "hello world", [2, 5], order=VAR, n_new=10)
     fig = rep.plot()
     assert isinstance(fig, Figure)
-    ax = fig.axes[0]
-    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["batch 2", "batch 5", "argmax flip"]
+    # one panel per batch size, each with its own y label; the legend sits on the figure, off the data
+    assert len(fig.axes) == 2
+    assert [a.get_ylabel() for a in fig.axes] == ["batch 2\nmax |Δlogit|", "batch 5\nmax |Δlogit|"]
+    assert all(a.get_legend() is None for a in fig.axes)
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "argmax flip" in labels and "prompt ends" in labels and "batched pass edges" in labels
+    # batch 2 is bit-identical under the fake's variant order: its panel says so in words
+    assert any(t.get_text() == "bit-identical at every position" for t in fig.axes[0].texts)
+    assert not any(t.get_text() == "bit-identical at every position" for t in fig.axes[1].texts)
+    # each flip is marked with the plain top-2 gap it overturned
+    gaps = [t.get_text() for t in fig.axes[1].texts if t.get_text().startswith("gap ")]
+    assert gaps == [f"gap {f.plain_gap:.2g}" for f in rep[5].flips]
     fig.savefig(tmp_path / "r.png")
     assert (tmp_path / "r.png").stat().st_size > 1000
     assert "b=5" in rep.histogram_table()

@@ -20,6 +20,8 @@ import numpy as np
 
 from ..errors import HiraishinError
 from ..order import ReductionOrder
+from .inputs import check_int, check_order, prompt_tokens
+from .passes import feed, progress_bar
 
 __all__ = ["Step", "GenerationResult", "stream", "generate", "prefill", "top_k_of"]
 
@@ -61,6 +63,16 @@ class GenerationResult:
     def prefill_tokens_per_s(self) -> float:
         return len(self.prompt_tokens) / self.prefill_s if self.prefill_s > 0 else float("nan")
 
+    def to_dict(self) -> dict:
+        """Plain data (lists, numbers) for JSON; non-finite numbers stay floats (see ``report.json_ready``)."""
+        return {
+            "prompt_tokens": list(self.prompt_tokens), "tokens": list(self.tokens), "text": self.text,
+            "top_k_ids": self.top_k_ids.tolist(), "top_k_logits": self.top_k_logits.tolist(),
+            "prefill_s": self.prefill_s, "step_s": list(self.step_s), "stop_reason": self.stop_reason,
+            "order": self.order, "decode_tokens_per_s": self.decode_tokens_per_s,
+            "prefill_tokens_per_s": self.prefill_tokens_per_s,
+        }
+
 
 def top_k_of(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Ids and values of the ``k`` largest logits, best first (ties: lower id first)."""
@@ -72,23 +84,7 @@ def top_k_of(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
 
 def prefill(model, tokens, order: ReductionOrder, start_pos: int = 0) -> np.ndarray:
     """Feed ``tokens`` from ``start_pos`` in passes cut at the order's KV boundary; last row's logits."""
-    pos, end, logits = start_pos, start_pos + len(tokens), None
-    while pos < end:
-        n = order.verify_limit(pos, end - pos)
-        logits = model.forward(tokens[pos - start_pos:pos - start_pos + n], pos, order=order)
-        pos += n
-    return np.asarray(logits[-1])
-
-
-def _prompt_tokens(model, prompt_or_tokens, chat: bool) -> list[int]:
-    if isinstance(prompt_or_tokens, str):
-        tok = getattr(model, "tokenizer", None)
-        if tok is None:
-            raise HiraishinError("a text prompt needs a tokenizer; this model has none (pass token ids)")
-        return tok.encode_chat(prompt_or_tokens) if chat else tok.encode(prompt_or_tokens)
-    if chat:
-        raise HiraishinError("chat=True needs a text prompt")
-    return [int(t) for t in prompt_or_tokens]
+    return feed(model, tokens, start_pos, order)
 
 
 def _sync(model):
@@ -99,20 +95,27 @@ def _sync(model):
 
 def stream(model, prompt_or_tokens, max_new_tokens: int = 64,
            order: ReductionOrder = ReductionOrder.BATCH_INVARIANT, stop_at_eos: bool = True,
-           top_k: int = 5, chat: bool = False) -> Iterator[Step]:
+           top_k: int = 5, chat: bool = False, system: str | None = None,
+           think: bool | None = None) -> Iterator[Step]:
     """Greedy decoding as an iterator of :class:`Step`; the model's KV cache is reset first.
 
     Stops after ``max_new_tokens``, after an end-of-generation token (``stop_at_eos``), or when
-    the KV cache is full; the last step carries the reason.
+    the KV cache is full; the last step carries the reason. The arguments are checked when
+    ``stream`` is called, before the first pass. ``chat`` renders a text prompt through the
+    model's chat template, with an optional ``system`` message and Qwen3's thinking switch
+    ``think`` (the template's ``enable_thinking``; None: the template's default).
     """
-    if max_new_tokens < 1:
-        raise HiraishinError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    prompt = _prompt_tokens(model, prompt_or_tokens, chat)
-    if not prompt:
-        raise HiraishinError("the prompt is empty (no tokens)")
+    max_new_tokens = check_int("max_new_tokens", max_new_tokens, 1)
+    top_k = check_int("top_k", top_k, 1)
+    order = check_order(order)
+    prompt = prompt_tokens(model, prompt_or_tokens, chat, system, think)
     n_ctx = getattr(model, "n_ctx", None)
     if n_ctx is not None and len(prompt) >= n_ctx:
         raise HiraishinError(f"the prompt has {len(prompt)} tokens; the KV cache holds {n_ctx}")
+    return _steps(model, prompt, max_new_tokens, order, stop_at_eos, top_k, n_ctx)
+
+
+def _steps(model, prompt, max_new_tokens, order, stop_at_eos, top_k, n_ctx) -> Iterator[Step]:
     tok = getattr(model, "tokenizer", None)
     text_of = tok.stream_decoder() if tok is not None else (lambda t: "")
     eog = set(getattr(tok, "eos_ids", ()) or ()) if stop_at_eos else set()
@@ -124,7 +127,7 @@ def stream(model, prompt_or_tokens, max_new_tokens: int = 64,
     seconds = time.perf_counter() - t0
     pos = len(prompt)
     for index in range(max_new_tokens):
-        ids, vals = top_k_of(logits, max(top_k, 1))
+        ids, vals = top_k_of(logits, top_k)
         token = int(ids[0])
         reason = None
         if token in eog:
@@ -133,7 +136,7 @@ def stream(model, prompt_or_tokens, max_new_tokens: int = 64,
             reason = "max_tokens"
         elif n_ctx is not None and pos >= n_ctx:
             reason = "context"
-        yield Step(index, token, text_of(token), ids[:top_k], vals[:top_k], seconds, reason)
+        yield Step(index, token, text_of(token), ids, vals, seconds, reason)
         if reason is not None:
             return
         t0 = time.perf_counter()
@@ -146,18 +149,18 @@ def stream(model, prompt_or_tokens, max_new_tokens: int = 64,
 def generate(model, prompt_or_tokens, max_new_tokens: int = 64,
              order: ReductionOrder = ReductionOrder.BATCH_INVARIANT, stop_at_eos: bool = True,
              on_token: Callable[[Step], None] | None = None, top_k: int = 5, progress: bool = False,
-             chat: bool = False) -> GenerationResult:
+             chat: bool = False, system: str | None = None, think: bool | None = None) -> GenerationResult:
     """Greedy decoding of ``prompt_or_tokens`` (text, or token ids) into a :class:`GenerationResult`.
 
     ``on_token(step)`` is called for each new token as it is produced; ``progress`` shows a tqdm
-    bar; ``chat`` wraps a text prompt in the model's chat template.
+    bar; ``chat``, ``system`` and ``think`` as in :func:`stream`. ``top_k`` is how many of the
+    largest logits to keep per token (llama-server's ``n_probs``); decoding is greedy.
     """
-    from tqdm import tqdm
-
-    prompt = _prompt_tokens(model, prompt_or_tokens, chat)
     steps: list[Step] = []
-    with tqdm(total=max_new_tokens, unit="tok", desc="generating", disable=not progress, leave=False) as bar:
-        for step in stream(model, prompt, max_new_tokens, order, stop_at_eos, top_k):
+    prompt = prompt_tokens(model, prompt_or_tokens, chat, system, think)
+    it = stream(model, prompt, max_new_tokens, order, stop_at_eos, top_k)
+    with progress_bar(max_new_tokens, "generating", progress) as bar:
+        for step in it:
             steps.append(step)
             bar.update(1)
             if on_token is not None:

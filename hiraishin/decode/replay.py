@@ -14,14 +14,17 @@ every logit must be bit-identical; under a batch-variant order the differences
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
 from ..errors import HiraishinError
 from ..order import ReductionOrder
+from .inputs import backend_name, check_int, check_order, model_name, prompt_tokens
+from .passes import feed, pass_spans, progress_bar
 from .report import DELTA_EDGES, BatchSizeReport, Flip, ReplayReport, top_two
 
+# pass_spans and feed are re-exported: they lived here before decode/passes.py
 __all__ = ["replay", "pass_spans", "feed", "DEFAULT_BATCH_SIZES"]
 
 # Batch sizes that straddle the mat-vec geometry switches of the variant policy:
@@ -31,56 +34,6 @@ DEFAULT_BATCH_SIZES = (2, 3, 5, 9, 16)
 
 # Passes of the shared prefix (positions before ``start``) take this many tokens.
 DEFAULT_PREFILL_BATCH = 16
-
-
-def pass_spans(start: int, stop: int, batch_size: int, order: ReductionOrder) -> Iterator[tuple[int, int]]:
-    """``(pos, n)`` for passes that feed positions ``start..stop-1``, at most ``batch_size`` each.
-
-    Every pass also ends at the order's KV boundary (``order.verify_limit``), as
-    a speculative verifier under that order would cut it.
-    """
-    if batch_size < 1:
-        raise HiraishinError(f"batch_size must be >= 1, got {batch_size}")
-    pos = start
-    while pos < stop:
-        n = order.verify_limit(pos, min(batch_size, stop - pos))
-        yield pos, n
-        pos += n
-
-
-def feed(model, tokens: Sequence[int], start_pos: int, order: ReductionOrder,
-         batch_size: int | None = None) -> np.ndarray:
-    """Feed ``tokens`` into ``model``'s KV cache from ``start_pos``; return the last position's logits.
-
-    Passes take at most ``batch_size`` tokens (all of them if None) and stop at
-    the order's KV boundaries.
-    """
-    tokens = list(tokens)
-    if not tokens:
-        raise HiraishinError("feed needs at least one token")
-    logits = None
-    for pos, n in pass_spans(start_pos, start_pos + len(tokens), batch_size or len(tokens), order):
-        logits = model.forward(tokens[pos - start_pos:pos - start_pos + n], pos, order=order)
-    return np.asarray(logits[-1])
-
-
-def _model_name(model) -> str:
-    for attr in ("name", "path"):
-        value = getattr(model, attr, None)
-        if value:
-            return str(value).rsplit("/", 1)[-1]
-    return type(model).__name__
-
-
-def _backend_name(model) -> str:
-    backend = getattr(model, "backend", "?")
-    return str(getattr(backend, "name", backend))
-
-
-def _progress(total: int, desc: str, enabled: bool):
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc=desc, unit="tok", disable=not enabled, leave=False)
 
 
 def replay(model, tokens: Sequence[int] | str, batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
@@ -102,16 +55,27 @@ def replay(model, tokens: Sequence[int] | str, batch_sizes: Sequence[int] = DEFA
 
     Returns:
         A :class:`ReplayReport` with one :class:`BatchSizeReport` per batch size.
+
+    Every argument is checked before the first pass.
     """
-    if isinstance(tokens, str):
-        tokens = model.tokenizer.encode(tokens)
-    seq = [int(t) for t in tokens]
-    if not 0 <= start < len(seq):
-        raise HiraishinError(f"replay start must be in 0..{len(seq) - 1} (len(tokens)), got {start}")
-    batch_sizes = [int(b) for b in batch_sizes]
-    for b in batch_sizes:
-        if b < 1:
-            raise HiraishinError(f"replay batch sizes must be >= 1, got {b}")
+    order = check_order(order)
+    seq = prompt_tokens(model, tokens)
+    n_new = check_int("n_new", n_new, 0)
+    start = check_int("start", start, 0)
+    prefill_batch = check_int("prefill_batch", prefill_batch, 1)
+    top_k = check_int("top_k", top_k, 1)
+    if isinstance(batch_sizes, (str, bytes)) or not isinstance(batch_sizes, (Sequence, np.ndarray)) \
+            or len(batch_sizes) == 0:
+        raise HiraishinError(f"replay batch_sizes must be a non-empty sequence of integers, got {batch_sizes!r}")
+    batch_sizes = [check_int("replay batch sizes", b, 1) for b in batch_sizes]
+    if start >= len(seq):
+        raise HiraishinError(f"replay start must be in 0..{len(seq) - 1} (the {len(seq)} tokens given), "
+                             f"got {start}")
+    n_ctx = getattr(model, "n_ctx", None)
+    if n_ctx is not None and len(seq) + n_new > n_ctx:
+        raise HiraishinError(f"replay of {len(seq)} tokens plus {n_new} new ones needs {len(seq) + n_new} "
+                             f"KV cells; the model's cache holds {n_ctx}")
+    n_prompt = len(seq)
     stop = len(seq) + n_new
     t_begin = time.perf_counter()
 
@@ -123,7 +87,7 @@ def replay(model, tokens: Sequence[int] | str, batch_sizes: Sequence[int] = DEFA
     plain = None
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
-    with _progress(stop - start, "replay plain", progress) as bar:
+    with progress_bar(stop - start, "replay plain", progress) as bar:
         for pos in range(start, stop):
             row = np.asarray(model.forward([seq[pos]], pos, order=order))[-1]
             if plain is None:
@@ -144,11 +108,12 @@ def replay(model, tokens: Sequence[int] | str, batch_sizes: Sequence[int] = DEFA
     timings["total"] = time.perf_counter() - t_begin
 
     return ReplayReport(
-        model=_model_name(model),
-        backend=_backend_name(model),
+        model=model_name(model),
+        backend=backend_name(model),
         order=order.name,
         order_fields=_order_fields(order),
         tokens=seq,
+        n_prompt=n_prompt,
         start=start,
         prefill_batch=prefill_batch,
         plain_argmax=[int(t[0]) for t in top],
@@ -165,7 +130,7 @@ def _compare_batched(model, seq, start, stop, b, order, plain, top, progress) ->
     differs = np.zeros(stop - start, dtype=bool)
     delta_counts = np.zeros(len(DELTA_EDGES) - 1, dtype=np.int64)
     flips = []
-    with _progress(stop - start, f"replay batch {b}", progress) as bar:
+    with progress_bar(stop - start, f"replay batch {b}", progress) as bar:
         for pos, n in pass_spans(start, stop, b, order):
             logits = np.asarray(model.forward(seq[pos:pos + n], pos, order=order), dtype=np.float32)
             ref = plain[pos - start:pos - start + n]

@@ -3,9 +3,15 @@
 A :class:`ReplayReport` holds one :class:`BatchSizeReport` per batch size of a
 replay (:func:`hiraishin.decode.replay.replay`): the largest |Δlogit|, which
 positions differ at all, where the argmax flips (with the plain top-2 gap
-there, the margin the flip had to overcome) and histograms of both.
-:func:`localize` reruns the first differing position with the model's
-``record`` hook and names the first op whose output differs.
+there, the margin the flip had to overcome) and histograms of both. This module
+holds data and formatting only; the localizer, which reruns the model, is
+:func:`hiraishin.decode.localize.localize`.
+
+Positions, everywhere (replay, speculative, the demo): **position p** is the p-th
+token of the whole sequence, counting from 0 at the first prompt token; "the
+logits at position p" are the ones computed for that token, and their argmax is
+the token at position p + 1. A flip at position p and a speculative run whose
+first wrong token sits at p + 1 name the same event with the same number.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..atomic import atomic_write
 from ..errors import HiraishinError
 
 __all__ = [
@@ -24,8 +31,11 @@ __all__ = [
     "BatchSizeReport",
     "Flip",
     "Localization",
-    "localize",
     "top_two",
+    "json_ready",
+    "dump_json",
+    "SCHEMA_VERSION",
+    "POSITION_NOTE",
     "DELTA_EDGES",
     "GAP_EDGES",
 ]
@@ -36,6 +46,58 @@ __all__ = [
 DELTA_EDGES = (0.0, 1e-9, 1e-8, 1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0, 1e308)
 # Bin edges for the plain top-2 logit gap at argmax flips.
 GAP_EDGES = (0.0, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0, 1e308)
+
+# Version of the JSON every command and report writes; bump it when a key changes meaning.
+SCHEMA_VERSION = 1
+# Written beside positions in JSON and printed under tables (see the module docstring).
+POSITION_NOTE = ("position p: the p-th token of the sequence, 0 = the first prompt token; the logits at p "
+                 "choose the token at p + 1")
+# What JSON gets in place of NaN and infinities (standard JSON has neither).
+NON_FINITE_NOTE = ("non-finite numbers (NaN, inf) are written as null; they are the model's own results "
+                   "(its logits, or numbers computed from them), listed under 'paths'")
+
+
+def json_ready(obj, path: str = "$", found: list | None = None):
+    """``obj`` with numpy values as Python ones and non-finite floats as None.
+
+    Returns ``(clean, paths)``: ``paths`` lists where a non-finite number was, as
+    ``"$.batches[0].max_abs_diff = nan"``.
+    """
+    found = [] if found is None else found
+    if isinstance(obj, dict):
+        return {str(k): json_ready(v, f"{path}.{k}", found)[0] for k, v in obj.items()}, found
+    if isinstance(obj, (list, tuple)):
+        return [json_ready(v, f"{path}[{i}]", found)[0] for i, v in enumerate(obj)], found
+    if isinstance(obj, np.ndarray):
+        return json_ready(obj.tolist(), path, found)
+    if isinstance(obj, (np.integer, np.bool_)):
+        return obj.item(), found
+    if isinstance(obj, (float, np.floating)):
+        x = float(obj)
+        if not math.isfinite(x):
+            found.append(f"{path} = {x}")
+            return None, found
+        return x, found
+    return obj, found
+
+
+def dump_json(data: dict, path) -> Path:
+    """Write ``data`` as standard JSON to ``path``, atomically (see :mod:`hiraishin.atomic`).
+
+    Non-finite numbers become null, and ``data["meta"]["non_finite"]`` says where they were.
+    """
+    clean, paths = json_ready(data)
+    if paths:
+        meta = clean.setdefault("meta", {}) if isinstance(clean, dict) else {}
+        meta["non_finite"] = {"note": NON_FINITE_NOTE, "paths": paths[:100], "count": len(paths)}
+    path = Path(path)
+    with atomic_write(path) as f:
+        json.dump(clean, f, indent=1, allow_nan=False)
+    return path
+
+
+def _finite_or_nan(x) -> float:
+    return float("nan") if x is None else float(x)
 
 
 def top_two(row: np.ndarray) -> tuple[int, int, float]:
@@ -94,6 +156,9 @@ class BatchSizeReport:
     def from_dict(cls, d: dict) -> "BatchSizeReport":
         d = dict(d)
         d["flips"] = [Flip(**f) for f in d["flips"]]
+        # null in JSON stands for a non-finite difference (see dump_json)
+        d["max_abs_diff"] = _finite_or_nan(d["max_abs_diff"])
+        d["diff_by_position"] = [_finite_or_nan(x) for x in d["diff_by_position"]]
         return cls(**d)
 
 
@@ -138,6 +203,8 @@ class ReplayReport:
     batches: list[BatchSizeReport]
     timings: dict = field(default_factory=dict)
     localization: Localization | None = None
+    n_prompt: int | None = None  # tokens given (the rest were decoded greedily in the plain run)
+    meta: dict = field(default_factory=dict)  # what the command line records (schema, file hash, date)
 
     # --- summaries -------------------------------------------------------------------------
 
@@ -160,6 +227,14 @@ class ReplayReport:
         """Argmax flips of every batch size, in batch-size order."""
         return [f for b in self.batches for f in b.flips]
 
+    def flips_by_position(self) -> list[tuple[int, list[int], list[Flip]]]:
+        """``(position, batch sizes, flips)`` for every position that flips at any batch size."""
+        by_pos: dict[int, list[tuple[int, Flip]]] = {}
+        for b in self.batches:
+            for f in b.flips:
+                by_pos.setdefault(f.position, []).append((b.batch_size, f))
+        return [(p, [b for b, _ in v], [f for _, f in v]) for p, v in sorted(by_pos.items())]
+
     @property
     def first_divergence(self) -> int | None:
         """The first position where any batch size differs in any bit (None: all identical)."""
@@ -176,10 +251,6 @@ class ReplayReport:
             if b.batch_size == batch_size:
                 return b
         raise KeyError(f"no batch size {batch_size} in this replay (have {self.batch_sizes})")
-
-    def localize(self, model, batch_size: int | None = None, progress: bool = False) -> Localization | None:
-        """Name the first op that differs at the first differing position (see :func:`localize`)."""
-        return localize(model, self, batch_size=batch_size, progress=progress)
 
     # --- text ------------------------------------------------------------------------------
 
@@ -204,12 +275,16 @@ class ReplayReport:
             lines.append("every logit is bit-identical to the plain run")
         else:
             lines.append(f"first divergence at position {self.first_divergence}")
-            shown = self.flips[:8]
-            for f in shown:
-                lines.append(f"  flip at {f.position}: plain {f.plain_token} -> batched {f.batched_token} "
-                             f"(plain top-2 gap {_num(f.plain_gap)})")
-            if len(self.flips) > len(shown):
-                lines.append(f"  ... {len(self.flips) - len(shown)} more flips")
+            grouped = self.flips_by_position()
+            shown = grouped[:8]
+            for p, sizes, flips in shown:
+                f = flips[0]
+                to = sorted({g.batched_token for g in flips})
+                lines.append(f"  flip at position {p} (batch {', '.join(map(str, sizes))}): plain {f.plain_token}"
+                             f" -> batched {', '.join(map(str, to))} (plain top-2 gap {_num(f.plain_gap)})")
+            if len(grouped) > len(shown):
+                lines.append(f"  ... {len(grouped) - len(shown)} more positions flip")
+            lines.append(f"  ({POSITION_NOTE})")
         if self.localization is not None:
             lines.append(str(self.localization))
         return "\n".join(lines)
@@ -239,18 +314,21 @@ class ReplayReport:
         if unknown:
             raise HiraishinError(f"replay report has unknown keys {sorted(unknown)}")
         d["batches"] = [BatchSizeReport.from_dict(b) for b in d["batches"]]
+        d["plain_gap"] = [_finite_or_nan(x) for x in d["plain_gap"]]
         if d.get("localization") is not None:
             d["localization"] = Localization(**d["localization"])
         return cls(**d)
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=1, allow_nan=False)
+        """Standard JSON (non-finite numbers as null, noted under ``meta.non_finite``)."""
+        clean, paths = json_ready(self.to_dict())
+        if paths:
+            clean["meta"]["non_finite"] = {"note": NON_FINITE_NOTE, "paths": paths[:100], "count": len(paths)}
+        return json.dumps(clean, indent=1, allow_nan=False)
 
     def save(self, path) -> Path:
-        """Write the report as JSON."""
-        path = Path(path)
-        path.write_text(self.to_json())
-        return path
+        """Write the report as JSON, atomically."""
+        return dump_json(self.to_dict(), path)
 
     @classmethod
     def load(cls, path) -> "ReplayReport":
@@ -264,32 +342,11 @@ class ReplayReport:
 
     # --- plot ------------------------------------------------------------------------------
 
-    def plot(self, ax=None, title: str | None = None):
-        """Max |Δlogit| by position, one line per batch size, argmax flips marked. Returns the Figure."""
-        if ax is None:
-            from matplotlib.figure import Figure
+    def plot(self, fig=None, title: str | None = None, ax=None):
+        """One panel per batch size of max |Δlogit| by position; see :func:`hiraishin.decode.plot.plot_replay`."""
+        from .plot import plot_replay
 
-            fig = Figure(figsize=(9, 4), layout="constrained")
-            ax = fig.add_subplot()
-        else:
-            fig = ax.figure
-        x = np.asarray(self.positions)
-        for b in self.batches:
-            y = np.asarray(b.diff_by_position)
-            (line,) = ax.plot(x, y, drawstyle="steps-mid", lw=1.2, label=f"batch {b.batch_size}")
-            if b.flips:
-                fx = [f.position for f in b.flips]
-                ax.plot(fx, y[np.asarray(fx) - self.start], "x", ms=9, mew=2, color=line.get_color())
-        ax.plot([], [], "x", color="0.3", label="argmax flip")
-        positive = [d for b in self.batches for d in b.diff_by_position if d > 0]
-        ax.set_yscale("symlog", linthresh=min(positive) if positive else 1e-7)
-        ax.set_ylim(bottom=0)
-        ax.set_xlabel("position")
-        ax.set_ylabel("max |Δlogit| vs one-token passes")
-        ax.set_title(title or f"{self.model} · {self.backend} · {self.order}")
-        ax.legend(loc="upper left", fontsize="small")
-        ax.grid(alpha=0.3)
-        return fig
+        return plot_replay(self, fig=fig, title=title, ax=ax)
 
 
 def _num(x: float) -> str:
@@ -298,91 +355,3 @@ def _num(x: float) -> str:
     if not math.isfinite(x):
         return str(x)
     return f"{x:.3g}"
-
-
-# --- localization ----------------------------------------------------------------------------
-
-def _host(x) -> np.ndarray:
-    get = getattr(x, "get", None)  # cupy arrays
-    return np.asarray(get() if callable(get) and not isinstance(x, np.ndarray) else x)
-
-
-def _row(tensor, i: int, n: int) -> np.ndarray | None:
-    """Row ``i`` of a recorded tensor of a pass of ``n`` tokens (None: not per-token)."""
-    a = _host(tensor)
-    if a.ndim == 0 or a.shape[0] != n:
-        return None
-    return a[i]
-
-
-def _parse_name(name: str) -> tuple[int | None, str]:
-    parts = name.split(".")
-    if len(parts) >= 3 and parts[0] == "blk" and parts[1].isdigit():
-        return int(parts[1]), ".".join(parts[2:])
-    return None, name
-
-
-def localize(model, report: ReplayReport, batch_size: int | None = None,
-             progress: bool = False) -> Localization | None:
-    """Rerun the first differing position of ``report`` plain and batched, with the ``record`` hook.
-
-    Picks the batch size whose first difference comes earliest (or ``batch_size``),
-    replays the shared prefix, then compares every recorded tensor's row for that
-    position between the one-token pass and the batched pass that holds it, in
-    record order. The first op that differs in any bit is named (and stored in
-    ``report.localization``). Returns None when the replay found no difference.
-    """
-    from ..order import ReductionOrder
-    from .replay import _progress, feed, pass_spans
-
-    if batch_size is None:
-        candidates = [b for b in report.batches if b.first_diff is not None]
-        if not candidates:
-            return None
-        chosen = min(candidates, key=lambda b: (b.first_diff, b.batch_size))
-    else:
-        chosen = report[batch_size]
-        if chosen.first_diff is None:
-            return None
-    b, p = chosen.batch_size, chosen.first_diff
-    order = ReductionOrder(**report.order_fields)
-    seq, start = report.tokens, report.start
-    stop = start + len(report.plain_argmax)
-    span = next((s, n) for s, n in pass_spans(start, stop, b, order) if s <= p < s + n)
-
-    model.reset()
-    if start:
-        feed(model, seq[:start], 0, order, report.prefill_batch)
-    with _progress(p - start + 1, "localize", progress) as bar:
-        for pos in range(start, p):
-            model.forward([seq[pos]], pos, order=order)
-            bar.update(1)
-        plain_rec: dict = {}
-        model.forward([seq[p]], p, order=order, record=plain_rec)
-        bar.update(1)
-    model.rollback(start)
-    for s, n in pass_spans(start, span[0], b, order):
-        model.forward(seq[s:s + n], s, order=order)
-    batch_rec: dict = {}
-    model.forward(seq[span[0]:span[0] + span[1]], span[0], order=order, record=batch_rec)
-
-    ops = []
-    first = None
-    for name, tensor in plain_rec.items():
-        if name not in batch_rec:
-            continue
-        a = _row(tensor, 0, 1)
-        c = _row(batch_rec[name], p - span[0], span[1])
-        if a is None or c is None or a.shape != c.shape:
-            continue
-        differs = a.tobytes() != c.tobytes()
-        d = float(np.max(np.abs(a.astype(np.float64) - c.astype(np.float64)))) if a.size else 0.0
-        ops.append([name, d])
-        if differs and first is None:
-            first = (name, d)
-    layer, op = _parse_name(first[0]) if first else (None, None)
-    loc = Localization(position=p, batch_size=b, pass_start=span[0], pass_size=span[1],
-                       name=first[0] if first else None, layer=layer, op=op,
-                       max_abs_diff=first[1] if first else 0.0, ops=ops)
-    report.localization = loc
-    return loc

@@ -18,6 +18,8 @@ check sharp: every guess must then be accepted.
 from __future__ import annotations
 
 import json
+import math
+import numbers
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -26,8 +28,10 @@ import numpy as np
 
 from ..errors import HiraishinError
 from ..order import ReductionOrder
-from .replay import _backend_name, _model_name, feed
-from .report import top_two
+from .inputs import (ArgumentTypeError, backend_name, check_int, check_order, eos_ids, model_name,
+                     prompt_tokens)
+from .passes import feed, progress_bar
+from .report import POSITION_NOTE, dump_json, top_two
 
 __all__ = [
     "speculative_decode",
@@ -36,12 +40,21 @@ __all__ = [
     "Cycle",
     "first_divergence",
     "DEFAULT_P_MIN_GAP",
+    "DEFAULT_P_MIN",
+    "LLAMA_CPP_DRAFT_P_MIN",
 ]
 
-# The draft stops guessing when its top-two logits are closer than this, and the
-# unsure guess is dropped: the confidence cut of the patched llama.cpp fork the
-# project measures (llama.cpp's own ``--draft-p-min`` is a probability instead).
-DEFAULT_P_MIN_GAP = 3.0
+# The draft stops guessing when its top-two logits are closer than this (the confidence cut of
+# the patched llama.cpp fork the project measures), or when its top token's probability is below
+# ``p_min`` (llama.cpp's ``--draft-p-min``); the unsure guess is dropped. Both default to 0: the
+# draft always guesses ``n_draft`` tokens. A positive cut often drafts nothing on the synthetic
+# models, whose logits are close together, and a run that drafts nothing checks nothing.
+DEFAULT_P_MIN_GAP = 0.0
+DEFAULT_P_MIN = 0.0
+# llama.cpp's own default for --draft-p-min (common/common.h, common_params_speculative.p_min).
+LLAMA_CPP_DRAFT_P_MIN = 0.75
+# Largest accepted p_min_gap: a finite bound (the test suite's "never draft" value is 1e9).
+MAX_P_MIN_GAP = 1e30
 
 
 @dataclass
@@ -60,7 +73,13 @@ class Cycle:
         return self.drafted + 1
 
 
-def _draft_guesses(draft, pending, start, n, order, gap_min):
+def _top_probability(logits: np.ndarray) -> float:
+    """Softmax probability of the largest logit (float64, max-subtracted)."""
+    z = np.asarray(logits, dtype=np.float64)
+    return float(1.0 / np.sum(np.exp(z - z.max())))
+
+
+def _draft_guesses(draft, pending, start, n, order, gap_min, p_min=0.0):
     """Feed ``pending`` (accepted tokens the draft has not seen) at ``start``; guess up to ``n``.
 
     Returns the guesses and the draft's KV length afterwards.
@@ -70,7 +89,7 @@ def _draft_guesses(draft, pending, start, n, order, gap_min):
     guesses = []
     while True:
         best, _, gap = top_two(logits)
-        if gap < gap_min:
+        if gap < gap_min or (p_min > 0 and _top_probability(logits) < p_min):
             break
         guesses.append(best)
         if len(guesses) == n:
@@ -82,13 +101,20 @@ def _draft_guesses(draft, pending, start, n, order, gap_min):
 
 def speculative_decode(target, draft, prompt_tokens, max_new_tokens: int, *, n_draft: int = 8,
                        order: ReductionOrder = ReductionOrder.BATCH_INVARIANT,
-                       p_min_gap: float = DEFAULT_P_MIN_GAP, eos_ids=(), on_cycle=None):
+                       p_min_gap: float = DEFAULT_P_MIN_GAP, eos_ids=(), on_cycle=None,
+                       p_min: float = DEFAULT_P_MIN, draft_min: int = 0):
     """The core loop. Returns ``(new tokens, cycles, prefill seconds)``.
 
-    ``target`` and ``draft`` need ``forward(tokens, start_pos, order=)``, ``rollback(pos)``, ``reset()``.
+    ``target`` and ``draft`` need ``forward(tokens, start_pos, order=)``, ``rollback(pos)``,
+    ``reset()``. Drafts shorter than ``draft_min`` are dropped (the verify pass then takes the
+    last token alone, llama.cpp's ``--draft-min``). Like plain decoding, the run stops when the
+    target's KV cache (``target.n_ctx``) is full: at most ``n_ctx - len(prompt) + 1`` new tokens.
     """
     seq = [int(t) for t in prompt_tokens]
     n_prompt, eos, cycles = len(seq), set(eos_ids), []
+    n_ctx_t = getattr(target, "n_ctx", None)
+    n_ctx_d = getattr(draft, "n_ctx", None)
+    limit = max_new_tokens if n_ctx_t is None else min(max_new_tokens, n_ctx_t - n_prompt + 1)
     t0 = time.perf_counter()
     target.reset()
     draft.reset()
@@ -96,15 +122,21 @@ def speculative_decode(target, draft, prompt_tokens, max_new_tokens: int, *, n_d
     seq.append(int(np.argmax(feed(target, seq, 0, order))))  # prefill; the first new token
     draft_len = n_prompt  # the draft's KV length: it lags the accepted tokens by one or two
     prefill_s = time.perf_counter() - t0
-    while len(seq) - n_prompt < max_new_tokens and seq[-1] not in eos:
+    while len(seq) - n_prompt < limit and seq[-1] not in eos:
         pos = len(seq) - 1  # the last accepted token: in no KV cache yet
-        # guesses the verify pass may take: the tokens still wanted, the KV boundary
-        room = min(n_draft, max_new_tokens - (len(seq) - n_prompt) - 1)
+        # guesses the verify pass may take: the tokens still wanted, the KV boundary, and the
+        # draft's cache (it feeds positions up to pos + room - 1)
+        room = min(n_draft, limit - (len(seq) - n_prompt) - 1)
         room = order.verify_limit(pos, room + 1) - 1
+        if n_ctx_d is not None:
+            room = min(room, n_ctx_d - pos)
         t0 = time.perf_counter()
         guesses, draft_end = [], draft_len
         if room > 0:
-            guesses, draft_end = _draft_guesses(draft, seq[draft_len:], draft_len, room, order, p_min_gap)
+            guesses, draft_end = _draft_guesses(draft, seq[draft_len:], draft_len, room, order, p_min_gap,
+                                                p_min)
+            if len(guesses) < draft_min:
+                guesses = []
         t1 = time.perf_counter()
         best = np.asarray(target.forward([seq[-1]] + guesses, pos, order=order)).argmax(axis=1)
         t2 = time.perf_counter()
@@ -122,7 +154,7 @@ def speculative_decode(target, draft, prompt_tokens, max_new_tokens: int, *, n_d
     hit = next((i for i, t in enumerate(new) if t in eos), None)
     if hit is not None:
         new = new[:hit + 1]
-    return new[:max_new_tokens], cycles, prefill_s
+    return new[:limit], cycles, prefill_s
 
 
 def first_divergence(a, b) -> int | None:
@@ -148,6 +180,9 @@ class SpeculativeResult:
     plain_tokens: list[int] | None = None  # plain greedy decoding's tokens, when given
     draft_name: str = ""
     meta: dict = field(default_factory=dict)
+    p_min: float = DEFAULT_P_MIN
+    draft_min: int = 0
+    stop_reason: str = "max_tokens"  # "eos", "max_tokens" or "context", as plain decoding says
 
     @property
     def drafted(self) -> int:
@@ -159,8 +194,8 @@ class SpeculativeResult:
 
     @property
     def acceptance_rate(self) -> float:
-        """Accepted guesses / drafted guesses (1.0 when nothing was drafted)."""
-        return self.accepted / self.drafted if self.drafted else 1.0
+        """Accepted guesses / drafted guesses; NaN when nothing was drafted (0/0 says nothing)."""
+        return self.accepted / self.drafted if self.drafted else float("nan")
 
     @property
     def mean_verify_batch(self) -> float:
@@ -188,30 +223,49 @@ class SpeculativeResult:
 
     @property
     def first_divergence(self) -> int | None:
-        """First generated position where these tokens differ from ``plain_tokens`` (None: same)."""
+        """First generated index (0 = the first new token) where these tokens differ from
+        ``plain_tokens`` (None: same). See :attr:`first_divergence_position` for the position."""
         if self.plain_tokens is None:
             return None
         return first_divergence(self.tokens, self.plain_tokens)
 
     @property
+    def first_divergence_position(self) -> int | None:
+        """The position whose logits chose the first differing token (the convention of replay
+        reports: position p's logits choose the token at p + 1; 0 = the first prompt token)."""
+        i = self.first_divergence
+        return None if i is None else len(self.prompt_tokens) + i - 1
+
+    @property
     def matches_plain(self) -> bool | None:
         return None if self.plain_tokens is None else self.tokens == self.plain_tokens
 
+    @property
+    def vacuous(self) -> bool:
+        """True when the draft proposed nothing: every token came from one-token passes, so
+        equality with plain decoding checks nothing about batching."""
+        return self.drafted == 0
+
     def __str__(self) -> str:
         split = self.time_split
+        cut = f"gap >= {self.p_min_gap:g}" + (f", p >= {self.p_min:g}" if self.p_min else "")
         lines = [
             f"speculative ({self.order}, draft {self.draft_name or '?'}, n_draft {self.n_draft}, "
-            f"gap >= {self.p_min_gap:g}): {len(self.tokens)} tokens in {len(self.cycles)} cycles, "
-            f"{self.total_s:.2f} s",
-            f"  acceptance {self.acceptance_rate:.1%} ({self.accepted}/{self.drafted}), "
-            f"mean verify batch {self.mean_verify_batch:.2f}, tokens/cycle {self.tokens_per_cycle:.2f}",
+            f"{cut}): {len(self.tokens)} tokens in {len(self.cycles)} cycles, {self.total_s:.2f} s, "
+            f"stopped: {self.stop_reason}",
+            (f"  acceptance {self.acceptance_rate:.1%} ({self.accepted}/{self.drafted}), "
+             if self.drafted else "  acceptance n/a (0 drafted), ")
+            + f"mean verify batch {self.mean_verify_batch:.2f}, tokens/cycle {self.tokens_per_cycle:.2f}",
             f"  per cycle: draft {split['draft'] * 1e3:.1f} ms, verify {split['verify'] * 1e3:.1f} ms, "
             f"bookkeeping {split['bookkeeping'] * 1e3:.2f} ms",
         ]
+        if self.vacuous and self.cycles:
+            lines.append("  WARNING: the draft proposed no tokens: every verify pass held one token, so "
+                         "this run tests nothing about batching (lower --p-min-gap / --draft-p-min)")
         if self.plain_tokens is not None:
-            fd = self.first_divergence
-            lines.append("  identical to plain greedy decoding" if fd is None
-                         else f"  differs from plain greedy decoding at generated position {fd}")
+            p = self.first_divergence_position
+            lines.append("  identical to plain greedy decoding" if p is None
+                         else f"  differs from plain greedy decoding from position {p} ({POSITION_NOTE})")
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
@@ -223,6 +277,9 @@ class SpeculativeResult:
             "time_split": self.time_split,
             "total_s": self.total_s,
             "first_divergence": self.first_divergence,
+            "first_divergence_position": self.first_divergence_position,
+            "position_note": POSITION_NOTE,
+            "vacuous": self.vacuous,
         }
         return d
 
@@ -234,22 +291,16 @@ class SpeculativeResult:
         return cls(**d)
 
     def save(self, path) -> Path:
-        path = Path(path)
-        path.write_text(json.dumps(self.to_dict(), indent=1, allow_nan=False))
-        return path
+        """Write the result as JSON, atomically."""
+        return dump_json(self.to_dict(), path)
 
     @classmethod
     def load(cls, path) -> "SpeculativeResult":
-        return cls.from_dict(json.loads(Path(path).read_text()))
-
-
-def _eos_ids(model) -> tuple[int, ...]:
-    tok = getattr(model, "tokenizer", None)
-    for attr in ("eos_ids", "eos_token_ids", "eos_id"):
-        v = getattr(tok, attr, None)
-        if v is not None:
-            return tuple(int(x) for x in (v if isinstance(v, (list, tuple, set, frozenset)) else [v]))
-    return ()
+        path = Path(path)
+        try:
+            return cls.from_dict(json.loads(path.read_text()))
+        except json.JSONDecodeError as e:
+            raise HiraishinError(f"{path}: not a speculative result JSON ({e})") from e
 
 
 def _twin(model):
@@ -261,54 +312,93 @@ def _twin(model):
     return type(model).from_gguf(path, device=model.backend, n_ctx=model.n_ctx, progress=False)
 
 
+def _check_float(name: str, value, lo: float, hi: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise ArgumentTypeError(f"{name} must be a number, got {value!r}")
+    value = float(value)
+    if not math.isfinite(value) or not lo <= value <= hi:
+        raise HiraishinError(f"{name} must be a finite number in {lo:g}..{hi:g}, got {value}")
+    return value
+
+
 def generate_speculative(model, prompt, draft, n_draft: int = 8,
                          order: ReductionOrder = ReductionOrder.BATCH_INVARIANT,
                          max_new_tokens: int = 64, p_min_gap: float = DEFAULT_P_MIN_GAP,
                          stop_at_eos: bool = True, plain_tokens=None,
-                         progress: bool = False) -> SpeculativeResult:
+                         progress: bool = False, *, p_min: float = DEFAULT_P_MIN, draft_min: int = 0,
+                         chat: bool = False, system: str | None = None,
+                         think: bool | None = None) -> SpeculativeResult:
     """Greedy speculative decoding of ``prompt`` with ``model`` as target (usable as a method).
 
     Args:
         model: the target.
-        prompt: text (encoded with ``model.tokenizer``) or token ids.
+        prompt: text (encoded with ``model.tokenizer``; ``chat``, ``system``, ``think`` as in
+            :func:`hiraishin.decode.greedy.stream`) or token ids.
         draft: the draft model, a separate instance with its own KV cache, or
             ``"self"``: a second instance of the target loaded from its file.
-        n_draft: most guesses per cycle.
+        n_draft: most guesses per cycle (llama.cpp's ``--draft-max``).
         order: the reduction order of every pass, draft and target.
-        max_new_tokens: tokens to generate.
-        p_min_gap: the draft stops when its top-two logits are closer than this
-            (0 disables the cut).
+        max_new_tokens: tokens to generate; fewer when the KV cache fills (``stop_reason``
+            ``"context"``, as plain decoding stops).
+        p_min_gap: the draft stops when its top-two logits are closer than this (0: never).
+        p_min: the draft stops when its top token's probability is below this (llama.cpp's
+            ``--draft-p-min``; 0: never).
+        draft_min: drafts shorter than this are not verified (llama.cpp's ``--draft-min``).
         stop_at_eos: stop after an end-of-sequence token of the target's tokenizer.
         plain_tokens: plain greedy decoding's tokens, to report the first divergence.
         progress: show a tqdm progress bar.
+
+    Every argument is checked before any pass (and before ``draft="self"`` loads a twin).
     """
-    if isinstance(draft, str) and draft == "self":
-        draft = _twin(model)
+    order = check_order(order)
+    n_draft = check_int("n_draft", n_draft, 1)
+    max_new_tokens = check_int("max_new_tokens", max_new_tokens, 1)
+    draft_min = check_int("draft_min", draft_min, 0)
+    if draft_min > n_draft:
+        raise HiraishinError(f"draft_min ({draft_min}) must be <= n_draft ({n_draft})")
+    p_min_gap = _check_float("p_min_gap", p_min_gap, 0.0, MAX_P_MIN_GAP)
+    p_min = _check_float("p_min", p_min, 0.0, 1.0)
+    if isinstance(draft, str):
+        if draft != "self":
+            raise HiraishinError(f"draft must be a model instance or the string 'self', got {draft!r}")
+    elif not all(callable(getattr(draft, m, None)) for m in ("forward", "reset", "rollback")):
+        raise ArgumentTypeError(f"draft must be a model (with forward, reset, rollback) or 'self', "
+                                f"got {type(draft).__name__}")
     if draft is model:
         raise HiraishinError("the draft must be a separate model instance with its own KV cache "
                              "(for self-speculation, load the same GGUF a second time)")
-    if n_draft < 1:
-        raise HiraishinError(f"n_draft must be >= 1, got {n_draft}")
-    if max_new_tokens < 1:
-        raise HiraishinError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    tokens = model.tokenizer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
-    if not tokens:
-        raise HiraishinError("the prompt encodes to no tokens")
+    tokens = prompt_tokens(model, prompt, chat, system, think)
+    n_ctx = getattr(model, "n_ctx", None)
+    if n_ctx is not None and len(tokens) >= n_ctx:
+        raise HiraishinError(f"the prompt has {len(tokens)} tokens; the KV cache holds {n_ctx}")
+    if plain_tokens is not None:
+        plain_tokens = [check_int("plain_tokens item", t, 0) for t in plain_tokens]
+    if isinstance(draft, str):
+        draft = _twin(model)
+    d_ctx = getattr(draft, "n_ctx", None)
+    if d_ctx is not None and len(tokens) > d_ctx:
+        raise HiraishinError(f"the prompt has {len(tokens)} tokens; the draft's KV cache holds {d_ctx}")
     t_vocab = model.config.n_vocab
     d_vocab = getattr(getattr(draft, "config", None), "n_vocab", t_vocab)
     if d_vocab != t_vocab:
         raise HiraishinError(f"draft vocabulary ({d_vocab}) differs from the target's ({t_vocab})")
-    from tqdm import tqdm
 
-    with tqdm(total=max_new_tokens, desc="speculative", unit="tok", disable=not progress, leave=False) as bar:
+    eos = eos_ids(model) if stop_at_eos else ()
+    with progress_bar(max_new_tokens, "speculative", progress) as bar:
         new, cycles, prefill_s = speculative_decode(
             model, draft, tokens, max_new_tokens, n_draft=n_draft, order=order, p_min_gap=p_min_gap,
-            eos_ids=_eos_ids(model) if stop_at_eos else (), on_cycle=bar.update)
+            eos_ids=eos, on_cycle=bar.update, p_min=p_min, draft_min=draft_min)
+    if new and new[-1] in set(eos):
+        reason = "eos"
+    elif len(new) == max_new_tokens:
+        reason = "max_tokens"
+    else:
+        reason = "context"
     tokenizer = getattr(model, "tokenizer", None)
-    text = tokenizer.decode(new) if tokenizer is not None else ""
+    text = tokenizer.decode(new[:-1] if reason == "eos" else new) if tokenizer is not None else ""
     return SpeculativeResult(
         tokens=new, text=text, prompt_tokens=tokens, order=order.name, n_draft=n_draft,
-        p_min_gap=float(p_min_gap), cycles=cycles, prefill_s=prefill_s,
-        plain_tokens=None if plain_tokens is None else [int(t) for t in plain_tokens],
-        draft_name=_model_name(draft), meta={"target": _model_name(model), "backend": _backend_name(model)},
+        p_min_gap=p_min_gap, cycles=cycles, prefill_s=prefill_s, plain_tokens=plain_tokens,
+        draft_name=model_name(draft), meta={"target": model_name(model), "backend": backend_name(model)},
+        p_min=p_min, draft_min=draft_min, stop_reason=reason,
     )

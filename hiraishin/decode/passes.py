@@ -1,0 +1,57 @@
+"""How a run cuts a sequence into forward passes: the one home of prompt-prefill spans.
+
+Every decode path (plain greedy, speculative verify, replay, the localizer) feeds tokens
+through :func:`feed`, whose passes come from :func:`pass_spans`: at most ``batch_size`` tokens
+each, and never across the order's KV boundary (``order.verify_limit``). So plain decoding's
+prompt passes are the passes a speculative verifier under the same order would make, and a
+replay's batched run makes the passes a verifier of that width would make.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+
+from ..errors import HiraishinError
+from ..order import ReductionOrder
+
+__all__ = ["pass_spans", "feed", "progress_bar"]
+
+
+def pass_spans(start: int, stop: int, batch_size: int, order: ReductionOrder) -> Iterator[tuple[int, int]]:
+    """``(pos, n)`` for passes that feed positions ``start..stop-1``, at most ``batch_size`` each.
+
+    Every pass also ends at the order's KV boundary (``order.verify_limit``), as a speculative
+    verifier under that order would cut it.
+    """
+    if batch_size < 1:
+        raise HiraishinError(f"batch_size must be >= 1, got {batch_size}")
+    pos = start
+    while pos < stop:
+        n = order.verify_limit(pos, min(batch_size, stop - pos))
+        yield pos, n
+        pos += n
+
+
+def feed(model, tokens: Sequence[int], start_pos: int, order: ReductionOrder,
+         batch_size: int | None = None) -> np.ndarray:
+    """Feed ``tokens`` into ``model``'s KV cache from ``start_pos``; return the last position's logits.
+
+    Passes take at most ``batch_size`` tokens (all of them if None) and stop at the order's KV
+    boundaries. This is the prompt prefill of every decode path.
+    """
+    tokens = list(tokens)
+    if not tokens:
+        raise HiraishinError("feed needs at least one token")
+    logits = None
+    for pos, n in pass_spans(start_pos, start_pos + len(tokens), batch_size or len(tokens), order):
+        logits = model.forward(tokens[pos - start_pos:pos - start_pos + n], pos, order=order)
+    return np.asarray(logits[-1])
+
+
+def progress_bar(total: int, desc: str, enabled: bool, unit: str = "tok"):
+    """A tqdm bar that disappears when done (``enabled=False``: a silent stand-in)."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit=unit, disable=not enabled, leave=False)
