@@ -35,16 +35,17 @@ from dataclasses import dataclass
 from ..errors import PlanError
 
 __all__ = [
-    "SUBBLOCK_QTYPES",
-    "SUBBLOCK_QK",
-    "SUBBLOCK_MAX_SEGMENTS",
-    "SUBBLOCK_TILE_ROWS",
-    "SUBBLOCK_NTILE_COLS",
+    "SUBBLOCK_FEW_ROWS",
     "SUBBLOCK_MAX_COLS_PER_BLOCK",
+    "SUBBLOCK_MAX_SEGMENTS",
+    "SUBBLOCK_NTILE_COLS",
     "SUBBLOCK_NWARPS",
+    "SUBBLOCK_QK",
+    "SUBBLOCK_QTYPES",
+    "SUBBLOCK_TILE_ROWS",
     "SubBlockPlan",
-    "subblock_segments",
     "subblock_plan",
+    "subblock_segments",
 ]
 
 SUBBLOCK_QTYPES = ("Q4_K", "Q6_K")
@@ -56,9 +57,19 @@ SUBBLOCK_MAX_SEGMENTS = 16
 SUBBLOCK_TILE_ROWS = 16  # rows per warp tile: the M of mma.m16n8k32 / m16n8k16
 SUBBLOCK_NTILE_COLS = 8  # columns per MMA n-tile: the N of m16n8k*
 SUBBLOCK_MAX_COLS_PER_BLOCK = 16  # two n-tiles per CUDA block; wider widths use more CUDA blocks
-# Warps per CUDA block (one column, several): a launch fact; start values before measurement.
-SUBBLOCK_NWARPS = (16, 8)
-
+# Warps per CUDA block: a launch fact (no bit changes; tests/test_mmq_gpu.py). H200 sweeps
+# (bench/bench_mmq.py --sweep; bench/results/2026-12-01-h200-mmq/): one column, 16 warps (one
+# segment each) for rows <= SUBBLOCK_FEW_ROWS (attn_q 8.0 vs 8.3/10.4 us at 8/4 warps; attn_k 5.2
+# vs 6.1/8.0; ffn_down 22.4 vs 25.1/37.9), 4 for more rows (ffn_up 14.9 vs 15.6/16.3; output head
+# 192 vs 196/225). Several columns: 8 (Q4_K; attn_q 16 columns 13.8 us, ffn_up 35.2), Q6_K 8 for
+# rows <= SUBBLOCK_FEW_ROWS (ffn_down 16 columns 38.9) and 4 beyond (output head 433 vs 465).
+SUBBLOCK_FEW_ROWS = 4096
+SUBBLOCK_NWARPS = {  # (kernel, qtype, rows <= SUBBLOCK_FEW_ROWS) -> warps per CUDA block
+    ("onecol", "Q4_K", True): 16, ("onecol", "Q4_K", False): 4,
+    ("onecol", "Q6_K", True): 16, ("onecol", "Q6_K", False): 4,
+    ("mma", "Q4_K", True): 8, ("mma", "Q4_K", False): 8,
+    ("mma", "Q6_K", True): 8, ("mma", "Q6_K", False): 4,
+}
 
 def subblock_segments(k: int) -> int:
     """NSEG of rows of ``k`` values (the only geometry that changes bits)."""
@@ -105,13 +116,14 @@ class SubBlockPlan:
                 f"{self.cols_per_block} columns per CUDA block, {self.nwarps} warps.")
 
 
-def subblock_plan(ncols: int, qtype: str, k: int, device=None) -> SubBlockPlan:
+def subblock_plan(ncols: int, qtype: str, k: int, device=None, n: int | None = None) -> SubBlockPlan:
     """The :class:`SubBlockPlan` for ``ncols`` >= 1 columns of ``qtype`` rows of ``k`` values.
 
-    ``device`` is accepted for symmetry with the other plan functions; no choice here depends on
-    it (the order must not, and the launch facts are the same on sm_80..sm_90).
+    ``n`` (the weight's rows, optional) picks the warps per CUDA block, a launch fact; the order
+    (``nseg``) depends on ``k`` only. ``device`` is accepted for symmetry with the other plan
+    functions; nothing here depends on it.
     Raises :class:`PlanError` on a type the order does not cover, ``k`` not a positive multiple
-    of 256, or ``ncols`` < 1.
+    of 256, ``ncols`` < 1 or ``n`` < 1.
     """
     if qtype not in SUBBLOCK_QTYPES:
         raise PlanError(f"sub-block order covers {list(SUBBLOCK_QTYPES)}, got {qtype!r}")
@@ -119,9 +131,11 @@ def subblock_plan(ncols: int, qtype: str, k: int, device=None) -> SubBlockPlan:
         raise PlanError(f"sub-block order: K={k!r} must be a positive multiple of {SUBBLOCK_QK}")
     if not isinstance(ncols, int) or ncols < 1:
         raise PlanError(f"sub-block order: ncols={ncols!r} must be >= 1")
+    if n is not None and (not isinstance(n, int) or n < 1):
+        raise PlanError(f"sub-block order: n={n!r} rows must be >= 1")
     nseg = subblock_segments(k)
     cols = SUBBLOCK_NTILE_COLS if ncols <= SUBBLOCK_NTILE_COLS else SUBBLOCK_MAX_COLS_PER_BLOCK
-    return SubBlockPlan(qtype=qtype, ncols=ncols, k=k, nseg=nseg,
-                        kernel="onecol" if ncols == 1 else "mma",
-                        tile_rows=SUBBLOCK_TILE_ROWS, cols_per_block=cols,
-                        nwarps=min(nseg, SUBBLOCK_NWARPS[0 if ncols == 1 else 1]))
+    kernel = "onecol" if ncols == 1 else "mma"
+    nwarps = SUBBLOCK_NWARPS[(kernel, qtype, n is None or n <= SUBBLOCK_FEW_ROWS)]
+    return SubBlockPlan(qtype=qtype, ncols=ncols, k=k, nseg=nseg, kernel=kernel,
+                        tile_rows=SUBBLOCK_TILE_ROWS, cols_per_block=cols, nwarps=min(nseg, nwarps))

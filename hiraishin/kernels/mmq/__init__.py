@@ -18,8 +18,9 @@ Order, for one output (row r, column j) of an (N, K) weight (``hiraishin/plans/s
     out = seg[0]; for s = 1 .. NSEG-1: out = __fadd_rn(out, seg[s])
 
 Geometry (``mmq.cu``): a CUDA block is a tile of 16 rows (the M of ``mma.m16n8k32``) x 8 or 16
-columns (one or two n-tiles of 8), NSEG warps (warp w: segments w, w + nwarps, ...), a shared
-memory hand-over of NSEG x 16 x columns floats, one barrier, the segment sum in order. Q4_K: one
+columns (one or two n-tiles of 8; wider widths: more CUDA blocks along y), ``plan.nwarps`` warps
+(warp w sums segments w, w + nwarps, ...; a launch fact), a shared-memory hand-over of
+NSEG x 16 x columns floats, one barrier, the segment sum in order. Q4_K: one
 ``mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32`` per 32-value sub-block (nibbles masked to
 int8); Q6_K: two ``m16n8k16`` per q8_1 block, one per 16-value sub-block, with ``q - 32`` formed
 bytewise, the two integer results scaled by their int8 scales and added as integers. One column
@@ -31,6 +32,12 @@ accumulates per 32-value sub-block in k order, ``sum += dA*dB*C_int32`` then the
 Unlike upstream the scale products are float32 (upstream packs ``half2(d*sc, -dmin*m)`` in FP16),
 the k split is fixed by K (upstream's stream-k split depends on SM count and rows), and every
 rounding is an explicit IEEE intrinsic: this is our own exact order, not llama.cpp's bits.
+
+API: ``plan = hiraishin.plans.subblock.subblock_plan(ncols, qtype, k, n=rows)``;
+``emulate(w, qtype, xq, plan)`` (CPU; ``xq`` = ``quantize.emulate(x)`` bytes, or float32 ``x``);
+``launch(w, qtype, xq, plan, out)`` (cupy; ``xq`` = ``quantize.launch(x, xq)`` bytes, llama.cpp's
+q8_1 layout, (ncols, K/32*36) uint8; ``out`` float32 (ncols, N)). Measured on an H200:
+``bench/results/2026-12-01-h200-mmq/README.md``.
 
 Files: ``mmq.cu`` (kernel), :mod:`.launch` (``launch``), :mod:`.emulate` (``emulate``).
 """

@@ -14,25 +14,46 @@ from ...quant import BLOCK_BYTES, GGML_TYPE_ID, QK_K
 from ..compile import get_kernel
 from ..compile import precompile as compile_many
 
-__all__ = ["SOURCE", "MMQ_MAX_REGS", "kernel_defines", "mmq_kernel", "MMQLaunch", "prepared_launch",
-           "precompile", "launch"]
+__all__ = [
+    "MMQ_DEFAULT_MAX_REGS",
+    "MMQ_MAX_REGS",
+    "MMQ_PREFETCH_X",
+    "SOURCE",
+    "MMQLaunch",
+    "kernel_defines",
+    "launch",
+    "mmq_kernel",
+    "precompile",
+    "prepared_launch",
+]
 
 SOURCE = "mmq/mmq.cu"
 
-# Register cap per thread (as HX_MIN_BLOCKS = resident CUDA blocks per SM); a launch fact that
-# changes no bit. sm_90 ptxas (nvcc 12, --fmad=false): the one-column kernel needs 62-70 registers
-# uncapped and fits 64 without spills (Q4_K K=4096, Q6_K K=4096/12288), i.e. two 512-thread
-# blocks per SM instead of one; 40 spills. Two n-tiles need 125-128 uncapped; 80 fits Q4_K and
-# spills for Q6_K. A cap that spills is dropped when the kernel is compiled (mmq_kernel).
-MMQ_MAX_REGS = {"onecol": 64, "mma": 80}
+# Register cap per thread, as HX_MIN_BLOCKS = resident CUDA blocks per SM, and HX_PREFETCH_X (one
+# n-tile: a super-block's activations loaded before its weights): launch facts, no bit changes.
+# Keyed (kernel, qtype, warps per CUDA block); H200 sweeps (bench/results/2026-12-01-h200-mmq/):
+# one column at 16 warps fits 62-64 registers (2 blocks/SM; 80 or none: 70-89 registers and
+# 1 block, attn_q 9.9 vs 8.0 us, output head 349 vs 225); at 4 warps Q4_K 80 + prefetch (ffn_up
+# 14.9 vs 15.8 us at 64), Q6_K 64 (output head 192 vs 213 at 80). Two n-tiles: Q4_K 80 (125
+# uncapped; attn_q 16 columns 13.8 vs 14.4 us), Q6_K 96 (80 spills: relaxed to 154 registers,
+# output head 16 columns 627 vs 465 us at 8 warps, 433 at 4 warps and 96).
+# A cap that spills is relaxed (one resident block fewer at a time) when the kernel is compiled.
+MMQ_MAX_REGS = {("onecol", "Q4_K", 16): 64, ("onecol", "Q6_K", 16): 64,
+                ("onecol", "Q4_K", 4): 80, ("onecol", "Q6_K", 4): 64,
+                ("mma", "Q4_K", 8): 80, ("mma", "Q6_K", 8): 96, ("mma", "Q6_K", 4): 96}
+MMQ_DEFAULT_MAX_REGS = {"onecol": 64, "mma": 96}
+MMQ_PREFETCH_X = {("onecol", "Q4_K", 4): 1}
 _REGISTERS_PER_SM = 65536
 _MAX_BLOCKS_PER_SM = 32
 
 
-def kernel_defines(plan: SubBlockPlan, max_regs: int | None | str = "default") -> dict:
-    """``#define``\\ s of the kernel for ``plan`` (``max_regs``: override the register cap; None: none)."""
+def kernel_defines(plan: SubBlockPlan, max_regs: int | None | str = "default",
+                   prefetch: int | str = "default") -> dict:
+    """``#define``\\ s of the kernel for ``plan`` (``max_regs``, ``prefetch``: override the tuning)."""
     nt = plan.cols_per_block // SUBBLOCK_NTILE_COLS
-    regs = MMQ_MAX_REGS.get(plan.kernel) if max_regs == "default" else max_regs
+    key = (plan.kernel, plan.qtype, plan.nwarps)
+    regs = MMQ_MAX_REGS.get(key, MMQ_DEFAULT_MAX_REGS[plan.kernel]) if max_regs == "default" else max_regs
+    pre = MMQ_PREFETCH_X.get(key, 0) if prefetch == "default" else int(prefetch)
     threads = 32 * plan.nwarps
     min_blocks = 1 if regs is None else max(1, min(_MAX_BLOCKS_PER_SM, _REGISTERS_PER_SM // (threads * regs)))
     return {
@@ -45,16 +66,19 @@ def kernel_defines(plan: SubBlockPlan, max_regs: int | None | str = "default") -
         "HX_NT": nt,
         "HX_ONECOL": 1 if plan.kernel == "onecol" else 0,
         "HX_MIN_BLOCKS": min_blocks,
+        "HX_PREFETCH_X": pre if nt == 1 else 0,
     }
 
 
-def mmq_kernel(plan: SubBlockPlan, max_regs: int | None | str = "default"):
+def mmq_kernel(plan: SubBlockPlan, max_regs: int | None | str = "default", prefetch: int | str = "default"):
     """The compiled ``hx_mmq`` kernel of ``plan``; compiled without the register cap if the cap spills."""
-    defines = kernel_defines(plan, max_regs)
-    kernel = get_kernel(SOURCE, "hx_mmq", defines)
-    if defines["HX_MIN_BLOCKS"] > 1 and int(kernel.local_size_bytes) > 0:
-        kernel = get_kernel(SOURCE, "hx_mmq", dict(defines, HX_MIN_BLOCKS=1))
-    return kernel
+    defines = kernel_defines(plan, max_regs, prefetch)
+    min_blocks = defines["HX_MIN_BLOCKS"]
+    while True:  # a cap that spills: one resident block fewer (more registers), down to no cap
+        kernel = get_kernel(SOURCE, "hx_mmq", dict(defines, HX_MIN_BLOCKS=min_blocks))
+        if min_blocks == 1 or int(kernel.local_size_bytes) == 0:
+            return kernel
+        min_blocks -= 1
 
 
 class MMQLaunch:
@@ -64,11 +88,11 @@ class MMQLaunch:
     float32 (ncols, n) C-contiguous (``out_stride`` floats between columns). Unchecked.
     """
 
-    __slots__ = ("kernel", "grid", "block", "scalars")
+    __slots__ = ("block", "grid", "kernel", "scalars")
 
     def __init__(self, n: int, plan: SubBlockPlan, out_stride: int | None = None,
-                 max_regs: int | None | str = "default"):
-        self.kernel = mmq_kernel(plan, max_regs)
+                 max_regs: int | None | str = "default", prefetch: int | str = "default"):
+        self.kernel = mmq_kernel(plan, max_regs, prefetch)
         self.grid = ((n + SUBBLOCK_TILE_ROWS - 1) // SUBBLOCK_TILE_ROWS,
                      (plan.ncols + plan.cols_per_block - 1) // plan.cols_per_block, 1)
         self.block = (32 * plan.nwarps, 1, 1)

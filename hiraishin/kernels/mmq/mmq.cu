@@ -6,11 +6,15 @@
 // order 0..HX_NSEG-1. The exact integer dot product of every q8_1 block of 32 values comes from
 // mma.sync (Q4_K: m16n8k32 per 32-value sub-block; Q6_K: m16n8k16 per 16-value sub-block); the
 // float work per output is the same at every width. HX_ONECOL: the same float operations, done
-// only for the one column that exists (the other 7 MMA columns are ignored).
+// only for the one column that exists (the other 7 MMA columns are ignored). Wider launches do
+// the float work for all 8 or 16 columns of a CUDA block (columns past ncols read column
+// ncols-1 and are not written): skipping it per column was measured slower on the H200 (more
+// registers; bench/results/2026-12-01-h200-mmq/README.md, run 2).
 //
 // Defines (launch.py): HX_QTYPE (ggml id: 12 Q4_K, 14 Q6_K), HX_BLOCK_BYTES, HX_Q8_BYTES,
 // HX_NB (super-blocks per row), HX_NSEG, HX_NWARPS, HX_NT (n-tiles of 8 columns per CUDA block),
-// HX_ONECOL (0/1), HX_MIN_BLOCKS (register cap as resident blocks per SM).
+// HX_ONECOL (0/1), HX_MIN_BLOCKS (register cap as resident blocks per SM), HX_PREFETCH_X (0/1,
+// one n-tile only: a super-block's activations loaded before its weights).
 //
 // Activations: llama.cpp's q8_1 blocks (fp16 d, fp16 s, int8 q[32]; 36 bytes), one row of
 // K/32 blocks per column. Fragment facts (PTX ISA, mma.m16n8k32 / m16n8k16 .s8; lane = 4g + t):
@@ -19,9 +23,19 @@
 // C c0 (row g, column 2t), c1 (row g, 2t+1), c2 (row g+8, 2t), c3 (row g+8, 2t+1).
 
 #define HX_TILE_ROWS 16
+#ifndef HX_PREFETCH_X
+#define HX_PREFETCH_X 0
+#endif
+#if HX_PREFETCH_X && HX_NT != 1
+#error "HX_PREFETCH_X needs HX_NT == 1"
+#endif
 #define HX_COLS (8 * HX_NT)
 
-#ifndef HX_SHIM
+#ifdef HX_SHIM
+// CPU shim (tests/test_mmq.py): a software mma.sync with the same fragment layout, and
+// __funnelshift_r; NVRTC never sees this branch.
+#include "hx_mma_shim.h"
+#else
 __device__ __forceinline__ void hx_mma_k32(int c[4], int a0, int a1, int a2, int a3, int b0, int b1) {
     asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
         "{%10,%11,%12,%13};"
@@ -147,6 +161,20 @@ hx_mmq(const unsigned char* __restrict__ w, const unsigned char* __restrict__ xq
             for (int e = 0; e < 4; ++e) acc[nt][e] = 0.0f;
 
         for (int i = sb0; i < sb1; ++i) {
+#if HX_PREFETCH_X
+            // the super-block's activation ints and fp16 scales loaded ahead of the weights
+            // (one n-tile only: 24-32 more live registers); changes no bit
+            int bxp[8][2];
+            unsigned int dsp[8][2];
+#pragma unroll
+            for (int jj = 0; jj < 8; ++jj) {
+                const size_t xo = (size_t)(8 * i + jj) * HX_Q8_BYTES;
+                bxp[jj][0] = hx_ld32(xb[0] + xo + 4 + 4 * t);
+                bxp[jj][1] = hx_ld32(xb[0] + xo + 20 + 4 * t);
+                dsp[jj][0] = *(const unsigned int*)(xc[0][0] + xo);
+                dsp[jj][1] = HX_ONECOL ? 0u : *(const unsigned int*)(xc[0][1] + xo);
+            }
+#endif
             hx_row_sb rA, rB;
             hx_load_row(wA + (size_t)i * HX_BLOCK_BYTES, t, rA);
             hx_load_row(wB + (size_t)i * HX_BLOCK_BYTES, t, rB);
@@ -169,8 +197,12 @@ hx_mmq(const unsigned char* __restrict__ w, const unsigned char* __restrict__ xq
 #endif
 #pragma unroll
                 for (int nt = 0; nt < HX_NT; ++nt) {
+#if HX_PREFETCH_X
+                    const int b0 = bxp[jj][0], b1 = bxp[jj][1];
+#else
                     const int b0 = hx_ld32(xb[nt] + xo + 4 + 4 * t);
                     const int b1 = hx_ld32(xb[nt] + xo + 20 + 4 * t);
+#endif
                     int c[4];
 #if HX_QTYPE == 12
                     hx_mma_k32(c, a0, a1, a2, a3, b0, b1);
@@ -187,7 +219,11 @@ hx_mmq(const unsigned char* __restrict__ w, const unsigned char* __restrict__ xq
                     for (int e = 0; e < 4; ++e) {
                         if (HX_ONECOL && (e & 1)) continue;  // column 2t+1 >= 1 does not exist
                         if (HX_ONECOL && t != 0) continue;   // column 2t >= 1 does not exist
+#if HX_PREFETCH_X
+                        const unsigned int ds = dsp[jj][e & 1];
+#else
                         const unsigned int ds = *(const unsigned int*)(xc[nt][e & 1] + xo);
+#endif
                         const float dx = hx_h2f((unsigned short)(ds & 0xFFFF));
 #if HX_QTYPE == 12
                         const float sx = hx_h2f((unsigned short)(ds >> 16));

@@ -1,0 +1,198 @@
+"""Benchmark the sub-block order kernels (hiraishin/kernels/mmq) against BATCH_VARIANT's one column.
+
+    python bench/bench_mmq.py [--out DIR] [--reps 20] [--batches 7]
+
+For the Qwen3-8B shapes (Q4_K 4096->4096, 4096->1024, 4096->12288; Q6_K 12288->4096,
+4096->151936) and widths 1, 2, 3, 4, 8, 9, 16: the bits of every width are first compared with the
+Numba emulator (a fixed subset of rows), then timed: median over batches of CUDA-event timed runs
+of ``--reps`` back-to-back launches, a spin kernel hiding the host, weights rotated through copies
+of together >= 4x the L2. Beside it BATCH_VARIANT's one-column dp4a kernel (mmvq) of the same
+shape. Prints us, GB/s (weight + activation bytes), fraction of the copy bandwidth, the ratio to
+the kernel's own one column and to the variant's one column. ``--out DIR``: bench_mmq.json.
+
+Targets (issue 12): one column no slower than the variant's one column; 3 / 9 / 16 columns
+<= 1.15x / 1.3x / 1.5x the variant's one column.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import platform
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib import (
+    git_commit,
+    median_event_time,
+    rotating_copies,
+    spin_cycles,
+    spin_kernel,
+)
+
+SHAPES = [
+    ("attn_q/attn_output 4096->4096", "Q4_K", 4096, 4096),
+    ("attn_k/attn_v 4096->1024", "Q4_K", 4096, 1024),
+    ("ffn_up/ffn_gate 4096->12288", "Q4_K", 4096, 12288),
+    ("ffn_down 12288->4096", "Q6_K", 12288, 4096),
+    ("output 4096->151936", "Q6_K", 4096, 151936),
+]
+WIDTHS = [1, 2, 3, 4, 8, 9, 16]
+TARGETS = {1: 1.0, 3: 1.15, 9: 1.3, 16: 1.5}  # x the variant's one column
+
+
+def _rotating(ws, launch, *args):
+    """fn(i): ``launch`` on the i-th weight copy (round robin) and ``args``."""
+    return lambda i: launch(ws[i % len(ws)], *args)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--batches", type=int, default=7)
+    ap.add_argument("--sweep", action="store_true",
+                    help="also time launch variants (warps per CUDA block, register caps; same bits)")
+    args = ap.parse_args(argv)
+
+    import cupy as cp
+
+    from hiraishin.kernels import quantize
+    from hiraishin.kernels.mmq import emulate as mmq_emulate
+    from hiraishin.kernels.mmq import launch as mmq_launch
+    from hiraishin.kernels.mmq.launch import precompile
+    from hiraishin.kernels.mmvq.launch import launch as mmvq_launch
+    from hiraishin.kernels.quantize.launch import output_shape
+    from hiraishin.kernels.quantize.layout import layout_for
+    from hiraishin.order import ReductionOrder
+    from hiraishin.plans import matvec_plan
+    from hiraishin.plans.subblock import subblock_plan
+    from hiraishin.quant import random_blocks
+
+    props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
+    dev_name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+    l2 = int(props.get("l2CacheSize", 60 * 2**20)) or 60 * 2**20
+    spin = spin_kernel(cp)
+    cycles = spin_cycles(cp, 3e-3)
+    src = cp.ones(1 << 30, dtype=cp.uint8)
+    dst = cp.empty_like(src)
+    t_copy = median_event_time(cp, lambda i, d=dst, s=src: cp.copyto(d, s), 10, args.batches, spin, cycles)
+    bw_copy = 2 * src.nbytes / t_copy
+    del src, dst
+    print(f"device {dev_name}; copy bandwidth {bw_copy / 1e9:.0f} GB/s")
+    precompile([subblock_plan(wd, q, k, n=nn) for _, q, k, nn in SHAPES for wd in WIDTHS])
+
+    rng = np.random.default_rng(0)
+    results, checks = [], []
+    for label, qtype, k, n in SHAPES:
+        w_host = random_blocks(qtype, n, k, seed=1)
+        w_bytes = w_host.nbytes
+        rows = np.unique(np.concatenate([np.arange(32), np.arange(n - 32, n), rng.choice(n, 64, replace=False)]))
+        x_host = rng.standard_normal((max(WIDTHS), k)).astype(np.float32)
+        ref = mmq_emulate(w_host[rows], qtype, quantize.emulate(x_host), subblock_plan(1, qtype, k))
+        ws = rotating_copies(cp, w_host, l2)
+        del w_host
+        x = cp.asarray(x_host)
+        xq = cp.empty((x.shape[0], k // 32 * 36), dtype=cp.uint8)
+        quantize.launch(x, xq)
+        print(f"\n{label} {qtype}: {w_bytes / 1e6:.1f} MB, {len(ws)} rotating copies")
+        print(f"{'kernel':>14} {'cols':>4} {'us':>8} {'GB/s':>6} {'copy':>6} {'x own 1':>7} {'x var 1':>7} bits")
+
+        # BATCH_VARIANT one column (dp4a mmvq, its own activation layout)
+        vplan = matvec_plan(ReductionOrder.BATCH_VARIANT, 1, qtype)
+        lay = layout_for(qtype)
+        y = cp.empty(output_shape(1, k, lay), dtype=cp.uint8)
+        quantize.launch(x[:1], y, lay)
+        vout = cp.empty((1, n), dtype=cp.float32)
+        fn = _rotating(ws, mmvq_launch, qtype, y, vplan, vout)
+        for i in range(3):
+            fn(i)
+        t_var = median_event_time(cp, fn, args.reps, args.batches, spin, cycles)
+        bw = (w_bytes + y.nbytes) / t_var
+        results.append(dict(shape=label, qtype=qtype, k=k, n=n, kernel="variant-mmvq", ncols=1, time_us=t_var * 1e6,
+                            gb_per_s=bw / 1e9, fraction_of_copy=bw / bw_copy, ratio_to_one_col=1.0,
+                            ratio_to_variant_one_col=1.0))
+        print(f"{'variant mmvq':>14} {1:>4} {t_var * 1e6:>8.1f} {bw / 1e9:>6.0f} {bw / bw_copy:>6.1%} "
+              f"{1.0:>7.2f} {1.0:>7.2f}")
+        t_one = None
+        for wd in WIDTHS:
+            plan = subblock_plan(wd, qtype, k, n=n)
+            out = cp.empty((wd, n), dtype=cp.float32)
+            mmq_launch(ws[0], qtype, xq[:wd], plan, out)
+            got = cp.asnumpy(out)[:, rows]
+            equal = bool(np.array_equal(got.view(np.uint32), ref[:wd].view(np.uint32)))
+            fn = _rotating(ws, mmq_launch, qtype, xq[:wd], plan, out)
+            for i in range(3):
+                fn(i)
+            sec = median_event_time(cp, fn, args.reps, args.batches, spin, cycles)
+            t_one = sec if wd == 1 else t_one
+            bw = (w_bytes + wd * xq.shape[1]) / sec
+            rec = dict(shape=label, qtype=qtype, k=k, n=n, kernel=f"mmq-{plan.kernel}", ncols=wd,
+                       time_us=sec * 1e6, gb_per_s=bw / 1e9, fraction_of_copy=bw / bw_copy,
+                       ratio_to_one_col=sec / t_one, ratio_to_variant_one_col=sec / t_var,
+                       bits_equal_emulator=equal, nseg=plan.nseg, nwarps=plan.nwarps,
+                       cols_per_block=plan.cols_per_block)
+            results.append(rec)
+            print(f"{'mmq ' + plan.kernel:>14} {wd:>4} {sec * 1e6:>8.1f} {bw / 1e9:>6.0f} {bw / bw_copy:>6.1%} "
+                  f"{sec / t_one:>7.2f} {sec / t_var:>7.2f} {'equal' if equal else 'DIFFER'}")
+            if wd in TARGETS:
+                checks.append(dict(shape=label, ncols=wd, target_x_variant_one_col=TARGETS[wd],
+                                   value=sec / t_var, ok=sec / t_var <= TARGETS[wd]))
+        if args.sweep:
+            import dataclasses
+
+            from hiraishin.kernels.mmq.launch import MMQLaunch
+            for wd in (1, 4, 9, 16):
+                base = subblock_plan(wd, qtype, k, n=n)
+                caps = (64, 80) if wd == 1 else ((80, 96, 128) if wd > 8 else (80, 128))
+                pres = (0, 1) if wd <= 8 else (0,)
+                for nw, cap, pre in [(nw, cap, pre) for nw in sorted({min(16, base.nseg), min(8, base.nseg),
+                                                                        min(4, base.nseg)}, reverse=True)
+                                     for cap in caps for pre in pres]:
+                        if wd > 1 and nw == 16:
+                            continue
+                        plan = dataclasses.replace(base, nwarps=nw)
+                        lw = MMQLaunch(n, plan, max_regs=cap, prefetch=pre)
+                        out = cp.empty((wd, n), dtype=cp.float32)
+                        lw(ws[0], xq[:wd], out)
+                        equal = bool(np.array_equal(cp.asnumpy(out)[:, rows].view(np.uint32),
+                                                    ref[:wd].view(np.uint32)))
+                        fn = _rotating(ws, lw, xq[:wd], out)
+                        for i in range(3):
+                            fn(i)
+                        sec = median_event_time(cp, fn, args.reps, args.batches, spin, cycles)
+                        regs = int(lw.kernel.num_regs)
+                        spills = int(lw.kernel.local_size_bytes)
+                        results.append(dict(shape=label, qtype=qtype, k=k, n=n, kernel=f"sweep-{plan.kernel}",
+                                            ncols=wd, nwarps=nw, max_regs=cap, prefetch_x=pre, num_regs=regs,
+                                            spill_bytes=spills,
+                                            time_us=sec * 1e6, ratio_to_variant_one_col=sec / t_var,
+                                            bits_equal_emulator=equal))
+                        print(f"  sweep cols {wd:>2} nwarps {nw:>2} cap {cap!s:>4} pre {pre} regs {regs:>3} "
+                              f"spill {spills:>3}: {sec * 1e6:8.1f} us  x var1 {sec / t_var:5.2f} "
+                              f"{'equal' if equal else 'DIFFER'}")
+        del ws, x, xq
+        cp.get_default_memory_pool().free_all_blocks()
+
+    print("\ntargets (x BATCH_VARIANT one column):")
+    for c in checks:
+        print(f"  {c['shape']:<32} {c['ncols']:>2} cols: {c['value']:.2f} <= {c['target_x_variant_one_col']}"
+              f" {'ok' if c['ok'] else 'MISSED'}")
+    all_equal = all(r.get("bits_equal_emulator", True) for r in results)
+    print(f"bits equal to the emulator at every width: {all_equal}")
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "bench_mmq.json"), "w") as f:
+            json.dump(dict(device=dev_name, date=_dt.datetime.now(_dt.timezone.utc).isoformat(),
+                           commit=git_commit(), host=platform.node(), command=" ".join(sys.argv),
+                           copy_bandwidth_gb_per_s=bw_copy / 1e9, reps=args.reps, batches=args.batches,
+                           results=results, checks=checks, all_bits_equal=all_equal), f, indent=1)
+    return 0 if all_equal else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,190 @@
+"""CPU: the sub-block order (hiraishin/kernels/mmq, hiraishin/plans/subblock.py).
+
+The emulator's outputs do not depend on the width (every column of widths 1..16 and 37 has the
+bits it has alone), rows that the 16-row tile does not divide, both weight types, uneven
+K-segments; accuracy against a float64 reference within the recursive-summation bound; the plan.
+(The kernels themselves are compared with the emulator on a GPU: tests/test_mmq_gpu.py.)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hiraishin.errors import PlanError
+from hiraishin.kernels import quantize
+from hiraishin.kernels.mmq import emulate
+from hiraishin.plans.subblock import (
+    SUBBLOCK_MAX_SEGMENTS,
+    subblock_plan,
+    subblock_segments,
+)
+from hiraishin.quant import dequantize, random_blocks
+
+CASES = [("Q4_K", 1024, 37), ("Q6_K", 768, 19), ("Q4_K", 5120, 5), ("Q6_K", 256, 3)]
+
+
+def _inputs(qtype, k, n, ncols=37, seed=0):
+    w = random_blocks(qtype, n, k, seed=seed)
+    x = np.random.default_rng(seed + 1).standard_normal((ncols, k)).astype(np.float32)
+    return w, quantize.emulate(x)
+
+
+@pytest.mark.parametrize("qtype,k,n", CASES)
+def test_every_width_gives_the_one_column_bits(qtype, k, n):
+    w, xq = _inputs(qtype, k, n)
+    alone = np.concatenate([emulate(w, qtype, xq[j:j + 1], subblock_plan(1, qtype, k)) for j in range(37)])
+    for wd in list(range(1, 17)) + [37]:
+        got = emulate(w, qtype, xq[:wd], subblock_plan(wd, qtype, k))
+        assert got.shape == (wd, n)
+        np.testing.assert_array_equal(got.view(np.uint32), alone[:wd].view(np.uint32))
+
+
+def test_float_activations_are_quantized_as_q8_1():
+    w, _ = _inputs("Q4_K", 512, 7)
+    x = np.random.default_rng(5).standard_normal((3, 512)).astype(np.float32)
+    plan = subblock_plan(3, "Q4_K", 512)
+    np.testing.assert_array_equal(emulate(w, "Q4_K", x, plan), emulate(w, "Q4_K", quantize.emulate(x), plan))
+
+
+def _reference(w, qtype, xq, k):
+    """float64 value of the order's terms: W.x_q8 with (Q4_K) the min term on the q8_1 ``s`` field."""
+    ncols = xq.shape[0]
+    W = dequantize(w, qtype).reshape(w.shape[0], k).astype(np.float64)
+    blocks = xq.reshape(ncols, k // 32, 36)
+    dx = blocks[:, :, 0:2].copy().view(np.float16)[..., 0].astype(np.float64)
+    sx = blocks[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float64)
+    qx = blocks[:, :, 4:].view(np.int8).astype(np.float64)
+    xd = (dx[:, :, None] * qx).reshape(ncols, k)
+    ref = xd @ W.T
+    mag = np.abs(xd) @ np.abs(W).T
+    if qtype == "Q4_K":
+        w0 = w.copy().reshape(w.shape[0], k // 256, 144)
+        w0[:, :, 16:] = 0  # q = 0: every value is -dmin*m of its sub-block
+        mins = dequantize(w0.reshape(w.shape[0], -1), "Q4_K").reshape(w.shape[0], k // 32, 32)[:, :, 0]
+        mins = mins.astype(np.float64)
+        delta = sx - xd.reshape(ncols, k // 32, 32).sum(axis=2)  # s field minus the sum of the q8 values
+        ref = ref + delta @ mins.T
+        mag = mag + np.abs(sx) @ np.abs(mins).T
+    return ref, mag
+
+
+@pytest.mark.parametrize("qtype,k,n", CASES)
+def test_accuracy_against_float64(qtype, k, n):
+    w, xq = _inputs(qtype, k, n, ncols=9, seed=7)
+    plan = subblock_plan(9, qtype, k)
+    got = emulate(w, qtype, xq, plan).astype(np.float64)
+    ref, mag = _reference(w, qtype, xq, k)
+    # Each output is a chain of 2 (Q4_K) or 1 rounded fma per q8_1 block plus the scale product,
+    # then NSEG - 1 adds: |error| <= (terms + 1) * 2^-24 * sum |term| (first order).
+    terms = (2 if qtype == "Q4_K" else 1) * (k // 32) + plan.nseg + 2
+    bound = terms * 2.0**-24 * mag
+    assert (np.abs(got - ref) <= bound).all(), np.max(np.abs(got - ref) / bound)
+
+
+def test_plan():
+    for wd in (1, 2, 9, 16, 37, 512):
+        p = subblock_plan(wd, "Q6_K", 12288)
+        assert p.nseg == subblock_segments(12288) == SUBBLOCK_MAX_SEGMENTS
+        assert p.kernel == ("onecol" if wd == 1 else "mma")
+        assert [b - a for a, b in p.segment_bounds()] == [3] * 16
+        assert "K-segments" in p.describe()
+    assert subblock_plan(1, "Q4_K", 1024).nseg == 4
+    assert [b - a for a, b in subblock_plan(1, "Q4_K", 5120).segment_bounds()].count(2) == 4
+    for bad in [(0, "Q4_K", 4096), (1, "Q8_0", 4096), (1, "Q4_K", 4000), (1, "Q6_K", 0)]:
+        with pytest.raises(PlanError):
+            subblock_plan(*bad)
+
+
+# ---- mmq.cu on the CPU: g++ shim (tests/cuda_shim.py) plus a software mma.sync ----
+
+MMA_SHIM_H = r"""// Software mma.sync.m16n8k32 / m16n8k16 (.s8.s8.s32) for the CPU shim, PTX fragment layout
+// (lane = 4g + t): A a0 (row g, k 4t..4t+3), a1 (row g+8), [k32: a2 (row g, k 16+4t..),
+// a3 (row g+8, k 16+4t..)]; B b0 (k 4t..4t+3, column g) [k32: b1 (k 16+4t..)];
+// C c0 (g, 2t), c1 (g, 2t+1), c2 (g+8, 2t), c3 (g+8, 2t+1).
+#pragma once
+static int g_mma_a[1024][4], g_mma_b[1024][2];
+inline int hx_s8(int word, int i) { return (int)(signed char)(word >> (8 * i)); }
+inline void hx_mma_sw(int c[4], int kdim) {
+    const int tid = hx_ltid(), warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    g_warp_barriers[warp]->arrive_and_wait();
+    for (int i = 0; i < 4; ++i) {
+        const int r = g + 8 * (i >> 1), n = 2 * t + (i & 1);
+        int acc = 0;
+        for (int k = 0; k < kdim; ++k) {
+            const int half = k / 16, kk = k % 16;
+            const int la = warp * 32 + 4 * (r % 8) + kk / 4;
+            const int areg = (r >= 8 ? 1 : 0) + 2 * half;
+            const int lb = warp * 32 + 4 * n + kk / 4;
+            acc += hx_s8(g_mma_a[la][areg], kk % 4) * hx_s8(g_mma_b[lb][half], kk % 4);
+        }
+        c[i] = acc;
+    }
+    g_warp_barriers[warp]->arrive_and_wait();
+}
+inline void hx_mma_k32(int c[4], int a0, int a1, int a2, int a3, int b0, int b1) {
+    const int tid = hx_ltid();
+    g_mma_a[tid][0] = a0; g_mma_a[tid][1] = a1; g_mma_a[tid][2] = a2; g_mma_a[tid][3] = a3;
+    g_mma_b[tid][0] = b0; g_mma_b[tid][1] = b1;
+    hx_mma_sw(c, 32);
+}
+inline void hx_mma_k16(int c[4], int a0, int a1, int b0) {
+    const int tid = hx_ltid();
+    g_mma_a[tid][0] = a0; g_mma_a[tid][1] = a1; g_mma_b[tid][0] = b0;
+    hx_mma_sw(c, 16);
+}
+inline unsigned __funnelshift_r(unsigned lo, unsigned hi, unsigned sh) {
+    return (unsigned)((((unsigned long long)hi << 32) | lo) >> (sh & 31));
+}
+"""
+
+MMQ_MAIN = r"""
+int main(int argc, char** argv) {
+    // argv: weights, q8_1, nrows, ncols, byte offset of the weights in their buffer, out
+    int nrows = atoi(argv[3]), ncols = atoi(argv[4]), shift = atoi(argv[5]);
+    auto w0 = hx_read(argv[1]); auto x = hx_read(argv[2]);
+    std::vector<unsigned char> w(w0.size() + 16);
+    std::memcpy(w.data() + shift, w0.data(), w0.size());
+    std::vector<float> out((size_t)ncols * nrows, -12345.0f);
+    hx_launch({(unsigned)((nrows + 15) / 16), (unsigned)((ncols + HX_COLS - 1) / HX_COLS), 1},
+              {32u * HX_NWARPS, 1, 1}, 0,
+              [&] { hx_mmq(w.data() + shift, x.data(), out.data(), nrows, ncols, (long long)nrows); });
+    hx_write(argv[6], out.data(), out.size() * 4);
+}"""
+
+# (qtype, K, rows, widths, weight byte offset, nwarps, prefetch): both kernels, a partial row
+# tile, 2-byte aligned Q6_K blocks (offset 2; K=768: rows of an odd number of super-blocks, so
+# both alignments in one tile), uneven segments (K=5120), fewer warps than segments.
+SHIM_CASES = [("Q4_K", 1024, 19, (1, 3, 9), 0, 4, 0), ("Q4_K", 5120, 17, (1, 2), 0, 8, 1),
+              ("Q6_K", 768, 19, (1, 5, 16), 2, 3, 0), ("Q6_K", 1024, 17, (1, 8), 0, 2, 1)]
+
+
+@pytest.mark.parametrize("case", SHIM_CASES, ids=lambda c: f"{c[0]}-K{c[1]}")
+def test_mmq_source_equals_emulator_on_cpu(tmp_path, case):
+    import dataclasses
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from cuda_shim import GXX, ShimBuilder, run
+
+    from hiraishin.kernels.mmq.launch import kernel_defines
+
+    if GXX is None:
+        pytest.skip("needs g++ (C++20)")
+    qtype, k, n, widths, shift, nwarps, prefetch = case
+    builder = ShimBuilder(tmp_path)
+    (tmp_path / "hx_mma_shim.h").write_text(MMA_SHIM_H)
+    w, xq = _inputs(qtype, k, n, ncols=max(widths), seed=11)
+    w.tofile(tmp_path / "w.bin")
+    xq.tofile(tmp_path / "x.bin")
+    ref = emulate(w, qtype, xq, subblock_plan(1, qtype, k))
+    for wd in widths:
+        plan = dataclasses.replace(subblock_plan(wd, qtype, k), nwarps=nwarps)
+        defines = dict(kernel_defines(plan, None, prefetch), HX_SHIM=1)
+        exe = builder.build("mmq/mmq.cu", defines, MMQ_MAIN, "mmq")
+        (xq[:wd]).tofile(tmp_path / "x.bin")
+        run(exe, tmp_path / "w.bin", tmp_path / "x.bin", n, wd, shift, tmp_path / "o.bin")
+        got = np.fromfile(tmp_path / "o.bin", np.float32).reshape(wd, n)
+        np.testing.assert_array_equal(got.view(np.uint32), ref[:wd].view(np.uint32),
+                                      err_msg=f"{defines} weight offset {shift}")

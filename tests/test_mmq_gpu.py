@@ -1,0 +1,108 @@
+"""GPU: the sub-block order kernels (hiraishin/kernels/mmq) equal the emulator bit for bit.
+
+Every Qwen3-8B mat-vec shape at widths 1..16 and a prefill width (37), rows that the 16-row tile
+does not divide, Q6_K rows of an odd number of super-blocks (2-byte aligned rows in one tile),
+uneven K-segments; no register spills. Large N: a fixed subset of rows is compared (rows are
+independent; the order depends on K only).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+WIDTHS = list(range(1, 17)) + [37]
+SHAPES = [  # (qtype, K, N)
+    ("Q4_K", 4096, 4096), ("Q4_K", 4096, 1024), ("Q4_K", 4096, 12288),
+    ("Q6_K", 12288, 4096), ("Q6_K", 4096, 151936),
+    ("Q4_K", 4096, 1003), ("Q6_K", 12288, 77), ("Q6_K", 768, 45), ("Q4_K", 5120, 333), ("Q6_K", 256, 19),
+]
+MAX_CHECKED_ROWS = 192
+
+
+def _rows(n):
+    if n <= MAX_CHECKED_ROWS:
+        return np.arange(n)
+    rng = np.random.default_rng(n)
+    return np.unique(np.concatenate([np.arange(40), np.arange(n - 40, n), rng.choice(n, 112, replace=False)]))
+
+
+@pytest.fixture(scope="module")
+def cp():
+    import cupy
+    return cupy
+
+
+def _plans(qtype, k, n=None):
+    from hiraishin.plans.subblock import subblock_plan
+    return {wd: subblock_plan(wd, qtype, k, n=n) for wd in WIDTHS}
+
+
+@pytest.mark.parametrize("qtype,k,n", SHAPES)
+def test_kernel_equals_emulator(cp, qtype, k, n):
+    from hiraishin.kernels import quantize
+    from hiraishin.kernels.mmq import emulate, launch
+    from hiraishin.kernels.mmq.launch import precompile
+    from hiraishin.quant import random_blocks
+
+    plans = _plans(qtype, k, n)
+    precompile(plans.values())
+    w = random_blocks(qtype, n, k, seed=k + n)
+    x = np.random.default_rng(n).standard_normal((max(WIDTHS), k)).astype(np.float32)
+    xq = quantize.emulate(x)
+    rows = _rows(n)
+    ref = emulate(w[rows], qtype, xq, plans[1])
+    w_d = cp.asarray(w)
+    x_d = cp.asarray(x)
+    xq_d = cp.empty(xq.shape, dtype=cp.uint8)
+    quantize.launch(x_d, xq_d)
+    assert np.array_equal(cp.asnumpy(xq_d), xq)
+    for wd, plan in plans.items():
+        out = cp.full((wd, n), cp.nan, dtype=cp.float32)
+        launch(w_d, qtype, xq_d[:wd], plan, out)
+        got = cp.asnumpy(out)
+        assert np.isfinite(got).all(), (wd, "unwritten outputs")
+        np.testing.assert_array_equal(got[:, rows].view(np.uint32), ref[:wd].view(np.uint32),
+                                      err_msg=f"{qtype} K={k} N={n} width={wd}")
+
+
+@pytest.mark.parametrize("qtype,k,n", [("Q4_K", 4096, 4096), ("Q4_K", 4096, 12288), ("Q6_K", 12288, 4096),
+                                       ("Q6_K", 4096, 151936), ("Q4_K", 5120, 333)])
+def test_no_register_spills(cp, qtype, k, n):
+    from hiraishin.kernels.compile import kernel_attributes
+    from hiraishin.kernels.mmq.launch import mmq_kernel
+
+    for wd, plan in _plans(qtype, k, n).items():
+        attrs = kernel_attributes(mmq_kernel(plan))
+        print(qtype, k, wd, plan.kernel, attrs)
+        assert attrs["local_size_bytes"] == 0, (qtype, k, wd, attrs)
+
+
+@pytest.mark.parametrize("qtype,k,n", [("Q4_K", 5120, 333), ("Q6_K", 768, 45), ("Q6_K", 12288, 77), ("Q4_K", 4096, 50)])
+def test_launch_variants_change_no_bit(cp, qtype, k, n):
+    """Warps per CUDA block, register caps and the activation prefetch are launch facts."""
+    import dataclasses
+
+    from hiraishin.kernels import quantize
+    from hiraishin.kernels.mmq import emulate
+    from hiraishin.kernels.mmq.launch import MMQLaunch
+    from hiraishin.plans.subblock import subblock_plan
+    from hiraishin.quant import random_blocks
+
+    w = random_blocks(qtype, n, k, seed=3)
+    x = np.random.default_rng(4).standard_normal((37, k)).astype(np.float32)
+    xq = quantize.emulate(x)
+    ref = emulate(w, qtype, xq, subblock_plan(1, qtype, k))
+    w_d, xq_d = cp.asarray(w), cp.asarray(xq)
+    for wd in (1, 4, 9, 16, 37):
+        base = subblock_plan(wd, qtype, k)
+        for nw in sorted({base.nseg, min(8, base.nseg), min(4, base.nseg), 1}):
+            for cap in (64, 96, None):
+                for pre in ((0, 1) if base.cols_per_block == 8 else (0,)):
+                    lw = MMQLaunch(n, dataclasses.replace(base, nwarps=nw), max_regs=cap, prefetch=pre)
+                    out = cp.full((wd, n), cp.nan, dtype=cp.float32)
+                    lw(w_d, xq_d[:wd], out)
+                    np.testing.assert_array_equal(cp.asnumpy(out).view(np.uint32), ref[:wd].view(np.uint32),
+                                                  err_msg=f"{qtype} K={k} width={wd} nwarps={nw} cap={cap} pre={pre}")
