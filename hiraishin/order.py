@@ -18,6 +18,12 @@ Presets:
 * ``FIXED_SPLIT``: invariant mat-vec, and attention that splits the KV cache
   at fixed cell positions (SGLang's deterministic mode, Thinking Machines'
   kernels) instead of into a fixed number of blocks.
+* ``SUBBLOCK``: an exact order built for the batch. Q4_K/Q6_K mat-vecs scale and accumulate each
+  32-value sub-block's exact integer dot product in k order, in K-segments fixed by the row
+  length alone (``hiraishin/plans/subblock.py``), so 1 and 16 columns do the same float work and
+  int8 tensor cores (``hiraishin/kernels/mmq``) take the extra columns; attention and the 256-cell
+  guard as ``BATCH_INVARIANT``. Its plain decoding is its own reference: its bits differ from
+  ``BATCH_VARIANT``'s (and ``BATCH_INVARIANT``'s) one-token bits, as any other order's would.
 * :meth:`ReductionOrder.custom`: any explicit geometry, for teaching.
 """
 
@@ -30,7 +36,7 @@ from .errors import PlanError
 
 __all__ = ["ReductionOrder"]
 
-MatVecPolicy = Literal["variant", "invariant", "custom"]
+MatVecPolicy = Literal["variant", "invariant", "subblock", "custom"]
 AttentionPolicy = Literal["variant", "invariant", "fixed_split", "custom"]
 
 # Verify batches of the invariant policy end at multiples of this many KV cells:
@@ -65,6 +71,7 @@ class ReductionOrder:
     BATCH_VARIANT: ClassVar["ReductionOrder"]
     BATCH_INVARIANT: ClassVar["ReductionOrder"]
     FIXED_SPLIT: ClassVar["ReductionOrder"]
+    SUBBLOCK: ClassVar["ReductionOrder"]
 
     def __post_init__(self):
         if self.nwarps is not None and not 1 <= self.nwarps <= 32:
@@ -130,4 +137,7 @@ ReductionOrder.BATCH_INVARIANT = ReductionOrder(
 )
 ReductionOrder.FIXED_SPLIT = ReductionOrder(
     name="fixed_split", matvec="invariant", attention="fixed_split", split_cells=256
+)
+ReductionOrder.SUBBLOCK = ReductionOrder(
+    name="subblock", matvec="subblock", attention="invariant", kv_boundary=KV_PAD
 )

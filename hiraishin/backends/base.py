@@ -52,9 +52,9 @@ class Backend:
         return self.ops
 
     # ---- plans ----------------------------------------------------------------------------------
-    def matvec_plan(self, order, ncols: int, qtype: str):
-        """The mat-vec plan ``order`` gives ``ncols`` columns of a ``qtype`` weight on this device."""
-        return matvec_plan(order, ncols, qtype, self.device)
+    def matvec_plan(self, order, ncols: int, qtype: str, k: int | None = None, n: int | None = None):
+        """The mat-vec plan ``order`` gives ``ncols`` columns of a (``n``, ``k``) ``qtype`` weight here."""
+        return matvec_plan(order, ncols, qtype, self.device, k, n)
 
     def attention_plan(self, order, n_queries: int, kv_len: int, n_head: int, n_head_kv: int, head_dim: int):
         """The attention plan of ``order`` for one launch on this device."""
@@ -171,7 +171,7 @@ class Backend:
         w, xq = self._arr(w), self._arr(xq)
         n, k = checks.check_weight(w, qtype)
         ncols = checks.check_q8_1(xq, qtype, k, w.shape)
-        checks.check_matvec_plan(plan, qtype, ncols, xq.shape)
+        checks.check_matvec_plan(plan, qtype, ncols, xq.shape, k)
         return self.ops.mul_mat_q8_1(w, qtype, xq, plan)
 
     def attention(self, q, k_cache, v_cache, q_pos, kv_len: int, order, out=None):

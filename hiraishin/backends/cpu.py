@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels import attention, elementwise, mmvq, quantize, rmsnorm, rope, tiled
+from ..kernels import attention, elementwise, mmq, mmvq, quantize, rmsnorm, rope, tiled
 from ..kernels.attention.emulate import emulate_combine, emulate_partials
+from ..plans import SubBlockPlan
 from .base import Backend
 
 __all__ = ["CpuBackend", "CpuOps"]
@@ -40,6 +41,8 @@ class CpuOps:
         return quantize.emulate(x, layout)
 
     def mul_mat_q8_1(self, w, qtype: str, xq, plan):
+        if isinstance(plan, SubBlockPlan):
+            return mmq.emulate(w, qtype, xq, plan)
         if plan.kernel == "tiled":
             return tiled.emulate(w, qtype, xq, plan)
         return mmvq.emulate(w, qtype, xq, plan)
@@ -50,7 +53,8 @@ class CpuOps:
     def mul_mats(self, weights, x, order, outs=None) -> list:
         # one quantization shared by every weight (the emulators read llama.cpp's layout)
         xq = quantize.emulate(x)
-        return [self.mul_mat_q8_1(w, qtype, xq, self.backend.matvec_plan(order, x.shape[0], qtype))
+        return [self.mul_mat_q8_1(w, qtype, xq, self.backend.matvec_plan(order, x.shape[0], qtype, x.shape[1],
+                                                                        w.shape[0]))
                 for w, qtype in weights]
 
     def flash_attn(self, q, k_cache, v_cache, q_pos, plan, out=None):

@@ -16,14 +16,19 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import BackendError
 from ..kernels import attention, elementwise, rmsnorm, rope, tiled
 from ..kernels.attention.launch import current_profile, launch_combine, launch_partials
 from ..kernels.compile import cupy_available, require_cupy
-from ..kernels.mmvq.launch import prepared_plan  # (mmvq.launch is the launch function, not the module)
+from ..kernels.mmq.launch import launch as mmq_launch
+from ..kernels.mmq.launch import prepared_launch as mmq_prepared_launch
+from ..kernels.mmvq.launch import (
+    prepared_plan,  # (the package's ``launch`` is the function, not the module)
+)
 from ..kernels.quantize.launch import QuantizeLaunch
 from ..kernels.quantize.layout import layout_for
+from ..plans import SubBlockPlan
 from ..plans.matvec import matvec_traits
-from ..errors import BackendError
 from .base import Backend
 from .checks import get_rows_width
 
@@ -48,14 +53,17 @@ def cuda_available() -> bool:
 
 class _MatVec:
     """One prepared mat-vec: the plan, the layout its activations must be in, and the launch
-    (``mmvq.launch.prepared_plan``, or the tiled kernel)."""
+    (the mat-vec kernel's prepared plan, the sub-block MMA kernel, or the tiled kernel)."""
 
     __slots__ = ("plan", "launch", "n", "layout", "qtype")
 
     def __init__(self, plan, qtype: str, n: int, row_bytes: int):
         t = matvec_traits(qtype)
         self.plan, self.n, self.qtype = plan, n, qtype
-        if plan.kernel == "mmvq":
+        if isinstance(plan, SubBlockPlan):  # int8 MMA kernels reading llama.cpp's q8_1 layout
+            self.launch = mmq_prepared_launch(n, plan)
+            self.layout = None
+        elif plan.kernel == "mmvq":
             self.launch = prepared_plan(qtype, n, row_bytes // t.block_bytes * t.qk, plan)
             self.layout = layout_for(qtype)  # of the q8_1 activations this mat-vec reads (None: llama.cpp's)
         else:
@@ -126,7 +134,9 @@ class CudaOps:
         if hit is None:
             if len(self._matvecs) >= self._CACHE_MAX:
                 self._matvecs.clear()
-            hit = self._matvecs[key] = _MatVec(self.backend.matvec_plan(order, ncols, qtype), qtype, n, row_bytes)
+            t = matvec_traits(qtype)
+            plan = self.backend.matvec_plan(order, ncols, qtype, row_bytes // t.block_bytes * t.qk, n)
+            hit = self._matvecs[key] = _MatVec(plan, qtype, n, row_bytes)
         return hit
 
     def quantize(self, x, layout: str | None = None, out=None):
@@ -146,6 +156,8 @@ class CudaOps:
 
         t = matvec_traits(qtype)
         out = self._empty((plan.ncols, w.shape[0]), _F32)
+        if isinstance(plan, SubBlockPlan):
+            return mmq_launch(w, qtype, xq, plan, out)
         if plan.kernel == "tiled":
             return tiled.launch(w, qtype, xq, plan, out)
         y = to_layout(xq, qtype) if layout_for(qtype) else xq  # the kernel reads its own layout

@@ -5,7 +5,8 @@ and the CPU use plans without touching a kernel; an op (``hiraishin/kernels/<op>
 and runs it, on the GPU or in its emulator.
 
 * :func:`matvec_plan` -> :class:`MatVecPlan` (``plans/matvec.py``): nwarps, rows per block,
-  columns per launch, mat-vec or tiled kernel;
+  columns per launch, mat-vec or tiled kernel; under the sub-block order a :class:`SubBlockPlan`
+  (``plans/subblock.py``) for Q4_K/Q6_K weights;
 * :func:`attention_plan` -> :class:`AttentionPlan` (``plans/attention.py``): kernel, parallel
   blocks, chunk size, attended KV range.
 
@@ -27,11 +28,13 @@ from . import attention as _attention
 from . import matvec as _matvec
 from .attention import CHUNK_CELLS, KV_PAD, AttentionPlan, parallel_blocks_for
 from .matvec import MMVQ_MAX_BATCH_SIZE, MatVecPlan, matvec_traits
+from .subblock import SUBBLOCK_QTYPES, SubBlockPlan, subblock_plan
 
 __all__ = [
     "matvec_plan",
     "attention_plan",
     "MatVecPlan",
+    "SubBlockPlan",
     "AttentionPlan",
     "matvec_traits",
     "parallel_blocks_for",
@@ -52,7 +55,11 @@ def _check_device(device):
 
 
 @functools.lru_cache(maxsize=PLAN_CACHE_SIZE)
-def _matvec_cached(order, ncols, qtype, device):
+def _matvec_cached(order, ncols, qtype, device, k, n):
+    if order.matvec == "subblock" and qtype in SUBBLOCK_QTYPES:
+        if k is None:
+            raise PlanError(f"order {order.name!r}: the sub-block order's plan needs the row length k")
+        return subblock_plan(ncols, qtype, k, device, n)
     return _matvec.matvec_plan(order, ncols, qtype, device)
 
 
@@ -61,14 +68,19 @@ def _attention_cached(order, n_queries, kv_len, n_head, n_head_kv, head_dim, dev
     return _attention.attention_plan(order, n_queries, kv_len, n_head, n_head_kv, head_dim, device)
 
 
-def matvec_plan(order, ncols: int, qtype: str, device=None) -> MatVecPlan:
+def matvec_plan(order, ncols: int, qtype: str, device=None, k: int | None = None,
+                n: int | None = None) -> MatVecPlan | SubBlockPlan:
     """The mat-vec plan ``order`` gives to ``ncols`` columns of a ``qtype`` weight (cached).
 
     ``device``: a profile name, a :class:`~hiraishin.devices.DeviceProfile` or ``None``
-    (``order.device``, else the default profile); it picks llama.cpp's nwarps table.
+    (``order.device``, else the default profile); it picks llama.cpp's nwarps table. ``k`` (values
+    per row) and ``n`` (rows) of the weight: the sub-block order needs ``k`` (its K split) and
+    uses ``n`` for a launch fact; the other orders ignore both.
     """
     _check_device(device)
-    return _matvec_cached(order, ncols, qtype, order.device if device is None else device)
+    if order.matvec != "subblock":
+        k = n = None  # one cached plan per (order, ncols, qtype, device), whatever the weight
+    return _matvec_cached(order, ncols, qtype, order.device if device is None else device, k, n)
 
 
 def attention_plan(order, n_queries: int, kv_len: int, n_head: int, n_head_kv: int, head_dim: int = 128,

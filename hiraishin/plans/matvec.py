@@ -343,7 +343,9 @@ def matvec_plan(order, ncols: int, qtype: str, device=None) -> MatVecPlan:
                               rows_per_block=TILE_ROWS, cols_per_launch=ncols, ncols=ncols)
         return MatVecPlan(kernel="mmvq", qtype=qtype, nwarps=_nwarps_from_table(profile, qtype, ncols),
                           rows_per_block=_default_rows_per_block(ncols), cols_per_launch=ncols, ncols=ncols)
-    if policy == "invariant":
+    if policy in ("invariant", "subblock"):
+        # (the sub-block order covers Q4_K/Q6_K; its other weight types, e.g. Q8_0, walk the
+        # invariant one-column geometry: exact at every width as well)
         cols = _balanced(ncols, order.max_cols_per_launch)
         rows = _default_rows_per_block(cols)
         if cols == 1:
@@ -364,4 +366,5 @@ def matvec_plan(order, ncols: int, qtype: str, device=None) -> MatVecPlan:
             rows = _default_rows_per_block(cols)
         return MatVecPlan(kernel="mmvq", qtype=qtype, nwarps=nwarps, rows_per_block=rows,
                           cols_per_launch=cols, ncols=ncols)
-    raise PlanError(f"{order.name}: unknown mat-vec policy {policy!r}; expected variant, invariant or custom")
+    raise PlanError(f"{order.name}: unknown mat-vec policy {policy!r}; expected variant, invariant, subblock "
+                   "or custom")
