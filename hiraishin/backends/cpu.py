@@ -7,6 +7,7 @@ import numpy as np
 
 from ..kernels import attention, elementwise, mmq, mmvq, quantize, rmsnorm, rope, tiled
 from ..kernels.attention.emulate import emulate_combine, emulate_partials
+from ..kernels.fused import emulate_qk_norm_rope_kv
 from ..plans import SubBlockPlan
 from .base import Backend
 
@@ -56,6 +57,29 @@ class CpuOps:
         return [self.mul_mat_q8_1(w, qtype, xq, self.backend.matvec_plan(order, x.shape[0], qtype, x.shape[1],
                                                                         w.shape[0]))
                 for w, qtype in weights]
+
+    # ---- fused sequences (the unfused emulators composed: the same float ops in the same order)
+    def norm_matvecs(self, x, norm_w, eps: float, weights, order, outs=None, residual=None, out_sum=None):
+        """``rms_norm(x [+ residual])`` times every weight; with ``residual`` also returns the sum.
+
+        Returns ``(results, s)``: the mat-vec outputs, and ``x + residual`` (None without one).
+        """
+        s = None
+        if residual is not None:
+            s = x = self.add(x, residual)
+        return self.mul_mats(weights, self.rms_norm(x, norm_w, eps), order), s
+
+    def swiglu_matvec(self, g, u, weight, order, out=None):
+        """``silu(g) * u`` times ``weight`` (the FFN down projection)."""
+        return self.mul_mats((weight,), self.swiglu(g, u), order)[0]
+
+    def qk_norm_rope_store(self, q, k, v, q_norm_w, k_norm_w, eps: float, pos, cos_t, sin_t, cache, layer: int,
+                           out=None):
+        """Head norms and RoPE of q (T, H, D) and k (T, Hkv, D), k and v stored as f16 at cells ``pos``
+        of ``cache`` layer ``layer``; returns the roped q."""
+        q_out, _ = emulate_qk_norm_rope_kv(q, k, v, q_norm_w, k_norm_w, eps, pos, cos_t, sin_t, cache.k(layer),
+                                           cache.v(layer))
+        return q_out
 
     def flash_attn(self, q, k_cache, v_cache, q_pos, plan, out=None):
         return attention.emulate(q, k_cache, v_cache, q_pos, plan)

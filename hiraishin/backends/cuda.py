@@ -20,6 +20,8 @@ from ..errors import BackendError
 from ..kernels import attention, elementwise, rmsnorm, rope, tiled
 from ..kernels.attention.launch import current_profile, launch_combine, launch_partials
 from ..kernels.compile import cupy_available, require_cupy
+from ..kernels.fused.launch import (launch_add_rms_norm_q8_1, launch_qk_norm_rope_kv, launch_rms_norm_q8_1,
+                                    launch_swiglu_q8_1)
 from ..kernels.mmq.launch import launch as mmq_launch
 from ..kernels.mmq.launch import prepared_launch as mmq_prepared_launch
 from ..kernels.mmvq.launch import (
@@ -188,6 +190,60 @@ class CudaOps:
         if P == 1:
             return None, None
         return self.scratch("attn_parts", (T, H, P, D)), self.scratch("attn_meta", (T, H, P, 2))
+
+    # ---- fused sequences (hiraishin/kernels/fused: the unfused kernels' float ops, fewer launches)
+    def _layouts(self, weights, T: int, order) -> list:
+        mvs = [self.matvec(order, T, qtype, w) for w, qtype in weights]
+        layouts = list(dict.fromkeys(mv.layout for mv in mvs))  # distinct, in first-use order
+        return mvs, layouts
+
+    def _run_matvecs(self, weights, mvs, xqs, T: int, outs):
+        return [mv(w, xqs[mv.layout], self._empty((T, mv.n), _F32) if outs is None or outs[i] is None else outs[i])
+                for i, (mv, (w, _)) in enumerate(zip(mvs, weights))]
+
+    def norm_matvecs(self, x, norm_w, eps: float, weights, order, outs=None, residual=None, out_sum=None):
+        """``rms_norm(x [+ residual])`` quantized straight into the layout the first weight's mat-vec
+        reads (one fused launch), then every mat-vec; other layouts (a Q6_K weight beside Q4_K ones)
+        quantize the normed floats. Returns ``(results, s)``: the outputs and ``x + residual``
+        (``out_sum``; None without a residual)."""
+        T, n = x.shape
+        mvs, layouts = self._layouts(weights, T, order)
+        first = layouts[0]
+        xq = self.scratch(f"q8_1 {first}", self._quantize_shape(T, n, first), _U8)
+        normed = self.scratch("normed", (T, n)) if len(layouts) > 1 else None
+        s = None
+        if residual is None:
+            launch_rms_norm_q8_1(x, norm_w, eps, xq, normed, first)
+        else:
+            s = self._empty((T, n), _F32) if out_sum is None else out_sum
+            launch_add_rms_norm_q8_1(x, residual, norm_w, eps, s, xq, normed, first)
+        xqs = {first: xq}
+        for layout in layouts[1:]:
+            xqs[layout] = self.quantize(normed, layout)
+        return self._run_matvecs(weights, mvs, xqs, T, outs), s
+
+    def swiglu_matvec(self, g, u, weight, order, out=None):
+        """``silu(g) * u`` quantized straight into the down projection's layout (one fused launch),
+        then its mat-vec."""
+        T, k = g.shape
+        mvs, (layout,) = self._layouts((weight,), T, order)
+        xq = self.scratch(f"q8_1 {layout}", self._quantize_shape(T, k, layout), _U8)
+        launch_swiglu_q8_1(g, u, xq, None, layout)
+        return self._run_matvecs((weight,), mvs, {layout: xq}, T, (out,))[0]
+
+    def qk_norm_rope_store(self, q, k, v, q_norm_w, k_norm_w, eps: float, pos, cos_t, sin_t, cache, layer: int,
+                           out=None):
+        """Head norms and RoPE of q (T, H, D) and k, k and v stored as f16 at the cells of the device
+        positions ``pos`` (one fused launch); returns the roped q."""
+        q_out = self._empty(q.shape, _F32) if out is None else out
+        return launch_qk_norm_rope_kv(q, k, v, q_norm_w, k_norm_w, eps, pos, cos_t, sin_t, q_out, cache.k(layer),
+                                      cache.v(layer))
+
+    def _quantize_shape(self, T: int, K: int, layout):
+        q = self._quantize.get((T, K, layout))
+        if q is None:
+            q = self._quantize[(T, K, layout)] = QuantizeLaunch(T, K, layout)
+        return q.shape
 
     def flash_attn(self, q, k_cache, v_cache, q_pos, plan, out=None, kv_from_positions=False):
         T, H, D = q.shape

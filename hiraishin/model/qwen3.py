@@ -152,8 +152,9 @@ class Qwen3:
         logits (T, n_vocab) of the backend (``buf["logits"]`` when given). Writes the cache cells
         ``pos``; does not commit them (see :meth:`forward`). What a CUDA graph of the pass captures."""
         x = self.embed(ids, out=buf.get("embd"))                                    # (T, n_embd)
-        if rec is not None:
-            rec("token_embd", x)
+        if rec is None:
+            return self._fused_pass(x, pos, start_pos, order, buf)
+        rec("token_embd", x)
         for il in range(self.config.n_layer):
             q, k, v = self.attention_inputs(il, x, pos, order, buf, rec)
             a = self.attend(il, q, k, v, pos, start_pos, order, buf)
@@ -216,7 +217,40 @@ class Qwen3:
             buf = self._pass_buffers[T] = {name: xp.empty(shape, np.float32) for name, shape in shapes.items()}
         return buf
 
-    # One layer in three segments. Every op reads the pass's positions from the device array
+    def _fused_pass(self, x, pos, start_pos: int, order, buf: dict):
+        """The layers and head with the fused ops: the same float operations in the same order as
+        the segments below (which a recording pass runs, to see every intermediate), fewer launches.
+
+        Per layer: [residual + RMSNorm + q8_1] Q/K/V, [q/k norms + RoPE + KV store], attention, the
+        output projection, [residual + RMSNorm + q8_1] gate/up, [SwiGLU + q8_1] down; the layer's
+        last residual add is fused into the next layer's (or the head's) norm.
+        """
+        cfg, ops, W = self.config, self.ops, self.weights
+        T, eps, b = x.shape[0], cfg.rms_eps, buf.get
+        carry = None  # (ffn_down, ffn_inp) of the previous layer: its output is their sum
+        for il, L in enumerate(W.layers):
+            qkv = ((L.attn_q.data, L.attn_q.qtype), (L.attn_k.data, L.attn_k.qtype), (L.attn_v.data, L.attn_v.qtype))
+            if carry is None:
+                (q, k, v), _ = ops.norm_matvecs(x, L.attn_norm.data, eps, qkv, order, (b("q"), b("k"), b("v")))
+            else:
+                (q, k, v), x = ops.norm_matvecs(carry[0], L.attn_norm.data, eps, qkv, order, (b("q"), b("k"), b("v")),
+                                                residual=carry[1], out_sum=b("l_out"))
+            q = ops.qk_norm_rope_store(q.reshape(T, cfg.n_head, cfg.head_dim), k.reshape(T, cfg.n_head_kv, cfg.head_dim),
+                                       v.reshape(T, cfg.n_head_kv, cfg.head_dim), L.attn_q_norm.data,
+                                       L.attn_k_norm.data, eps, pos, self.rope_cos, self.rope_sin, self.cache, il,
+                                       out=b("q_rope"))                           # (T, H, D)
+            a = ops.causal_attention(q, self.cache.k(il), self.cache.v(il), pos, start_pos + T, order, out=b("attn"))
+            o = ops.mul_mat(L.attn_output.data, L.attn_output.qtype, a.reshape(T, -1), order, out=b("attn_output"))
+            (g, u), x = ops.norm_matvecs(o, L.ffn_norm.data, eps, ((L.ffn_gate.data, L.ffn_gate.qtype),
+                                                                   (L.ffn_up.data, L.ffn_up.qtype)), order,
+                                         (b("ffn_gate"), b("ffn_up")), residual=x, out_sum=b("ffn_inp"))
+            d = ops.swiglu_matvec(g, u, (L.ffn_down.data, L.ffn_down.qtype), order, out=b("ffn_down"))
+            carry = (d, x)
+        (logits,), _ = ops.norm_matvecs(carry[0], W.output_norm.data, eps, ((W.output.data, W.output.qtype),), order,
+                                        (b("logits"),), residual=carry[1], out_sum=b("l_out"))
+        return logits
+
+    # One layer in three segments (the unfused ops; a recording pass runs these). Every op reads the pass's positions from the device array
     # ``pos`` (the KV store writes the cells ``pos``, attention takes the KV length from
     # ``pos[-1] + 1``); only the attention *plan* depends on the host's ``start_pos``, so a CUDA
     # graph of a pass replays unchanged at any position with the same plan.
