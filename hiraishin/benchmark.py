@@ -66,8 +66,9 @@ ORDERS: dict[str, ReductionOrder] = {
     "variant": ReductionOrder.BATCH_VARIANT,
     "invariant": ReductionOrder.BATCH_INVARIANT,
     "fixed_split": ReductionOrder.FIXED_SPLIT,
+    "subblock": ReductionOrder.SUBBLOCK,
 }
-DEFAULT_ORDERS = ("variant", "invariant")
+DEFAULT_ORDERS = ("variant", "invariant", "subblock")
 
 # The original report (laptop RTX 5060, 286 GB/s; ../shared/reference/performance.md §1): plain
 # 61.4 tok/s, exact speculative 92.3 tok/s = 1.50x; per cycle 8.5 ms drafting, 19.0 ms verifying
@@ -93,6 +94,9 @@ LLAMA_CPP_H200 = {"decode_ms_8b": 4.00, "draft_step_ms_0.6b": 1.40}
 
 CONTEXT = 32  # prompt tokens before the decode / verify measurements (a short context, as tg128)
 QUICK_CONTEXT = 8
+# --quick verify widths (a CPU pass of 16 tokens of the tiny shape takes seconds); a quick run also
+# skips the warm-up before prefill and verify passes (the decode measurement warmed the kernels up)
+QUICK_WIDTHS = (1, 2, 4, 8, 16)
 COPY_BYTES = 1 << 29  # bytes per device-to-device copy buffer on a GPU (512 MiB: far past the L2)
 CPU_COPY_BYTES = 1 << 26  # 64 MiB on the CPU
 WRONG_TOKEN_STEP = 1  # the deliberately wrong draft token: the right one + this, mod n_vocab
@@ -106,7 +110,8 @@ class BenchSettings:
     widths: tuple[int, ...] = tuple(range(1, 17))
     prefill: int = 512
     quick: bool = False
-    warmup: int = 2
+    warmup: int = 2  # untimed passes before the timed ones (JIT, compilation, graph capture)
+    pass_warmup: int = 2  # the same before each prefill and each verify width (quick: 0, see QUICK_WIDTHS)
     repetitions: int = 5
     decode_steps: int = 16
     spec_tokens: int = 64
@@ -118,8 +123,8 @@ class BenchSettings:
     @classmethod
     def make(cls, quick: bool = False, **overrides) -> "BenchSettings":
         """Defaults (or the quick ones), with the non-None ``overrides`` applied."""
-        base = cls(warmup=1, repetitions=1, decode_steps=2, spec_tokens=6, spec_repetitions=1, prefill=16,
-                   context=QUICK_CONTEXT, quick=True) if quick else cls()
+        base = cls(warmup=1, pass_warmup=0, repetitions=1, decode_steps=2, spec_tokens=6, spec_repetitions=1,
+                   prefill=16, widths=QUICK_WIDTHS, context=QUICK_CONTEXT, quick=True) if quick else cls()
         for key, value in overrides.items():
             if value is not None:
                 setattr(base, key, value)
@@ -262,10 +267,10 @@ def measure_prefill(model, order, settings: BenchSettings) -> tuple[float, int]:
     """(tokens per second, passes) of a ``settings.prefill``-token prompt from an empty cache."""
     prompt = _prompt(model, settings.prefill, seed=1)
     times = []
-    for i in range(settings.warmup + settings.repetitions):
+    for i in range(settings.pass_warmup + settings.repetitions):
         model.reset()
         _, dt = _feed(model, prompt, 0, order)
-        if i >= settings.warmup:
+        if i >= settings.pass_warmup:
             times.append(dt)
     passes, pos = 0, 0
     while pos < settings.prefill:
@@ -285,10 +290,10 @@ def measure_verify(model, order, settings: BenchSettings) -> dict[str, float]:
         if order.verify_limit(ctx, w) < w:
             raise HiraishinError(f"a verify pass of {w} tokens at position {ctx} crosses {order.name}'s KV boundary")
         times = []
-        for i in range(settings.warmup + settings.repetitions):
+        for i in range(settings.pass_warmup + settings.repetitions):
             _, dt = _timed(model, batch[:w], ctx, order)
             model.rollback(ctx)
-            if i >= settings.warmup:
+            if i >= settings.pass_warmup:
                 times.append(dt)
         out[str(w)] = 1e3 * statistics.median(times)
     return out
@@ -635,7 +640,8 @@ def format_report(r: dict) -> str:
     dev = r["device"]
     lines.append(f"hiraishin bench  {r['model']['name']} ({_mb(r['model']['bytes'])})  device {dev['backend']}: "
                  f"{dev.get('name', '?')}  date {r['date']}  commit {r['commit'][:12]}"
-                 + ("  [quick]" if r["settings"].get("quick") else ""))
+                 + ("  [quick: 1 repetition, no warm-up before prefill/verify passes]"
+                    if r["settings"].get("quick") else ""))
     lines.append(f"copy bandwidth {r['copy_bandwidth_gbs']:,.1f} GB/s (device-to-device, bytes read + written); "
                  f"weight floor {r['model']['floor_ms']:.3f} ms/token; CUDA graphs {'on' if r['cuda_graphs'] else 'off'}")
     m = r["memory"]

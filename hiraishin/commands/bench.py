@@ -40,8 +40,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON (atomically)")
     p.add_argument("--orders", type=_orders, default=None,
-                   help="comma-separated orders: variant, invariant, fixed_split (default variant,invariant)")
-    p.add_argument("--widths", type=_widths, default=None, help="verify widths, e.g. 1-16 or 1,2,4 (default 1-16)")
+                   help="comma-separated orders: variant, invariant, fixed_split, subblock (default variant,invariant,subblock)")
+    p.add_argument("--widths", type=_widths, default=None,
+                   help="verify widths, e.g. 1-16 or 1,2,4 (default 1-16; quick 1,2,4,8,16)")
     p.add_argument("--prefill", type=int, default=None, help="prompt tokens of the prefill test (default 512; quick 16)")
     p.add_argument("--tokens", type=int, default=None, help="tokens of the speculative run (default 64; quick 6)")
     p.add_argument("--repetitions", type=int, default=None, help="timed repetitions (default 5; quick 1)")

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# One GPU call for the engine (issue 11/12): carried wheels, the engine's GPU tests, then
+# `hiraishin bench` on the synthetic Qwen3-8B shape with the 0.6B shape as its draft.
+# Usage on the device (repo root): HIRAISHIN_COMMIT=<commit> bash bench/engine_session.sh
+# Env: STEPS ("tests bench" by default), TESTS (pytest paths), BENCH_ARGS (extra bench flags).
+set -uo pipefail
+OUT=${OUT:-/tmp/hiraishin-out}
+mkdir -p "$OUT"
+exec > >(tee -a "$OUT/session.log") 2>&1
+export PYTHONUNBUFFERED=1 HIRAISHIN_CACHE=/tmp/hiraishin-cache HIRAISHIN_COMMIT=${HIRAISHIN_COMMIT:-unknown}
+if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+    export PYTHONPATH=/tmp/site:$PWD
+else
+    export PYTHONPATH=$PWD
+fi
+echo "== device"; date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+STEPS=${STEPS:-"tests bench"}
+if [[ $STEPS == *tests* ]]; then
+    echo "== gpu tests"
+    t0=$(date +%s)
+    timeout ${TEST_TIMEOUT:-300} python3 -m pytest -q -x -m gpu -p no:cacheprovider ${TESTS:-tests/test_engine_gpu.py tests/test_fused_gpu.py} 2>&1 | tail -n 40
+    echo "gpu tests took $(( $(date +%s) - t0 )) s"
+fi
+if [[ $STEPS == *bench* ]]; then
+    echo "== synthetic models"
+    t0=$(date +%s)
+    python3 -m hiraishin synth --shape qwen3-8b -o /tmp/qwen3-8b.gguf --quiet && python3 -m hiraishin synth --shape qwen3-0.6b -o /tmp/qwen3-0.6b.gguf --quiet
+    echo "written in $(( $(date +%s) - t0 )) s"
+    echo "== hiraishin bench"
+    timeout ${BENCH_TIMEOUT:-330} python3 -m hiraishin bench /tmp/qwen3-8b.gguf --draft /tmp/qwen3-0.6b.gguf --device cuda \
+        --json "$OUT/hiraishin-bench.json" ${BENCH_ARGS:-}
+    echo "bench exit $?"
+fi
