@@ -25,7 +25,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import git_commit  # noqa: E402
+from benchlib import assert_same_bits, git_commit  # noqa: E402
 
 N_HEAD, N_HEAD_KV, HEAD_DIM = 32, 8, 128  # Qwen3-8B
 KV_LENGTHS = (512, 2048, 8192, 32768)
@@ -57,15 +57,21 @@ def main(argv=None) -> int:
 
     import cupy as cp
 
-    from hiraishin.kernels import fattn_vec as fv
+    import dataclasses
+
+    from hiraishin.backends import get_backend
+    from hiraishin.kernels.attention.launch import current_profile
     from hiraishin.order import ReductionOrder
+    from hiraishin.plans import attention_plan
+
+    cuda, cpu = get_backend("cuda"), get_backend("cpu")
 
     orders = [ReductionOrder.BATCH_VARIANT, ReductionOrder.BATCH_INVARIANT, ReductionOrder.FIXED_SPLIT]
     counts = (1, 2, 4, 8, 16) if args.quick else QUERY_COUNTS
     repeats, calls = (3, 5) if args.quick else (7, 10)
 
     t_start = time.time()
-    profile = fv.current_profile(HEAD_DIM)
+    profile = current_profile(HEAD_DIM)
     props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
     device_name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
     # peak DRAM bandwidth from the driver: 2 transfers per clock (DDR/HBM) x bus width (the clock
@@ -75,9 +81,14 @@ def main(argv=None) -> int:
 
     rng = np.random.default_rng(0)
     n_ctx = max(KV_LENGTHS)
-    k = cp.asarray(rng.standard_normal((n_ctx, N_HEAD_KV, HEAD_DIM)).astype(np.float16))
-    v = cp.asarray(rng.standard_normal((n_ctx, N_HEAD_KV, HEAD_DIM)).astype(np.float16))
-    q_all = cp.asarray(rng.standard_normal((16, N_HEAD, HEAD_DIM)).astype(np.float32))
+    k_host = rng.standard_normal((n_ctx, N_HEAD_KV, HEAD_DIM)).astype(np.float16)
+    v_host = rng.standard_normal((n_ctx, N_HEAD_KV, HEAD_DIM)).astype(np.float16)
+    q_host = rng.standard_normal((16, N_HEAD, HEAD_DIM)).astype(np.float32)
+    k, v, q_all = cp.asarray(k_host), cp.asarray(v_host), cp.asarray(q_host)
+    # the bits are checked on the query heads of KV head 0 (a (query, head) output depends only on
+    # its own query and KV head), so the CPU emulator runs 1/N_HEAD_KV of the work
+    group = N_HEAD // N_HEAD_KV
+    k0, v0 = np.ascontiguousarray(k_host[:, :1]), np.ascontiguousarray(v_host[:, :1])
 
     rows = []
     for kv_len in KV_LENGTHS:
@@ -85,8 +96,13 @@ def main(argv=None) -> int:
             q = q_all[:n]
             q_pos = cp.arange(kv_len - n, kv_len, dtype=cp.int32)
             for order in orders:
-                plan = order.attention_plan(n, kv_len, N_HEAD, N_HEAD_KV, HEAD_DIM, device=profile)
-                us = time_call(cp, lambda: fv.flash_attn(q, k, v, q_pos, plan, "cuda"), 3, repeats, calls)
+                plan = attention_plan(order, n, kv_len, N_HEAD, N_HEAD_KV, HEAD_DIM, device=profile)
+                # the bits first: this launch against the emulator
+                got = cp.asnumpy(cuda.flash_attn(q, k, v, q_pos, plan))[:, :group]
+                want = cpu.flash_attn(q_host[:n, :group], k0, v0, np.arange(kv_len - n, kv_len, dtype=np.int32),
+                                      dataclasses.replace(plan, n_head=group, n_head_kv=1))
+                assert_same_bits(f"kv {kv_len} T {n} {order.name}", got, want)
+                us = time_call(cp, lambda: cuda.flash_attn(q, k, v, q_pos, plan), 3, repeats, calls)
                 query_blocks = -(-n // plan.queries_per_block)
                 bytes_read = query_blocks * N_HEAD * kv_len * HEAD_DIM * 2 * 2  # K and V, f16
                 rows.append(dict(order=order.name, n_queries=n, kv_len=kv_len, us=round(us, 2),
@@ -108,6 +124,7 @@ def main(argv=None) -> int:
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         command=" ".join([os.path.basename(sys.executable)] + sys.argv),
         git_commit=git_commit(),
+        validated="every timed launch checked bit for bit against the CPU emulator first (query heads of KV head 0)",
         cupy=cp.__version__,
         shape=dict(n_head=N_HEAD, n_head_kv=N_HEAD_KV, head_dim=HEAD_DIM),
         timing=dict(warmup=3, repeats=repeats, calls_per_repeat=calls, statistic="median of means"),
@@ -131,6 +148,7 @@ def markdown(record, orders, counts) -> str:
         f"- device: {record['device']} (cc {record['compute_capability']}, {record['sm_count']} SMs, "
         f"peak DRAM ~{record['peak_dram_gbs']} GB/s), occupancy {record['occupancy']}",
         f"- date: {record['date']}, commit {record['git_commit']}, cupy {record['cupy']}",
+        f"- {record['validated']}",
         f"- command: `{record['command']}`",
         f"- Qwen3-8B heads: {record['shape']}; time per flash_attn call in microseconds "
         f"({record['timing']['statistic']}); kernel and P in brackets",

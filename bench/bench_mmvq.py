@@ -36,7 +36,8 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import median_event_time, rotating_copies, spin_cycles, spin_kernel  # noqa: E402
+from benchlib import (VALIDATE_ROWS, assert_same_bits, git_commit, median_event_time,  # noqa: E402
+                      rotating_copies, spin_cycles, spin_kernel)
 
 # Qwen3-8B (reference section 8): hidden 4096, kv heads 8 x 128, ffn 12288, vocab 151936.
 SHAPES = [
@@ -60,7 +61,7 @@ def copy_bandwidth(cp, nbytes, reps, batches, spin, cycles):
     dst = cp.empty_like(src)
     cp.copyto(dst, src)
     t = median_event_time(cp, lambda i: cp.copyto(dst, src), reps, batches, spin, cycles)
-    del src, dst
+    src = dst = None  # (released; a del would leave the timed lambda's names unbound)
     return 2 * nbytes / t, t
 
 
@@ -75,10 +76,15 @@ def main(argv=None) -> int:
 
     import cupy as cp
 
-    from hiraishin.kernels.mmvq import launch_plan, mul_mat_vec, random_weights
-    from hiraishin.kernels.q8_1_layout import layout_for, to_layout
-    from hiraishin.kernels.quantize_q8_1 import quantize_q8_1
+    from hiraishin.backends import get_backend
+    from hiraishin.kernels import quantize
+    from hiraishin.kernels.mmvq.launch import launch as launch_plan
+    from hiraishin.kernels.quantize.layout import layout_for, to_layout
     from hiraishin.order import ReductionOrder
+    from hiraishin.plans import matvec_plan
+    from hiraishin.quant import random_blocks as random_weights
+
+    cuda, cpu = get_backend("cuda"), get_backend("cpu")
 
     t_start = time.time()
     dev = cp.cuda.Device()
@@ -108,16 +114,20 @@ def main(argv=None) -> int:
         w_bytes = w_host.nbytes
         ws = rotating_copies(cp, w_host, l2)
         n_copies = len(ws)
+        w_check = w_host[:VALIDATE_ROWS].copy()  # the rows checked against the emulator
         del w_host
-        x = cp.asarray(rng.standard_normal((max(cols), k)).astype(np.float32))
-        xq_all = quantize_q8_1(x, "cuda")
+        x_host = rng.standard_normal((max(cols), k)).astype(np.float32)
+        x = cp.asarray(x_host)
+        xq_all = cuda.quantize_q8_1(x).copy()  # (a copy: small passes get a reused scratch buffer)
+        xq_host = cp.asnumpy(xq_all)
+        assert_same_bits(f"{label} quantize_q8_1", xq_host, quantize.emulate(x_host))
         print(f"\n{label} {qtype}: {w_bytes / 1e6:.1f} MB of weights, {n_copies} rotating copies")
         print(f"{'order':>9} {'cols':>4} {'kernel':>6} {'launches':>8} {'time us':>9} {'GB/s':>7} "
               f"{'of copy':>7} {'x 1 col':>7}")
         one_col = {}
         for oname, order in orders.items():
             for ncols in cols:
-                plan = order.matvec_plan(ncols, qtype)
+                plan = matvec_plan(order, ncols, qtype)
                 xq = xq_all[:ncols]
                 if plan.kernel == "mmvq":
                     # the kernel's own activation layout, made once: the timed loop is the launches
@@ -125,10 +135,13 @@ def main(argv=None) -> int:
                     out = cp.empty((ncols, n), dtype=cp.float32)
                     fn = lambda i: launch_plan(ws[i % n_copies], qtype, y, plan, out)  # noqa: E731
                 else:
-                    fn = lambda i: mul_mat_vec(ws[i % n_copies], qtype, xq, plan, "cuda")  # noqa: E731
+                    fn = lambda i: cuda.mul_mat_q8_1(ws[i % n_copies], qtype, xq, plan)  # noqa: E731
                 for i in range(3):  # warm-up (compiles on first use)
                     fn(i)
                 cp.cuda.Device().synchronize()
+                # the bits first: the timed launches against the emulator, on the first rows
+                assert_same_bits(f"{label} {oname} ncols={ncols}", cp.asnumpy(fn(0))[:, :VALIDATE_ROWS],
+                                 cpu.mul_mat_q8_1(w_check, qtype, xq_host[:ncols], plan))
                 sec = median_event_time(cp, fn, args.reps, args.batches, spin, cycles)
                 moved = w_bytes + xq.nbytes
                 bw = moved / sec
@@ -143,7 +156,7 @@ def main(argv=None) -> int:
                 results.append(rec)
                 print(f"{oname:>9} {ncols:>4} {plan.kernel:>6} {rec['launches']:>8} {sec * 1e6:>9.1f} "
                       f"{bw / 1e9:>7.0f} {bw / bw_copy:>7.1%} {ratio:>7.2f}")
-        del ws, x, xq_all
+        ws = x = xq_all = xq_host = w_check = None  # released before the next shape's copies
         cp.get_default_memory_pool().free_all_blocks()
 
     checks = []
@@ -167,7 +180,7 @@ def main(argv=None) -> int:
 
     if args.out:
         os.makedirs(args.out, exist_ok=True)
-        meta = dict(device=dev_name, date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        meta = dict(commit=git_commit(), validated_rows=VALIDATE_ROWS, device=dev_name, date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                     command=" ".join([os.path.basename(sys.executable)] + sys.argv), host=platform.node(),
                     cupy=cp.__version__, l2_bytes=l2, copy_bytes_per_s=bw_copy, copy_time_s=t_copy,
                     launch_floor_s=t_floor,
@@ -185,6 +198,8 @@ def _markdown(meta, results, checks) -> str:
         "# mat-vec benchmark (bench/bench_mmvq.py)",
         "",
         f"- device: {meta['device']}",
+        f"- commit: {meta['commit']} (every timed launch first checked bit for bit against its emulator, "
+        f"first {meta['validated_rows']} rows)",
         f"- date: {meta['date']}",
         f"- command: `{meta['command']}`",
         f"- copy bandwidth (1 GiB device-to-device, read + write): {meta['copy_bytes_per_s'] / 1e9:.0f} GB/s",

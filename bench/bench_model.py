@@ -24,12 +24,35 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import git_commit  # noqa: E402
+from benchlib import assert_same_bits, git_commit  # noqa: E402
 
 # H200 SXM HBM3e bandwidth (NVIDIA datasheet: 4.8 TB/s); other GPUs: pass --bandwidth.
 DEFAULT_BANDWIDTH_GBS = 4800.0
 PROMPT_TOKENS = 128
 N_CTX = 1024
+# Passes checked bit for bit against the CPU backend (the emulators) before any timing: a
+# 9-token pass (the tiled kernel under the variant order) then a one-token decode step, each with
+# CUDA graphs on (the default, what generate runs) and off.
+VALIDATE_WIDTHS = (9, 1)
+
+
+def validate(model, path, prompt, order) -> None:
+    """Raise benchlib.BitMismatch unless the GPU model's logits equal the CPU backend's."""
+    from hiraishin.model.qwen3 import Qwen3
+
+    cpu = Qwen3.from_gguf(path, device="cpu", n_ctx=sum(VALIDATE_WIDTHS), progress=False)
+    graphs = model.cuda_graphs
+    pos = 0
+    for width in VALIDATE_WIDTHS:
+        tokens = prompt[pos:pos + width]
+        want = cpu.forward(tokens, pos, order=order)
+        for on in (True, False):
+            model.cuda_graphs = on
+            assert_same_bits(f"{path.name} {order.name} {width} tokens at {pos}, cuda_graphs={on}",
+                             model.forward(tokens, pos, order=order), want)
+        pos += width
+    model.cuda_graphs = graphs
+    model.reset()
 
 
 def bench_shape(shape: str, n_new: int, bandwidth: float, workdir: Path) -> dict:
@@ -57,9 +80,11 @@ def bench_shape(shape: str, n_new: int, bandwidth: float, workdir: Path) -> dict
     file_size = path.stat().st_size
     row = dict(shape=shape, file_bytes=file_size, weight_bytes=model.weights.nbytes,
                kv_cache_bytes=model.cache.nbytes, gpu_pool_bytes_after_load=held,
-               memory_ratio=held / (file_size + model.cache.nbytes), write_s=write_s, load_s=load_s, orders={})
+               memory_ratio=held / (file_size + model.cache.nbytes), write_s=write_s, load_s=load_s,
+               cuda_graphs=model.cuda_graphs, validated_widths=list(VALIDATE_WIDTHS), orders={})
     prompt = np.random.default_rng(0).integers(0, model.config.n_vocab, PROMPT_TOKENS).tolist()
     for order in (ReductionOrder.BATCH_VARIANT, ReductionOrder.BATCH_INVARIANT):
+        validate(model, path, prompt, order)  # the bits first
         model.generate(prompt[:8], max_new_tokens=2, order=order, stop_at_eos=False)  # compile, warm up
         res = model.generate(prompt, max_new_tokens=n_new, order=order, stop_at_eos=False, top_k=1)
         decode_tps = res.decode_tokens_per_s

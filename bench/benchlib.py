@@ -33,6 +33,32 @@ def git_commit() -> str:
         return "unknown"
 
 
+# Rows of a weight a benchmark checks against the CPU emulator before timing (rows are
+# independent in every kernel: the first rows of the output are the emulator's output of the
+# first rows of the weight; a whole 151936-row output head would take minutes on the CPU).
+VALIDATE_ROWS = 256
+
+
+class BitMismatch(AssertionError):
+    """A kernel's output differs from its emulator's: the benchmark must not time it."""
+
+
+def assert_same_bits(what: str, got, want) -> None:
+    """Raise :class:`BitMismatch` unless ``got`` and ``want`` (host arrays) are bit-identical.
+
+    Every benchmark checks the kernel it times against its emulator first (as llm.c checks its
+    kernels against the CPU reference before timing them): a fast wrong kernel is not a result.
+    """
+    got, want = np.ascontiguousarray(got), np.ascontiguousarray(want)
+    if got.shape != want.shape or got.dtype != want.dtype:
+        raise BitMismatch(f"{what}: got {got.dtype}{got.shape}, emulator {want.dtype}{want.shape}")
+    g, w = got.reshape(-1).view(np.uint8), want.reshape(-1).view(np.uint8)
+    if not np.array_equal(g, w):
+        bad = np.flatnonzero(g != w) // got.itemsize
+        raise BitMismatch(f"{what}: {len(np.unique(bad))} of {got.size} values differ from the emulator, "
+                          f"first at {tuple(int(i) for i in np.unravel_index(bad[0], got.shape))}")
+
+
 def spin_kernel(cp):
     """A kernel that keeps the GPU busy for ``cycles`` clocks: launch it before a batch of timed
     calls, so the host's enqueue time is hidden behind it."""

@@ -22,10 +22,13 @@ each order: prefill a short prompt, warm up, then measure one-token forward pass
    copies and the position ``arange``, added per op).
 4. cProfile of the decode steps: top 25 functions by cumulative time.
 
-Each order is profiled in two modes: ``plain`` passes and ``graphs`` (``Qwen3.cuda_graphs``, the
-experimental CUDA-graph replay of one-token passes; in that mode the per-op table shows only the
-ops launched outside the graphs). Before timing, the logits of 24 greedy steps in both modes are
-compared bit for bit (``graphs_bit_identical``).
+Each order is profiled in two modes: ``plain`` passes (``cuda_graphs=False``) and ``graphs``
+(``Qwen3.cuda_graphs``, on by default on CUDA: a whole pass of 1..16 tokens replayed as one CUDA
+graph, ``hiraishin.backends.graphs.PassGraphs``; in that mode the per-op table shows only the ops
+launched outside the graphs). Before any timing, the logits of the prompt and 4 greedy steps are
+compared bit for bit with the CPU backend (the emulators; ``emulator_bit_identical``), and the
+logits of 24 greedy steps in both modes with each other (``graphs_bit_identical``); a mismatch
+stops the run (``benchlib.BitMismatch``).
 
 Writes DIR/profile_decode-<shape>.json, DIR/profile_decode-<shape>.md and
 DIR/profile_decode-<shape>-<order>.prof (``python -m pstats`` reads them).
@@ -50,7 +53,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import git_commit, spin_kernel  # noqa: E402
+from benchlib import BitMismatch, git_commit, spin_kernel  # noqa: E402
 
 PROMPT_TOKENS = 16
 WARMUP_TOKENS = 4
@@ -58,11 +61,17 @@ GPU_SAMPLES = 8
 PROFILE_TOKENS = 16
 COUNT_TOKENS = 2
 N_CTX = 1024
-# Backend ops the forward pass calls (each wrapped for the per-op breakdown).
-OPS = ("positions", "get_rows", "rms_norm", "mul_mats", "mul_mat", "rope", "write_kv", "attention", "add",
-       "swiglu", "to_host")
+EMULATOR_STEPS = 4
+# Unchecked backend ops (``backend.ops``) the forward pass calls, and the ops they call in turn
+# (each wrapped for the per-op breakdown; times are exclusive of nested ops).
+OPS = ("positions", "get_rows", "rms_norm", "mul_mats", "mul_mat", "quantize", "rope", "store_kv",
+       "causal_attention", "flash_attn", "add", "swiglu")
+# Backend methods the forward pass calls (the logits' device-to-host copy).
+BACKEND_OPS = ("to_host",)
 # Kernels an op launches that are not hiraishin RawKernels (CuPy's own): per call.
-CUPY_KERNELS_PER_CALL = {"write_kv": 2, "positions": 1}
+CUPY_KERNELS_PER_CALL = {"positions": 1}
+# The modules whose kernels a decode step launches (their get_kernel is wrapped to count launches).
+KERNEL_MODULES = ("mmvq", "quantize", "tiled", "attention", "elementwise", "rmsnorm", "rope")
 
 class _Stepper:
     """One-token forward passes continuing a prompt (greedy; rolls back before the cache fills)."""
@@ -82,8 +91,8 @@ class _Stepper:
 
 
 def _ops_of(backend):
-    """The object whose ops the forward pass calls (the unchecked ops where a backend has them)."""
-    return getattr(backend, "unchecked", backend)
+    """The object whose ops the forward pass calls (the unchecked ops, ``backend.ops``)."""
+    return backend.ops
 
 
 class _Patch:
@@ -111,9 +120,8 @@ class _HostMark:
 
     def __init__(self, backend, on_enter=None):
         self.on_enter, self.t = on_enter, None
-        ops = _ops_of(backend)
-        self.orig = ops.to_host
-        self.patch = _Patch(ops, to_host=self._to_host)
+        self.orig = backend.to_host  # a backend method: plain passes and graph replays both end with it
+        self.patch = _Patch(backend, to_host=self._to_host)
 
     def _to_host(self, a):
         self.t = time.perf_counter()
@@ -172,18 +180,24 @@ class _OpTimer:
 
     def __init__(self, backend):
         self.ops = _ops_of(backend)
-        self.time = {op: 0.0 for op in OPS}
-        self.calls = {op: 0 for op in OPS}
+        self.time = {op: 0.0 for op in OPS + BACKEND_OPS}
+        self.calls = {op: 0 for op in OPS + BACKEND_OPS}
         self._stack = []
-        present = [op for op in OPS if hasattr(self.ops, op)]  # older backends lack some ops
-        self.patch = _Patch(self.ops, **{op: self._wrap(op, getattr(self.ops, op)) for op in present})
+        missing = [op for op in OPS if not hasattr(self.ops, op)] + [op for op in BACKEND_OPS
+                                                                      if not hasattr(backend, op)]
+        if missing:
+            raise AttributeError(f"the backend has no {missing}: update OPS / BACKEND_OPS")
+        self.patches = [_Patch(self.ops, **{op: self._wrap(op, getattr(self.ops, op)) for op in OPS}),
+                        _Patch(backend, **{op: self._wrap(op, getattr(backend, op)) for op in BACKEND_OPS})]
 
     def __enter__(self):
-        self.patch.__enter__()
+        for p in self.patches:
+            p.__enter__()
         return self
 
     def __exit__(self, *exc):
-        self.patch.__exit__(*exc)
+        for p in self.patches:
+            p.__exit__(*exc)
 
     def _wrap(self, op, fn):
         def timed(*args, **kwargs):
@@ -204,11 +218,15 @@ class _OpTimer:
 
 def count_launches(stepper, n) -> dict:
     """RawKernel launches per token by kernel name (handles re-fetched through a counting wrapper)."""
-    import hiraishin.backends.cuda as cuda_backend
-    from hiraishin.kernels import _cuda, elementwise, fattn_tile, fattn_vec, mmvq, rmsnorm, rope
+    import importlib
 
+    from hiraishin.kernels import compile as kernels_compile
+
+    # the launch modules (``hiraishin.kernels.<op>.launch``; the package attribute ``launch`` is
+    # the op's launch function, so import the modules by name)
+    modules = [importlib.import_module(f"hiraishin.kernels.{op}.launch") for op in KERNEL_MODULES]
     counts: dict[str, int] = {}
-    real_get_kernel = _cuda.get_kernel
+    real_get_kernel = kernels_compile.get_kernel
 
     class Counted:
         def __init__(self, name, kernel):
@@ -224,11 +242,12 @@ def count_launches(stepper, n) -> dict:
     def get_kernel(source_key, name, defines=None, name_expressions=None):
         return Counted(name, real_get_kernel(source_key, name, defines, name_expressions))
 
-    caches = [m._kernel for m in (rmsnorm, rope, elementwise, fattn_vec, fattn_tile) if hasattr(m, "_kernel")]
-    be = stepper.model.backend
-    prepared = [getattr(obj, name) for obj in (be, _ops_of(be))
-                for name in ("_matvec_launches", "_quantize_launches") if hasattr(obj, name)]
-    prepared.append(mmvq._launches)  # the mat-vec launches the backend's prepared ones share
+    caches = [m._kernel for m in modules if hasattr(m, "_kernel")]  # functools caches of kernel handles
+    ops = _ops_of(stepper.model.backend)
+    # prepared launches holding kernel handles: the backend's mat-vecs and quantize launches, and
+    # the launch modules' own caches they share
+    prepared = [getattr(ops, name) for name in ("_matvecs", "_quantize")]
+    prepared += [m._launches for m in modules if hasattr(m, "_launches")]
 
     def forget():  # drop held kernel handles, so that they are fetched again through get_kernel
         for c in caches:
@@ -237,23 +256,42 @@ def count_launches(stepper, n) -> dict:
             d.clear()
 
     forget()
-    _cuda.get_kernel = get_kernel
-    saved = getattr(cuda_backend, "get_kernel", None)
-    if saved is not None:
-        cuda_backend.get_kernel = get_kernel
+    saved = [(m, m.get_kernel) for m in modules]  # each module imported get_kernel by name
+    for m, _ in saved:
+        m.get_kernel = get_kernel
     try:
         for _ in range(n):
             stepper.step()
     finally:
-        _cuda.get_kernel = real_get_kernel
-        if saved is not None:
-            cuda_backend.get_kernel = saved
+        for m, real in saved:
+            m.get_kernel = real
         forget()
     return {k: v / n for k, v in sorted(counts.items())}
 
 
 def _prompt(model):
     return np.random.default_rng(0).integers(0, model.config.n_vocab, PROMPT_TOKENS).tolist()
+
+
+def emulator_bit_identical(model, cpu_model, order, n=EMULATOR_STEPS) -> bool:
+    """The prompt and ``n`` greedy steps give the CPU backend's logits (the emulators), bit for bit,
+    with CUDA graphs off and on."""
+    cpu = _Stepper(cpu_model, order, _prompt(model))
+    want = [cpu.logits.view(np.uint32).copy()]
+    for _ in range(n):
+        cpu.step()
+        want.append(cpu.logits.view(np.uint32).copy())
+    same = True
+    for on in (False, True):
+        model.cuda_graphs = on
+        gpu = _Stepper(model, order, _prompt(model))
+        got = [gpu.logits.view(np.uint32).copy()]
+        for _ in range(n):
+            gpu.step()
+            got.append(gpu.logits.view(np.uint32).copy())
+        same &= bool(np.array_equal(np.stack(got), np.stack(want)))
+    model.cuda_graphs = False
+    return same
 
 
 def graphs_bit_identical(model, order, n=24) -> bool:
@@ -319,10 +357,10 @@ def profile_order(cp, model, order, n_tokens, spin_cycles_per_ms, out_dir, shape
         instrumented_ms_per_token=instrumented * 1e3,
         ops=ops,
         raw_kernel_launches_per_token=launches,
-        # host calls that start GPU work: RawKernel launches, CuPy kernels, and in graphs mode the graph
-        # launches (n_layer + 1) and the two fills of the position and token buffers
+        # host calls that start GPU work: RawKernel launches, CuPy kernels, and in graphs mode the one
+        # graph launch of the whole pass and the two fills of the token and position buffers
         launches_per_token=sum(launches.values()) + sum(o["cupy_kernels_per_token"] for o in ops.values())
-        + (model.config.n_layer + 3 if mode == "graphs" else 0),
+        + (3 if mode == "graphs" else 0),
         cprofile_top25=text.getvalue(),
         cprofile_file=str(prof_path) if prof_path else None,
     )
@@ -339,8 +377,10 @@ def markdown(meta, rows) -> str:
         lines.append(f"| {r['order']} | {r['mode']} | {r['wall_ms_median']:.2f} | {r['enqueue_ms_median']:.2f} | "
                      f"{r['gpu_ms_median']:.3f}{flag} | {r['launches_per_token']:.0f} | {per_launch:.1f} | "
                      f"{r['instrumented_ms_per_token']:.2f} |")
-    lines += ["", "CUDA graphs bit-identical to plain passes (24 greedy steps): " + ", ".join(
-        f"{k} {'yes' if v else 'NO'}" for k, v in meta["graphs_bit_identical"].items())]
+    lines += ["", f"Bit-identical to the CPU emulators (prompt + {EMULATOR_STEPS} greedy steps, graphs off and on): "
+              + ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in meta["emulator_bit_identical"].items()),
+              "", "CUDA graphs bit-identical to plain passes (24 greedy steps): " + ", ".join(
+                  f"{k} {'yes' if v else 'NO'}" for k, v in meta["graphs_bit_identical"].items())]
     for r in rows:
         lines += ["", f"## {r['order']}, {r['mode']}: host time per op (exclusive, GPU not synchronized)", "",
                   "| op | calls/token | us/token | us/call |", "|---|---|---|---|"]
@@ -380,23 +420,32 @@ def main(argv=None) -> int:
     if not path.exists():
         write_synthetic(path, shape=args.shape, seed=0, progress=False)
     model = Qwen3.from_gguf(path, device="cuda", n_ctx=N_CTX, progress=False)
+    cpu_model = Qwen3.from_gguf(path, device="cpu", n_ctx=PROMPT_TOKENS + EMULATOR_STEPS + 1, progress=False)
+    commit = git_commit()
+    print(f"commit {commit}", flush=True)
     out_dir = Path(args.out) if args.out else None
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
 
-    rows, identical = [], {}
+    rows, identical, emulated = [], {}, {}
     modes = [m for m in args.modes.split(",") if m]
     for name in [s for s in args.orders.split(",") if s]:
+        # the bits first: no timing of kernels that disagree with their emulators
+        emulated[name] = emulator_bit_identical(model, cpu_model, orders[name])
+        if not emulated[name]:
+            raise BitMismatch(f"{args.shape} {name}: GPU logits differ from the CPU backend's (emulators)")
         if "graphs" in modes:
             identical[name] = graphs_bit_identical(model, orders[name])
+            if not identical[name]:
+                raise BitMismatch(f"{args.shape} {name}: CUDA-graph passes differ from plain passes")
         for mode in modes:
             row = profile_order(cp, model, orders[name], args.tokens, spin_cycles_per_ms, out_dir, args.shape, mode)
             rows.append(row)
             print(json.dumps({k: v for k, v in row.items() if k not in ("cprofile_top25", "wall_ms_all")},
                              indent=1), flush=True)
     meta = dict(device=device, shape=args.shape, date=datetime.datetime.now(datetime.timezone.utc).isoformat(),
-                commit=git_commit(), command=" ".join([sys.executable] + sys.argv), cupy=cp.__version__,
-                python=sys.version.split()[0], graphs_bit_identical=identical)
+                commit=commit, command=" ".join([sys.executable] + sys.argv), cupy=cp.__version__,
+                python=sys.version.split()[0], emulator_bit_identical=emulated, graphs_bit_identical=identical)
     text = markdown(meta, rows)
     print(text)
     if out_dir is not None:

@@ -11,16 +11,23 @@ tile) empty. Each result is also checked against the emulator.
 
 from __future__ import annotations
 
+import os
 import sys
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchlib import git_commit  # noqa: E402
 
 
 def main() -> int:
     import cupy as cp
 
-    from hiraishin.kernels import fattn_vec as fv
-    from hiraishin.kernels.fattn_vec import AttentionPlan
+    from hiraishin.backends import get_backend
+    from hiraishin.plans import AttentionPlan
+
+    print(f"commit {git_commit()}")
+    cuda, cpu = get_backend("cuda"), get_backend("cpu")
 
     cp.cuda.set_allocator(None)
     cp.cuda.set_pinned_memory_allocator(None)
@@ -44,9 +51,9 @@ def main() -> int:
         k = rng.standard_normal((kv_len, Hkv, D)).astype(np.float16)
         v = rng.standard_normal((kv_len, Hkv, D)).astype(np.float16)
         q_pos = np.arange(kv_len - T, kv_len, dtype=np.int32)
-        got = fv.flash_attn(cp.asarray(q), cp.asarray(k), cp.asarray(v), q_pos, plan, "cuda")
+        got = cuda.flash_attn(cp.asarray(q), cp.asarray(k), cp.asarray(v), q_pos, plan)
         cp.cuda.Device().synchronize()
-        want = fv.flash_attn(q, k, v, q_pos, plan, "cpu")
+        want = cpu.flash_attn(q, k, v, q_pos, plan)
         same = np.array_equal(got.get().view(np.uint32), want.view(np.uint32))
         failures += not same
         print(f"{plan.kernel_name:13s} P={plan.parallel_blocks} T={T} kv_len={kv_len} D={D}: "

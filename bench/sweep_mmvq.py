@@ -8,7 +8,8 @@ result: rows per CUDA block, columns per launch, the loop unroll (HX_UNROLL) and
 Q6_K, where the "- 32" of the 6-bit values is applied (HX_Q6_SUB_IN_DOT). Each variant's
 output is compared bit for bit with the first variant of its column count. (Kernel
 variants tried this way and dropped are in bench/NOTES_mmvq.md.) Prints one line per
-variant; ``--out`` writes ``sweep_mmvq.json``.
+variant; ``--out`` writes ``sweep_mmvq.json``. Before any timing, every variant's output (first
+rows) is checked bit for bit against the CPU emulator (and the q8_1 activations too).
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_mmvq import SHAPES, copy_bandwidth  # noqa: E402
-from benchlib import median_event_time, rotating_copies, spin_cycles, spin_kernel  # noqa: E402
+from benchlib import (VALIDATE_ROWS, assert_same_bits, git_commit, median_event_time,  # noqa: E402
+                      rotating_copies, spin_cycles, spin_kernel)
 
 NWARPS = 4
 
@@ -43,10 +45,19 @@ def main(argv=None) -> int:
 
     import cupy as cp
 
-    from hiraishin.kernels._cuda import get_kernel, kernel_attributes
-    from hiraishin.kernels.mmvq import TYPE_TRAITS, kernel_defines, random_weights
-    from hiraishin.kernels.q8_1_layout import layout_for
-    from hiraishin.kernels.quantize_q8_1 import quantize_q8_1
+    from hiraishin.backends import get_backend
+    from hiraishin.kernels import mmvq, quantize
+    from hiraishin.kernels.compile import get_kernel, kernel_attributes
+    from hiraishin.kernels.mmvq.launch import SOURCE as MMVQ_SOURCE
+    from hiraishin.kernels.mmvq.launch import kernel_defines
+    from hiraishin.kernels.quantize.layout import layout_for
+    from hiraishin.plans import MatVecPlan
+    from hiraishin.plans.matvec import MATVEC_TRAITS
+    from hiraishin.quant import random_blocks as random_weights
+
+    cuda = get_backend("cuda")
+    commit = git_commit()
+    print(f"commit {commit}")
 
     t0 = time.time()
     props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
@@ -69,12 +80,20 @@ def main(argv=None) -> int:
     rng = np.random.default_rng(0)
     for si in [int(s) for s in args.shapes.split(",")]:
         label, qtype, k, n = SHAPES[si]
-        t = TYPE_TRAITS[qtype]
+        t = MATVEC_TRAITS[qtype]
         w_host = random_weights(qtype, n, k, seed=1)
         wbytes = w_host.nbytes
         ws = rotating_copies(cp, w_host, l2)
         ncopies = len(ws)
-        xq = quantize_q8_1(cp.asarray(rng.standard_normal((16, k)).astype(np.float32)), "cuda", layout_for(qtype))
+        w_check = w_host[:VALIDATE_ROWS].copy()
+        del w_host
+        x_host = rng.standard_normal((16, k)).astype(np.float32)
+        # the kernel's own activation layout, written by the quantize kernel (a copy: a reused scratch buffer)
+        xq = cuda.quantize_q8_1(cp.asarray(x_host), layout_for(qtype)).copy()
+        xq_check = quantize.emulate(x_host)  # llama.cpp's layout, what the emulator reads
+        assert_same_bits(f"{label} quantize_q8_1 layout={layout_for(qtype)}", cp.asnumpy(xq),
+                         quantize.emulate(x_host, layout_for(qtype)))
+        emu = {}  # ncols -> the emulator's first rows (nwarps fixed: every variant must give these bits)
         reps = args.reps if wbytes < 100e6 else max(3, args.reps // 4)
         ref = {}
         base_t = {}
@@ -91,7 +110,7 @@ def main(argv=None) -> int:
                 defines = kernel_defines(qtype, count, rows, NWARPS, k // t.qk, unroll, minb)
                 if sub is not None:
                     defines["HX_Q6_SUB_IN_DOT"] = sub
-                kern = get_kernel("mmvq.cu", "mmvq", defines)
+                kern = get_kernel(MMVQ_SOURCE, "mmvq", defines)
                 attrs = kernel_attributes(kern)
                 calls.append((kern, start, count))
                 start += count
@@ -104,6 +123,11 @@ def main(argv=None) -> int:
                          shared_mem=(NWARPS - 1) * c * rows * 128)
             fn(0)
             got = cp.asnumpy(out).view(np.uint32)
+            if ncols not in emu:
+                plan = MatVecPlan("mmvq", qtype, nwarps=NWARPS, rows_per_block=1, cols_per_launch=1, ncols=ncols)
+                emu[ncols] = mmvq.emulate(w_check, qtype, xq_check[:ncols], plan)
+            assert_same_bits(f"{label} cols {ncols} split {split} rows {rows} unroll {unroll} sub {sub}",
+                             got[:, :VALIDATE_ROWS].view(np.float32), emu[ncols])
             same = None
             if ncols not in ref:
                 ref[ncols] = got
@@ -122,13 +146,14 @@ def main(argv=None) -> int:
                   f"{'' if sub is None else f' sub {sub}'}{f' minblocks {minb}' if minb else ''}: "
                   f"{sec * 1e6:8.1f} us {frac:6.1%} of copy  x{sec / base_t[1]:.2f}  regs {attrs['num_regs']}"
                   f" spill {attrs['local_size_bytes']} bits {'ref' if same is None else same}")
-        del ws, xq
+        ws = xq = None  # released before the next shape's copies
         cp.get_default_memory_pool().free_all_blocks()
     print(f"sweep took {time.time() - t0:.0f} s")
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "sweep_mmvq.json"), "w") as f:
-            json.dump(dict(copy_bytes_per_s=bw_copy, records=records), f, indent=1)
+            json.dump(dict(commit=commit, validated_rows=VALIDATE_ROWS, copy_bytes_per_s=bw_copy,
+                           records=records), f, indent=1)
     return 0
 
 

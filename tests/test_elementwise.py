@@ -1,4 +1,4 @@
-"""CPU emulators of the elementwise kernels (RMSNorm, RoPE, SwiGLU, add, get_rows)."""
+"""CPU emulators of the elementwise kernels (RMSNorm, RoPE, SwiGLU, add, get_rows), through the CPU backend."""
 
 from __future__ import annotations
 
@@ -7,11 +7,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hiraishin.backends import get_backend
 from hiraishin.errors import BackendError
-from hiraishin.kernels.elementwise import add_cpu, get_rows_cpu, swiglu_cpu
-from hiraishin.kernels.rmsnorm import block_threads, rms_norm_cpu
-from hiraishin.kernels.rope import rope_neox_cpu, rope_tables
+from hiraishin.kernels.rmsnorm.emulate import block_threads
+from hiraishin.kernels.rope import rope_tables
 from hiraishin.quant import dequantize, quantize
+
+CPU = get_backend("cpu")  # its ops run the kernels' emulators
 
 # float32 round-off bounds against float64 (relative to the row scale): RMSNorm's sum over n
 # terms and a handful of products stay well below 1e-5 for the sizes tested here.
@@ -30,7 +32,7 @@ def test_rms_norm_matches_float64(n):
     x = (rng.standard_normal((5, n)) * rng.uniform(0.1, 30, (5, 1))).astype(np.float32)
     w = rng.standard_normal(n).astype(np.float32)
     eps = 1e-6
-    got = rms_norm_cpu(x, w, eps)
+    got = CPU.rms_norm(x, w, eps)
     x64 = x.astype(np.float64)
     ref = x64 / np.sqrt(np.mean(x64 * x64, axis=1, keepdims=True) + eps) * w
     np.testing.assert_allclose(got, ref, rtol=RMS_RTOL, atol=RMS_RTOL * np.abs(ref).max())
@@ -41,9 +43,9 @@ def test_rms_norm_rows_are_independent_of_the_batch():
     rng = np.random.default_rng(1)
     x = rng.standard_normal((9, 1024)).astype(np.float32)
     w = rng.standard_normal(1024).astype(np.float32)
-    full = rms_norm_cpu(x, w, 1e-6)
+    full = CPU.rms_norm(x, w, 1e-6)
     for i in (0, 4, 8):
-        assert np.array_equal(_bits(rms_norm_cpu(x[i:i + 1], w, 1e-6)), _bits(full[i:i + 1]))
+        assert np.array_equal(_bits(CPU.rms_norm(x[i:i + 1], w, 1e-6)), _bits(full[i:i + 1]))
 
 
 def test_rms_norm_fixed_tree_is_the_documented_one():
@@ -69,14 +71,14 @@ def test_rms_norm_fixed_tree_is_the_documented_one():
     total = butterfly(warps)
     scale = np.float32(1.0) / np.sqrt(total / np.float32(n) + np.float32(1e-6))
     expect = (scale * x) * w
-    assert np.array_equal(_bits(rms_norm_cpu(x, w, 1e-6)), _bits(expect))
+    assert np.array_equal(_bits(CPU.rms_norm(x, w, 1e-6)), _bits(expect))
 
 
 def test_rms_norm_rejects_bad_shapes():
     with pytest.raises(BackendError, match="rms_norm"):
-        rms_norm_cpu(np.zeros((2, 8), np.float32), np.zeros(7, np.float32), 1e-6)
+        CPU.rms_norm(np.zeros((2, 8), np.float32), np.zeros(7, np.float32), 1e-6)
     with pytest.raises(BackendError, match="float32"):
-        rms_norm_cpu(np.zeros((2, 8), np.float64), np.zeros(8, np.float64), 1e-6)
+        CPU.rms_norm(np.zeros((2, 8), np.float64), np.zeros(8, np.float64), 1e-6)
 
 
 def test_rope_tables_and_rotation_match_float64():
@@ -86,7 +88,7 @@ def test_rope_tables_and_rotation_match_float64():
     rng = np.random.default_rng(3)
     x = rng.standard_normal((4, 3, D)).astype(np.float32)
     pos = np.array([0, 5, 17, 63], np.int32)
-    got = rope_neox_cpu(x, pos, cos_t, sin_t)
+    got = CPU.rope(x, pos, cos_t, sin_t)
     theta = pos[:, None] * np.power(base, -2.0 * np.arange(64) / D)
     c, s = np.cos(theta)[:, None], np.sin(theta)[:, None]
     x64 = x.astype(np.float64)
@@ -103,14 +105,14 @@ def test_rope_tables_and_rotation_match_float64():
 def test_rope_rejects_positions_outside_the_table():
     cos_t, sin_t = rope_tables(8, 16, 1e4)
     with pytest.raises(BackendError, match="outside the table"):
-        rope_neox_cpu(np.zeros((1, 1, 16), np.float32), np.array([8]), cos_t, sin_t)
+        CPU.rope(np.zeros((1, 1, 16), np.float32), np.array([8]), cos_t, sin_t)
 
 
 def test_swiglu_matches_float64():
     rng = np.random.default_rng(4)
     g = np.concatenate([rng.standard_normal(4000) * 4, [-100.0, -88.5, -87.0, 0.0, 30.0, 100.0]]).astype(np.float32)
     u = rng.standard_normal(g.size).astype(np.float32)
-    got = swiglu_cpu(g, u)
+    got = CPU.swiglu(g, u)
     g64 = g.astype(np.float64)
     ref = g64 / (1.0 + np.exp(-g64)) * u
     np.testing.assert_allclose(got, ref, rtol=SWIGLU_RTOL, atol=1e-30)
@@ -120,7 +122,7 @@ def test_swiglu_matches_float64():
 def test_add_is_the_float32_add():
     rng = np.random.default_rng(5)
     a, b = rng.standard_normal((2, 3, 7)).astype(np.float32)
-    assert np.array_equal(_bits(add_cpu(a, b)), _bits(a + b))
+    assert np.array_equal(_bits(CPU.add(a, b)), _bits(a + b))
 
 
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q8_0"])
@@ -129,7 +131,7 @@ def test_get_rows_equals_dequantize_bitwise(qtype):
     x = rng.standard_normal((11, 512)).astype(np.float32) * rng.uniform(0.01, 3, (11, 1)).astype(np.float32)
     table = quantize(x, qtype)
     ids = np.array([10, 0, 3, 3, 7])
-    got = get_rows_cpu(table, qtype, ids)
+    got = CPU.get_rows(table, qtype, ids)
     assert np.array_equal(_bits(got), _bits(dequantize(table[ids], qtype)))
 
 
@@ -141,7 +143,7 @@ def test_get_rows_of_arbitrary_bytes_equals_dequantize(qtype, raw):
 
     nb = BLOCK_BYTES[qtype]
     row = np.frombuffer(raw[: (420 // nb) * nb], np.uint8).reshape(1, -1)
-    got = get_rows_cpu(row, qtype, [0])
+    got = CPU.get_rows(row, qtype, [0])
     ref = dequantize(row, qtype)
     finite = np.isfinite(ref)
     assert np.array_equal(_bits(got[finite]), _bits(ref[finite]))
@@ -151,14 +153,14 @@ def test_get_rows_of_arbitrary_bytes_equals_dequantize(qtype, raw):
 def test_get_rows_f32_and_f16_tables():
     rng = np.random.default_rng(7)
     t32 = rng.standard_normal((5, 8)).astype(np.float32)
-    assert np.array_equal(get_rows_cpu(t32, "F32", [4, 1]), t32[[4, 1]])
+    assert np.array_equal(CPU.get_rows(t32, "F32", [4, 1]), t32[[4, 1]])
     t16 = t32.astype(np.float16)
-    assert np.array_equal(get_rows_cpu(t16, "F16", [2]), t16[[2]].astype(np.float32))
+    assert np.array_equal(CPU.get_rows(t16, "F16", [2]), t16[[2]].astype(np.float32))
 
 
 def test_get_rows_rejects_bad_ids_and_types():
     table = np.zeros((4, 34), np.uint8)
     with pytest.raises(BackendError, match="outside"):
-        get_rows_cpu(table, "Q8_0", [4])
+        CPU.get_rows(table, "Q8_0", [4])
     with pytest.raises(BackendError, match="unsupported"):
-        get_rows_cpu(table, "Q5_K", [0])
+        CPU.get_rows(table, "Q5_K", [0])

@@ -11,23 +11,31 @@ import pytest
 
 from hiraishin.devices import DeviceProfile
 from hiraishin.errors import BackendError, PlanError
-from hiraishin.kernels import fattn_vec as fv
-from hiraishin.kernels.fattn_vec import AttentionPlan, attention, flash_attn
+from hiraishin.backends import get_backend
+from hiraishin.kernels.attention.emulate import KQ_MAX_OFFSET, attention_scale
 from hiraishin.order import ReductionOrder
+from hiraishin.plans import AttentionPlan, attention_plan
+from hiraishin.plans.attention import KERNEL_Q1, KERNEL_QN, KERNEL_TILE
 
 from fattn_inputs import bits, make_inputs
 
 # A small made-up GPU on which the efficiency loop gives P < number of chunks (3 SMs, 1 block/SM):
 # 4 heads over 512 cells -> P = 3, so chunk 3 joins block 0. Keeps the invariance tests stringent.
 TINY_GPU = DeviceProfile(name="tiny-test-gpu", compute_capability=900, sm_count=3,
-                         occupancy={fv.KERNEL_Q1: 1, fv.KERNEL_QN: 1, fv.KERNEL_TILE: 1})
+                         occupancy={KERNEL_Q1: 1, KERNEL_QN: 1, KERNEL_TILE: 1})
 # 5 SMs: 4 heads get P = 1 for 512 attended cells but P = 5 for 768.
 FIVE_SM_GPU = DeviceProfile(name="five-sm-test-gpu", compute_capability=900, sm_count=5,
-                            occupancy={fv.KERNEL_Q1: 1, fv.KERNEL_QN: 1, fv.KERNEL_TILE: 1})
+                            occupancy={KERNEL_Q1: 1, KERNEL_QN: 1, KERNEL_TILE: 1})
 
 ORDERS = [ReductionOrder.BATCH_VARIANT, ReductionOrder.BATCH_INVARIANT, ReductionOrder.FIXED_SPLIT]
 
 
+def attention(q, k, v, q_pos, kv_len, order, backend, device=None):
+    return get_backend(backend, device).attention(q, k, v, q_pos, kv_len, order)
+
+
+def flash_attn(q, k, v, q_pos, plan, backend):
+    return get_backend(backend).flash_attn(q, k, v, q_pos, plan)
 
 
 def reference(q, k, v, q_pos):
@@ -83,7 +91,7 @@ def test_rows_are_independent_of_the_other_rows():
     q, k, v = make_inputs(seed=5, n_ctx=512, n_head=4, n_head_kv=2, n_q=6)
     q_pos = np.array([511, 20, 300, 384, 255, 256], dtype=np.int32)
     for order in ORDERS:
-        plan = order.attention_plan(6, 512, 4, 2)
+        plan = attention_plan(order, 6, 512, 4, 2)
         out = flash_attn(q, k, v, q_pos, plan, "cpu")
         perm = np.array([3, 0, 5, 1, 4, 2])
         out_p = flash_attn(q[perm], k, v, q_pos[perm], plan, "cpu")
@@ -147,8 +155,8 @@ def test_invariant_needs_the_verify_guard():
     q, k, v = make_inputs(seed=13, n_ctx=800, n_head=4, n_head_kv=2)
     # positions 500..519 in one batch: kv_len 520 -> 768 attended cells, P = 5;
     # alone, positions below 512 attend 512 cells with P = 1
-    assert order.attention_plan(20, 520, 4, 2, device=FIVE_SM_GPU).parallel_blocks == 5
-    assert order.attention_plan(1, 501, 4, 2, device=FIVE_SM_GPU).parallel_blocks == 1
+    assert attention_plan(order, 20, 520, 4, 2, device=FIVE_SM_GPU).parallel_blocks == 5
+    assert attention_plan(order, 1, 501, 4, 2, device=FIVE_SM_GPU).parallel_blocks == 1
     q_pos = np.arange(500, 520, dtype=np.int32)
     got = attention(q[500:520], k, v, q_pos, 520, order, "cpu", FIVE_SM_GPU)
     want = alone(order, q, k, v, range(500, 520), FIVE_SM_GPU)
@@ -222,15 +230,15 @@ def test_partials_then_combine_equals_flash_attn():
     q_pos = np.array([100, 400, 599], np.int32)
     for plan in (AttentionPlan("vec", 1, 3, kv_attended=768, kv_len=600),
                  AttentionPlan("tile", 8, 4, chunk_cells=64, split_cells=192, kv_attended=768, kv_len=600)):
-        parts, meta = fv.partials(q, k, v, q_pos, plan, "cpu")
+        parts, meta = get_backend("cpu").attention_partials(q, k, v, q_pos, plan)
         assert parts.shape == (3, 4, plan.parallel_blocks, 128) and meta.shape == (3, 4, plan.parallel_blocks, 2)
-        out = fv.combine(parts, meta, "cpu")
+        out = get_backend("cpu").attention_combine(parts, meta)
         assert np.array_equal(bits(out), bits(flash_attn(q, k, v, q_pos, plan, "cpu")))
 
 
 def test_attention_scale_is_llama_cpp_host_value():
-    assert fv.attention_scale(128).view(np.uint32) == 0x3DB504F3
-    assert float(fv.KQ_MAX_OFFSET) == 2.0792999267578125
+    assert attention_scale(128).view(np.uint32) == 0x3DB504F3
+    assert float(KQ_MAX_OFFSET) == 2.0792999267578125
 
 
 @pytest.mark.parametrize("bad,match", [
@@ -255,9 +263,9 @@ def test_bad_inputs_name_the_problem(bad, match):
 
 def test_plan_must_match_inputs():
     q, k, v = make_inputs(seed=19, n_ctx=300, n_head=4, n_head_kv=2, n_q=2)
-    plan = ReductionOrder.BATCH_INVARIANT.attention_plan(3, 300, 4, 2)
+    plan = attention_plan(ReductionOrder.BATCH_INVARIANT, 3, 300, 4, 2)
     with pytest.raises(PlanError, match="n_queries"):
         flash_attn(q, k, v, np.array([1, 2], np.int32), plan, "cpu")
     with pytest.raises(PlanError, match="no partials"):
-        fv.partials(q, k, v, np.array([1, 2], np.int32),
-                    AttentionPlan("vec", 1, 1, kv_attended=256, kv_len=200), "cpu")
+        get_backend("cpu").attention_partials(q, k, v, np.array([1, 2], np.int32),
+                                              AttentionPlan("vec", 1, 1, kv_attended=256, kv_len=200))

@@ -12,22 +12,27 @@ import subprocess
 
 import pytest
 
-from hiraishin.kernels._cuda import load_source
+from hiraishin.kernels.attention.launch import SOURCE_TILE, SOURCE_VEC
+from hiraishin.kernels.compile import defines_text, load_source
+from hiraishin.plans.attention import NTHREADS, TILE_CELLS, TILE_QUERIES
 
 NVCC = shutil.which("nvcc")
-# nvcc spelling of the NVRTC options in hiraishin.kernels._cuda (IEEE arithmetic, no contraction)
+# nvcc spelling of the NVRTC options in hiraishin.kernels.compile (IEEE arithmetic, no contraction)
 FLAGS = ["-arch=sm_90", "-std=c++17", "--fmad=false", "--ftz=false", "--prec-div=true", "--prec-sqrt=true",
          "-Xptxas", "-v", "-c"]
-EXPECTED = {"fattn_vec.cu": {"fattn_vec_q1", "fattn_vec_qn", "fattn_combine"},
-            "fattn_tile.cu": {"fattn_tile"}}
+EXPECTED = {SOURCE_VEC: {"fattn_vec_q1", "fattn_vec_qn", "fattn_combine"},
+            SOURCE_TILE: {"fattn_tile"}}
+# the #defines hiraishin.kernels.attention.launch compiles each source with (besides HX_D)
+EXTRA_DEFINES = {SOURCE_VEC: {},
+                 SOURCE_TILE: {"FT_TILE_Q": TILE_QUERIES, "FT_TILE_KV": TILE_CELLS, "FT_NTHREADS": NTHREADS}}
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not on PATH")
 @pytest.mark.parametrize("head_dim", [128, 64])
 @pytest.mark.parametrize("source", sorted(EXPECTED))
 def test_compiles_without_spills(tmp_path, source, head_dim):
-    src = tmp_path / f"{source[:-3]}_d{head_dim}.cu"
-    src.write_text(f"#define HX_D {head_dim}\n" + load_source(source))
+    src = tmp_path / f"{source.split('/')[-1][:-3]}_d{head_dim}.cu"
+    src.write_text(defines_text({"HX_D": head_dim, **EXTRA_DEFINES[source]}) + load_source(source))
     proc = subprocess.run([NVCC, *FLAGS, str(src), "-o", str(tmp_path / "out.o")],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr

@@ -15,18 +15,34 @@ import numpy as np
 import pytest
 
 from hiraishin.devices import DeviceProfile
-from hiraishin.kernels import fattn_vec as fv
-from hiraishin.kernels.fattn_vec import AttentionPlan, attention, flash_attn
+from hiraishin.backends import get_backend
+from hiraishin.kernels.attention.launch import current_profile, kernel_report
 from hiraishin.order import ReductionOrder
+from hiraishin.plans import AttentionPlan, attention_plan
+from hiraishin.plans.attention import HEAD_DIMS, KERNEL_Q1, KERNEL_QN, KERNEL_TILE
 
 from fattn_inputs import bits, make_inputs
 
 pytestmark = pytest.mark.gpu
 
 TINY_GPU = DeviceProfile(name="tiny-test-gpu", compute_capability=900, sm_count=3,
-                         occupancy={fv.KERNEL_Q1: 1, fv.KERNEL_QN: 1, fv.KERNEL_TILE: 1})
+                         occupancy={KERNEL_Q1: 1, KERNEL_QN: 1, KERNEL_TILE: 1})
 
 
+def attention(q, k, v, q_pos, kv_len, order, backend, device=None):
+    return get_backend(backend, device).attention(q, k, v, q_pos, kv_len, order)
+
+
+def flash_attn(q, k, v, q_pos, plan, backend):
+    return get_backend(backend).flash_attn(q, k, v, q_pos, plan)
+
+
+def partials(q, k, v, q_pos, plan, backend):
+    return get_backend(backend).attention_partials(q, k, v, q_pos, plan)
+
+
+def combine(parts, meta, backend):
+    return get_backend(backend).attention_combine(parts, meta)
 
 
 def on_gpu(*arrays):
@@ -71,11 +87,11 @@ def test_kernel_equals_emulator(case):
     q_pos[-1] = kv_len - 1
     qg, kg, vg = on_gpu(q, k, v)
     if plan.parallel_blocks > 1:
-        parts_c, meta_c = fv.partials(q, k, v, q_pos, plan, "cpu")
-        parts_g, meta_g = fv.partials(qg, kg, vg, q_pos, plan, "cuda")
+        parts_c, meta_c = partials(q, k, v, q_pos, plan, "cpu")
+        parts_g, meta_g = partials(qg, kg, vg, q_pos, plan, "cuda")
         assert_same_bits(meta_g.get(), meta_c, "meta (block max, sum)")
         assert_same_bits(parts_g.get(), parts_c, "partials")
-        assert_same_bits(fv.combine(parts_g, meta_g, "cuda").get(), fv.combine(parts_c, meta_c, "cpu"),
+        assert_same_bits(combine(parts_g, meta_g, "cuda").get(), combine(parts_c, meta_c, "cpu"),
                          "combine")
     out_c = flash_attn(q, k, v, q_pos, plan, "cpu")
     out_g = flash_attn(qg, kg, vg, q_pos, plan, "cuda").get()
@@ -92,8 +108,8 @@ def test_combine_kernel_alone_on_awkward_partials():
     meta = np.stack([rng.uniform(-30, 10, (T, H, P)), rng.uniform(0.5, 40, (T, H, P))], -1).astype(np.float32)
     meta[:, :, 5] = [np.float32(-np.finfo(np.float32).max / 2), 0.0]
     parts[:, :, 5] = 0
-    want = fv.combine(parts, meta, "cpu")
-    got = fv.combine(cp.asarray(parts), cp.asarray(meta), "cuda").get()
+    want = combine(parts, meta, "cpu")
+    got = combine(cp.asarray(parts), cp.asarray(meta), "cuda").get()
     assert_same_bits(got, want, "combine")
 
 
@@ -181,7 +197,7 @@ def test_variant_order_on_the_gpu_is_batch_dependent_and_emulated():
     qg, kg, vg = on_gpu(q, k, v)
     q_pos = np.arange(2092, 2100, dtype=np.int32)
     batch = attention(qg, kg, vg, q_pos, 2100, order, "cuda", "current").get()
-    plan = order.attention_plan(8, 2100, 32, 8, device="current")
+    plan = attention_plan(order, 8, 2100, 32, 8, device=current_profile())
     assert plan.kernel == "tile"
     assert_same_bits(batch, flash_attn(q, k, v, q_pos, plan, "cpu"), "variant batch vs emulator")
     last = attention(qg[7:], kg, vg, q_pos[7:], 2100, order, "cuda", "current").get()
@@ -191,7 +207,7 @@ def test_variant_order_on_the_gpu_is_batch_dependent_and_emulated():
 def test_kv_cache_on_the_gpu():
     import cupy as cp
 
-    from hiraishin.model.kv_cache import KVCache
+    from hiraishin.backends.kv_cache import KVCache
 
     rng = np.random.default_rng(5)
     x = rng.standard_normal((40, 8, 128)).astype(np.float32)
@@ -213,13 +229,13 @@ def test_kv_cache_on_the_gpu():
 def test_kernel_facts_recorded():
     import cupy as cp
 
-    report = {f"D{d}": fv.kernel_report(d) for d in fv.HEAD_DIMS}
+    report = {f"D{d}": kernel_report(d) for d in HEAD_DIMS}
     for per_dim in report.values():
         for name, facts in per_dim.items():
             assert facts["local_size_bytes"] == 0, f"{name} spills: {facts}"
             if name != "fattn_combine":
                 assert facts["blocks_per_sm"] >= 1
-    profile = fv.current_profile()
+    profile = current_profile()
     props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
     record = {
         "device": props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"]),

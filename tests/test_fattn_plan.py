@@ -8,14 +8,14 @@ from hypothesis import strategies as st
 
 from hiraishin.devices import DeviceProfile
 from hiraishin.errors import PlanError
-from hiraishin.kernels import fattn_vec as fv
-from hiraishin.kernels.fattn_vec import AttentionPlan, parallel_blocks_for, plan_attention
 from hiraishin.order import ReductionOrder
+from hiraishin.plans import AttentionPlan, attention_plan, parallel_blocks_for
+from hiraishin.plans.attention import KERNEL_Q1, KERNEL_QN, KERNEL_TILE
 
 H200_LIKE = DeviceProfile(name="h200-like", compute_capability=900, sm_count=132,
-                          occupancy={fv.KERNEL_Q1: 3, fv.KERNEL_QN: 2, fv.KERNEL_TILE: 2})
+                          occupancy={KERNEL_Q1: 3, KERNEL_QN: 2, KERNEL_TILE: 2})
 AMPERE_LIKE = DeviceProfile(name="a100-like", compute_capability=800, sm_count=108,
-                            occupancy={fv.KERNEL_Q1: 3, fv.KERNEL_QN: 2, fv.KERNEL_TILE: 2})
+                            occupancy={KERNEL_Q1: 3, KERNEL_QN: 2, KERNEL_TILE: 2})
 
 
 # reference section 6.6: H200 (132 SMs, 3 blocks/SM), one token
@@ -35,7 +35,7 @@ def test_parallel_blocks_for_rejects_nonsense():
 
 @pytest.mark.parametrize("kv_len", [1, 255, 256, 257, 384, 511, 513, 2000, 9000])
 def test_invariant_plan_ignores_the_query_count(kv_len):
-    plans = {n: ReductionOrder.BATCH_INVARIANT.attention_plan(n, kv_len, 32, 8, device=H200_LIKE)
+    plans = {n: attention_plan(ReductionOrder.BATCH_INVARIANT, n, kv_len, 32, 8, device=H200_LIKE)
              for n in range(1, 17)}
     first = plans[1]
     assert first.kernel == "vec" and first.queries_per_block == 1
@@ -47,13 +47,13 @@ def test_invariant_plan_ignores_the_query_count(kv_len):
 
 def test_variant_plan_switches_kernel_and_split_with_the_batch():
     order = ReductionOrder.BATCH_VARIANT
-    one = order.attention_plan(1, 2048, 32, 8, device=H200_LIKE)
+    one = attention_plan(order, 1, 2048, 32, 8, device=H200_LIKE)
     assert (one.kernel, one.kernel_name, one.parallel_blocks) == ("vec", "fattn_vec_q1", 12)
-    inv = ReductionOrder.BATCH_INVARIANT.attention_plan(1, 2048, 32, 8, device=H200_LIKE)
+    inv = attention_plan(ReductionOrder.BATCH_INVARIANT, 1, 2048, 32, 8, device=H200_LIKE)
     geometry = ("kernel", "queries_per_block", "parallel_blocks", "chunk_cells", "kv_attended", "split_cells")
     assert [getattr(one, f) for f in geometry] == [getattr(inv, f) for f in geometry]
-    two = order.attention_plan(2, 2048, 32, 8, device=H200_LIKE)
-    nine = order.attention_plan(9, 2048, 32, 8, device=H200_LIKE)
+    two = attention_plan(order, 2, 2048, 32, 8, device=H200_LIKE)
+    nine = attention_plan(order, 9, 2048, 32, 8, device=H200_LIKE)
     assert two.kernel == nine.kernel == "tile"
     # ntiles_dst doubles from 8 to 9 queries (two 8-query tiles), so the split changes
     assert (two.parallel_blocks, two.split_cells) == (8, 256)
@@ -62,39 +62,39 @@ def test_variant_plan_switches_kernel_and_split_with_the_batch():
 
 def test_variant_single_query_kernel_choice_follows_llama_cpp():
     order = ReductionOrder.BATCH_VARIANT
-    assert order.attention_plan(1, 1000, 32, 8, device=AMPERE_LIKE).kernel == "tile"  # cc < 890
-    assert order.attention_plan(1, 1000, 32, 32, device=AMPERE_LIKE).kernel == "vec"  # no GQA opt
-    assert order.attention_plan(1, 7000, 64, 8, device=H200_LIKE).kernel == "vec"  # pads to 7168
-    assert order.attention_plan(1, 7937, 64, 8, device=H200_LIKE).kernel == "tile"  # pads to 8192, gqa 8
-    assert order.attention_plan(1, 9000, 32, 8, device=H200_LIKE).kernel == "vec"  # gqa 4
+    assert attention_plan(order, 1, 1000, 32, 8, device=AMPERE_LIKE).kernel == "tile"  # cc < 890
+    assert attention_plan(order, 1, 1000, 32, 32, device=AMPERE_LIKE).kernel == "vec"  # no GQA opt
+    assert attention_plan(order, 1, 7000, 64, 8, device=H200_LIKE).kernel == "vec"  # pads to 7168
+    assert attention_plan(order, 1, 7937, 64, 8, device=H200_LIKE).kernel == "tile"  # pads to 8192, gqa 8
+    assert attention_plan(order, 1, 9000, 32, 8, device=H200_LIKE).kernel == "vec"  # gqa 4
 
 
 def test_fixed_split_plan():
     order = ReductionOrder.FIXED_SPLIT
     for n in (1, 5, 16):
-        plan = order.attention_plan(n, 1000, 32, 8, device=H200_LIKE)
+        plan = attention_plan(order, n, 1000, 32, 8, device=H200_LIKE)
         assert (plan.kernel, plan.parallel_blocks, plan.kv_attended, plan.split_cells) == ("vec", 4, 1024, 256)
         assert plan.queries_per_block == (1 if n == 1 else 2)
         assert [plan.chunks_of_block(y) for y in range(4)] == [[(256 * y, 256 * y + 256)] for y in range(4)]
     # the split size, not the number of splits, is fixed
-    assert order.attention_plan(1, 5000, 32, 8).parallel_blocks == 20
+    assert attention_plan(order, 1, 5000, 32, 8).parallel_blocks == 20
     wide = ReductionOrder.custom(attention="fixed_split", split_cells=512)
-    assert wide.attention_plan(3, 1000, 32, 8).chunks_of_block(1) == [(512, 1024)]
+    assert attention_plan(wide, 3, 1000, 32, 8).chunks_of_block(1) == [(512, 1024)]
 
 
 def test_custom_plan_and_its_errors():
-    plan = ReductionOrder.custom(parallel_blocks=5).attention_plan(3, 700, 8, 2)
+    plan = attention_plan(ReductionOrder.custom(parallel_blocks=5), 3, 700, 8, 2)
     assert (plan.kernel, plan.parallel_blocks, plan.kv_attended) == ("vec", 5, 768)
     assert plan.chunks_of_block(0) == [(0, 128), (640, 768)]
     assert plan.chunks_of_block(4) == [(512, 640)]
     with pytest.raises(PlanError, match="parallel_blocks"):
-        ReductionOrder(name="broken", attention="custom").attention_plan(1, 100, 8, 2)
+        attention_plan(ReductionOrder(name="broken", attention="custom"), 1, 100, 8, 2)
     with pytest.raises(PlanError, match="multiple of n_head_kv"):
-        plan_attention(ReductionOrder.BATCH_INVARIANT, 1, 100, 6, 4, 128, None)
+        attention_plan(ReductionOrder.BATCH_INVARIANT, 1, 100, 6, 4, 128, None)
     with pytest.raises(PlanError, match="kv_len"):
-        plan_attention(ReductionOrder.BATCH_INVARIANT, 1, 0, 8, 2, 128, None)
+        attention_plan(ReductionOrder.BATCH_INVARIANT, 1, 0, 8, 2, 128, None)
     with pytest.raises(PlanError, match="unknown device profile"):
-        plan_attention(ReductionOrder.BATCH_INVARIANT, 1, 10, 8, 2, 128, "no-such-gpu")
+        attention_plan(ReductionOrder.BATCH_INVARIANT, 1, 10, 8, 2, 128, "no-such-gpu")
 
 
 @pytest.mark.parametrize("kwargs,match", [
@@ -138,22 +138,28 @@ def test_every_cell_is_read_by_exactly_one_block(plan):
 
 
 def test_describe_names_kernel_blocks_and_combine():
-    plan = ReductionOrder.custom(parallel_blocks=3).attention_plan(1, 512, 32, 8)
+    plan = attention_plan(ReductionOrder.custom(parallel_blocks=3), 1, 512, 32, 8)
     text = plan.describe()
     assert "fattn_vec_q1" in text and "P=3" in text
     assert "block 0: [0,128), [384,512)" in text
     assert "3 partials merged in block order" in text
-    tile = ReductionOrder.BATCH_VARIANT.attention_plan(4, 3000, 32, 8, device=H200_LIKE).describe()
+    tile = attention_plan(ReductionOrder.BATCH_VARIANT, 4, 3000, 32, 8, device=H200_LIKE).describe()
     assert "fattn_tile" in tile and "contiguous split" in tile
 
 
 def test_current_device_needs_cupy():
+    # plans no longer know the GPU: "this GPU" is a profile measured through CuPy
+    # (current_profile), or the cuda backend's device="current"; both need CuPy
     try:
         import cupy  # noqa: F401
     except ImportError:
+        from hiraishin.backends import get_backend
         from hiraishin.errors import BackendError
+        from hiraishin.kernels.attention.launch import current_profile
 
         with pytest.raises(BackendError):
-            plan_attention(ReductionOrder.BATCH_VARIANT, 1, 100, 8, 2, 128, "current")
+            attention_plan(ReductionOrder.BATCH_VARIANT, 1, 100, 8, 2, 128, current_profile())
+        with pytest.raises(BackendError):
+            get_backend("cuda", "current")
     else:
         pytest.skip("CuPy present: covered by tests/test_fattn_gpu.py")

@@ -8,9 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
+from hiraishin.backends import get_backend
+from hiraishin.backends.kv_cache import KVCache, KVCacheError
 from hiraishin.errors import BackendError, HiraishinError
-from hiraishin.kernels.fattn_vec import attention
-from hiraishin.model.kv_cache import KVCache, KVCacheError
 from hiraishin.order import ReductionOrder
 
 
@@ -121,6 +121,7 @@ def test_rollback_then_rewrite_equals_a_fresh_cache_for_attention():
     q = rand(rng, 2, 4, D)
     q_pos = np.array([291, 292], np.int32)
     for order in (ReductionOrder.BATCH_INVARIANT, ReductionOrder.FIXED_SPLIT):
-        a = attention(q, spec.k(0), spec.v(0), q_pos, spec.length, order, "cpu")
-        b = attention(q, fresh.k(0), fresh.v(0), q_pos, fresh.length, order, "cpu")
+        cpu = get_backend("cpu")
+        a = cpu.attention(q, spec.k(0), spec.v(0), q_pos, spec.length, order)
+        b = cpu.attention(q, fresh.k(0), fresh.v(0), q_pos, fresh.length, order)
         assert np.array_equal(a.view(np.uint32), b.view(np.uint32))

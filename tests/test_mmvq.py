@@ -16,28 +16,45 @@ import pytest
 
 from hiraishin.devices import DeviceProfile
 from hiraishin.errors import BackendError, PlanError, QuantError
-from hiraishin.kernels import mmq_tiled
-from hiraishin.kernels.mmvq import (
-    MatVecPlan,
-    emulate_mmvq,
-    mul_mat,
-    mul_mat_vec,
-    plan_matvec,
-    random_weights,
-)
-from hiraishin.kernels.quantize_q8_1 import F16_TO_F32, dequantize_q8_1, quantize_q8_1
+from hiraishin.backends import get_backend
+from hiraishin.kernels import mmvq, tiled
 from hiraishin.order import ReductionOrder
+from hiraishin.plans import MatVecPlan, matvec_plan
+from hiraishin.quant import dequantize
+from hiraishin.quant import random_blocks as random_weights
 
 RTOL_F64 = 2e-7
 QTYPES = ["Q4_K", "Q6_K", "Q8_0"]
 _GGML = {"Q4_K": gguf.GGMLQuantizationType.Q4_K, "Q6_K": gguf.GGMLQuantizationType.Q6_K,
          "Q8_0": gguf.GGMLQuantizationType.Q8_0}
+CPU = get_backend("cpu")
 VARIANT = ReductionOrder.BATCH_VARIANT
 INVARIANT = ReductionOrder.BATCH_INVARIANT
 
 
 def _dequant(w: np.ndarray, qtype: str) -> np.ndarray:
     return gguf.quants.dequantize(w, _GGML[qtype]).astype(np.float64).reshape(w.shape[0], -1)
+
+
+def dequantize_q8_1(xq: np.ndarray) -> np.ndarray:
+    return dequantize(xq, "Q8_1").astype(np.float64)
+
+
+def quantize_q8_1(x: np.ndarray) -> np.ndarray:
+    return CPU.quantize_q8_1(x)
+
+
+def mul_mat(w, qtype, x, order, backend="cpu"):
+    return get_backend(backend).mul_mat(w, qtype, x, order)
+
+
+def mul_mat_vec(w, qtype, xq, plan, backend="cpu"):
+    return get_backend(backend).mul_mat_q8_1(w, qtype, xq, plan)
+
+
+def emulate_mmvq(w, qtype, xq, nwarps):
+    plan = MatVecPlan("mmvq", qtype, nwarps=nwarps, rows_per_block=1, cols_per_launch=1, ncols=xq.shape[0])
+    return mmvq.emulate(w, qtype, xq, plan)
 
 
 def _activations(seed: int, ncols: int, k: int) -> np.ndarray:
@@ -94,7 +111,7 @@ def test_tiled_close_to_float64(qtype):
     n, k = 21, 2048
     w = random_weights(qtype, n, k, seed=30)
     xq = quantize_q8_1(_activations(31, 4, k))
-    out = mmq_tiled.emulate_tiled(w, qtype, xq, F16_TO_F32)
+    out = tiled.emulate(w, qtype, xq)
     _check_f64(out, w, qtype, xq)
 
 
@@ -146,46 +163,46 @@ def test_results_depend_only_on_nwarps():
 
 def test_variant_plans_follow_the_generic_table():
     for ncols, nwarps, rows in [(1, 4, 1), (2, 4, 2), (4, 4, 2), (5, 2, 2), (8, 2, 2)]:
-        p = VARIANT.matvec_plan(ncols, "Q4_K")
+        p = matvec_plan(VARIANT, ncols, "Q4_K")
         assert (p.kernel, p.nwarps, p.rows_per_block, p.cols_per_launch) == ("mmvq", nwarps, rows, ncols)
-    p = VARIANT.matvec_plan(9, "Q6_K")
+    p = matvec_plan(VARIANT, 9, "Q6_K")
     assert p.kernel == "tiled" and p.launches() == [(0, 9)]
 
 
 def test_invariant_plans_split_wide_batches():
-    p = INVARIANT.matvec_plan(9, "Q4_K")
+    p = matvec_plan(INVARIANT, 9, "Q4_K")
     assert (p.kernel, p.nwarps, p.cols_per_launch) == ("mmvq", 4, 5)
     assert p.launches() == [(0, 5), (5, 4)]
-    assert INVARIANT.matvec_plan(16, "Q8_0").launches() == [(0, 8), (8, 8)]
-    assert INVARIANT.matvec_plan(17, "Q8_0").launches() == [(0, 6), (6, 6), (12, 5)]
-    assert INVARIANT.matvec_plan(1, "Q6_K").rows_per_block == 1
-    assert INVARIANT.matvec_plan(1, "Q4_K").rows_per_block == 2  # faster on the H200, same bits
-    assert VARIANT.matvec_plan(1, "Q4_K").rows_per_block == 1  # llama.cpp's choice
-    assert {INVARIANT.matvec_plan(b, "Q6_K").nwarps for b in range(1, 40)} == {4}
+    assert matvec_plan(INVARIANT, 16, "Q8_0").launches() == [(0, 8), (8, 8)]
+    assert matvec_plan(INVARIANT, 17, "Q8_0").launches() == [(0, 6), (6, 6), (12, 5)]
+    assert matvec_plan(INVARIANT, 1, "Q6_K").rows_per_block == 1
+    assert matvec_plan(INVARIANT, 1, "Q4_K").rows_per_block == 2  # faster on the H200, same bits
+    assert matvec_plan(VARIANT, 1, "Q4_K").rows_per_block == 1  # llama.cpp's choice
+    assert {matvec_plan(INVARIANT, b, "Q6_K").nwarps for b in range(1, 40)} == {4}
 
 
 def test_device_tables():
     turing = DeviceProfile(name="t4", compute_capability=750, sm_count=40, mmvq_table="TURING")
-    assert plan_matvec(VARIANT, 1, "Q6_K", turing).nwarps == 2
-    assert plan_matvec(VARIANT, 1, "Q8_0", turing).nwarps == 4
-    assert plan_matvec(VARIANT, 6, "Q4_K", turing).nwarps == 2
-    assert plan_matvec(INVARIANT, 7, "Q4_K", turing).nwarps == 2
+    assert matvec_plan(VARIANT, 1, "Q6_K", turing).nwarps == 2
+    assert matvec_plan(VARIANT, 1, "Q8_0", turing).nwarps == 4
+    assert matvec_plan(VARIANT, 6, "Q4_K", turing).nwarps == 2
+    assert matvec_plan(INVARIANT, 7, "Q4_K", turing).nwarps == 2
     gcn = DeviceProfile(name="mi50", compute_capability=0, sm_count=60, mmvq_table="GCN")
-    assert [plan_matvec(VARIANT, c, "Q4_K", gcn).nwarps for c in (1, 4, 5, 8)] == [2, 2, 1, 1]
+    assert [matvec_plan(VARIANT, c, "Q4_K", gcn).nwarps for c in (1, 4, 5, 8)] == [2, 2, 1, 1]
     with pytest.raises(PlanError, match="RDNA9"):
-        plan_matvec(VARIANT, 1, "Q4_K", DeviceProfile(name="x", compute_capability=0, sm_count=1,
+        matvec_plan(VARIANT, 1, "Q4_K", DeviceProfile(name="x", compute_capability=0, sm_count=1,
                                                        mmvq_table="RDNA9"))
 
 
 def test_custom_plans():
-    p = ReductionOrder.custom(nwarps=3).matvec_plan(1, "Q4_K")
+    p = matvec_plan(ReductionOrder.custom(nwarps=3), 1, "Q4_K")
     assert (p.nwarps, p.rows_per_block, p.blocks_per_iter) == (3, 1, 6)
-    p = ReductionOrder.custom(rows_per_block=8, nwarps=1).matvec_plan(16, "Q6_K")
+    p = matvec_plan(ReductionOrder.custom(rows_per_block=8, nwarps=1), 16, "Q6_K")
     assert p.rows_per_block == 8 and p.cols_per_launch == 4 and len(p.launches()) == 4
     with pytest.raises(PlanError, match="nwarps"):
-        ReductionOrder.custom(nwarps=17).matvec_plan(1, "Q4_K")
+        matvec_plan(ReductionOrder.custom(nwarps=17), 1, "Q4_K")
     with pytest.raises(PlanError, match="rows_per_block"):
-        ReductionOrder.custom(rows_per_block=9).matvec_plan(1, "Q4_K")
+        matvec_plan(ReductionOrder.custom(rows_per_block=9), 1, "Q4_K")
 
 
 @pytest.mark.parametrize("kwargs, match", [
@@ -204,7 +221,7 @@ def test_impossible_geometry_raises(kwargs, match):
 
 
 def test_thread_blocks_and_describe():
-    p = VARIANT.matvec_plan(1, "Q4_K")
+    p = matvec_plan(VARIANT, 1, "Q4_K")
     tb = p.thread_blocks(20)
     assert len(tb) == 128
     assert tb[0] == [0, 8, 16] and tb[15] == [0, 8, 16] and tb[16] == [1, 9, 17] and tb[127] == [7, 15]
@@ -216,19 +233,19 @@ def test_thread_blocks_and_describe():
                    "warps 1..3 in order", "32-lane xor butterfly", "0–1, 8–9, 16–17"):
         assert phrase in text, (phrase, text)
 
-    q6 = ReductionOrder.custom(nwarps=3).matvec_plan(2, "Q6_K")
+    q6 = matvec_plan(ReductionOrder.custom(nwarps=3), 2, "Q6_K")
     tb = q6.thread_blocks(7)
     assert tb[0] == [0, 3, 6] and tb[32] == [1, 4] and tb[95] == [2, 5]
     assert "3 warps" in q6.describe() and "32 threads per super-block" in q6.describe()
 
-    q8 = ReductionOrder.custom(nwarps=1).matvec_plan(1, "Q8_0")
+    q8 = matvec_plan(ReductionOrder.custom(nwarps=1), 1, "Q8_0")
     assert q8.thread_blocks(10)[5] == [1, 9] and "no shared-memory hand-over" in q8.describe()
 
-    inv = INVARIANT.matvec_plan(9, "Q4_K")
+    inv = matvec_plan(INVARIANT, 9, "Q4_K")
     assert "2 launches of 5+4" in inv.describe()
-    tiled = VARIANT.matvec_plan(12, "Q4_K")
-    assert tiled.thread_blocks(3) == {0: [0, 1, 2]}
-    assert "one thread per output" in tiled.describe() and "tiled" in tiled.describe()
+    tiled_plan = matvec_plan(VARIANT, 12, "Q4_K")
+    assert tiled_plan.thread_blocks(3) == {0: [0, 1, 2]}
+    assert "one thread per output" in tiled_plan.describe() and "tiled" in tiled_plan.describe()
 
 
 # --------------------------------------------------------------------------- runner errors
@@ -246,13 +263,13 @@ def test_runner_validates_inputs():
     with pytest.raises(QuantError, match="Q5_0"):
         mul_mat(w, "Q5_0", x, INVARIANT, "cpu")
     xq = quantize_q8_1(x)
-    plan = INVARIANT.matvec_plan(2, "Q4_K")
+    plan = matvec_plan(INVARIANT, 2, "Q4_K")
     with pytest.raises(QuantError, match=r"\(ncols, 576\)"):
         mul_mat_vec(w, "Q4_K", xq[:, :540], plan, "cpu")
     with pytest.raises(PlanError, match="3 columns"):
-        mul_mat_vec(w, "Q4_K", xq, INVARIANT.matvec_plan(3, "Q4_K"), "cpu")
+        mul_mat_vec(w, "Q4_K", xq, matvec_plan(INVARIANT, 3, "Q4_K"), "cpu")
     with pytest.raises(PlanError, match="Q6_K"):
-        mul_mat_vec(w, "Q4_K", xq, INVARIANT.matvec_plan(2, "Q6_K"), "cpu")
+        mul_mat_vec(w, "Q4_K", xq, matvec_plan(INVARIANT, 2, "Q6_K"), "cpu")
     with pytest.raises(BackendError, match="backend"):
         mul_mat_vec(w, "Q4_K", xq, plan, "metal")
     assert mul_mat(w, "Q4_K", x[:0], INVARIANT, "cpu").shape == (0, 8)

@@ -13,21 +13,25 @@ import subprocess
 
 import pytest
 
-from hiraishin.kernels._cuda import NVRTC_OPTIONS, _defines_text, load_source
-from hiraishin.kernels.mmvq import kernel_defines, preset_kernel_defines
-from hiraishin.kernels.quantize_q8_1 import quantize_defines
+from hiraishin.kernels.compile import NVRTC_OPTIONS, defines_text, load_source
+from hiraishin.kernels.mmvq.launch import SOURCE as MMVQ_SOURCE
+from hiraishin.kernels.mmvq.launch import kernel_defines, preset_kernel_defines
+from hiraishin.kernels.quantize.launch import SOURCE as QUANTIZE_SOURCE
+from hiraishin.kernels.quantize.launch import quantize_defines
+from hiraishin.kernels.tiled.launch import SOURCE as TILED_SOURCE
+from hiraishin.kernels.tiled.launch import tiled_defines
 
 NVCC = shutil.which("nvcc")
 pytestmark = pytest.mark.skipif(NVCC is None, reason="needs a local nvcc")
 
 def _mmvq(qtype, ncols, rows, nwarps, nblocks, unroll=None):
-    return ("mmvq.cu", kernel_defines(qtype, ncols, rows, nwarps, nblocks, unroll))
+    return (MMVQ_SOURCE, kernel_defines(qtype, ncols, rows, nwarps, nblocks, unroll))
 
 
 CASES = [
-    ("quantize_q8_1.cu", quantize_defines(None)),
-    ("quantize_q8_1.cu", quantize_defines("Q4_K")),
-    ("quantize_q8_1.cu", quantize_defines("Q6_K")),
+    (QUANTIZE_SOURCE, quantize_defines(None)),
+    (QUANTIZE_SOURCE, quantize_defines("Q4_K")),
+    (QUANTIZE_SOURCE, quantize_defines("Q6_K")),
     _mmvq("Q4_K", 1, 1, 4, 16),
     _mmvq("Q4_K", 1, 2, 4, 48),
     _mmvq("Q4_K", 16, 2, 4, 16),
@@ -36,17 +40,17 @@ CASES = [
     _mmvq("Q6_K", 8, 2, 2, 48),
     _mmvq("Q6_K", 4, 8, 3, 10, 1),
     _mmvq("Q8_0", 8, 4, 1, 41),
-    ("mmq_tiled.cu", {"HX_QTYPE": 12}),
-    ("mmq_tiled.cu", {"HX_QTYPE": 14}),
-    ("mmq_tiled.cu", {"HX_QTYPE": 8}),
-    ("elementwise.cu", {}),
+    (TILED_SOURCE, tiled_defines("Q4_K")),
+    (TILED_SOURCE, tiled_defines("Q6_K")),
+    (TILED_SOURCE, tiled_defines("Q8_0")),
+    ("elementwise/elementwise.cu", {}),
 ]
 
 
 def _compile(tmp_path, source, defines) -> str:
     tmp_path.mkdir(parents=True, exist_ok=True)
     path = tmp_path / "kernel.cu"
-    path.write_text(_defines_text(defines) + load_source(source))
+    path.write_text(defines_text(defines) + load_source(source))  # what compile.get_module compiles
     # --std is spelled -std for nvcc; the float options are the same as NVRTC's.
     opts = ["-std=c++17" if o == "--std=c++17" else o for o in NVRTC_OPTIONS]
     proc = subprocess.run(
@@ -68,8 +72,8 @@ def _spills(log) -> bool:
 @pytest.mark.parametrize("source, defines", CASES, ids=[f"{s}-{d}" for s, d in CASES])
 def test_compiles_without_spills(tmp_path, source, defines):
     log = _compile(tmp_path, source, defines)
-    if source == "mmvq.cu" and _spills(log) and defines.get("HX_MIN_BLOCKS", 1) > 1:
-        # what mmvq.mmvq_kernel does on the GPU: a register cap that spills is dropped
+    if source == MMVQ_SOURCE and _spills(log) and defines.get("HX_MIN_BLOCKS", 1) > 1:
+        # what mmvq.launch.mmvq_kernel does on the GPU: a register cap that spills is dropped
         log = _compile(tmp_path / "uncapped", source, {**defines, "HX_MIN_BLOCKS": 1})
     assert not _spills(log), log
     warnings = [line for line in log.splitlines() if "warning" in line and "#pragma once" not in line]
@@ -83,5 +87,5 @@ def test_preset_launches_compile_without_spills(tmp_path):
         for k in (1024, 4096, 12288):
             seen.update(preset_kernel_defines(qtype, k))
     for i, d in enumerate(seen.values()):
-        test_compiles_without_spills(tmp_path / str(i), "mmvq.cu", d)
+        test_compiles_without_spills(tmp_path / str(i), MMVQ_SOURCE, d)
     assert len(seen) > 40

@@ -13,13 +13,17 @@ import os
 import numpy as np
 import pytest
 
-from hiraishin.kernels import mmq_tiled
-from hiraishin.kernels._cuda import precompile as precompile_modules
-from hiraishin.kernels.mmvq import (TYPE_TRAITS, emulate_mmvq, mmvq_kernel, mul_mat, mul_mat_vec, precompile,
-                                    preset_kernel_defines, random_weights)
-from hiraishin.kernels.q8_1_layout import to_layout
-from hiraishin.kernels.quantize_q8_1 import F16_TO_F32, quantize_kernel, quantize_q8_1
+from hiraishin.backends import get_backend
+from hiraishin.kernels import mmvq, tiled
+from hiraishin.kernels.compile import precompile as precompile_modules
+from hiraishin.kernels.mmvq.launch import mmvq_kernel, precompile, preset_kernel_defines
+from hiraishin.kernels.quantize.launch import quantize_kernel
+from hiraishin.kernels.quantize.layout import to_layout
+from hiraishin.kernels.tiled.launch import tiled_defines
 from hiraishin.order import ReductionOrder
+from hiraishin.plans import MatVecPlan, matvec_plan
+from hiraishin.plans.matvec import TILE_ROWS, TILE_THREADS
+from hiraishin.quant import random_blocks as random_weights
 
 pytestmark = pytest.mark.gpu
 
@@ -33,6 +37,28 @@ def cp():
     import cupy
 
     return cupy
+
+
+def quantize_q8_1(x, backend="cpu", layout=None):
+    return get_backend(backend).quantize_q8_1(x, layout)
+
+
+def mul_mat(w, qtype, x, order, backend):
+    return get_backend(backend).mul_mat(w, qtype, x, order)
+
+
+def mul_mat_vec(w, qtype, xq, plan, backend):
+    return get_backend(backend).mul_mat_q8_1(w, qtype, xq, plan)
+
+
+def emulate_mmvq(w, qtype, xq, nwarps):
+    plan = MatVecPlan("mmvq", qtype, nwarps=nwarps, rows_per_block=1, cols_per_launch=1, ncols=xq.shape[0])
+    return mmvq.emulate(w, qtype, xq, plan)
+
+
+def _tiled_plan(qtype, ncols):
+    return MatVecPlan("tiled", qtype, nwarps=TILE_THREADS // 32, rows_per_block=TILE_ROWS, cols_per_launch=ncols,
+                      ncols=ncols)
 
 
 def _bits(a):
@@ -69,23 +95,25 @@ def test_q8_1_kernel_equals_emulator(cp):
 def test_mmvq_kernel_equals_emulator_all_geometries(cp, qtype):
     w, x, xq = _data(qtype, seed=QTYPES.index(qtype))
     wg, xqg = cp.asarray(w), cp.asarray(xq)
-    precompile(qtype, K_OF[qtype], [ReductionOrder.custom(nwarps=nwarps, rows_per_block=rows).matvec_plan(width, qtype)
-                                    for nwarps in (1, 2, 3, 4, 8) for rows in (1, 2, 4) for width in range(1, 17)]
-               + [ReductionOrder.custom(nwarps=nwarps, max_cols_per_launch=16).matvec_plan(width, qtype)
+    custom = ReductionOrder.custom
+    precompile(qtype, K_OF[qtype],
+               [matvec_plan(custom(nwarps=nwarps, rows_per_block=rows), width, qtype)
+                for nwarps in (1, 2, 3, 4, 8) for rows in (1, 2, 4) for width in range(1, 17)]
+               + [matvec_plan(custom(nwarps=nwarps, max_cols_per_launch=16), width, qtype)
                   for nwarps in (1, 2, 3, 4, 8) for width in (11, 16)])
     for nwarps in (1, 2, 3, 4, 8):
         emu = emulate_mmvq(w, qtype, xq, nwarps)
         for rows in (1, 2, 4):
             order = ReductionOrder.custom(nwarps=nwarps, rows_per_block=rows)
             for width in range(1, 17):
-                plan = order.matvec_plan(width, qtype)
+                plan = matvec_plan(order, width, qtype)
                 got = cp.asnumpy(mul_mat_vec(wg, qtype, xqg[:width], plan, "cuda"))
                 np.testing.assert_array_equal(_bits(got), _bits(emu[:width]),
                                               err_msg=f"nwarps={nwarps} rows={rows} width={width}")
         # up to 16 columns in one launch
         wide = ReductionOrder.custom(nwarps=nwarps, max_cols_per_launch=16)
         for width in (11, 16):
-            plan = wide.matvec_plan(width, qtype)
+            plan = matvec_plan(wide, width, qtype)
             assert len(plan.launches()) == 1
             got = cp.asnumpy(mul_mat_vec(wg, qtype, xqg[:width], plan, "cuda"))
             np.testing.assert_array_equal(_bits(got), _bits(emu[:width]))
@@ -107,7 +135,7 @@ def test_mmvq_narrow_load_path_equals_emulator(cp, qtype):
         for rows in (1, 2):
             order = ReductionOrder.custom(nwarps=nwarps, rows_per_block=rows)
             for width in (1, 3, 8):
-                got = cp.asnumpy(mul_mat_vec(wg, qtype, xqg[:width], order.matvec_plan(width, qtype), "cuda"))
+                got = cp.asnumpy(mul_mat_vec(wg, qtype, xqg[:width], matvec_plan(order, width, qtype), "cuda"))
                 np.testing.assert_array_equal(_bits(got), _bits(emu[:width]),
                                               err_msg=f"nwarps={nwarps} rows={rows} width={width}")
 
@@ -115,11 +143,11 @@ def test_mmvq_narrow_load_path_equals_emulator(cp, qtype):
 @pytest.mark.parametrize("qtype", QTYPES)
 def test_tiled_kernel_equals_emulator(cp, qtype):
     w, x, xq = _data(qtype, ncols=40, seed=10)
-    emu = mmq_tiled.emulate_tiled(w, qtype, xq, F16_TO_F32)
+    emu = tiled.emulate(w, qtype, xq)
     wg, xqg = cp.asarray(w), cp.asarray(xq)
     for width in (1, 9, 16, 17, 33, 40):
         out = cp.empty((width, N_ROWS), dtype=cp.float32)
-        mmq_tiled.launch_tiled(wg, qtype, xqg[:width], out, K_OF[qtype])
+        tiled.launch(wg, qtype, xqg[:width], _tiled_plan(qtype, width), out)
         np.testing.assert_array_equal(_bits(cp.asnumpy(out)), _bits(emu[:width]), err_msg=f"width={width}")
 
 
@@ -164,16 +192,15 @@ def test_qwen_shapes_equal_emulator(cp, qtype, n, k):
 
 
 def test_no_spills_and_record_registers(cp):
-    from hiraishin.kernels._cuda import get_kernel, kernel_attributes
+    from hiraishin.kernels.compile import get_kernel, kernel_attributes
 
     records = {}
     kernels = [(f"quantize_q8_1 layout={layout}", quantize_kernel(layout)) for layout in (None, "Q4_K", "Q6_K")]
     for qtype in QTYPES:
-        tid = TYPE_TRAITS[qtype].type_id
-        kernels.append((f"mmq_tiled {qtype}", get_kernel("mmq_tiled.cu", "mmq_tiled", {"HX_QTYPE": tid})))
+        kernels.append((f"mmq_tiled {qtype}", get_kernel("tiled/mmq_tiled.cu", "mmq_tiled", tiled_defines(qtype))))
         # Every launch the presets make for 1..16 columns, at the Qwen3-8B row lengths.
         jobs = {**preset_kernel_defines(qtype, 4096), **preset_kernel_defines(qtype, 12288)}
-        precompile_modules(("mmvq.cu", d) for d in jobs.values())
+        precompile_modules(("mmvq/mmvq.cu", d) for d in jobs.values())
         for name, d in jobs.items():
             kernel, used = mmvq_kernel(d)
             kernels.append((f"{name} min_blocks={used['HX_MIN_BLOCKS']}", kernel))

@@ -142,7 +142,7 @@ def test_forward_rejects_bad_calls(model):
 
 
 def test_cuda_without_cupy_is_a_backend_error(micro_model_path):
-    from hiraishin.kernels._cuda import cupy_available
+    from hiraishin.kernels.compile import cupy_available
 
     if cupy_available():
         pytest.skip("a GPU is present")

@@ -32,11 +32,11 @@ def _first_difference(cpu_rec: dict, gpu_rec: dict) -> str:
     return "no recorded op differs"
 
 
-def _models(path):
+def _models(path, cuda_graphs=None):
     from hiraishin.model.qwen3 import Qwen3
 
     return (Qwen3.from_gguf(path, device="cpu", n_ctx=N_CTX, progress=False),
-            Qwen3.from_gguf(path, device="cuda", n_ctx=N_CTX, progress=False))
+            Qwen3.from_gguf(path, device="cuda", n_ctx=N_CTX, progress=False, cuda_graphs=cuda_graphs))
 
 
 def _passes(n_vocab: int):
@@ -58,10 +58,36 @@ def test_cuda_logits_equal_cpu_logits(shape, order, request):
         b = gpu.forward(tokens, pos, order=order, record=rg)
         assert isinstance(b, np.ndarray) and b.shape == a.shape
         assert np.array_equal(_bits(a), _bits(b)), f"pass at {pos} ({len(tokens)} tokens): {_first_difference(rc, rg)}"
+        # the same pass again without recording: passes of <= 16 tokens replay a CUDA graph (on by default)
+        c = gpu.forward(tokens, pos, order=order)
+        assert np.array_equal(_bits(a), _bits(c)), f"pass at {pos} ({len(tokens)} tokens), graphs={gpu.cuda_graphs}"
 
 
-def test_greedy_output_identical_on_both_backends(tiny_model_path):
-    cpu, gpu = _models(tiny_model_path)
+@pytest.mark.parametrize("order", ORDERS, ids=lambda o: o.name)
+def test_cuda_graph_replays_equal_eager_passes(micro_model_path, order):
+    """CUDA graphs (on by default) replay passes of 1..16 tokens: the same bits as eager launches,
+    at first capture and at a replay at other positions (same width)."""
+    from hiraishin.model.qwen3 import Qwen3
+
+    graphs = Qwen3.from_gguf(micro_model_path, device="cuda", n_ctx=N_CTX, progress=False)
+    eager = Qwen3.from_gguf(micro_model_path, device="cuda", n_ctx=N_CTX, progress=False, cuda_graphs=False)
+    assert graphs.cuda_graphs and not eager.cuda_graphs
+    rng = np.random.default_rng(11)
+    pos = 0
+    for rnd in range(2):  # round 0 captures each width, round 1 replays it
+        for width in range(1, 17):
+            tokens = rng.integers(0, graphs.config.n_vocab, width).tolist()
+            a = graphs.forward(tokens, pos, order=order)
+            b = eager.forward(tokens, pos, order=order)
+            assert isinstance(a, np.ndarray) and a.shape == b.shape == (width, graphs.config.n_vocab)
+            assert np.array_equal(_bits(a), _bits(b)), f"round {rnd}, {width} tokens at {pos}"
+            pos += width
+    assert pos <= N_CTX
+
+
+@pytest.mark.parametrize("cuda_graphs", [True, False], ids=["graphs", "eager"])
+def test_greedy_output_identical_on_both_backends(tiny_model_path, cuda_graphs):
+    cpu, gpu = _models(tiny_model_path, cuda_graphs)
     prompt = "The capital of France is"
     for order in ORDERS:
         a = cpu.generate(prompt, max_new_tokens=8, order=order, stop_at_eos=False)

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from hiraishin.errors import QuantError
-from hiraishin.kernels.q8_1_layout import LAYOUT_BYTES, to_layout
-from hiraishin.kernels.quantize_q8_1 import F16_TO_F32, quantize_q8_1
+from hiraishin.fp import F16_TO_F32
+from hiraishin.kernels.quantize import emulate as quantize_q8_1
+from hiraishin.kernels.quantize.layout import LAYOUT_BYTES, to_layout
 
 
 def _reference(xq, qtype):

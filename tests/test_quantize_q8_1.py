@@ -7,9 +7,20 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hiraishin.backends import get_backend
 from hiraishin.errors import BackendError, QuantError
-from hiraishin.kernels.quantize_q8_1 import dequantize_q8_1, f32_to_f16_bits, quantize_q8_1
+from hiraishin.fp import f32_to_f16_bits
+from hiraishin.quant import dequantize
 from numba import njit
+
+
+def quantize_q8_1(x, backend: str = "cpu", layout=None):
+    return get_backend(backend).quantize_q8_1(x, layout)
+
+
+def dequantize_q8_1(xq):
+    """float64 f(d) * q of q8_1 bytes (ncols, K)."""
+    return dequantize(xq, "Q8_1").astype(np.float64)
 
 
 def _numpy_q8_1(x: np.ndarray) -> np.ndarray:

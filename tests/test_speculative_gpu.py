@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from hiraishin.decode.draft import write_draft
+from hiraishin.decode.localize import localize
 from hiraishin.decode.replay import replay
 from hiraishin.decode.speculative import generate_speculative
 from hiraishin.order import ReductionOrder
@@ -51,7 +52,7 @@ def cuda_models(shape_and_path, tmp_path_factory):
 def test_cuda_variant_replay_reproduces_the_bug(cuda_models):
     shape, target, _, _ = cuda_models
     rep = replay(target, PROMPT, [2, 3, 5, 9, 16], order=VAR, n_new=N_NEW)
-    rep.localize(target)
+    localize(target, rep)  # (stored in rep.localization)
     _save(rep, f"replay-cuda-{shape}-batch_variant.json")
     print(rep)
     assert not rep.identical and rep.localization.name is not None
