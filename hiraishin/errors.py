@@ -31,3 +31,8 @@ class TemplateError(HiraishinError, ValueError):
 class PromptError(HiraishinError, ValueError):
     """Text given to the tokenizer is not text: not a ``str`` (e.g. ``bytes``), or a string that
     cannot be UTF-8 (lone surrogates, as Python makes of non-UTF-8 command-line bytes)."""
+
+
+class DeviceMemoryError(HiraishinError, MemoryError):
+    """Loading a model (weights, KV cache) needs more memory than the device has free. The message
+    says how much was needed, how much is free and what would fit; what was allocated is released."""

@@ -311,3 +311,21 @@ def test_fields_and_tensors_parse_exactly_as_gguf_py_parses_them(micro_model_pat
 def test_a_real_llama_cpp_file_of_another_architecture(gemma_gguf_path):
     message = open_error(gemma_gguf_path)
     assert "general.architecture" in message and "'gemma3'" in message
+
+
+def test_the_gguf_reader_methods_we_extend_have_the_signatures_we_expect():
+    """gguf_file._CheckedReader extends these GGUFReader methods (gguf-py has no public hook for
+    bounded reads); a gguf release that renames or reshapes one must fail here, by name."""
+    import inspect
+
+    expected = {
+        "_get": ["self", "offset", "dtype", "count", "override_order"],
+        "_get_str": ["self", "offset"],
+        "_get_field_parts": ["self", "orig_offs", "raw_type"],
+        "_push_field": ["self", "field", "skip_sum"],
+        "_build_tensor_info": ["self", "offs", "count"],
+        "_get_tensor_info_field": ["self", "orig_offs"],
+        "_build_tensors": ["self", "start_offs", "fields"],
+    }
+    for name, params in expected.items():
+        assert list(inspect.signature(getattr(GGUFReader, name)).parameters) == params, name

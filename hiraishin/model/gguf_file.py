@@ -377,6 +377,12 @@ class _CheckedReader(GGUFReader):
         self._stage, self._n_done, self._last, self._current = "tensor info", 0, None, None
         offs, fields = super()._build_tensor_info(offs, count)
         self._stage = KEY_ALIGNMENT  # the next thing GGUFReader checks
+        # gguf-py checks this itself only from 0.19; the same check for every supported version.
+        align = self.fields.get(KEY_ALIGNMENT)
+        if align is not None and align.types == [GGUFValueType.UINT32]:
+            value = int(align.parts[-1][0])
+            if value == 0 or value & (value - 1):
+                raise ValueError(f"invalid alignment {value}: must be a non-zero power of two")
         return offs, fields
 
     def _get_tensor_info_field(self, orig_offs):

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import GGUFError
+from ..errors import DeviceMemoryError, GGUFError
 from ..quant import dequantize
 from .config import LAYER_TENSORS
 
-__all__ = ["Weight", "LayerWeights", "Qwen3Weights", "load_weights", "MATMUL_TYPES", "NORM_TYPES"]
+__all__ = ["Weight", "LayerWeights", "Qwen3Weights", "load_weights", "MATMUL_TYPES", "NORM_TYPES",
+           "is_out_of_memory", "release_cached_memory", "free_device_bytes", "format_bytes", "GIB"]
+
+GIB = float(1 << 30)
 
 # Block types the mat-vec kernels read (hiraishin.kernels.mmvq). Norm weights are F32 in llama.cpp
 # files (every 1-D tensor stays F32 when quantizing, reference section 8.4); F16/BF16 ones are
@@ -108,17 +111,38 @@ def load_weights(gguf, backend, progress: bool = True) -> Qwen3Weights:
             raise GGUFError(f"{where}: tensor {name!r} has type {t.qtype}; {what} only {', '.join(types)}")
 
     total = sum(int(gguf.tensors[n].data.nbytes) for n in expected)
+    free = free_device_bytes(backend)
+    if free is not None and total > free:  # refuse before allocating anything
+        raise DeviceMemoryError(
+            f"{where}: the weights need {format_bytes(total)} on {backend.name}, only {format_bytes(free)} "
+            f"is free: a model fits if its tensor bytes and KV cache together stay under that; "
+            f"use a smaller model or another device")
     loaded: dict[str, Weight] = {}
-    with tqdm(total=total, unit="B", unit_scale=True, desc="loading weights", disable=not progress,
-              leave=False) as bar:
-        for name, (shape, _) in expected.items():
-            t = gguf.tensors[name]
-            data = t.data
-            if len(shape) == 1:
-                data = dequantize(data, t.qtype).reshape(shape)  # float32 (n,)
-            qtype = "F32" if len(shape) == 1 else t.qtype
-            loaded[name] = Weight(name, qtype, shape, backend.upload_weight(data))
-            bar.update(int(t.data.nbytes))
+    done, current = 0, None
+    try:
+        with tqdm(total=total, unit="B", unit_scale=True, desc="loading weights", disable=not progress,
+                  leave=False) as bar:
+            for name, (shape, _) in expected.items():
+                current = name
+                t = gguf.tensors[name]
+                data = t.data
+                if len(shape) == 1:
+                    data = dequantize(data, t.qtype).reshape(shape)  # float32 (n,)
+                qtype = "F32" if len(shape) == 1 else t.qtype
+                loaded[name] = Weight(name, qtype, shape, backend.upload_weight(data))
+                done += int(t.data.nbytes)
+                bar.update(int(t.data.nbytes))
+    except Exception as exc:  # noqa: BLE001 - MemoryError, or CuPy's OutOfMemoryError (not a MemoryError)
+        if not is_out_of_memory(exc):
+            raise
+        loaded.clear()  # release what was uploaded before saying so
+        del exc
+        release_cached_memory(backend)
+        free = free_device_bytes(backend)
+        fits = f"; {format_bytes(free)} is free now" if free is not None else ""
+        raise DeviceMemoryError(
+            f"{where}: out of memory on {backend.name} loading tensor {current!r} after {format_bytes(done)} of "
+            f"{format_bytes(total)} of weights{fits}; released what was loaded") from None
 
     layers = tuple(
         LayerWeights(**{part: loaded[f"blk.{i}.{part}.weight"] for part in LAYER_TENSORS})
@@ -128,3 +152,41 @@ def load_weights(gguf, backend, progress: bool = True) -> Qwen3Weights:
     output = token_embd if gguf.config.tied_embeddings else loaded["output.weight"]
     return Qwen3Weights(token_embd=token_embd, output_norm=loaded["output_norm.weight"], output=output,
                         layers=layers)
+
+
+def format_bytes(n: int) -> str:
+    """``n`` bytes for a message: GiB from one GiB up, else MiB."""
+    return f"{n / GIB:.2f} GiB" if n >= GIB else f"{n / (1 << 20):.1f} MiB"
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` says an allocation failed: ``MemoryError``, or CuPy's ``OutOfMemoryError``
+    (``cupy.cuda.memory.OutOfMemoryError`` is not a ``MemoryError`` subclass)."""
+    return isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError"
+
+
+def release_cached_memory(backend) -> None:
+    """Give the blocks CuPy's memory pools keep cached back to the device (after arrays were
+    dropped), so that ``memGetInfo`` and later allocations see them; a no-op on the CPU."""
+    xp = getattr(backend, "xp", None)
+    if xp is None or getattr(xp, "__name__", "") != "cupy":
+        return
+    try:
+        xp.get_default_memory_pool().free_all_blocks()
+        xp.get_default_pinned_memory_pool().free_all_blocks()
+    except Exception:  # noqa: BLE001 - best effort: this only runs on the way to an error message
+        pass
+
+
+def free_device_bytes(backend) -> int | None:
+    """Bytes a new allocation on ``backend`` can still get: the device's free memory plus what
+    CuPy's pool holds unused; ``None`` on the CPU (host memory is not checked up front)."""
+    xp = getattr(backend, "xp", None)
+    if xp is None or getattr(xp, "__name__", "") != "cupy":
+        return None
+    try:
+        pool = xp.get_default_memory_pool()
+        free, _ = xp.cuda.runtime.memGetInfo()
+        return int(free) + int(pool.total_bytes() - pool.used_bytes())
+    except Exception:  # noqa: BLE001 - no answer: no up-front check
+        return None
