@@ -475,3 +475,25 @@ def test_out_of_memory_while_loading_weights_releases_them_and_says_so(micro_mod
     assert len(backend.given) == 5 and all(ref() is None for ref in backend.given)  # nothing kept
     assert isinstance(DeviceMemoryError("x"), MemoryError)
     assert load_weights(gguf, ShortOfMemory(room=10**6), progress=False).nbytes > 0
+
+
+def test_what_does_not_fit_is_refused_before_anything_is_allocated(micro_model_path, monkeypatch):
+    from hiraishin.errors import DeviceMemoryError
+    from hiraishin.model import weights
+
+    gguf = open_qwen3_gguf(micro_model_path)
+    tensor_bytes = sum(t.n_bytes for t in gguf.tensors.values())
+    per_cell = weights.kv_cache_bytes(gguf.config, 1)
+    assert per_cell == 2 * 2 * 2 * 1 * 128  # K and V, f16, 2 layers, 1 KV head, head_dim 128
+    monkeypatch.setattr(weights, "free_device_bytes", lambda backend: tensor_bytes + 100 * per_cell)
+    backend = ShortOfMemory(room=10**6)
+    weights.check_memory_fits(gguf, backend, n_ctx=100)  # exactly fits
+    with pytest.raises(DeviceMemoryError, match=r"a KV cache of 4096 cells .* at most n_ctx = 100 fits") as err:
+        weights.check_memory_fits(gguf, backend, n_ctx=4096)
+    assert str(micro_model_path) in str(err.value)
+    monkeypatch.setattr(weights, "free_device_bytes", lambda backend: tensor_bytes - 1)
+    with pytest.raises(DeviceMemoryError, match="the weights alone do not fit"):
+        weights.check_memory_fits(gguf, backend, n_ctx=1)
+    with pytest.raises(DeviceMemoryError, match="the weights need"):
+        weights.load_weights(gguf, backend, progress=False)
+    assert backend.given == []  # refused up front: nothing was uploaded

@@ -15,9 +15,13 @@ from ..quant import dequantize
 from .config import LAYER_TENSORS
 
 __all__ = ["Weight", "LayerWeights", "Qwen3Weights", "load_weights", "MATMUL_TYPES", "NORM_TYPES",
-           "is_out_of_memory", "release_cached_memory", "free_device_bytes", "format_bytes", "GIB"]
+           "is_out_of_memory", "release_cached_memory", "free_device_bytes", "format_bytes", "check_memory_fits",
+           "kv_cache_bytes", "GIB"]
 
 GIB = float(1 << 30)
+# The KV cache holds K and V (2 arrays) of float16 (2 bytes) per layer, cell, KV head and head dim.
+KV_ARRAYS = 2
+KV_ELEMENT_BYTES = 2
 
 # Block types the mat-vec kernels read (hiraishin.kernels.mmvq). Norm weights are F32 in llama.cpp
 # files (every 1-D tensor stays F32 when quantizing, reference section 8.4); F16/BF16 ones are
@@ -152,6 +156,33 @@ def load_weights(gguf, backend, progress: bool = True) -> Qwen3Weights:
     output = token_embd if gguf.config.tied_embeddings else loaded["output.weight"]
     return Qwen3Weights(token_embd=token_embd, output_norm=loaded["output_norm.weight"], output=output,
                         layers=layers)
+
+
+def kv_cache_bytes(config, n_ctx: int) -> int:
+    """Bytes of an f16 K/V cache of ``n_ctx`` cells for ``config``."""
+    return KV_ARRAYS * KV_ELEMENT_BYTES * config.n_layer * int(n_ctx) * config.n_head_kv * config.head_dim
+
+
+def check_memory_fits(gguf, backend, n_ctx: int, extra_bytes: int = 0) -> None:
+    """Raise :class:`~hiraishin.errors.DeviceMemoryError` before anything is allocated if the
+    weights of ``gguf`` plus a KV cache of ``n_ctx`` cells (plus ``extra_bytes``) cannot fit the
+    free memory of ``backend``, saying how many cells would fit; a no-op on the CPU.
+    """
+    free = free_device_bytes(backend)
+    if free is None:
+        return
+    where = str(getattr(gguf, "path", "<gguf>"))
+    weights = sum(int(t.data.nbytes) for t in gguf.tensors.values())
+    cache = kv_cache_bytes(gguf.config, n_ctx)
+    if weights + cache + extra_bytes <= free:
+        return
+    per_cell = kv_cache_bytes(gguf.config, 1)
+    cells = max(0, (free - weights - extra_bytes) // per_cell)
+    fits = (f"at most n_ctx = {cells} fits beside the weights" if cells > 0
+            else "the weights alone do not fit")
+    raise DeviceMemoryError(
+        f"{where}: the weights ({format_bytes(weights)}) and a KV cache of {n_ctx} cells ({format_bytes(cache)}) "
+        f"need {format_bytes(weights + cache + extra_bytes)} on {backend.name}, {format_bytes(free)} is free: {fits}")
 
 
 def format_bytes(n: int) -> str:
