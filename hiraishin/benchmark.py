@@ -170,7 +170,10 @@ def parse_widths(text: str) -> tuple[int, ...]:
 # ---- facts about the run ---------------------------------------------------------------------
 
 def git_commit() -> str:
-    """``git rev-parse HEAD`` of the source tree, else ``$HIRAISHIN_COMMIT``, else ``"unknown"``."""
+    """``$HIRAISHIN_COMMIT`` when set (a copied tree's ``.git`` can be stale), else ``git rev-parse
+    HEAD`` of the source tree, else ``"unknown"``."""
+    if os.environ.get("HIRAISHIN_COMMIT", "unknown") != "unknown":
+        return os.environ["HIRAISHIN_COMMIT"]
     try:
         proc = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
                               capture_output=True, text=True, timeout=10, check=False)
@@ -178,7 +181,7 @@ def git_commit() -> str:
             return proc.stdout.strip()
     except (OSError, subprocess.SubprocessError):
         pass
-    return os.environ.get("HIRAISHIN_COMMIT") or "unknown"
+    return "unknown"
 
 
 def _device_info(backend) -> dict:
