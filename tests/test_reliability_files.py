@@ -488,7 +488,7 @@ def test_what_does_not_fit_is_refused_before_anything_is_allocated(micro_model_p
     monkeypatch.setattr(weights, "free_device_bytes", lambda backend: tensor_bytes + 100 * per_cell)
     backend = ShortOfMemory(room=10**6)
     weights.check_memory_fits(gguf, backend, n_ctx=100)  # exactly fits
-    with pytest.raises(DeviceMemoryError, match=r"a KV cache of 4096 cells .* at most n_ctx = 100 fits") as err:
+    with pytest.raises(DeviceMemoryError, match=r"a KV cache of 4096 cells .* at most n_ctx = 100 fits beside") as err:
         weights.check_memory_fits(gguf, backend, n_ctx=4096)
     assert str(micro_model_path) in str(err.value)
     monkeypatch.setattr(weights, "free_device_bytes", lambda backend: tensor_bytes - 1)
@@ -497,3 +497,31 @@ def test_what_does_not_fit_is_refused_before_anything_is_allocated(micro_model_p
     with pytest.raises(DeviceMemoryError, match="the weights need"):
         weights.load_weights(gguf, backend, progress=False)
     assert backend.given == []  # refused up front: nothing was uploaded
+
+
+def test_atomic_writes_get_the_permissions_open_would_give(tmp_path):
+    from hiraishin.atomic import atomic_write
+
+    old = os.umask(0o027)
+    try:
+        with atomic_write(tmp_path / "r.json") as f:
+            f.write("{}")
+    finally:
+        os.umask(old)
+    # mkstemp alone would leave 0o600
+    assert (tmp_path / "r.json").stat().st_mode & 0o777 == 0o640 and os.listdir(tmp_path) == ["r.json"]
+
+
+def test_a_kv_cache_larger_than_the_host_is_refused_on_the_cpu(micro_model_path, monkeypatch):
+    from hiraishin.errors import DeviceMemoryError
+    from hiraishin.model import weights
+
+    gguf = open_qwen3_gguf(micro_model_path)
+    per_cell = weights.kv_cache_bytes(gguf.config, 1)
+    backend = ShortOfMemory(room=0)  # no xp: treated as the CPU
+    monkeypatch.setattr(weights, "host_available_bytes", lambda: 1000 * per_cell)
+    weights.check_memory_fits(gguf, backend, n_ctx=1000)  # memory-mapped weights are not counted
+    with pytest.raises(DeviceMemoryError, match=r"of host memory \(MemAvailable\): at most n_ctx = 1000 fits$"):
+        weights.check_memory_fits(gguf, backend, n_ctx=100_000_000)
+    monkeypatch.setattr(weights, "host_available_bytes", lambda: None)
+    weights.check_memory_fits(gguf, backend, n_ctx=100_000_000)  # unknown: no check

@@ -16,7 +16,7 @@ from .config import LAYER_TENSORS
 
 __all__ = ["Weight", "LayerWeights", "Qwen3Weights", "load_weights", "MATMUL_TYPES", "NORM_TYPES",
            "is_out_of_memory", "release_cached_memory", "free_device_bytes", "format_bytes", "check_memory_fits",
-           "kv_cache_bytes", "GIB"]
+           "kv_cache_bytes", "host_available_bytes", "GIB"]
 
 GIB = float(1 << 30)
 # The KV cache holds K and V (2 arrays) of float16 (2 bytes) per layer, cell, KV head and head dim.
@@ -165,24 +165,47 @@ def kv_cache_bytes(config, n_ctx: int) -> int:
 
 def check_memory_fits(gguf, backend, n_ctx: int, extra_bytes: int = 0) -> None:
     """Raise :class:`~hiraishin.errors.DeviceMemoryError` before anything is allocated if the
-    weights of ``gguf`` plus a KV cache of ``n_ctx`` cells (plus ``extra_bytes``) cannot fit the
-    free memory of ``backend``, saying how many cells would fit; a no-op on the CPU.
+    model cannot fit, saying how many KV cells would.
+
+    On a GPU: the weights of ``gguf`` plus a KV cache of ``n_ctx`` cells (plus ``extra_bytes``)
+    against the device's free memory. On the CPU the weights stay memory-mapped, so only the KV
+    cache (plus ``extra_bytes``) is checked, against the host's MemAvailable (/proc/meminfo; no
+    check where that is unknown).
     """
-    free = free_device_bytes(backend)
-    if free is None:
-        return
     where = str(getattr(gguf, "path", "<gguf>"))
-    weights = sum(int(t.data.nbytes) for t in gguf.tensors.values())
+    free = free_device_bytes(backend)
+    if free is not None:
+        weights = sum(int(t.data.nbytes) for t in gguf.tensors.values())
+        what, memory = f"the weights ({format_bytes(weights)}) and a KV cache", f"on {backend.name}"
+    else:
+        free = host_available_bytes()
+        if free is None:
+            return
+        weights = 0
+        what, memory = "a KV cache", "of host memory (MemAvailable)"
     cache = kv_cache_bytes(gguf.config, n_ctx)
-    if weights + cache + extra_bytes <= free:
+    needed = weights + cache + int(extra_bytes)
+    if needed <= free:
         return
     per_cell = kv_cache_bytes(gguf.config, 1)
-    cells = max(0, (free - weights - extra_bytes) // per_cell)
-    fits = (f"at most n_ctx = {cells} fits beside the weights" if cells > 0
-            else "the weights alone do not fit")
+    cells = max(0, (free - weights - int(extra_bytes)) // per_cell)
+    fits = f"at most n_ctx = {cells} fits" + (" beside the weights" if weights else "") if cells > 0 \
+        else "the weights alone do not fit"
     raise DeviceMemoryError(
-        f"{where}: the weights ({format_bytes(weights)}) and a KV cache of {n_ctx} cells ({format_bytes(cache)}) "
-        f"need {format_bytes(weights + cache + extra_bytes)} on {backend.name}, {format_bytes(free)} is free: {fits}")
+        f"{where}: {what} of {n_ctx} cells ({format_bytes(cache)}) need {format_bytes(needed)}, "
+        f"{format_bytes(free)} is free {memory}: {fits}")
+
+
+def host_available_bytes() -> int | None:
+    """The host's MemAvailable (/proc/meminfo) in bytes, or None where there is no such file."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def format_bytes(n: int) -> str:
