@@ -29,6 +29,49 @@ def test_inspect_prints_config_and_tensor_table(micro_model_path, capsys):
     assert sum(line.startswith(name + " ") for line in lines for name in m.tensors) == len(m.tensors)
 
 
+def test_inspect_names_the_file_type_size_and_checks(micro_model_path, tmp_path, capsys):
+    import json
+
+    out = tmp_path / "i.json"
+    assert main(["inspect", "-m", str(micro_model_path), "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "file type     MOSTLY_Q4_K_M (15)" in text
+    assert "model size" in text and "B parameters" in text
+    assert "check         tokenizer: ok" in text
+    data = json.loads(out.read_text())
+    assert data["file_type_name"] == "MOSTLY_Q4_K_M (15)" and data["checks"]["tokenizer"] == "ok"
+    assert data["meta"]["command"] == "inspect" and len(data["meta"]["model_sha256"]) == 64
+
+
+def test_inspect_flags_what_compute_commands_refuse(micro_model_path, monkeypatch, capsys):
+    import hiraishin.model.tokenizer as tokenizer
+    from hiraishin.errors import GGUFError
+
+    def broken(gguf, chat_template=False):
+        raise GGUFError(f"{gguf.path}: tokenizer.ggml.tokens[7] is out of vocabulary")
+
+    monkeypatch.setattr(tokenizer, "validate_tokenizer", broken)
+    # the same validation the compute commands run at load: inspect refuses the file as they would
+    assert main(["inspect", str(micro_model_path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.count("\n") == 1 and "tokens[7]" in captured.err and "Traceback" not in captured.err
+
+
+def test_inspect_flags_a_chat_template_that_only_chat_would_refuse(micro_model_path, monkeypatch, capsys):
+    from hiraishin.errors import TemplateError
+    from hiraishin.model.tokenizer import Tokenizer
+
+    def broken(self):
+        raise TemplateError("tokenizer.chat_template: syntax error at line 1")
+
+    monkeypatch.setattr(Tokenizer, "check_chat_template", broken)
+    assert main(["inspect", str(micro_model_path)]) == 0  # usable without --chat
+    captured = capsys.readouterr()
+    assert "token_embd.weight" in captured.out
+    assert "chat template (--chat): REFUSED: tokenizer.chat_template: syntax error" in captured.out
+    assert captured.err.count("\n") == 1 and "syntax error at line 1" in captured.err
+
+
 def test_inspect_untied(tiny_model_path, capsys):
     assert main(["inspect", str(tiny_model_path)]) == 0
     out = capsys.readouterr().out

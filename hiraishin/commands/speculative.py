@@ -1,58 +1,102 @@
-"""``hiraishin speculative``: greedy speculative decoding, checked against plain greedy decoding."""
+"""``hiraishin speculative``: greedy speculative decoding, checked against plain greedy decoding.
+
+The defaults draft on every model: the draft guesses ``--draft-max`` tokens each cycle unless
+a confidence cut is asked for (``--p-min-gap``, or llama.cpp's ``--draft-p-min``, a
+probability). A run in which the draft proposed nothing says so: it checks nothing.
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
 
-from .replay import add_common, context_for, encode_prompt
+from . import common
 
 NAME = "speculative"
 HELP = "speculative decoding (a draft model or the target itself) vs plain greedy decoding"
+DEFAULT_PROMPT = "Explain a hash map in one paragraph."
+# Exit status when the tokens differ from plain decoding under an order that promises equality.
+EXIT_NOT_EXACT = 1
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", metavar="TARGET.gguf")
-    who = p.add_mutually_exclusive_group(required=True)
-    who.add_argument("--draft", metavar="DRAFT.gguf", help="the draft model")
+    from ..decode.speculative import DEFAULT_P_MIN, DEFAULT_P_MIN_GAP, LLAMA_CPP_DRAFT_P_MIN, MAX_P_MIN_GAP
+
+    common.add_model(p, metavar="TARGET.gguf")
+    who = p.add_mutually_exclusive_group()
+    who.add_argument("-md", "--model-draft", "--draft", dest="draft", metavar="DRAFT.gguf",
+                     help="the draft model (llama.cpp's -md)")
     who.add_argument("--self", dest="self_draft", action="store_true",
                      help="self-speculation: a second instance of the target drafts")
-    p.add_argument("--n-draft", type=int, default=8, help="most guesses per cycle (default 8)")
-    p.add_argument("--p-min-gap", type=float, default=3.0,
-                   help="the draft stops when its top-two logits are closer than this (default 3.0; 0: never)")
-    add_common(p, default_order="invariant")
+    p.add_argument("--draft-max", "--n-draft", dest="n_draft", type=common.positive_int, default=8, metavar="N",
+                   help="most guesses per cycle (default 8)")
+    p.add_argument("--draft-min", type=common.nonneg_int, default=0, metavar="N",
+                   help="drop drafts shorter than N (verify the last token alone; default 0)")
+    p.add_argument("--p-min-gap", type=common.finite_float(0.0, MAX_P_MIN_GAP), default=DEFAULT_P_MIN_GAP,
+                   help="the draft stops when its top-two logits are closer than this "
+                        f"(default {DEFAULT_P_MIN_GAP:g}: never)")
+    p.add_argument("--draft-p-min", dest="p_min", type=common.finite_float(0.0, 1.0), default=DEFAULT_P_MIN,
+                   metavar="P", help="the draft stops when its top token's probability is below P "
+                                     f"(default {DEFAULT_P_MIN:g}: never; llama.cpp uses {LLAMA_CPP_DRAFT_P_MIN})")
+    common.add_prompt(p, default=DEFAULT_PROMPT)
+    common.add_n_predict(p, 32, "--tokens")
+    common.add_run_options(p)
     p.add_argument("--no-plain", action="store_true", help="skip the plain greedy run used for comparison")
-    p.add_argument("--no-eos", action="store_true", help="do not stop at end-of-sequence tokens")
+    common.add_ignore_eos(p, "--no-eos")
 
 
 def run(args) -> int:
-    from ..decode.speculative import generate_speculative
-    from ..model.qwen3 import Qwen3
+    from ..errors import HiraishinError
     from ..order import ReductionOrder
 
-    order = args.order
-    n_ctx = context_for(args.prompt, args.tokens + args.n_draft)
-    target = Qwen3.from_gguf(args.model, device=args.device, n_ctx=n_ctx, progress=True)
-    draft = Qwen3.from_gguf(args.model if args.self_draft else args.draft, device=args.device,
+    path = common.model_path(args)
+    if not args.self_draft and not args.draft:
+        raise HiraishinError("no draft given: pass -md/--model-draft (or --draft) DRAFT.gguf, or --self")
+    if args.draft_min > args.n_draft:
+        raise HiraishinError(f"--draft-min {args.draft_min} is larger than --draft-max {args.n_draft}")
+    text = common.read_prompt(args)
+    common.check_output(args.json, "--json")
+    header = common.open_header(path)
+    draft_header = header if args.self_draft else common.open_header(args.draft)
+    if draft_header.config.n_vocab != header.config.n_vocab:
+        raise HiraishinError(f"{args.draft}: vocabulary of {draft_header.config.n_vocab} tokens; the target "
+                             f"{path} has {header.config.n_vocab}")
+    n_ctx = args.n_ctx or common.context_for(text, args.n_predict + args.n_draft, args.chat)
+    common.check_ctx(n_ctx, header.config, args.device)
+    common.check_ctx(n_ctx, draft_header.config, args.device)
+
+    from ..decode.speculative import generate_speculative
+    from ..model.qwen3 import Qwen3
+
+    target = Qwen3.from_gguf(path, device=args.device, n_ctx=n_ctx, progress=True)
+    prompt = common.prompt_ids(target, text, args)
+    draft = Qwen3.from_gguf(path if args.self_draft else args.draft, device=args.device,
                             n_ctx=n_ctx, progress=True)
-    prompt = encode_prompt(target, args.prompt)
     plain = None
     if not args.no_plain:
-        plain = target.generate(prompt, max_new_tokens=args.tokens, order=order,
-                                stop_at_eos=not args.no_eos, progress=True)
-    res = generate_speculative(target, prompt, draft, n_draft=args.n_draft, order=order,
-                               max_new_tokens=args.tokens, p_min_gap=args.p_min_gap,
-                               stop_at_eos=not args.no_eos,
-                               plain_tokens=None if plain is None else plain.tokens, progress=True)
+        plain = target.generate(prompt, max_new_tokens=args.n_predict, order=args.order,
+                                stop_at_eos=not args.ignore_eos, progress=True)
+    res = generate_speculative(target, prompt, draft, n_draft=args.n_draft, order=args.order,
+                               max_new_tokens=args.n_predict, p_min_gap=args.p_min_gap,
+                               stop_at_eos=not args.ignore_eos,
+                               plain_tokens=None if plain is None else plain.tokens, progress=True,
+                               p_min=args.p_min, draft_min=args.draft_min)
     print(res)
+    if res.vacuous:
+        print(f"hiraishin {NAME}: WARNING: the draft proposed no tokens in {len(res.cycles)} cycles; "
+              "the comparison with plain decoding is vacuous", file=sys.stderr)
     if res.text:
         print(f"\n{res.text}")
     if args.json:
+        res.meta.update(common.run_meta(NAME, path, target.backend.name, seed=args.seed, n_ctx=n_ctx,
+                                        draft_file=path if args.self_draft else args.draft))
         print(f"wrote {res.save(args.json)}")
     # a mismatch is the finding under the variant order, a failure under any other
-    return 1 if res.matches_plain is False and order != ReductionOrder.BATCH_VARIANT else 0
+    return EXIT_NOT_EXACT if res.matches_plain is False and args.order != ReductionOrder.BATCH_VARIANT else 0
 
 
 def register(subparsers) -> None:
-    parser = subparsers.add_parser(NAME, help=HELP, description=HELP)
+    parser = subparsers.add_parser(NAME, help=HELP, description=HELP, epilog=common.epilog(),
+                                   formatter_class=common.formatter())
     add_arguments(parser)
     parser.set_defaults(run=run)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..atomic import atomic_path
 from ..errors import GGUFError
 
 __all__ = ["write_draft"]
@@ -97,24 +98,28 @@ def write_draft(target_path: str | PathLike, out_path: str | PathLike, noise: fl
                             f"{arch}{_BLOCK_COUNT_SUFFIX}), got {n_layer}")
 
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    writer = GGUFWriter(out_path, arch)
-    _copy_metadata(reader, writer, n_layer, arch)
-    for t in reader.tensors:
-        layer = _layer_of(t.name)
-        if n_layer is not None and layer is not None and layer >= n_layer:
-            continue
-        qtype = qtype_name(t.tensor_type)
-        data = np.asarray(t.data)
-        if noise:
-            rng = np.random.default_rng([seed, zlib.crc32(t.name.encode())])
-            data = _perturb(data, qtype, noise, rng, t.name)
-        if qtype in ("F32", "F16"):
-            writer.add_tensor(t.name, np.ascontiguousarray(data))
-        else:
-            writer.add_tensor(t.name, np.ascontiguousarray(data), raw_shape=data.shape,
-                              raw_dtype=t.tensor_type)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    # a unique temporary name beside out_path, renamed over it once complete (hiraishin.atomic)
+    with atomic_path(out_path) as tmp:
+        writer = GGUFWriter(tmp, arch)
+        try:
+            _copy_metadata(reader, writer, n_layer, arch)
+            for t in reader.tensors:
+                layer = _layer_of(t.name)
+                if n_layer is not None and layer is not None and layer >= n_layer:
+                    continue
+                qtype = qtype_name(t.tensor_type)
+                data = np.asarray(t.data)
+                if noise:
+                    rng = np.random.default_rng([seed, zlib.crc32(t.name.encode())])
+                    data = _perturb(data, qtype, noise, rng, t.name)
+                if qtype in ("F32", "F16"):
+                    writer.add_tensor(t.name, np.ascontiguousarray(data))
+                else:
+                    writer.add_tensor(t.name, np.ascontiguousarray(data), raw_shape=data.shape,
+                                      raw_dtype=t.tensor_type)
+            writer.write_header_to_file()
+            writer.write_kv_data_to_file()
+            writer.write_tensors_to_file()
+        finally:
+            writer.close()
     return out_path

@@ -23,6 +23,8 @@ __all__ = ["plot_replay", "KV_MARKS"]
 KV_MARKS = (256, 384, 512)
 # Pass-edge ticks are drawn when a panel has at most this many passes (more would be a smear).
 MAX_PASS_TICKS = 400
+# Flips labelled with their plain top-2 gap per panel (the closest calls; more would overlap).
+MAX_GAP_LABELS = 6
 PANEL_HEIGHT_IN = 1.5
 FIG_WIDTH_IN = 10.0
 
@@ -59,10 +61,14 @@ def plot_replay(report, fig=None, title: str | None = None, ax=None):
             a.set_yscale("symlog", linthresh=linthresh)
             a.set_ylim(bottom=0, top=max(y.max() * 3, linthresh * 2))
             for f in b.flips:
-                yi = y[f.position - report.start]
-                a.plot([f.position], [yi], "x", ms=8, mew=2, color="tab:red", label="argmax flip")
-                a.annotate(f"gap {f.plain_gap:.2g}", (f.position, yi), textcoords="offset points",
-                           xytext=(4, 4), fontsize="x-small", color="tab:red")
+                a.plot([f.position], [y[f.position - report.start]], "x", ms=8, mew=2, color="tab:red",
+                       label="argmax flip")
+            # label the closest calls only (the smallest plain top-2 gaps), staggered, so labels stay legible
+            labelled = sorted(b.flips, key=lambda f: (f.plain_gap, f.position))[:MAX_GAP_LABELS]
+            for k, f in enumerate(sorted(labelled, key=lambda f: f.position)):
+                a.annotate(f"gap {f.plain_gap:.2g}", (f.position, y[f.position - report.start]),
+                           textcoords="offset points", xytext=(4, 4 + 9 * (k % 2)), fontsize="x-small",
+                           color="tab:red")
         spans = list(pass_spans(report.start, report.start + len(x), b.batch_size, order))
         if 1 < len(spans) <= MAX_PASS_TICKS:
             edges = [s - 0.5 for s, _ in spans]
