@@ -40,8 +40,6 @@ API is used (``from_gguf``, ``forward``, ``rollback``, ``reset``, ``kv_len``, ``
 from __future__ import annotations
 
 import datetime as _dt
-import json
-import math
 import os
 import platform
 import statistics
@@ -54,9 +52,10 @@ from pathlib import Path
 import numpy as np
 
 from .errors import HiraishinError
+from .decode.oracle import ORACLE_SEED, REPORT, OracleSchedule
 from .order import ReductionOrder
 
-__all__ = ["ORDERS", "REPORT", "BenchSettings", "OracleSchedule", "run_bench", "format_report", "write_json",
+__all__ = ["ORDERS", "REPORT", "BenchSettings", "OracleSchedule", "run_bench",
            "parse_orders", "parse_widths", "git_commit", "copy_bandwidth_gbs", "SCHEMA"]
 
 SCHEMA = "hiraishin-bench/1"
@@ -70,27 +69,6 @@ ORDERS: dict[str, ReductionOrder] = {
 }
 DEFAULT_ORDERS = ("variant", "invariant", "subblock")
 
-# The original report (laptop RTX 5060, 286 GB/s; ../shared/reference/performance.md §1): plain
-# 61.4 tok/s, exact speculative 92.3 tok/s = 1.50x; per cycle 8.5 ms drafting, 19.0 ms verifying
-# (mean verify batch 2.97 tokens), 0.4 ms bookkeeping, 2.52 tokens out; 77.3% of drafted tokens
-# accepted; a plain step 16.1 ms.
-REPORT = {
-    "device": "laptop RTX 5060 (286 GB/s)",
-    "plain_ms_per_token": 16.1,
-    "plain_tok_s": 61.4,
-    "speculative_tok_s": 92.3,
-    "speedup": 1.50,
-    "cycle_ms": {"drafting": 8.5, "verifying": 19.0, "bookkeeping": 0.4},
-    "tokens_per_cycle": 2.52,
-    "acceptance": 0.773,
-    "mean_verify_batch": 2.97,
-}
-ORACLE_SEED = 20261201
-# Drafted tokens per cycle before the profile's mean is imposed: probabilities of k = 1, 2, 3, 4
-# (mean 1.97 = the report's mean verify batch 2.97 minus the one token the target adds).
-_K_PROBS = (0.35, 0.40, 0.18, 0.07)
-# Stock llama.cpp on the same H200 and file (performance.md §1), for the table's last line.
-LLAMA_CPP_H200 = {"decode_ms_8b": 4.00, "draft_step_ms_0.6b": 1.40}
 
 CONTEXT = 32  # prompt tokens before the decode / verify measurements (a short context, as tg128)
 QUICK_CONTEXT = 8
@@ -300,64 +278,6 @@ def measure_verify(model, order, settings: BenchSettings) -> dict[str, float]:
                 times.append(dt)
         out[str(w)] = 1e3 * statistics.median(times)
     return out
-
-
-# ---- the oracle schedule ---------------------------------------------------------------------
-
-@dataclass
-class OracleSchedule:
-    """Seeded (drafted, right) counts per cycle with the report's profile, exactly on average.
-
-    ``k[i]`` tokens are drafted in cycle ``i`` and the first ``a[i]`` of them are scheduled right
-    (the draft's token ``a[i] + 1``, if any, is wrong). Over the schedule the mean of ``k`` is the
-    report's mean verify batch minus one and ``sum(a) / sum(k)`` its acceptance, to rounding.
-    """
-
-    k: list[int]
-    a: list[int]
-    seed: int
-
-    @classmethod
-    def make(cls, cycles: int, seed: int = ORACLE_SEED, n_draft: int = 4,
-             mean_verify_batch: float = REPORT["mean_verify_batch"],
-             acceptance: float = REPORT["acceptance"]) -> "OracleSchedule":
-        if cycles < 1 or not 1 <= n_draft <= 16:
-            raise HiraishinError(f"an oracle schedule needs cycles >= 1 and n_draft in 1..16, got {cycles}, {n_draft}")
-        rng = np.random.default_rng(seed)
-        probs = np.asarray(_K_PROBS[:n_draft], np.float64)
-        k = list(rng.choice(np.arange(1, len(probs) + 1), size=cycles, p=probs / probs.sum()))
-        # (between 1 and n_draft per cycle, or the nudging below could not end)
-        want_drafted = min(max(cycles, round((mean_verify_batch - 1.0) * cycles)), n_draft * cycles)
-        while sum(k) > want_drafted:  # impose the mean exactly: nudge random cycles
-            i = int(rng.integers(cycles))
-            if k[i] > 1:
-                k[i] -= 1
-        while sum(k) < want_drafted:
-            i = int(rng.integers(cycles))
-            if k[i] < n_draft:
-                k[i] += 1
-        a = list(k)
-        want_right = round(acceptance * sum(k))
-        while sum(a) > want_right:  # reject from random cycles: a prefix stays right
-            i = int(rng.integers(cycles))
-            if a[i] > 0:
-                a[i] -= 1
-        return cls([int(v) for v in k], [int(v) for v in a], seed)
-
-    @classmethod
-    def for_tokens(cls, n_tokens: int, seed: int = ORACLE_SEED, n_draft: int = 4) -> "OracleSchedule":
-        """The schedule a run of ``n_tokens`` tokens uses up (about ``(n_tokens - 1) / 2.52`` cycles: the first
-        token comes from the prefill), so the run itself has the profile, not just the schedule."""
-        return cls.make(max(1, math.ceil((n_tokens - 1) / REPORT["tokens_per_cycle"])), seed, n_draft)
-
-    def cycle(self, i: int) -> tuple[int, int]:
-        """(drafted, scheduled right) of cycle ``i`` (the schedule repeats past its end)."""
-        return self.k[i % len(self.k)], self.a[i % len(self.a)]
-
-    def profile(self) -> dict:
-        drafted, right = sum(self.k), sum(self.a)
-        return {"cycles": len(self.k), "acceptance": right / drafted, "mean_verify_batch": 1 + drafted / len(self.k),
-                "tokens_per_cycle": 1 + right / len(self.k)}
 
 
 # ---- plain and speculative decoding, timed ---------------------------------------------------
@@ -606,101 +526,3 @@ def run_bench(model_path, draft_path=None, device: str = "auto", settings: Bench
     target.reset()
     draft.reset()
     return result
-
-
-def _json_ready(x):
-    if isinstance(x, dict):
-        return {str(k): _json_ready(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_json_ready(v) for v in x]
-    if isinstance(x, (np.integer,)):
-        return int(x)
-    if isinstance(x, (float, np.floating)):
-        x = float(x)
-        return x if np.isfinite(x) else None
-    return x
-
-
-def write_json(result: dict, path) -> Path:
-    """Write ``result`` to ``path`` atomically (the old file or the whole new one, never half)."""
-    from .atomic import atomic_write
-
-    with atomic_write(path) as f:
-        json.dump(_json_ready(result), f, indent=2)
-        f.write("\n")
-    return Path(path)
-
-
-# ---- the table -------------------------------------------------------------------------------
-
-def _mb(n: float) -> str:
-    return f"{n / 1e6:,.1f} MB"
-
-
-def format_report(r: dict) -> str:
-    """The llama-bench-like text table of a :func:`run_bench` result."""
-    lines = []
-    dev = r["device"]
-    lines.append(f"hiraishin bench  {r['model']['name']} ({_mb(r['model']['bytes'])})  device {dev['backend']}: "
-                 f"{dev.get('name', '?')}  date {r['date']}  commit {r['commit'][:12]}"
-                 + ("  [quick: 1 repetition, no warm-up before prefill/verify passes]"
-                    if r["settings"].get("quick") else ""))
-    lines.append(f"copy bandwidth {r['copy_bandwidth_gbs']:,.1f} GB/s (device-to-device, bytes read + written); "
-                 f"weight floor {r['model']['floor_ms']:.3f} ms/token; CUDA graphs {'on' if r['cuda_graphs'] else 'off'}")
-    m = r["memory"]
-    mem = f"memory: file(s) {_mb(m['file_bytes'])} + KV caches {_mb(m['kv_cache_bytes'])}"
-    if "used_bytes" in m:
-        mem += f"; backend holds {_mb(m['used_bytes'])} = {m['used_over_file_and_kv']:.2f}x of that"
-    lines.append(mem)
-    lines.append("")
-    orders = list(r["orders"])
-    hdr = f"| {'order':<16} | {'decode ms/tok':>13} | {'tok/s':>9} | {'prefill tok/s':>13} |"
-    lines.append(hdr)
-    lines.append("|" + "|".join("-" * (len(c)) for c in hdr.split("|")[1:-1]) + "|")
-    for name in orders:
-        o = r["orders"][name]
-        lines.append(f"| {name:<16} | {o['decode_ms']:>13.3f} | {o['decode_tok_s']:>9.2f} | "
-                     f"{o['prefill_tok_s']:>13.1f} |")
-    lines.append(f"(prefill: {r['settings']['prefill']} tokens, in the passes plain decoding makes)")
-    lines.append("")
-    widths = list(next(iter(r["orders"].values()))["verify_ms"]) if orders else []
-    hdr = "| verify width | " + " | ".join(f"{n:>16}" for n in orders) + " |"
-    lines.append(hdr)
-    lines.append("|" + "|".join("-" * len(c) for c in hdr.split("|")[1:-1]) + "|")
-    for w in widths:
-        lines.append(f"| {w:>12} | " + " | ".join(f"{r['orders'][n]['verify_ms'][w]:>13.3f} ms" for n in orders) + " |")
-    lines.append("")
-    d = r["draft"]
-    lines.append(f"draft {d['name']}{' (the target itself)' if d['self'] else ''}: one-token step "
-                 + ", ".join(f"{n} {v['decode_ms']:.3f} ms" for n, v in d["orders"].items())
-                 + f"; speculation drafts under its fastest order, {d['order']}")
-    lines.append("")
-    o = r["oracle"]
-    lines.append("speculative decoding, ORACLE schedule (seeded, the original report's profile: which guesses are "
-                 "right is scheduled; every draft step and verify pass runs for real)")
-    sp = o["schedule"]
-    lines.append(f"  schedule: acceptance {sp['acceptance']:.1%}, mean verify batch {sp['mean_verify_batch']:.2f}, "
-                 f"{sp['tokens_per_cycle']:.2f} tokens per cycle, seed {o['seed']}")
-    hdr = (f"| {'order':<18} | {'plain ms/tok':>12} | {'spec ms/tok':>11} | {'speedup':>7} | {'draft ms':>8} | "
-           f"{'verify ms':>9} | {'bookkeep ms':>11} | {'tok/cycle':>9} | {'accept':>6} | {'verify batch':>12} | "
-           f"{'== plain':>8} |")
-    lines.append(hdr)
-    lines.append("|" + "|".join("-" * len(c) for c in hdr.split("|")[1:-1]) + "|")
-    for name, s in r["speculative"].items():
-        c = s["cycle_ms"]
-        same = "yes" if s["matches_plain"] else f"no @{s['first_divergence']}"
-        lines.append(f"| {name:<18} | {s['plain_ms_per_token']:>12.3f} | {s['speculative_ms_per_token']:>11.3f} | "
-                     f"{s['speedup']:>6.2f}x | {c['drafting']:>8.3f} | {c['verifying']:>9.3f} | "
-                     f"{c['bookkeeping']:>11.3f} | {s['tokens_per_cycle']:>9.2f} | {s['acceptance']:>6.1%} | "
-                     f"{s['mean_verify_batch']:>12.2f} | {same:>8} |")
-    rep = o["report"]
-    rc = rep["cycle_ms"]
-    lines.append(f"| {'report (RTX 5060)':<18} | {rep['plain_ms_per_token']:>12.3f} | "
-                 f"{1e3 / rep['speculative_tok_s']:>11.3f} | {rep['speedup']:>6.2f}x | {rc['drafting']:>8.3f} | "
-                 f"{rc['verifying']:>9.3f} | {rc['bookkeeping']:>11.3f} | {rep['tokens_per_cycle']:>9.2f} | "
-                 f"{rep['acceptance']:>6.1%} | {rep['mean_verify_batch']:>12.2f} | {'yes':>8} |")
-    for name, s in r["speculative"].items():
-        if not s["schedule_reproduced"]:
-            lines.append(f"note: under {name} the target's argmax departed from the oracle schedule "
-                         "(acceptance decided by the target's own argmax, as always)")
-    return "\n".join(lines)

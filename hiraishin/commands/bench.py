@@ -51,7 +51,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from ..benchmark import BenchSettings, format_report, run_bench, write_json
+    from ..bench_report import format_report, write_json
+    from ..benchmark import BenchSettings, run_bench
 
     settings = BenchSettings.make(quick=args.quick, orders=args.orders, widths=args.widths, prefill=args.prefill,
                                   spec_tokens=args.tokens, repetitions=args.repetitions)

@@ -1,0 +1,116 @@
+"""``hiraishin bench``'s outputs: the llama-bench-like table and the JSON file (written atomically)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from .atomic import atomic_write
+
+__all__ = ["format_report", "write_json"]
+
+# Stock llama.cpp on an H200 with the same synthetic files (llama-bench, sm_90 build, -fa on;
+# shared/reference/performance.md section 1): recorded figures, printed beside ours, not run here.
+LLAMA_CPP_H200 = {"decode_ms_8b": 4.00, "draft_step_ms_0.6b": 1.40, "verify_9_16_ms_8b": 8.5}
+
+
+def _json_ready(x):
+    if isinstance(x, dict):
+        return {str(k): _json_ready(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_json_ready(v) for v in x]
+    if isinstance(x, (np.integer,)):
+        return int(x)
+    if isinstance(x, (float, np.floating)):
+        x = float(x)
+        return x if np.isfinite(x) else None
+    return x
+
+
+def write_json(result: dict, path) -> Path:
+    """Write ``result`` to ``path`` atomically (the old file or the whole new one, never half)."""
+    with atomic_write(path) as f:
+        json.dump(_json_ready(result), f, indent=2)
+        f.write("\n")
+    return Path(path)
+
+
+# ---- the table -------------------------------------------------------------------------------
+
+def _mb(n: float) -> str:
+    return f"{n / 1e6:,.1f} MB"
+
+
+def format_report(r: dict) -> str:
+    """The llama-bench-like text table of a :func:`run_bench` result."""
+    lines = []
+    dev = r["device"]
+    lines.append(f"hiraishin bench  {r['model']['name']} ({_mb(r['model']['bytes'])})  device {dev['backend']}: "
+                 f"{dev.get('name', '?')}  date {r['date']}  commit {r['commit'][:12]}"
+                 + ("  [quick: 1 repetition, no warm-up before prefill/verify passes]"
+                    if r["settings"].get("quick") else ""))
+    lines.append(f"copy bandwidth {r['copy_bandwidth_gbs']:,.1f} GB/s (device-to-device, bytes read + written); "
+                 f"weight floor {r['model']['floor_ms']:.3f} ms/token; CUDA graphs {'on' if r['cuda_graphs'] else 'off'}")
+    m = r["memory"]
+    mem = f"memory: file(s) {_mb(m['file_bytes'])} + KV caches {_mb(m['kv_cache_bytes'])}"
+    if "used_bytes" in m:
+        mem += f"; backend holds {_mb(m['used_bytes'])} = {m['used_over_file_and_kv']:.2f}x of that"
+    lines.append(mem)
+    lines.append("")
+    orders = list(r["orders"])
+    hdr = f"| {'order':<16} | {'decode ms/tok':>13} | {'tok/s':>9} | {'prefill tok/s':>13} |"
+    lines.append(hdr)
+    lines.append("|" + "|".join("-" * (len(c)) for c in hdr.split("|")[1:-1]) + "|")
+    for name in orders:
+        o = r["orders"][name]
+        lines.append(f"| {name:<16} | {o['decode_ms']:>13.3f} | {o['decode_tok_s']:>9.2f} | "
+                     f"{o['prefill_tok_s']:>13.1f} |")
+    lines.append(f"(prefill: {r['settings']['prefill']} tokens, in the passes plain decoding makes)")
+    lines.append("")
+    widths = list(next(iter(r["orders"].values()))["verify_ms"]) if orders else []
+    hdr = "| verify width | " + " | ".join(f"{n:>16}" for n in orders) + " |"
+    lines.append(hdr)
+    lines.append("|" + "|".join("-" * len(c) for c in hdr.split("|")[1:-1]) + "|")
+    for w in widths:
+        lines.append(f"| {w:>12} | " + " | ".join(f"{r['orders'][n]['verify_ms'][w]:>13.3f} ms" for n in orders) + " |")
+    lines.append("")
+    d = r["draft"]
+    lines.append(f"draft {d['name']}{' (the target itself)' if d['self'] else ''}: one-token step "
+                 + ", ".join(f"{n} {v['decode_ms']:.3f} ms" for n, v in d["orders"].items())
+                 + f"; speculation drafts under its fastest order, {d['order']}")
+    lines.append("")
+    o = r["oracle"]
+    lines.append("speculative decoding, ORACLE schedule (seeded, the original report's profile: which guesses are "
+                 "right is scheduled; every draft step and verify pass runs for real)")
+    sp = o["schedule"]
+    lines.append(f"  schedule: acceptance {sp['acceptance']:.1%}, mean verify batch {sp['mean_verify_batch']:.2f}, "
+                 f"{sp['tokens_per_cycle']:.2f} tokens per cycle, seed {o['seed']}")
+    hdr = (f"| {'order':<18} | {'plain ms/tok':>12} | {'spec ms/tok':>11} | {'speedup':>7} | {'draft ms':>8} | "
+           f"{'verify ms':>9} | {'bookkeep ms':>11} | {'tok/cycle':>9} | {'accept':>6} | {'verify batch':>12} | "
+           f"{'== plain':>8} |")
+    lines.append(hdr)
+    lines.append("|" + "|".join("-" * len(c) for c in hdr.split("|")[1:-1]) + "|")
+    for name, s in r["speculative"].items():
+        c = s["cycle_ms"]
+        same = "yes" if s["matches_plain"] else f"no @{s['first_divergence']}"
+        lines.append(f"| {name:<18} | {s['plain_ms_per_token']:>12.3f} | {s['speculative_ms_per_token']:>11.3f} | "
+                     f"{s['speedup']:>6.2f}x | {c['drafting']:>8.3f} | {c['verifying']:>9.3f} | "
+                     f"{c['bookkeeping']:>11.3f} | {s['tokens_per_cycle']:>9.2f} | {s['acceptance']:>6.1%} | "
+                     f"{s['mean_verify_batch']:>12.2f} | {same:>8} |")
+    rep = o["report"]
+    rc = rep["cycle_ms"]
+    lines.append(f"| {'report (RTX 5060)':<18} | {rep['plain_ms_per_token']:>12.3f} | "
+                 f"{1e3 / rep['speculative_tok_s']:>11.3f} | {rep['speedup']:>6.2f}x | {rc['drafting']:>8.3f} | "
+                 f"{rc['verifying']:>9.3f} | {rc['bookkeeping']:>11.3f} | {rep['tokens_per_cycle']:>9.2f} | "
+                 f"{rep['acceptance']:>6.1%} | {rep['mean_verify_batch']:>12.2f} | {'yes':>8} |")
+    for name, s in r["speculative"].items():
+        if not s["schedule_reproduced"]:
+            lines.append(f"note: under {name} the target's argmax departed from the oracle schedule "
+                         "(acceptance decided by the target's own argmax, as always)")
+    lines.append(f"stock llama.cpp, same files on an H200 (recorded figures, not run by this command): 8B decode "
+                 f"{LLAMA_CPP_H200['decode_ms_8b']:.2f} ms/token, 0.6B draft step "
+                 f"{LLAMA_CPP_H200['draft_step_ms_0.6b']:.2f} ms, 8B pass of 9-16 tokens "
+                 f"{LLAMA_CPP_H200['verify_9_16_ms_8b']:.1f} ms")
+    return "\n".join(lines)
