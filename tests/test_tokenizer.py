@@ -145,7 +145,9 @@ def test_bad_vocabulary_lists_fail_clearly():
 
 
 def test_from_tiny_gguf_matches_tokenizer_json(tiny_model_path, hf_tokenizer):
-    tok = Tokenizer.from_gguf(tiny_model_path)
+    from hiraishin.model.gguf_file import open_qwen3_gguf
+
+    tok = Tokenizer.from_gguf(open_qwen3_gguf(tiny_model_path))
     assert tok.n_vocab == N_VOCAB
     for text in TRICKY:
         assert tok.encode(text) == hf_tokenizer.encode(text, add_special_tokens=False).ids, text

@@ -125,15 +125,15 @@ class Tokenizer:
 
     @classmethod
     def from_gguf(cls, model) -> "Tokenizer":
-        """From an open :class:`~hiraishin.model.gguf_file.Qwen3GGUF` or a path to a GGUF file.
+        """From an open :class:`~hiraishin.model.gguf_file.Qwen3GGUF` (``open_qwen3_gguf(path)``).
 
         An open file that was validated (:func:`validate_tokenizer`) hands back the tokenizer
-        built then, rather than building it again.
+        built then, rather than building it again. (The reader imports this module, so this one
+        takes the open file rather than a path: no import cycle.)
         """
         if not hasattr(model, "tokens"):
-            from .gguf_file import open_qwen3_gguf
-
-            model = open_qwen3_gguf(model)
+            raise GGUFError(f"Tokenizer.from_gguf takes an open Qwen3 GGUF "
+                            f"(hiraishin.model.gguf_file.open_qwen3_gguf(path)), got {type(model).__name__}")
         built = getattr(model, "_tokenizer", None)
         if isinstance(built, cls):
             return built
