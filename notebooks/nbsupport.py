@@ -33,7 +33,7 @@ CACHE_ENV = "HIRAISHIN_CACHE"
 SYNTH_SEED = 0
 # A noisy draft: the target's weights plus seeded noise of this fraction of each tensor's std,
 # requantized. Enough to be rejected now and then, little enough to be accepted mostly.
-DRAFT_NOISE = 0.05
+DRAFT_NOISE = 0.01
 # Repository-relative root of the package, for printing where an excerpt comes from.
 _PACKAGE = "hiraishin"
 
