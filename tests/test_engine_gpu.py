@@ -65,3 +65,20 @@ def test_graphs_are_reused_across_positions_and_plans(models):
         token = int(np.argmax(a[0]))
     # one capture per distinct attention plan of the one-token pass, not one per step
     assert graphs._graphs.captures - captures0 <= 4
+
+
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K"])
+@pytest.mark.parametrize("width", [1, 3, 8, 16])
+def test_grouped_matvecs_equal_separate_ones(qtype, width):
+    """Q, K, V (gate, up) of one type in one mmvq_multi launch give each weight's own bits."""
+    from hiraishin.backends import get_backend
+    from hiraishin.quant import random_blocks
+
+    be = get_backend("cuda")
+    k = 4096
+    ws = [be.to_device(random_blocks(qtype, n, k, seed=n)) for n in (4096, 1024, 1024)]
+    x = be.to_device(np.random.default_rng(width).standard_normal((width, k)).astype(np.float32))
+    for order in ORDERS[:2]:
+        together = be.mul_mats([(w, qtype) for w in ws], x, order)
+        for w, got in zip(ws, together):
+            np.testing.assert_array_equal(_bits(be.to_host(got)), _bits(be.to_host(be.mul_mat(w, qtype, x, order))))

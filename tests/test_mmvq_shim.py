@@ -45,6 +45,21 @@ int main(int argc, char** argv) {
               [&] { mmvq(w.data() + shift, y.data(), out.data(), nrows, (long long)nrows); });
     hx_write(argv[5], out.data(), out.size() * 4);
 }''',
+"mmvq_multi": r'''
+int main(int argc, char** argv) {
+    // argv: weights of the three row counts one after another, q8_1, n0, n1, n2, out
+    int n[3] = {atoi(argv[3]), atoi(argv[4]), atoi(argv[5])};
+    auto w = hx_read(argv[1]); auto y = hx_read(argv[2]);
+    int nb[3]; unsigned blocks = 0;
+    for (int i = 0; i < 3; ++i) { nb[i] = (n[i] + HX_RPB - 1) / HX_RPB; blocks += nb[i]; }
+    const unsigned char* wp[3] = {w.data(), w.data() + (size_t)n[0] * HX_ROW_BYTES,
+                                  w.data() + (size_t)(n[0] + n[1]) * HX_ROW_BYTES};
+    std::vector<float> out((size_t)HX_NCOLS * (n[0] + n[1] + n[2]), -12345.0f);
+    float* op[3] = {out.data(), out.data() + (size_t)HX_NCOLS * n[0], out.data() + (size_t)HX_NCOLS * (n[0] + n[1])};
+    hx_launch({blocks, 1, 1}, {32, (unsigned)HX_NWARPS, 1}, (size_t)(HX_NWARPS - 1) * HX_NCOLS * HX_RPB * 32 * 4,
+              [&] { mmvq_multi(y.data(), wp[0], op[0], n[0], nb[0], wp[1], op[1], n[1], nb[1], wp[2], op[2], n[2]); });
+    hx_write(argv[6], out.data(), out.size() * 4);
+}''',
 "mmq_tiled": r'''
 int main(int argc, char** argv) {
     int nrows = atoi(argv[3]), ncols = atoi(argv[4]), k = atoi(argv[5]);
@@ -139,6 +154,29 @@ def test_mmvq_source_equals_emulator(build, tmp_path, qtype):
         plan = MatVecPlan("mmvq", qtype, nwarps=nwarps, rows_per_block=rows, cols_per_launch=ncols, ncols=ncols)
         emu = mmvq.emulate(w, qtype, xq[:ncols], plan)
         np.testing.assert_array_equal(_bits(got), _bits(emu), err_msg=f"{defines} weight offset {shift}")
+
+
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K"])
+def test_mmvq_multi_source_equals_separate_emulators(build, tmp_path, qtype):
+    """Q, K and V in one launch (mmvq_multi): each weight's rows give the bits of its own mat-vec."""
+    t = MATVEC_TRAITS[qtype]
+    k, ns = 1024, (11, 5, 7)  # row counts the rows per block do not divide
+    ws = [random_weights(qtype, n, k, seed=10 + i) for i, n in enumerate(ns)]
+    xq = quantize.emulate((np.random.default_rng(3).standard_normal((5, k)) * 2).astype(np.float32))
+    np.concatenate(ws).tofile(tmp_path / "w.bin")
+    for ncols, rows, nwarps in ((1, 2, 4), (3, 2, 4), (5, 2, 2)):
+        defines = kernel_defines(qtype, ncols, rows, nwarps, k // t.qk)
+        to_layout(xq[:ncols], qtype).tofile(tmp_path / "y.bin")
+        _run(build("mmvq/mmvq.cu", defines, "mmvq_multi"), tmp_path / "w.bin", tmp_path / "y.bin", *ns,
+             tmp_path / "o.bin")
+        got = np.fromfile(tmp_path / "o.bin", np.float32)
+        plan = MatVecPlan("mmvq", qtype, nwarps=nwarps, rows_per_block=rows, cols_per_launch=ncols, ncols=ncols)
+        at = 0
+        for w, n in zip(ws, ns):
+            part = got[at:at + ncols * n].reshape(ncols, n)
+            at += ncols * n
+            np.testing.assert_array_equal(_bits(part), _bits(mmvq.emulate(w, qtype, xq[:ncols], plan)),
+                                          err_msg=f"{defines} weight of {n} rows")
 
 
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q8_0"])

@@ -20,17 +20,19 @@ from ..errors import BackendError
 from ..kernels import attention, elementwise, rmsnorm, rope, tiled
 from ..kernels.attention.launch import current_profile, launch_combine, launch_partials
 from ..kernels.compile import cupy_available, require_cupy
-from ..kernels.fused.launch import (launch_add_rms_norm_q8_1, launch_qk_norm_rope_kv, launch_rms_norm_q8_1,
-                                    launch_swiglu_q8_1)
+from ..kernels.fused.launch import (
+    launch_add_rms_norm_q8_1,
+    launch_qk_norm_rope_kv,
+    launch_rms_norm_q8_1,
+    launch_swiglu_q8_1,
+)
 from ..kernels.mmq.launch import launch as mmq_launch
 from ..kernels.mmq.launch import prepared_launch as mmq_prepared_launch
-from ..kernels.mmvq.launch import (
-    prepared_plan,  # (the package's ``launch`` is the function, not the module)
-)
+from ..kernels.mmvq.launch import MULTI_MAX_WEIGHTS, MultiMatVecLaunch, prepared_plan
 from ..kernels.quantize.launch import QuantizeLaunch
 from ..kernels.quantize.layout import layout_for
 from ..plans import SubBlockPlan
-from ..plans.matvec import matvec_traits
+from ..plans.matvec import MatVecPlan, matvec_traits
 from .base import Backend
 from .checks import get_rows_width
 
@@ -57,11 +59,16 @@ class _MatVec:
     """One prepared mat-vec: the plan, the layout its activations must be in, and the launch
     (the mat-vec kernel's prepared plan, the sub-block MMA kernel, or the tiled kernel)."""
 
-    __slots__ = ("plan", "launch", "n", "layout", "qtype")
+    __slots__ = ("plan", "launch", "n", "layout", "qtype", "group")
 
     def __init__(self, plan, qtype: str, n: int, row_bytes: int):
         t = matvec_traits(qtype)
         self.plan, self.n, self.qtype = plan, n, qtype
+        # mat-vecs with the same group key may share one mmvq_multi launch (same kernel geometry
+        # and row length, one launch per plan); None: launched alone
+        self.group = None
+        if isinstance(plan, MatVecPlan) and plan.kernel == "mmvq" and len(plan.launches()) == 1:
+            self.group = (qtype, row_bytes, plan)
         if isinstance(plan, SubBlockPlan):  # int8 MMA kernels reading llama.cpp's q8_1 layout
             self.launch = mmq_prepared_launch(n, plan)
             self.layout = None
@@ -95,6 +102,7 @@ class CudaOps:
         self.xp = backend.xp
         self._empty = backend.xp.empty
         self._matvecs: dict = {}
+        self._multis: dict = {}
         self._quantize: dict = {}
         self._scratch: dict = {}
 
@@ -172,15 +180,9 @@ class CudaOps:
         # x is quantized once per layout the launches read: the mat-vec kernel's own for Q4_K /
         # Q6_K weights, llama.cpp's for Q8_0 and for the tiled kernel.
         T = x.shape[0]
-        quantized = {}
-        results = []
-        for i, (w, qtype) in enumerate(weights):
-            mv = self.matvec(order, T, qtype, w)
-            xq = quantized.get(mv.layout)
-            if xq is None:
-                xq = quantized[mv.layout] = self.quantize(x, mv.layout)
-            out = outs[i] if outs is not None else None
-            results.append(mv(w, xq, self._empty((T, mv.n), _F32) if out is None else out))
+        mvs, layouts = self._layouts(weights, T, order)
+        xqs = {layout: self.quantize(x, layout) for layout in layouts}
+        results = self._run_matvecs(weights, mvs, xqs, T, outs)
         return results
 
     def attention_scratch(self, plan, T: int, H: int, D: int):
@@ -198,8 +200,32 @@ class CudaOps:
         return mvs, layouts
 
     def _run_matvecs(self, weights, mvs, xqs, T: int, outs):
-        return [mv(w, xqs[mv.layout], self._empty((T, mv.n), _F32) if outs is None or outs[i] is None else outs[i])
-                for i, (mv, (w, _)) in enumerate(zip(mvs, weights))]
+        """Every mat-vec of ``weights`` (prepared ``mvs``) on its activations ``xqs[layout]``; the
+        ones of one group (Q, K, V of one type; gate and up) in one ``mmvq_multi`` launch."""
+        results = [self._empty((T, mv.n), _F32) if outs is None or outs[i] is None else outs[i]
+                   for i, mv in enumerate(mvs)]
+        groups: dict = {}
+        for i, mv in enumerate(mvs):
+            groups.setdefault(mv.group if mv.group is not None else ("alone", i), []).append(i)
+        for key, idx in groups.items():
+            if key[0] == "alone" or len(idx) == 1:
+                for i in idx:
+                    mvs[i](weights[i][0], xqs[mvs[i].layout], results[i])
+                continue
+            for start in range(0, len(idx), MULTI_MAX_WEIGHTS):
+                part = idx[start:start + MULTI_MAX_WEIGHTS]
+                multi = self._multi_launch(key, tuple(mvs[i].n for i in part), T)
+                multi([weights[i][0] for i in part], xqs[mvs[part[0]].layout], [results[i] for i in part])
+        return results
+
+    def _multi_launch(self, key, ns: tuple, T: int):
+        hit = self._multis.get((key, ns))
+        if hit is None:
+            qtype, row_bytes, plan = key
+            t = matvec_traits(qtype)
+            hit = self._multis[(key, ns)] = MultiMatVecLaunch(qtype, ns, row_bytes // t.block_bytes * t.qk, T,
+                                                             plan.rows_per_block, plan.nwarps)
+        return hit
 
     def norm_matvecs(self, x, norm_w, eps: float, weights, order, outs=None, residual=None, out_sum=None):
         """``rms_norm(x [+ residual])`` quantized straight into the layout the first weight's mat-vec

@@ -27,6 +27,8 @@ __all__ = [
     "mmvq_kernel",
     "MatVecLaunch",
     "PlanLaunches",
+    "MultiMatVecLaunch",
+    "MULTI_MAX_WEIGHTS",
     "prepared_launch",
     "prepared_plan",
     "plan_kernel_defines",
@@ -117,8 +119,9 @@ class MatVecLaunch:
 
     Call it with the weight (C-contiguous cupy uint8 (n, row_bytes)), the q8_1 activations in
     the kernel's layout for ``qtype`` (``quantize.layout.layout_for``; C-contiguous) and ``out``
-    (float32, ``ncols`` rows of ``n`` floats, contiguous); nothing is checked (the backends check). Everything but the three arrays is prepared here: a decode step
-    makes hundreds of these calls.
+    (float32, ``ncols`` rows of ``n`` floats, contiguous); nothing is checked (the backends
+    check). Everything but the three arrays is prepared here: a decode step makes hundreds of
+    these calls.
     """
 
     __slots__ = ("kernel", "grid", "block", "shared", "defines", "scalars")
@@ -134,6 +137,44 @@ class MatVecLaunch:
     def __call__(self, w, xq, out):
         self.kernel(self.grid, self.block, (w, xq, out) + self.scalars, shared_mem=self.shared)
         return out
+
+
+# Weights one mmvq_multi launch takes (Q, K and V share an input; so do gate and up).
+MULTI_MAX_WEIGHTS = 3
+
+
+class MultiMatVecLaunch:
+    """One ``mmvq_multi`` launch of up to three (``n_i``, ``k``) ``qtype`` weights with one input.
+
+    Call it with the weights, the activations (as :class:`MatVecLaunch`) and one ``out`` per
+    weight (float32 (``ncols``, ``n_i``)). Every row is summed exactly as by ``mmvq`` with the same
+    geometry (same defines): the same bits as separate launches, fewer launches.
+    """
+
+    __slots__ = ("kernel", "grid", "block", "shared", "nblk", "ns")
+
+    def __init__(self, qtype: str, ns: tuple, k: int, ncols: int, rows_per_block: int, nwarps: int):
+        if not 1 <= len(ns) <= MULTI_MAX_WEIGHTS:
+            raise ValueError(f"mmvq_multi takes 1..{MULTI_MAX_WEIGHTS} weights, got {len(ns)}")
+        defines = prepared_launch(qtype, ns[0], k, ncols, rows_per_block, nwarps).defines
+        self.kernel = get_kernel(SOURCE, "mmvq_multi", defines)
+        if defines.get("HX_MIN_BLOCKS", 1) > 1 and self.kernel.local_size_bytes > 0:
+            self.kernel = get_kernel(SOURCE, "mmvq_multi", {**defines, "HX_MIN_BLOCKS": 1})  # no spills
+        self.ns = tuple(np.int32(n) for n in ns)
+        self.nblk = tuple(np.int32((n + rows_per_block - 1) // rows_per_block) for n in ns)
+        self.grid = (int(sum(self.nblk)), 1, 1)
+        self.block = (32, nwarps, 1)
+        self.shared = (nwarps - 1) * ncols * rows_per_block * 32 * 4
+
+    def __call__(self, ws, xq, outs):
+        args = [xq]
+        for i in range(MULTI_MAX_WEIGHTS):
+            j = min(i, len(ws) - 1)  # missing weights: never reached (no CUDA block is theirs)
+            args += [ws[j], outs[j], self.ns[j] if i < len(ws) else np.int32(0)]
+            if i < MULTI_MAX_WEIGHTS - 1:
+                args.append(self.nblk[j] if i < len(ws) else np.int32(0))
+        self.kernel(self.grid, self.block, tuple(args), shared_mem=self.shared)
+        return outs
 
 
 class PlanLaunches:

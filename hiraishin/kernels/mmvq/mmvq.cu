@@ -348,12 +348,12 @@ __device__ __forceinline__ void hx_accumulate(float (&tmp)[HX_NCOLS][HX_RPB], co
 #define HX_MIN_BLOCKS 1
 #endif
 
-extern "C" __global__ void __launch_bounds__(32 * HX_NWARPS, HX_MIN_BLOCKS)
-mmvq(const u8* __restrict__ w, const u8* __restrict__ y, float* __restrict__ dst, const int nrows,
-     const long long stride_dst) {
+// The rows row0 .. row0+HX_RPB-1 of one weight for every column: one CUDA block's work.
+__device__ __forceinline__ void hx_mmvq_rows(const u8* __restrict__ w, const u8* __restrict__ y,
+                                             float* __restrict__ dst, const int nrows,
+                                             const long long stride_dst, const int row0) {
     const int lane = threadIdx.x;
     const int tid = 32 * threadIdx.y + lane;
-    const int row0 = HX_RPB * blockIdx.x;
     const int kbx0 = tid / HX_TPB;
 
     float tmp[HX_NCOLS][HX_RPB];
@@ -406,5 +406,29 @@ mmvq(const u8* __restrict__ w, const u8* __restrict__ y, float* __restrict__ dst
                 dst[j * stride_dst + row0 + i] = s;
             }
         }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(32 * HX_NWARPS, HX_MIN_BLOCKS)
+mmvq(const u8* __restrict__ w, const u8* __restrict__ y, float* __restrict__ dst, const int nrows,
+     const long long stride_dst) {
+    hx_mmvq_rows(w, y, dst, nrows, stride_dst, HX_RPB * blockIdx.x);
+}
+
+// Up to three weights of one type and row length that read the same activations (Q, K and V;
+// gate and up) in one launch: CUDA blocks 0..nblk0-1 take weight 0, the next nblk1 weight 1,
+// the rest weight 2. Each row is summed exactly as by mmvq (which outputs share a CUDA block
+// changes no bit); weight i writes its own output dst_i (ncols rows of nrows_i floats).
+extern "C" __global__ void __launch_bounds__(32 * HX_NWARPS, HX_MIN_BLOCKS)
+mmvq_multi(const u8* __restrict__ y, const u8* __restrict__ w0, float* __restrict__ dst0, const int nrows0,
+           const int nblk0, const u8* __restrict__ w1, float* __restrict__ dst1, const int nrows1,
+           const int nblk1, const u8* __restrict__ w2, float* __restrict__ dst2, const int nrows2) {
+    const int b = blockIdx.x;
+    if (b < nblk0) {
+        hx_mmvq_rows(w0, y, dst0, nrows0, nrows0, HX_RPB * b);
+    } else if (b < nblk0 + nblk1) {
+        hx_mmvq_rows(w1, y, dst1, nrows1, nrows1, HX_RPB * (b - nblk0));
+    } else {
+        hx_mmvq_rows(w2, y, dst2, nrows2, nrows2, HX_RPB * (b - nblk0 - nblk1));
     }
 }
