@@ -22,7 +22,7 @@ from ..backends import Backend, get_backend
 from ..errors import HiraishinError
 from ..kernels.rope import rope_tables
 from ..order import ReductionOrder
-from .weights import load_weights
+from .weights import check_memory_fits, is_out_of_memory, load_weights, release_cached_memory
 
 __all__ = ["Qwen3", "DEFAULT_N_CTX"]
 
@@ -57,11 +57,21 @@ class Qwen3:
         self.name = self.path.name
         self.backend = backend
         self.n_ctx = int(n_ctx)
+        # RoPE tables: cos and sin, float32 (n_ctx, head_dim/2) each
+        rope_bytes = 2 * self.n_ctx * (cfg.head_dim // 2) * 4
+        check_memory_fits(gguf, backend, self.n_ctx, extra_bytes=rope_bytes)  # before anything is allocated
         self.weights = load_weights(gguf, backend, progress=progress)
         self.tokenizer = Tokenizer.from_gguf(gguf) if getattr(gguf, "tokens", None) else None
-        cos, sin = rope_tables(self.n_ctx, cfg.head_dim, cfg.rope_base)
-        self.rope_cos, self.rope_sin = backend.to_device(cos), backend.to_device(sin)
-        self.cache = backend.kv_cache(cfg.n_layer, self.n_ctx, cfg.n_head_kv, cfg.head_dim)
+        try:
+            cos, sin = rope_tables(self.n_ctx, cfg.head_dim, cfg.rope_base)
+            self.rope_cos, self.rope_sin = backend.to_device(cos), backend.to_device(sin)
+            self.cache = backend.kv_cache(cfg.n_layer, self.n_ctx, cfg.n_head_kv, cfg.head_dim)
+        except Exception as exc:  # noqa: BLE001 - out of memory past the check: release, then say so
+            if not is_out_of_memory(exc) and not isinstance(exc, HiraishinError):
+                raise
+            self.weights = self.rope_cos = self.rope_sin = None  # what this model holds goes back to the pool
+            release_cached_memory(backend)
+            raise
         # inputs of every op of a pass are right by construction (weights checked at load,
         # activations made by the kernels): the forward runs the backend's unchecked ops
         self.ops = backend.ops
