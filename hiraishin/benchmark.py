@@ -66,6 +66,10 @@ ORDERS: dict[str, ReductionOrder] = {
     "invariant": ReductionOrder.BATCH_INVARIANT,
     "fixed_split": ReductionOrder.FIXED_SPLIT,
     "subblock": ReductionOrder.SUBBLOCK,
+    # BATCH_INVARIANT's bits with up to 16 columns per mat-vec launch instead of 8 (columns per
+    # launch change no bit: issue 12's question whether 9-16 columns pay in one launch)
+    "invariant16": ReductionOrder(name="batch_invariant_16", matvec="invariant", attention="invariant",
+                                  kv_boundary=ReductionOrder.BATCH_INVARIANT.kv_boundary, max_cols_per_launch=16),
 }
 DEFAULT_ORDERS = ("variant", "invariant", "subblock")
 

@@ -40,7 +40,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON (atomically)")
     p.add_argument("--orders", type=_orders, default=None,
-                   help="comma-separated orders: variant, invariant, fixed_split, subblock (default variant,invariant,subblock)")
+                   help="comma-separated orders: variant, invariant, fixed_split, subblock, invariant16 (default variant,invariant,subblock)")
     p.add_argument("--widths", type=_widths, default=None,
                    help="verify widths, e.g. 1-16 or 1,2,4 (default 1-16; quick 1,2,4,8,16)")
     p.add_argument("--prefill", type=int, default=None, help="prompt tokens of the prefill test (default 512; quick 16)")
