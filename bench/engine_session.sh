@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# One GPU call for the engine (issue 11/12): carried wheels, the engine's GPU tests, then
-# `hiraishin bench` on the synthetic Qwen3-8B shape with the 0.6B shape as its draft.
+# One GPU call: carried wheels, the GPU tests, `hiraishin bench` on the synthetic Qwen3-8B shape
+# with the 0.6B shape as its draft, the 8,192-token soak, compute-sanitizer over a whole pass.
 # Usage on the device (repo root): HIRAISHIN_COMMIT=<commit> bash bench/engine_session.sh
-# Env: STEPS ("tests bench" by default), TESTS (pytest paths), BENCH_ARGS (extra bench flags).
+# Env: STEPS ("tests bench soak sanitize" by default), TESTS (pytest paths, default the engine's),
+# BENCH_ARGS (extra bench flags), *_TIMEOUT (seconds per step).
 set -uo pipefail
 OUT=${OUT:-/tmp/hiraishin-out}
 mkdir -p "$OUT"
@@ -15,7 +16,7 @@ else
     export PYTHONPATH=$PWD
 fi
 echo "== device"; date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
-STEPS=${STEPS:-"tests bench"}
+STEPS=${STEPS:-"tests bench soak sanitize"}
 if [[ $STEPS == *tests* ]]; then
     echo "== gpu tests"
     t0=$(date +%s)
@@ -32,3 +33,18 @@ if [[ $STEPS == *bench* ]]; then
         --json "$OUT/hiraishin-bench.json" ${BENCH_ARGS:-}
     echo "bench exit $?"
 fi
+if [[ $STEPS == *soak* ]]; then
+    echo "== soak (8,192 tokens, qwen3-0.6b shape)"
+    mkdir -p "$OUT/soak"
+    timeout ${SOAK_TIMEOUT:-200} python3 bench/soak_gpu.py --device cuda --out "$OUT/soak" 2>&1 | tail -n 25
+    echo "soak exit $?"
+fi
+if [[ $STEPS == *sanitize* ]] && command -v compute-sanitizer >/dev/null; then
+    for tool in ${SANITIZERS:-memcheck racecheck initcheck}; do
+        echo "== compute-sanitizer --tool $tool (a whole pass, every order)"
+        timeout ${SANITIZE_TIMEOUT:-150} compute-sanitizer --tool $tool --error-exitcode 3 python3 bench/sanitize_engine.py \
+            > "$OUT/sanitizer-$tool.txt" 2>&1
+        echo "exit $?"; tail -n 4 "$OUT/sanitizer-$tool.txt"
+    done
+fi
+echo "== done"; date -u
