@@ -96,11 +96,61 @@ def test_top_k_of_breaks_ties_by_lower_id():
 
 
 def test_generate_command(micro_model_path, capsys, plain):
-    from hiraishin.commands.generate import main
+    from hiraishin.cli import main
 
-    rc = main([str(micro_model_path), PROMPT, "--device", "cpu", "--max-new-tokens", str(N_NEW), "--no-stop",
-               "--n-ctx", "64", "--top-k", "2"])
+    rc = main(["generate", str(micro_model_path), PROMPT, "--device", "cpu", "-n", str(N_NEW), "--ignore-eos",
+               "-c", "64", "--n-probs", "2"])
     out, err = capsys.readouterr()
     assert rc == 0
     assert out.startswith(plain.text)
     assert "[5]" in out and "batch_invariant" in err and "tok/s" in err
+
+
+def test_generate_command_llama_cpp_names_and_json(micro_model_path, tmp_path, capsys, plain):
+    import json
+
+    from hiraishin.cli import main
+
+    prompt_file = tmp_path / "prompt.txt"
+    prompt_file.write_text(PROMPT)
+    out = tmp_path / "g.json"
+    rc = main(["generate", "-m", str(micro_model_path), "-f", str(prompt_file), "--device", "cpu",
+               "--max-new-tokens", str(N_NEW), "--no-stop", "--n-ctx", "64", "--json", str(out), "--seed", "7"])
+    assert rc == 0 and capsys.readouterr().out.startswith(plain.text)
+    data = json.loads(out.read_text())
+    assert data["tokens"] == plain.tokens and data["stop_reason"] == "max_tokens"
+    meta = data["meta"]
+    assert meta["schema_version"] == 1 and meta["command"] == "generate" and meta["seed"] == 7
+    assert len(meta["model_sha256"]) == 64 and meta["device"].startswith("cpu") and meta["date"].endswith("+00:00")
+
+
+def test_generate_top_k_is_a_deprecated_alias(micro_model_path, capsys):
+    from hiraishin.cli import main
+
+    with pytest.warns(FutureWarning, match="--n-probs"):
+        rc = main(["generate", str(micro_model_path), PROMPT, "--device", "cpu", "-n", "2", "-c", "64",
+                   "--top-k", "2"])
+    assert rc == 0 and "[1]" in capsys.readouterr().out
+
+
+def test_api_refuses_bytes_none_order_and_bad_ids(model):
+    from hiraishin.decode.inputs import ArgumentTypeError
+
+    with pytest.raises(ArgumentTypeError, match="bytes"):
+        model.generate(b"hi", max_new_tokens=1)
+    with pytest.raises(ArgumentTypeError, match="order"):
+        model.generate("hi", max_new_tokens=1, order=None)
+    with pytest.raises(HiraishinError, match="outside the vocabulary"):
+        model.generate([2**63], max_new_tokens=1)
+    with pytest.raises(HiraishinError, match="not valid text"):
+        model.generate("hi \udcff", max_new_tokens=1)
+
+
+def test_chat_with_system_and_thinking_switch(model):
+    ids = model.tokenizer.encode_chat([{"role": "system", "content": "be brief"},
+                                       {"role": "user", "content": "hi"}], enable_thinking=False)
+    from hiraishin.decode.greedy import generate
+
+    res = generate(model, "hi", max_new_tokens=1, chat=True, system="be brief", think=False, stop_at_eos=False)
+    assert res.prompt_tokens == ids
+    assert model.tokenizer.decode(ids).startswith("<|im_start|>system\nbe brief")

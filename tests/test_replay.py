@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from hiraishin.decode.localize import localize
 from hiraishin.decode.replay import replay
 from hiraishin.decode.report import ReplayReport
 from hiraishin.order import ReductionOrder
@@ -25,7 +26,7 @@ def model(micro_model_path):
 @pytest.fixture(scope="module")
 def variant_report(model):
     rep = replay(model, PROMPT, [2, 3, 5, 9, 16], order=VAR, n_new=16)
-    rep.localize(model)
+    localize(model, rep)
     return rep
 
 
@@ -69,5 +70,8 @@ def test_report_round_trips_and_plots(variant_report, tmp_path):
     matplotlib.use("Agg")
     back = ReplayReport.load(variant_report.save(tmp_path / "r.json"))
     assert back == variant_report
-    variant_report.plot().savefig(tmp_path / "r.png")
+    from hiraishin.commands.common import save_figure
+
+    save_figure(variant_report.plot(), tmp_path / "r.png")
     assert (tmp_path / "r.png").stat().st_size > 1000
+    assert not list(tmp_path.glob("*.partial"))

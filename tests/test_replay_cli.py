@@ -55,12 +55,50 @@ def test_speculative_command_self_and_draft(micro_model_path, tmp_path, capsys):
 @pytest.mark.parametrize("argv, message", [
     (["replay", "M.gguf", "--batch-sizes", "2,x"], "batch sizes"),
     (["replay", "M.gguf", "--order", "sideways"], "unknown order"),
-    (["speculative", "M.gguf"], "--draft"),
 ])
 def test_bad_arguments_are_usage_errors(argv, message, capsys):
     with pytest.raises(SystemExit) as e:
         main(argv)
     assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_replay_check_gates_on_batch_invariance(micro_model_path, capsys):
+    base = ["replay", str(micro_model_path), "-p", "Hello there", "-n", "12", "--batch-sizes", "9",
+            "--device", "cpu", "--no-localize", "--check"]
+    assert main(base + ["--order", "variant"]) == 1  # batches of 9 leave the mat-vec kernel
+    assert "check FAILED" in capsys.readouterr().out
+    assert main(base) == 0  # the default order is the invariant one, as for every command
+    assert "check passed" in capsys.readouterr().out
+
+
+def test_replay_json_records_the_run(micro_model_path, tmp_path, capsys):
+    import json
+
+    out = tmp_path / "r.json"
+    assert main(["replay", "-m", str(micro_model_path), "-p", "ids:1,2,3", "-n", "2", "--batch-sizes", "2",
+                 "--device", "cpu", "--json", str(out)]) == 0
+    meta = json.loads(out.read_text())["meta"]
+    from hiraishin import __version__
+    from hiraishin.commands.common import file_sha256
+
+    assert meta["schema_version"] == 1 and meta["hiraishin_version"] == __version__
+    assert meta["model_sha256"] == file_sha256(micro_model_path) and meta["command"] == "replay"
+    assert ReplayReport.load(out).meta == meta
+
+
+def test_speculative_command_warns_when_nothing_was_drafted(micro_model_path, capsys):
+    rc = main(["speculative", str(micro_model_path), "--self", "--p-min-gap", "1e9", "-p", "Hello", "-n", "4",
+               "--device", "cpu"])
+    captured = capsys.readouterr()
+    assert rc == 0 and "WARNING: the draft proposed no tokens" in captured.err
+    assert "acceptance n/a (0 drafted)" in captured.out
+
+
+def test_speculative_defaults_draft(micro_model_path, capsys):
+    rc = main(["speculative", str(micro_model_path), "-md", str(micro_model_path), "-p", "Hello", "-n", "6",
+               "--device", "cpu", "--draft-max", "3"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "acceptance 100.0%" in out and "(0/0)" not in out and "identical to plain" in out
 
 
 def test_missing_model_is_a_clean_error(tmp_path, capsys):
