@@ -326,23 +326,22 @@ class Qwen3:
         return self.ops.get_rows(W.token_embd.data, W.token_embd.qtype, ids, out=out)
 
     # ---- generation -----------------------------------------------------------------------------
+    # Convenience methods: the decoding functions of hiraishin.decode, which take the model.
     def generate(self, prompt_or_tokens, max_new_tokens: int = 64,
-                 order: ReductionOrder = ReductionOrder.BATCH_INVARIANT, stop_at_eos: bool = True,
-                 on_token=None, top_k: int = 5, progress: bool = False, chat: bool = False):
-        """Greedy decoding; see :func:`hiraishin.decode.greedy.generate`."""
+                 order: ReductionOrder = ReductionOrder.BATCH_INVARIANT, **kwargs):
+        """Greedy decoding; see :func:`hiraishin.decode.greedy.generate` (``stop_at_eos``,
+        ``on_token``, ``top_k``, ``progress``, ``chat``, ``system``, ``think``)."""
         from ..decode.greedy import generate
 
-        return generate(self, prompt_or_tokens, max_new_tokens=max_new_tokens, order=order,
-                        stop_at_eos=stop_at_eos, on_token=on_token, top_k=top_k, progress=progress, chat=chat)
+        return generate(self, prompt_or_tokens, max_new_tokens=max_new_tokens, order=order, **kwargs)
 
     def stream(self, prompt_or_tokens, max_new_tokens: int = 64,
-               order: ReductionOrder = ReductionOrder.BATCH_INVARIANT, stop_at_eos: bool = True,
-               top_k: int = 5, chat: bool = False):
-        """Greedy decoding as an iterator of :class:`~hiraishin.decode.greedy.Step`."""
+               order: ReductionOrder = ReductionOrder.BATCH_INVARIANT, **kwargs):
+        """Greedy decoding as an iterator of :class:`~hiraishin.decode.greedy.Step`; see
+        :func:`hiraishin.decode.greedy.stream`."""
         from ..decode.greedy import stream
 
-        return stream(self, prompt_or_tokens, max_new_tokens=max_new_tokens, order=order,
-                      stop_at_eos=stop_at_eos, top_k=top_k, chat=chat)
+        return stream(self, prompt_or_tokens, max_new_tokens=max_new_tokens, order=order, **kwargs)
 
     def generate_speculative(self, prompt, draft="self", n_draft: int = 8,
                              order: ReductionOrder = ReductionOrder.BATCH_INVARIANT, **kwargs):
