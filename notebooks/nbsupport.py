@@ -34,7 +34,9 @@ SYNTH_SEED = 0
 # A noisy draft: the target's weights plus seeded noise of this fraction of each tensor's std,
 # requantized. Enough to be rejected now and then, little enough to be accepted mostly.
 DRAFT_NOISE = 0.01
-# Repository-relative root of the package, for printing where an excerpt comes from.
+# The checkout these notebooks live in (bench/results/ is read from there).
+REPO = Path(__file__).resolve().parents[1]
+# The package whose files the excerpts come from.
 _PACKAGE = "hiraishin"
 
 
