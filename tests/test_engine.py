@@ -25,3 +25,23 @@ def test_fused_pass_equals_recorded_pass(micro_model_path, order):
     model.reset()
     model.forward(tokens, 0, order)
     np.testing.assert_array_equal(model.cache.k(0)[:len(tokens)], k_fused)
+
+
+def test_long_decoding_keeps_host_memory_flat(micro_model_path):
+    """Past warm-up, decoding allocates nothing that stays (plan caches are bounded)."""
+    import tracemalloc
+
+    from hiraishin.plans import ATTENTION_PLAN_CACHE_SIZE
+
+    model = Qwen3.from_gguf(micro_model_path, device="cpu", progress=False, n_ctx=ATTENTION_PLAN_CACHE_SIZE + 600)
+    order = ReductionOrder.BATCH_INVARIANT
+    token = 1
+    tracemalloc.start()  # before the warm-up: blocks freed later are then seen as freed
+    for pos in range(ATTENTION_PLAN_CACHE_SIZE + 100):  # fills the attention plan cache
+        token = int(np.argmax(model.forward([token], pos, order)[0]))
+    before = tracemalloc.take_snapshot()
+    for pos in range(ATTENTION_PLAN_CACHE_SIZE + 100, ATTENTION_PLAN_CACHE_SIZE + 500):
+        token = int(np.argmax(model.forward([token], pos, order)[0]))
+    grown = sum(s.size_diff for s in tracemalloc.take_snapshot().compare_to(before, "filename"))
+    tracemalloc.stop()
+    assert grown < 64 * 1024, f"{grown} bytes held after 400 more tokens"

@@ -6,7 +6,7 @@ positions live in device buffers filled before the replay, the KV store writes t
 positions name, and the attention kernels take the KV length from them (``pos[-1] + 1``). Only
 the attention plan depends on the position (the attended range is the KV length padded to 256
 cells, and the parallel blocks follow from it), so a width's graph is re-captured when the plan
-changes, at most once per 256 positions, and kept for later passes with the same plan.
+changes, at most once per 256 positions; the last ``GRAPHS_PER_WIDTH`` plans' graphs are kept.
 
 A replay runs exactly the launches of the eager pass (same kernels, arguments and buffers, in
 the same order): the same bits. The first pass of each (order, width) runs eagerly (kernels
@@ -23,10 +23,14 @@ from collections import OrderedDict
 
 import numpy as np
 
-__all__ = ["PassGraphs", "MAX_GRAPHS"]
+__all__ = ["PassGraphs", "GRAPHS_PER_WIDTH"]
 
-# Captured graphs kept (least recently used dropped first): widths 1..16 x a few plans x orders.
-MAX_GRAPHS = 256
+# Captured graphs kept per (order, width): the attention plan only moves forward as a sequence
+# grows (a verify pass never straddles a 256-cell boundary under the exact orders), so the
+# current plan and the one before suffice; older graphs are dropped, which keeps host memory
+# flat over long generations (measured on the H200 soak, bench/results/2026-12-01-h200-engine2/:
+# with every plan's graph kept, host RSS grew ~2.5 MB per 256 tokens of the 0.6B shape).
+GRAPHS_PER_WIDTH = 2
 
 
 class PassGraphs:
@@ -45,8 +49,12 @@ class PassGraphs:
         self._pos: dict = {}  # T -> int32 (T,) device positions
         self._warm: set = set()  # (order, T) that ran once eagerly
         self._failed: set = set()  # (order, T) whose capture failed
-        self._graphs: OrderedDict = OrderedDict()  # (order, T, plan signature) -> cupy Graph
+        self._graphs: dict = {}  # (order, T) -> OrderedDict plan signature -> cupy Graph (recent last)
         self.captures = 0  # graphs captured so far (for tests and benchmarks)
+
+    def graph_count(self) -> int:
+        """Graphs held now (for tests and memory checks)."""
+        return sum(len(g) for g in self._graphs.values())
 
     def _inputs(self, T: int):
         ids = self._ids.get(T)
@@ -71,14 +79,15 @@ class PassGraphs:
         buf = m.pass_buffers(T)
         plan = self._plan(order, T, start_pos)
         # what the captured launches depend on: everything of the plan but the KV length
-        key = (order, T, (plan.kernel, plan.queries_per_block, plan.parallel_blocks, plan.chunk_cells,
-                          plan.kv_attended, plan.split_cells))
+        sig = (plan.kernel, plan.queries_per_block, plan.parallel_blocks, plan.chunk_cells, plan.kv_attended,
+               plan.split_cells)
+        width_graphs = self._graphs.setdefault((order, T), OrderedDict())
         with self.stream:
             ids.set(tokens)  # host -> device on this stream, before the launches that read it
             pos.set(np.arange(start_pos, start_pos + T, dtype=np.int32))
-            graph = self._graphs.get(key)
+            graph = width_graphs.get(sig)
             if graph is not None:
-                self._graphs.move_to_end(key)
+                width_graphs.move_to_end(sig)
                 graph.launch(self.stream)
             elif (order, T) not in self._warm:
                 m.run_pass(ids, pos, start_pos, order, buf)
@@ -87,9 +96,9 @@ class PassGraphs:
                 graph = self._capture(ids, pos, start_pos, order, buf, plan)
                 if graph is None:
                     return None
-                self._graphs[key] = graph
-                if len(self._graphs) > MAX_GRAPHS:
-                    self._graphs.popitem(last=False)
+                width_graphs[sig] = graph
+                while len(width_graphs) > GRAPHS_PER_WIDTH:
+                    width_graphs.popitem(last=False)
                 graph.launch(self.stream)
             return m.backend.to_host(buf["logits"])
 

@@ -42,11 +42,14 @@ __all__ = [
     "KV_PAD",
     "MMVQ_MAX_BATCH_SIZE",
     "PLAN_CACHE_SIZE",
+    "ATTENTION_PLAN_CACHE_SIZE",
 ]
 
 # Plans kept per kind. A decode step needs ~10 mat-vec plans; attention plans are keyed by the KV
-# length, which grows by one per token, so their cache must be bounded.
+# length, which grows by one per token, so their cache is bounded by the recent lengths a
+# speculative run revisits (about 90 bytes each: a long generation's host memory stays flat).
 PLAN_CACHE_SIZE = 8192
+ATTENTION_PLAN_CACHE_SIZE = 1024
 
 
 def _check_device(device):
@@ -63,7 +66,7 @@ def _matvec_cached(order, ncols, qtype, device, k, n):
     return _matvec.matvec_plan(order, ncols, qtype, device)
 
 
-@functools.lru_cache(maxsize=PLAN_CACHE_SIZE)
+@functools.lru_cache(maxsize=ATTENTION_PLAN_CACHE_SIZE)
 def _attention_cached(order, n_queries, kv_len, n_head, n_head_kv, head_dim, device):
     return _attention.attention_plan(order, n_queries, kv_len, n_head, n_head_kv, head_dim, device)
 
