@@ -1,0 +1,110 @@
+"""The price of exactness, in one table and one plot, from committed H200 results (no new timing).
+
+    python bench/price_of_exactness.py bench/results/2026-12-01-h200-engine2/hiraishin-bench.json \\
+        --matvec bench/results/2026-12-01-h200-mmq/run1/bench_mmq.json --out bench/results/2026-12-01-h200-engine2
+
+Reads a ``hiraishin bench`` JSON (whole verify passes of the synthetic Qwen3-8B per order and width,
+exact speculative speed-ups) and, optionally, a ``bench/bench_mmq.py`` JSON (per-shape mat-vec µs of
+the sub-block order's kernels against ``BATCH_VARIANT``'s one-column kernel), and writes
+``price-of-exactness.json`` (rows of order, width, ms; the mat-vec rows; the speed-ups), a PNG and a
+Markdown table. Every number is copied from the input files, which are named in the output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from hiraishin.atomic import atomic_path, atomic_write  # noqa: E402
+
+
+def build(bench: dict, mmq: dict | None, sources: list[str]) -> dict:
+    rows = [{"order": name, "width": int(w), "ms": float(ms), "x_one_token": float(ms) / o["verify_ms"]["1"]}
+            for name, o in bench["orders"].items() for w, ms in sorted(o["verify_ms"].items(), key=lambda i: int(i[0]))]
+    matvec = []
+    if mmq is not None:
+        for r in mmq["results"]:
+            if r["kernel"] in ("variant-mmvq", "mmq-onecol", "mmq-mma"):
+                matvec.append({"shape": r["shape"], "qtype": r["qtype"], "order": "batch_variant" if r["kernel"] ==
+                               "variant-mmvq" else "subblock", "ncols": r["ncols"], "us": r["time_us"],
+                               "x_variant_one_col": r["ratio_to_variant_one_col"]})
+    spec = {name: {k: s[k] for k in ("speedup", "plain_ms_per_token", "speculative_ms_per_token") if k in s}
+            for name, s in bench["speculative"].items()}
+    return {"schema": "hiraishin-price-of-exactness/1", "device": bench["device"].get("name", "?"),
+            "date": bench["date"], "commit": bench.get("commit", "?"), "model": bench["model"]["name"],
+            "sources": sources, "derived": "copied from the sources; no new measurement",
+            "rows": rows, "matvec": matvec, "speculative": spec}
+
+
+def plot(poe: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(11, 3.8), layout="constrained")
+    for name in dict.fromkeys(r["order"] for r in poe["rows"]):
+        pts = [(r["width"], r["ms"], r["x_one_token"]) for r in poe["rows"] if r["order"] == name]
+        ax0.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
+        ax1.plot([p[0] for p in pts], [p[2] for p in pts], marker="o", label=name)
+    for ax in (ax0, ax1):
+        ax.axvline(8.5, color="k", ls=":", lw=1)
+        ax.set_xlabel("verify width (tokens)")
+        ax.set_xticks([1, 4, 8, 12, 16])
+    ax0.set_ylabel("ms per pass (synthetic Qwen3-8B)")
+    ax1.set_ylabel("÷ one-token pass")
+    ax1.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small", title="order")
+    fig.suptitle(f"price of exactness: a verify pass against its width ({poe['device']}, {poe['date'][:10]}, "
+                 f"commit {poe['commit']}); dotted: 8 tokens", fontsize=10)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=120, format="png")
+    plt.close(fig)
+
+
+def markdown(poe: dict) -> str:
+    orders = list(dict.fromkeys(r["order"] for r in poe["rows"]))
+    widths = sorted({r["width"] for r in poe["rows"]})
+    ms = {(r["order"], r["width"]): r["ms"] for r in poe["rows"]}
+    lines = [f"# Price of exactness — {poe['device']}, {poe['date'][:10]}, commit {poe['commit']}", "",
+             f"Copied from: {', '.join(poe['sources'])} (no new measurement).", "",
+             "Whole verify pass of the synthetic Qwen3-8B (ms), CUDA graphs on:", "",
+             "| width | " + " | ".join(orders) + " |", "|---|" + "---|" * len(orders)]
+    for w in widths:
+        lines.append(f"| {w} | " + " | ".join(f"{ms[(o, w)]:.2f}" for o in orders) + " |")
+    lines += ["", "Exact speculative decoding (oracle schedule, 8B target, 0.6B draft): " + ", ".join(
+        f"{o} {s['speedup']:.2f}x" for o, s in poe["speculative"].items()) + "."]
+    if poe["matvec"]:
+        lines += ["", "Mat-vec µs per Qwen3-8B shape (`batch_variant` 1 column; `subblock` at 1 / 3 / 9 / 16 columns):",
+                  "", "| shape | variant 1 | subblock 1 | 3 | 9 | 16 |", "|---|---|---|---|---|---|"]
+        for shape in dict.fromkeys(r["shape"] for r in poe["matvec"]):
+            get = {(r["order"], r["ncols"]): r["us"] for r in poe["matvec"] if r["shape"] == shape}
+            cells = [get.get(("batch_variant", 1))] + [get.get(("subblock", n)) for n in (1, 3, 9, 16)]
+            lines.append(f"| {shape} | " + " | ".join("-" if c is None else f"{c:.1f}" for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("bench_json")
+    p.add_argument("--matvec", help="a bench/bench_mmq.py JSON")
+    p.add_argument("--out", required=True, help="folder for price-of-exactness.{json,png,md}")
+    a = p.parse_args(argv)
+    bench = json.loads(Path(a.bench_json).read_text())
+    mmq = json.loads(Path(a.matvec).read_text()) if a.matvec else None
+    poe = build(bench, mmq, [a.bench_json] + ([a.matvec] if a.matvec else []))
+    out = Path(a.out)
+    with atomic_write(out / "price-of-exactness.json") as f:
+        json.dump(poe, f, indent=1)
+    plot(poe, out / "price-of-exactness.png")
+    with atomic_write(out / "price-of-exactness.md") as f:
+        f.write(markdown(poe))
+    print(f"wrote {out}/price-of-exactness.{{json,png,md}}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
