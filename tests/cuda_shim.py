@@ -11,7 +11,7 @@ What the shim cannot check (NVRTC, alignment, real warp scheduling) only a GPU r
 Used by tests/test_mmvq_shim.py and tests/test_fused.py::
 
     builder = ShimBuilder(tmp_dir)
-    exe = builder.build("fused/fused.cu", {"HX_LAYOUT": 0}, MAIN)   # MAIN: a C++ main() text
+    exe = builder.build(("rmsnorm/rmsnorm.cu", "fused/fused.cu"), {"HX_LAYOUT": 0}, MAIN)   # MAIN: a main() text
     run(exe, "x.bin", 3, "out.bin")
 """
 
@@ -134,9 +134,10 @@ class ShimBuilder:
         (self.folder / "cuda_shim.h").write_text(SHIM)
         self._built: dict[str, Path] = {}
 
-    def build(self, source: str, defines: dict, main: str, tag: str = "prog") -> Path:
-        """The executable of ``source`` (a path under hiraishin/kernels) with ``defines`` and ``main``."""
-        text = defines_text(defines) + load_source(source)
+    def build(self, source, defines: dict, main: str, tag: str = "prog") -> Path:
+        """The executable of ``source`` (a path under hiraishin/kernels, or a tuple of them, concatenated
+        as NVRTC gets them) with ``defines`` and ``main``."""
+        text = defines_text(defines) + load_source(*((source,) if isinstance(source, str) else source))
         text = text.replace("extern __shared__ float tmp_shared[];",
                             "float* tmp_shared = (float*)g_dyn_shared.data();")
         text = text.replace('extern "C"', "")

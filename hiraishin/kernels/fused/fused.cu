@@ -15,83 +15,9 @@
 // Nothing per step is a scalar argument: token positions are read from device memory, so a
 // CUDA graph replays these launches unchanged across steps.
 
-#define HX_Q8_1_BYTES 36
-#ifndef HX_LAYOUT
-#define HX_LAYOUT 0
-#endif
-
-// One q8_1 block: lane `lane` of a warp holds value `xi` of block ib (of nb per row) of row col.
-// The body of quantize_q8_1.cu's kernel after its load, statement for statement. Every lane of
-// the warp must call it (butterflies).
-__device__ __forceinline__ void hx_q8_1_store(unsigned char* __restrict__ y, const int col, const int nb,
-                                              const int ib, const int lane, const float xi) {
-    const float amax = hx_warp_max(fabsf(xi));
-    const float d = __fdiv_rn(amax, 127.0f);
-    const float q = amax == 0.0f ? 0.0f : roundf(__fdiv_rn(xi, d));
-
-    const int qi = (int)q;
-#if HX_LAYOUT == 0
-    unsigned char* blk = y + ((long long)col * nb + ib) * HX_Q8_1_BYTES;
-    blk[4 + lane] = (unsigned char)(signed char)qi;
-    const float sum = hx_warp_sum(xi);  // all lanes take part in the butterfly
-    if (lane == 0) {
-        const unsigned int ds = (unsigned int)hx_f2h(d) | ((unsigned int)hx_f2h(sum) << 16);
-        *(unsigned int*)blk = ds;
-    }
-#else
-    const int b = ib % 8;
-    const int m = lane / 4;
-    const int e = lane % 4;
-    const float dq = hx_h2f(hx_f2h(d));
-#if HX_LAYOUT == 14  // Q6_K
-    unsigned char* rec = y + ((long long)col * (nb / 8) + ib / 8) * 288;
-    const int h = b / 4, r = b % 2, i = (b % 4) / 2;
-    rec[8 * (16 * h + 8 * r + m) + 4 * i + e] = (unsigned char)(signed char)qi;
-    if (lane == 0) {
-        *(float*)(rec + 256 + 4 * (4 * h + 2 * r + i)) = dq;
-    }
-#elif HX_LAYOUT == 12  // Q4_K
-    unsigned char* rec = y + ((long long)col * (nb / 8) + ib / 8) * 416;
-    const int c = b / 2, i = b % 2, p = m % 4;
-    rec[16 * (4 * c + p) + 4 * (2 * i + m / 4) + e] = (unsigned char)(signed char)qi;
-    if (lane == 0) {
-        *(float*)(rec + 256 + 4 * b) = dq;
-    }
-    int s = qi;
-    s += __shfl_xor_sync(0xffffffffu, s, 1, 32);
-    s += __shfl_xor_sync(0xffffffffu, s, 2, 32);
-    s += __shfl_xor_sync(0xffffffffu, s, 16, 32);
-    if (lane < 16 && e == 0) {
-        *(int*)(rec + 288 + 8 * (4 * c + p) + 4 * i) = s;
-    }
-#else
-#error "HX_LAYOUT must be 0, 12 (Q4_K) or 14 (Q6_K)"
-#endif
-#endif
-}
-
-// RMSNorm's scale of a row xr of n floats: the tree of rmsnorm.cu, statement for statement
-// (thread t: fma over i = t, t + nthreads, ...; warp butterflies; lane i takes warp i's partial).
-// Every thread of the block must call it (one __syncthreads).
-__device__ __forceinline__ float hx_rms_scale(const float* xr, const int n, const float eps,
-                                              float* warp_partial) {
-    const int tid = threadIdx.x;
-    const int nthreads = blockDim.x;
-    const int lane = tid % 32;
-    const int warp = tid / 32;
-    float s = 0.0f;
-    for (int i = tid; i < n; i += nthreads) {
-        const float xi = xr[i];
-        s = __fmaf_rn(xi, xi, s);
-    }
-    s = hx_warp_sum(s);
-    if (lane == 0) warp_partial[warp] = s;
-    __syncthreads();
-    float total = lane < nthreads / 32 ? warp_partial[lane] : 0.0f;
-    total = hx_warp_sum(total);
-    const float mean = __fdiv_rn(total, (float)n);
-    return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, eps)));
-}
+// Compiled after rmsnorm/rmsnorm.cu and quantize/quantize_q8_1.cu (hiraishin/kernels/fused/launch.py
+// SOURCES): their device functions hx_rms_scale and hx_q8_1_store are the very code the unfused
+// kernels run, not a copy; HX_LAYOUT and HX_Q8_1_BYTES come with them.
 
 // y = (scale * x) * w of row `row` (rmsnorm.cu's last loop), quantized block by block: warp w of
 // the block takes q8_1 blocks w, w + nwarps, ... (lane = value within the block). Value i is then

@@ -20,7 +20,9 @@ __all__ = ["SOURCE", "NULL", "fused_kernel", "RmsNormQ8_1Launch", "AddRmsNormQ8_
            "QkNormRopeKvLaunch", "launch_rms_norm_q8_1", "launch_add_rms_norm_q8_1", "launch_swiglu_q8_1",
            "launch_qk_norm_rope_kv"]
 
-SOURCE = "fused/fused.cu"
+# fused.cu is compiled after the unfused sources whose device functions it calls (hx_rms_scale,
+# hx_q8_1_store): one copy of that code for the fused and the unfused kernels.
+SOURCE = ("rmsnorm/rmsnorm.cu", "quantize/quantize_q8_1.cu", "fused/fused.cu")
 # A null device pointer: the optional float outputs are skipped when given this.
 NULL = np.uint64(0)
 _Q8_1_VALUES = 32  # values per q8_1 block (one warp's lanes)

@@ -19,8 +19,9 @@ SOURCE = "quantize/quantize_q8_1.cu"
 
 def quantize_defines(layout: str | None = None) -> dict:
     """``#define``\\ s of the kernel: HX_LAYOUT is 0 (llama.cpp's blocks) or the ggml type id of the
-    weight whose mat-vec reads the layout."""
-    return {"HX_LAYOUT": 0 if layout is None else GGML_TYPE_ID[layout]}
+    weight whose mat-vec reads the layout; HX_LAYOUT_BYTES the bytes of one record of it."""
+    return {"HX_LAYOUT": 0 if layout is None else GGML_TYPE_ID[layout],
+            "HX_LAYOUT_BYTES": 0 if layout is None else LAYOUT_BYTES[layout]}
 
 
 def quantize_kernel(layout: str | None = None):

@@ -18,18 +18,13 @@
 #ifndef HX_LAYOUT
 #define HX_LAYOUT 0
 #endif
+// HX_LAYOUT_BYTES: bytes of one record (8 q8_1 blocks) of the layout (quantize/layout.py LAYOUT_BYTES).
 
-extern "C" __global__ void quantize_q8_1(const float* __restrict__ x, unsigned char* __restrict__ y,
-                                         const int k, const long long x_row_stride) {
-    const int nb = k / 32;
-    const int col = blockIdx.y;
-    const int ib = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    if (ib >= nb) {
-        return;  // uniform per warp: the whole warp leaves together
-    }
-    const int lane = threadIdx.x % 32;
-
-    const float xi = x[col * x_row_stride + ib * 32 + lane];
+// One q8_1 block: lane `lane` of a warp holds value `xi` of block ib (of nb per row) of row col.
+// The quantize kernel's work after its load (also fused/fused.cu's). Every lane of the warp must
+// call it (butterflies).
+__device__ __forceinline__ void hx_q8_1_store(unsigned char* __restrict__ y, const int col, const int nb,
+                                              const int ib, const int lane, const float xi) {
     const float amax = hx_warp_max(fabsf(xi));
     const float d = __fdiv_rn(amax, 127.0f);
     const float q = amax == 0.0f ? 0.0f : roundf(__fdiv_rn(xi, d));
@@ -44,26 +39,24 @@ extern "C" __global__ void quantize_q8_1(const float* __restrict__ x, unsigned c
         *(unsigned int*)blk = ds;
     }
 #else
-    // Block b = ib % 8 of super-block ib / 8; lane = 4m + e holds byte e of int m.
     const int b = ib % 8;
     const int m = lane / 4;
     const int e = lane % 4;
     const float dq = hx_h2f(hx_f2h(d));
-#if HX_LAYOUT == 14  // Q6_K: 32 lanes L = 16h + 8r + m read (int m of block 4h+r, of block 4h+r+2)
-    unsigned char* rec = y + ((long long)col * (nb / 8) + ib / 8) * 288;
+#if HX_LAYOUT == 14  // Q6_K
+    unsigned char* rec = y + ((long long)col * (nb / 8) + ib / 8) * HX_LAYOUT_BYTES;
     const int h = b / 4, r = b % 2, i = (b % 4) / 2;
     rec[8 * (16 * h + 8 * r + m) + 4 * i + e] = (unsigned char)(signed char)qi;
     if (lane == 0) {
         *(float*)(rec + 256 + 4 * (4 * h + 2 * r + i)) = dq;
     }
-#elif HX_LAYOUT == 12  // Q4_K: 16 threads T = 4c + p read (ints p, p+4 of block 2c, of 2c+1)
-    unsigned char* rec = y + ((long long)col * (nb / 8) + ib / 8) * 416;
+#elif HX_LAYOUT == 12  // Q4_K
+    unsigned char* rec = y + ((long long)col * (nb / 8) + ib / 8) * HX_LAYOUT_BYTES;
     const int c = b / 2, i = b % 2, p = m % 4;
     rec[16 * (4 * c + p) + 4 * (2 * i + m / 4) + e] = (unsigned char)(signed char)qi;
     if (lane == 0) {
         *(float*)(rec + 256 + 4 * b) = dq;
     }
-    // Sum of the values of ints p and p+4 (lanes 4p..4p+3 and 16+4p..16+4p+3): exact integers.
     int s = qi;
     s += __shfl_xor_sync(0xffffffffu, s, 1, 32);
     s += __shfl_xor_sync(0xffffffffu, s, 2, 32);
@@ -75,4 +68,17 @@ extern "C" __global__ void quantize_q8_1(const float* __restrict__ x, unsigned c
 #error "HX_LAYOUT must be 0, 12 (Q4_K) or 14 (Q6_K)"
 #endif
 #endif
+}
+
+extern "C" __global__ void quantize_q8_1(const float* __restrict__ x, unsigned char* __restrict__ y,
+                                         const int k, const long long x_row_stride) {
+    const int nb = k / 32;
+    const int col = blockIdx.y;
+    const int ib = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (ib >= nb) {
+        return;  // uniform per warp: the whole warp leaves together
+    }
+    const int lane = threadIdx.x % 32;
+
+    hx_q8_1_store(y, col, nb, ib, lane, x[col * x_row_stride + ib * 32 + lane]);
 }

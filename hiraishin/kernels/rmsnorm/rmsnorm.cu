@@ -10,20 +10,15 @@
 // The emulator in rmsnorm.py performs the same operations in the same order.
 // Requires fp.cuh prepended (hx_warp_sum).
 
-extern "C" __global__ void hx_rms_norm_f32(const float* __restrict__ x,
-                                           const float* __restrict__ w,
-                                           float* __restrict__ y,
-                                           const int n,
-                                           const float eps) {
-    __shared__ float warp_partial[32];
-    const int row = blockIdx.x;
+// The scale of a row xr of n floats by the tree above (also fused/fused.cu's); IEEE division and
+// square root (no rsqrtf: the CPU cannot reproduce its bits).
+// Every thread of the block must call it (one __syncthreads).
+__device__ __forceinline__ float hx_rms_scale(const float* xr, const int n, const float eps,
+                                              float* warp_partial) {
     const int tid = threadIdx.x;
     const int nthreads = blockDim.x;
     const int lane = tid % 32;
     const int warp = tid / 32;
-    const float* xr = x + (size_t)row * n;
-    float* yr = y + (size_t)row * n;
-
     float s = 0.0f;
     for (int i = tid; i < n; i += nthreads) {
         const float xi = xr[i];
@@ -34,11 +29,21 @@ extern "C" __global__ void hx_rms_norm_f32(const float* __restrict__ x,
     __syncthreads();
     float total = lane < nthreads / 32 ? warp_partial[lane] : 0.0f;
     total = hx_warp_sum(total);
-
-    // IEEE division and square root (no rsqrtf: the CPU cannot reproduce its bits).
     const float mean = __fdiv_rn(total, (float)n);
-    const float scale = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, eps)));
-    for (int i = tid; i < n; i += nthreads) {
+    return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, eps)));
+}
+
+extern "C" __global__ void hx_rms_norm_f32(const float* __restrict__ x,
+                                           const float* __restrict__ w,
+                                           float* __restrict__ y,
+                                           const int n,
+                                           const float eps) {
+    __shared__ float warp_partial[32];
+    const int row = blockIdx.x;
+    const float* xr = x + (size_t)row * n;
+    float* yr = y + (size_t)row * n;
+    const float scale = hx_rms_scale(xr, n, eps, warp_partial);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
         yr[i] = __fmul_rn(__fmul_rn(scale, xr[i]), w[i]);
     }
 }
