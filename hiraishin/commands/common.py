@@ -26,6 +26,7 @@ ORDERS = {
     "variant": ReductionOrder.BATCH_VARIANT,
     "invariant": ReductionOrder.BATCH_INVARIANT,
     "fixed_split": ReductionOrder.FIXED_SPLIT,
+    "subblock": ReductionOrder.SUBBLOCK,
 }
 # One default for every command: the order under which speculative decoding is exact.
 DEFAULT_ORDER = "invariant"
@@ -42,6 +43,10 @@ reduction orders (--order):
                for any batch: speculative decoding emits plain greedy decoding's tokens.
   fixed_split  invariant mat-vec; attention splits the KV cache at fixed 256-cell positions
                (SGLang's deterministic mode) instead of into a fixed number of blocks.
+  subblock     an exact order built for the batch: Q4_K/Q6_K mat-vecs scale and add each 32-value
+               sub-block's integer dot product in k order, in K-segments fixed by the row length,
+               so 1 and 16 columns do the same float work (int8 tensor cores take the extra
+               columns); attention as invariant. Its own reference: its bits differ from the others'.
 """
 
 # Bytes of one KV cell per layer and KV head dimension: K and V, f16 (2 bytes) each.
@@ -54,7 +59,7 @@ EXIT_INTERRUPTED = 130
 
 
 def parse_order(name: str) -> ReductionOrder:
-    """``variant`` / ``invariant`` / ``fixed_split`` (or a preset's full name) -> the preset."""
+    """``variant`` / ``invariant`` / ``fixed_split`` / ``subblock`` (or a preset's full name) -> the preset."""
     key = name.lower().removeprefix("batch_")
     if key not in ORDERS:
         raise argparse.ArgumentTypeError(f"unknown order {name!r}; choose from {', '.join(ORDERS)}")
@@ -213,7 +218,7 @@ def add_n_predict(p: argparse.ArgumentParser, default: int, *old_names: str, min
 def add_run_options(p: argparse.ArgumentParser, json_help: str = "write the result as JSON") -> None:
     """``--order``, ``--device``, ``-c/--ctx-size``, ``--seed``, ``--json``."""
     p.add_argument("--order", type=parse_order, default=ORDERS[DEFAULT_ORDER],
-                   help=f"variant | invariant | fixed_split (default {DEFAULT_ORDER}; see below)")
+                   help=f"variant | invariant | fixed_split | subblock (default {DEFAULT_ORDER}; see below)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
                    help="cuda (CuPy kernels), cpu (the Numba emulator, same bits) or auto")
     p.add_argument("-c", "--ctx-size", "--n-ctx", dest="n_ctx", type=positive_int, default=None, metavar="N",

@@ -44,7 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--order", type=_orders, default=_orders(common.DEFAULT_ORDER),
-                   help=f"variant | invariant | fixed_split | all (default {common.DEFAULT_ORDER})")
+                   help=f"variant | invariant | fixed_split | subblock | all (default {common.DEFAULT_ORDER})")
     p.add_argument("--device", default=None,
                    help="device profile for the tables (e.g. h200, rtx5060-laptop; default: the default profile)")
 
@@ -52,7 +52,11 @@ def _common(p: argparse.ArgumentParser) -> None:
 def warp_lines(plan, k: int) -> list[str]:
     """Which super-blocks of a ``k``-input row each warp sums, from the plan's thread map."""
     from ..errors import PlanError
+    from ..plans import SubBlockPlan
 
+    if isinstance(plan, SubBlockPlan):  # the K split is the order; warps are a launch fact
+        return [f"  a row of {k} inputs: segments of super-blocks " +
+                ", ".join(f"{a}..{b - 1}" for a, b in plan.segment_bounds()) + ", each summed in k order"]
     qk = plan.traits.qk
     if k % qk:
         raise PlanError(f"-K {k} is not a multiple of {plan.qtype}'s block of {qk} inputs")
@@ -75,7 +79,7 @@ def run(args) -> int:
 
     for order in args.order:
         if args.op == "matvec":
-            plan = plans.matvec_plan(order, args.ncols, args.qtype, device=args.device)
+            plan = plans.matvec_plan(order, args.ncols, args.qtype, device=args.device, k=args.k)
             print(f"{order.name}: mat-vec {args.qtype}, K {args.k}, {args.ncols} column(s)")
             print("  " + plan.describe().replace("\n", "\n  "))
             for line in warp_lines(plan, args.k):
