@@ -74,6 +74,14 @@ def test_speculative_is_exact_under_the_invariant_order(result):
     assert "time (JIT excluded)" in text
 
 
+def test_the_subblock_order_is_exact_and_its_own_reference(result):
+    res, text = result
+    assert res.replays["subblock"].identical
+    spec = res.speculative["subblock", "self"]
+    assert spec.matches_plain and not spec.vacuous
+    assert res.plain["subblock"] and "5. SUBBLOCK" in text and "its own reference" in text
+
+
 def test_demo_command_on_a_given_model_writes_json(micro_model_path, tmp_path, capsys):
     out = tmp_path / "demo.json"
     rc = main(["demo", str(micro_model_path), "--device", "cpu", "-n", "4", "--json", str(out)])

@@ -16,7 +16,9 @@ It shows, each under ``BATCH_VARIANT`` and ``BATCH_INVARIANT``:
 3. the 256-cell verify guard: a batch that straddles cell 256 without the guard changes the
    logits of its earlier rows;
 4. speculative decoding: exact under the invariant order, and where it leaves plain decoding
-   under the variant one.
+   under the variant one;
+5. the SUBBLOCK order (exact at every width by construction): its replay and self-speculation,
+   and that its plain decoding is its own reference, not BATCH_INVARIANT's tokens.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from . import common
 NAME = "demo"
 HELP = "every mechanism of the batch-variance bug and its fix, on a synthetic Qwen3 (or yours)"
 
-VAR, INV = ReductionOrder.BATCH_VARIANT, ReductionOrder.BATCH_INVARIANT
+VAR, INV, SUB = ReductionOrder.BATCH_VARIANT, ReductionOrder.BATCH_INVARIANT, ReductionOrder.SUBBLOCK
 DEMO_PROMPT = "Speculative decoding promises"
 DEMO_TOKENS = 16
 DEMO_SEED = 0
@@ -104,8 +106,9 @@ class DemoResult:
 
     @property
     def invariant_exact(self) -> bool:
-        inv = [r for k, r in self.replays.items() if k.startswith("invariant")]
-        specs = [r for (o, _), r in self.speculative.items() if o == INV.name]
+        """Every replay and speculative run under the exact orders (BATCH_INVARIANT, SUBBLOCK) is exact."""
+        inv = [r for k, r in self.replays.items() if k.startswith(("invariant", "subblock"))]
+        specs = [r for (o, _), r in self.speculative.items() if o in (INV.name, SUB.name)]
         return all(r.identical for r in inv) and all(s.matches_plain and not s.vacuous for s in specs)
 
 
@@ -316,11 +319,32 @@ def run_demo(model_path=None, draft_path=None, device: str = "auto", tokens: int
         out(f"   BATCH_VARIANT, self draft, from position {sv.first_divergence_position}: plain "
             f"{_text(target, plain_var.tokens[i:i + 6])!r} vs speculative {_text(target, sv.tokens[i:i + 6])!r}")
     out("")
+
+    # 5. the sub-block order: exact by construction, its own reference --------------------------
+    plain_sub = timed("plain subblock", lambda: target.generate(ids, max_new_tokens=tokens, order=SUB,
+                                                                stop_at_eos=False))
+    res.plain[SUB.name] = plain_sub.tokens
+    res.replays["subblock"] = timed("replay subblock", lambda: replay(target, ids + plain_sub.tokens,
+                                                                      list(batch_sizes), order=SUB,
+                                                                      progress=progress))
+    res.speculative[SUB.name, "self"] = timed("speculative subblock self", lambda: generate_speculative(
+        target, ids, twin, n_draft=N_DRAFT, order=SUB, max_new_tokens=tokens, stop_at_eos=False,
+        plain_tokens=plain_sub.tokens))
+    first = next((i for i, (a, b) in enumerate(zip(plain_sub.tokens, plain_inv.tokens)) if a != b), None)
+    out("5. SUBBLOCK (each 32-value sub-block's exact integer dot scaled and added in k order, in K-segments "
+        "fixed by the row length: the same float work at every width)")
+    out(f"   replay in batches of {', '.join(map(str, batch_sizes))}: {_differs(res.replays['subblock'])}; "
+        f"self-draft speculative: {_spec_cell(res.speculative[SUB.name, 'self'])}")
+    out("   its plain decoding is its own reference: "
+        + (f"it leaves BATCH_INVARIANT's plain tokens at generated token {first}" if first is not None
+           else f"the same {tokens} tokens as BATCH_INVARIANT's here")
+        + " (another order, other roundings; exactness is speculation == plain under one order)\n")
     total, cpu = sum(res.seconds.values()), sum(res.cpu_seconds.values())
     out("time (JIT excluded): " + ", ".join(f"{k} {v:.1f} s" for k, v in res.seconds.items())
         + f"; total {total:.1f} s wall, {cpu:.1f} s CPU")
     out(("BATCH_INVARIANT: every replayed logit is bit-identical and speculative decoding emits plain "
-         "decoding's tokens") if res.invariant_exact else "BATCH_INVARIANT: NOT exact: see above")
+         "decoding's tokens (and so under SUBBLOCK)") if res.invariant_exact
+        else "BATCH_INVARIANT / SUBBLOCK: NOT exact: see above")
     return res
 
 
