@@ -183,7 +183,7 @@ class Backend:
 
     def flash_attn(self, q, k_cache, v_cache, q_pos, plan, out=None):
         """One attention launch with an explicit ``plan`` -> float32 (T, n_head, D)."""
-        q, q_pos = self._attention_inputs(q, k_cache, v_cache, q_pos, self._plan_kv_len(plan, k_cache))
+        q, q_pos = self._attention_inputs(q, k_cache, v_cache, q_pos, self._plan_kv_len(plan))
         checks.check_attention_plan(plan, q, k_cache)
         return self.ops.flash_attn(q, k_cache, v_cache, q_pos, plan, self._out(out, q.shape))
 
@@ -193,7 +193,7 @@ class Backend:
         if plan.parallel_blocks == 1:
             raise PlanError("plan has parallel_blocks == 1: the kernel normalises in place and writes no "
                             "partials; use flash_attn")
-        q, q_pos = self._attention_inputs(q, k_cache, v_cache, q_pos, self._plan_kv_len(plan, k_cache))
+        q, q_pos = self._attention_inputs(q, k_cache, v_cache, q_pos, self._plan_kv_len(plan))
         checks.check_attention_plan(plan, q, k_cache)
         return self.ops.attention_partials(q, k_cache, v_cache, q_pos, plan)
 
@@ -215,7 +215,8 @@ class Backend:
         return q, self._arr(q_pos, np.int32)
 
     @staticmethod
-    def _plan_kv_len(plan, k_cache) -> int:
+    def _plan_kv_len(plan) -> int:
+        """The filled KV length an attention plan was made for (a non-plan: 0, refused by the checks)."""
         return plan.kv_len if getattr(plan, "kv_len", None) is not None else getattr(plan, "kv_attended", 0)
 
     def kv_cache(self, n_layer: int, n_ctx: int, n_head_kv: int, head_dim: int) -> KVCache:

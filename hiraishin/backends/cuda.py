@@ -30,7 +30,7 @@ from ..kernels.mmq.launch import launch as mmq_launch
 from ..kernels.mmq.launch import prepared_launch as mmq_prepared_launch
 from ..kernels.mmvq.launch import MULTI_MAX_WEIGHTS, MultiMatVecLaunch, prepared_plan
 from ..kernels.quantize.launch import QuantizeLaunch
-from ..kernels.quantize.layout import layout_for
+from ..kernels.quantize.layout import layout_for, to_layout
 from ..plans import SubBlockPlan
 from ..plans.matvec import MatVecPlan, matvec_traits
 from .base import Backend
@@ -162,8 +162,6 @@ class CudaOps:
 
     def mul_mat_q8_1(self, w, qtype: str, xq, plan):
         """A mat-vec of q8_1 activations in llama.cpp's layout with an explicit plan."""
-        from ..kernels.quantize.layout import to_layout
-
         t = matvec_traits(qtype)
         out = self._empty((plan.ncols, w.shape[0]), _F32)
         if isinstance(plan, SubBlockPlan):
@@ -182,8 +180,7 @@ class CudaOps:
         T = x.shape[0]
         mvs, layouts = self._layouts(weights, T, order)
         xqs = {layout: self.quantize(x, layout) for layout in layouts}
-        results = self._run_matvecs(weights, mvs, xqs, T, outs)
-        return results
+        return self._run_matvecs(weights, mvs, xqs, T, outs)
 
     def attention_scratch(self, plan, T: int, H: int, D: int):
         """The partials and meta scratch of a ``plan`` launch for T queries of H heads (None, None
@@ -194,7 +191,8 @@ class CudaOps:
         return self.scratch("attn_parts", (T, H, P, D)), self.scratch("attn_meta", (T, H, P, 2))
 
     # ---- fused sequences (hiraishin/kernels/fused: the unfused kernels' float ops, fewer launches)
-    def _layouts(self, weights, T: int, order) -> list:
+    def _layouts(self, weights, T: int, order) -> tuple[list, list]:
+        """The prepared mat-vecs of ``weights`` and the distinct activation layouts they read."""
         mvs = [self.matvec(order, T, qtype, w) for w, qtype in weights]
         layouts = list(dict.fromkeys(mv.layout for mv in mvs))  # distinct, in first-use order
         return mvs, layouts
