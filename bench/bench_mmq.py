@@ -27,6 +27,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchlib import (
+    QWEN3_8B_MATVECS,
     git_commit,
     median_event_time,
     rotating_copies,
@@ -34,13 +35,7 @@ from benchlib import (
     spin_kernel,
 )
 
-SHAPES = [
-    ("attn_q/attn_output 4096->4096", "Q4_K", 4096, 4096),
-    ("attn_k/attn_v 4096->1024", "Q4_K", 4096, 1024),
-    ("ffn_up/ffn_gate 4096->12288", "Q4_K", 4096, 12288),
-    ("ffn_down 12288->4096", "Q6_K", 12288, 4096),
-    ("output 4096->151936", "Q6_K", 4096, 151936),
-]
+SHAPES = QWEN3_8B_MATVECS
 WIDTHS = [1, 2, 3, 4, 8, 9, 16]
 TARGETS = {1: 1.0, 3: 1.15, 9: 1.3, 16: 1.5}  # x the variant's one column
 

@@ -36,17 +36,10 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchlib import (VALIDATE_ROWS, assert_same_bits, git_commit, median_event_time,  # noqa: E402
+from benchlib import (QWEN3_8B_MATVECS, VALIDATE_ROWS, assert_same_bits, git_commit, median_event_time,  # noqa: E402
                       rotating_copies, spin_cycles, spin_kernel)
 
-# Qwen3-8B (reference section 8): hidden 4096, kv heads 8 x 128, ffn 12288, vocab 151936.
-SHAPES = [
-    ("attn_q/attn_output 4096->4096", "Q4_K", 4096, 4096),
-    ("attn_k/attn_v 4096->1024", "Q4_K", 4096, 1024),
-    ("ffn_up/ffn_gate 4096->12288", "Q4_K", 4096, 12288),
-    ("ffn_down 12288->4096", "Q6_K", 12288, 4096),
-    ("output 4096->151936", "Q6_K", 4096, 151936),
-]
+SHAPES = QWEN3_8B_MATVECS
 TARGET_BW_FRACTION = 0.80
 TARGET_INV9_RATIO = 2.0
 

@@ -93,3 +93,14 @@ def rotating_copies(cp, host_array, l2_bytes: int) -> list:
     n_copies = max(1, math.ceil(4 * l2_bytes / host_array.nbytes))
     first = cp.asarray(host_array)
     return [first] + [first.copy() for _ in range(n_copies - 1)]
+
+
+# Qwen3-8B's mat-vec shapes (reference section 8: hidden 4096, kv heads 8 x 128, ffn 12288,
+# vocab 151936) in its Q4_K_M type mix: (label, weight type, K inputs, N rows).
+QWEN3_8B_MATVECS = [
+    ("attn_q/attn_output 4096->4096", "Q4_K", 4096, 4096),
+    ("attn_k/attn_v 4096->1024", "Q4_K", 4096, 1024),
+    ("ffn_up/ffn_gate 4096->12288", "Q4_K", 4096, 12288),
+    ("ffn_down 12288->4096", "Q6_K", 12288, 4096),
+    ("output 4096->151936", "Q6_K", 4096, 151936),
+]

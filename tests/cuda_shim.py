@@ -26,7 +26,7 @@ import numpy as np
 
 from hiraishin.kernels.compile import defines_text, load_source
 
-__all__ = ["GXX", "SHIM", "ShimBuilder", "run", "bits"]
+__all__ = ["GXX", "SHIM", "MAIN_QUANTIZE", "ShimBuilder", "run", "bits"]
 
 GXX = shutil.which("g++")
 # Seconds one g++ compile or one shim run may take (a 1024-thread block is 1024 OS threads).
@@ -164,3 +164,16 @@ def run(exe, *args) -> None:
 def bits(a) -> np.ndarray:
     """The uint32 bit patterns of a float32 array (for bit-for-bit comparisons)."""
     return np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+
+
+# main() for quantize_q8_1.cu as quantize.launch launches it (8 warps per block).
+# argv: x (float32), rows, k, out, out bytes.
+MAIN_QUANTIZE = r'''
+int main(int argc, char** argv) {
+    int ncols = atoi(argv[2]), k = atoi(argv[3]);
+    auto x = hx_read(argv[1]);
+    std::vector<unsigned char> out((size_t)atoll(argv[5]), 0xAB);
+    hx_launch({(unsigned)((k / 32 + 7) / 8), (unsigned)ncols, 1}, {256, 1, 1}, 0,
+              [&] { quantize_q8_1((const float*)x.data(), out.data(), k, k); });
+    hx_write(argv[4], out.data(), out.size());
+}'''

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from cuda_shim import GXX, ShimBuilder, bits, run
+from cuda_shim import GXX, MAIN_QUANTIZE, ShimBuilder, bits, run
 
 from hiraishin.kernels.fused.emulate import (
     emulate_add_rms_norm_q8_1,
@@ -106,17 +106,6 @@ int main(int argc, char** argv) {
     hx_launch({(unsigned)rows, 1, 1}, {(unsigned)nt, 1, 1}, 0,
               [&] { hx_rms_norm_f32((const float*)x.data(), (const float*)w.data(), y.data(), n, eps); });
     hx_write(argv[6], y.data(), y.size() * 4);
-}'''
-
-MAIN_QUANTIZE = r'''
-int main(int argc, char** argv) {
-    // argv: x, rows, k, out, out bytes (quantize.launch: 8 warps per block)
-    int ncols = atoi(argv[2]), k = atoi(argv[3]);
-    auto x = hx_read(argv[1]);
-    std::vector<unsigned char> out((size_t)atoll(argv[5]), 0xAB);
-    hx_launch({(unsigned)((k / 32 + 7) / 8), (unsigned)ncols, 1}, {256, 1, 1}, 0,
-              [&] { quantize_q8_1((const float*)x.data(), out.data(), k, k); });
-    hx_write(argv[4], out.data(), out.size());
 }'''
 
 MAIN_BINARY = r'''

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from cuda_shim import GXX, ShimBuilder
+from cuda_shim import GXX, MAIN_QUANTIZE, ShimBuilder
 from cuda_shim import bits as _bits
 from cuda_shim import run as _run
 
@@ -91,15 +91,7 @@ int main(int argc, char** argv) {
               [&] { HX_SHIM_KERNEL((const float*)a.data(), (const float*)b.data(), out.data(), n); });
     hx_write(argv[4], out.data(), out.size() * 4);
 }''',
-"quantize_q8_1": r'''
-int main(int argc, char** argv) {
-    int ncols = atoi(argv[2]), k = atoi(argv[3]);
-    auto x = hx_read(argv[1]);
-    std::vector<unsigned char> out((size_t)atoll(argv[5]), 0xAB);
-    hx_launch({(unsigned)((k / 32 + 7) / 8), (unsigned)ncols, 1}, {256, 1, 1}, 0,
-              [&] { quantize_q8_1((const float*)x.data(), out.data(), k, k); });
-    hx_write(argv[4], out.data(), out.size());
-}''',
+"quantize_q8_1": MAIN_QUANTIZE,
 }
 
 

@@ -8,16 +8,16 @@ from numba import njit, prange
 from ...fp import F16_TO_F32, fmaf, u16le
 from ...plans.matvec import MatVecPlan
 from ...quant import BLOCK_BYTES, GGML_TYPE_ID
+from ..blocks import Q4_K_BYTES as _Q4_K
+from ..blocks import Q4_K_ID as _Q4_K_ID
+from ..blocks import Q6_K_BYTES as _Q6_K
+from ..blocks import Q6_K_ID as _Q6_K_ID
+from ..blocks import Q8_0_BYTES as _Q8_0
+from ..blocks import Q8_1_BYTES as _Q8_1
+from ..blocks import Q8_1_PER_SUPER as _Q8_1_PER_SUPER
 
 __all__ = ["emulate"]
 
-_Q8_1 = BLOCK_BYTES["Q8_1"]
-_Q4_K = BLOCK_BYTES["Q4_K"]
-_Q6_K = BLOCK_BYTES["Q6_K"]
-_Q8_0 = BLOCK_BYTES["Q8_0"]
-_Q4_K_ID = GGML_TYPE_ID["Q4_K"]
-_Q6_K_ID = GGML_TYPE_ID["Q6_K"]
-_Q8_1_PER_SUPER = 8  # q8_1 blocks of 32 values per 256-value super-block
 
 
 # The weight block's values and scales are decoded once per (row, block) and every column walks
