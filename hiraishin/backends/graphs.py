@@ -14,6 +14,11 @@ compiled, launches prepared, scratch allocated); later ones capture or replay. E
 on a stream of its own (capture needs a non-default stream) and is synchronized by the logits
 copy at the end, like an eager pass. If a capture fails, that (order, width) falls back to eager
 passes with a warning.
+
+Inside a capture the kernels launch with programmatic dependent launch where the device allows
+it (``hiraishin/kernels/pdl.py``): each kernel's blocks may start while the previous one finishes
+and wait in ``HX_PDL_ENTRY`` for its results, which hides part of the gap between nodes and
+changes no bit. ``PassGraphs(..., pdl=False)`` or ``HIRAISHIN_PDL=0`` captures plain launches.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ import warnings
 from collections import OrderedDict
 
 import numpy as np
+
+from ..kernels.pdl import pdl_scope
 
 __all__ = ["PassGraphs", "GRAPHS_PER_WIDTH"]
 
@@ -40,10 +47,11 @@ class PassGraphs:
     eager pass into the width's buffers), ``config`` and ``backend`` (a CUDA backend).
     """
 
-    def __init__(self, model, max_tokens: int):
+    def __init__(self, model, max_tokens: int, pdl: bool = True):
         cp = model.backend.xp
         self.model = model
         self.max_tokens = int(max_tokens)
+        self.pdl = bool(pdl)  # capture with programmatic dependent launches (see the module docstring)
         self.stream = cp.cuda.Stream(non_blocking=True)
         self._ids: dict = {}  # T -> int32 (T,) device token ids
         self._pos: dict = {}  # T -> int32 (T,) device positions
@@ -51,6 +59,13 @@ class PassGraphs:
         self._failed: set = set()  # (order, T) whose capture failed
         self._graphs: dict = {}  # (order, T) -> OrderedDict plan signature -> cupy Graph (recent last)
         self.captures = 0  # graphs captured so far (for tests and benchmarks)
+
+    def reset(self, pdl: bool | None = None) -> None:
+        """Drop every captured graph (the next passes capture again), optionally switching PDL."""
+        if pdl is not None:
+            self.pdl = bool(pdl)
+        self._graphs.clear()
+        self._failed.clear()
 
     def graph_count(self) -> int:
         """Graphs held now (for tests and memory checks)."""
@@ -111,7 +126,8 @@ class PassGraphs:
         try:
             self.stream.begin_capture()
             try:
-                m.run_pass(ids, pos, start_pos, order, buf)
+                with pdl_scope(self.pdl):
+                    m.run_pass(ids, pos, start_pos, order, buf)
             finally:
                 graph = self.stream.end_capture()
         except Exception as exc:  # noqa: BLE001 - any capture failure: eager passes for this (order, T)

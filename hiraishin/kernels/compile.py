@@ -26,6 +26,7 @@ from importlib import resources
 from typing import Iterable, Mapping
 
 from ..errors import BackendError
+from .pdl import PdlKernel, body_has_entry
 
 __all__ = [
     "NVRTC_OPTIONS",
@@ -215,7 +216,9 @@ _kernels: dict = {}
 
 def get_kernel(source_key: str | Iterable[str], name: str, defines: Mapping[str, object] | None = None,
                name_expressions: Iterable[str] | None = None):
-    """The ``cupy.RawKernel`` ``name`` from ``source_key`` compiled with ``defines``.
+    """The kernel ``name`` from ``source_key`` compiled with ``defines``: a ``cupy.RawKernel``
+    wrapped in :class:`~hiraishin.kernels.pdl.PdlKernel` (called the same way; inside
+    :func:`~hiraishin.kernels.pdl.pdl_scope` it launches with programmatic dependent launch).
 
     ``source_key`` is one source path (``"mmvq/mmvq.cu"``) or several, concatenated
     after ``fp.cuh``. ``defines`` become ``#define`` lines in front of the
@@ -233,7 +236,7 @@ def get_kernel(source_key: str | Iterable[str], name: str, defines: Mapping[str,
         return kernel
     mod = get_module(source_key, defines, name_expressions)
     try:
-        kernel = mod.get_function(name)
+        kernel = PdlKernel(mod.get_function(name), body_has_entry(load_source(*_source_names(source_key)), name))
     except Exception as exc:
         raise BackendError(f"kernel {name!r} not found in {source_key!r}: {exc}") from exc
     with _lock:

@@ -23,6 +23,23 @@ __device__ __forceinline__ unsigned short hx_f2h(float f) {
 }
 #endif
 
+// Programmatic dependent launch (sm_90+). Inside a CUDA graph the library may launch a kernel with
+// CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION (hiraishin/kernels/compile.py): its blocks
+// can then start while the previous kernel still runs. HX_PDL_ENTRY() comes before a kernel touches
+// anything another kernel writes: griddepcontrol.wait returns once every earlier grid has finished
+// and its writes are visible; launch_dependents then lets the next kernel's blocks become resident
+// (they wait in their own HX_PDL_ENTRY). Launched without the attribute both are no-ops. Scheduling
+// only: no value and no float operation changes. compile.py launches a kernel this way only if its
+// body names HX_PDL_ENTRY (tests/test_pdl.py checks every kernel does).
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+#define HX_PDL_ENTRY() asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory")
+#define HX_PREFETCH_L2(p) asm volatile("prefetch.global.L2 [%0];" :: "l"(p))
+#else
+#define HX_PDL_ENTRY() ((void)0)
+#define HX_PREFETCH_L2(p) ((void)(p))
+#endif
+#define HX_L2_LINE 128  // bytes per L2 cache line (Hopper)
+
 // e**x from explicit correctly-rounded operations; the same sequence as
 // hiraishin.fp.expf. Below HX_EXP_LO the result is 0, above HX_EXP_HI +inf.
 #define HX_EXP_LO (-87.0f)

@@ -11,6 +11,7 @@ __device__ __forceinline__ float hx_load_half(const unsigned char* p) {
 // m = silu(g) * u,  silu(g) = g / (1 + exp(-g)).
 extern "C" __global__ void hx_swiglu_f32(const float* __restrict__ g, const float* __restrict__ u,
                                          float* __restrict__ out, const long long n) {
+    HX_PDL_ENTRY();
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     const float gi = g[i];
@@ -21,6 +22,7 @@ extern "C" __global__ void hx_swiglu_f32(const float* __restrict__ g, const floa
 // out = a + b
 extern "C" __global__ void hx_add_f32(const float* __restrict__ a, const float* __restrict__ b,
                                       float* __restrict__ out, const long long n) {
+    HX_PDL_ENTRY();
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     out[i] = __fadd_rn(a[i], b[i]);
@@ -91,6 +93,7 @@ __device__ __forceinline__ float hx_row_f32(const unsigned char* row, const int 
 #define HX_GET_ROWS_KERNEL(name, element)                                                             \
     extern "C" __global__ void name(const unsigned char* __restrict__ table, const int* __restrict__ ids, \
                                     float* __restrict__ out, const int n_cols, const long long row_bytes) { \
+        HX_PDL_ENTRY();                                                                                     \
         const int t = blockIdx.x;                                                                     \
         const int col = blockIdx.y * blockDim.x + threadIdx.x;                                        \
         if (col >= n_cols) return;                                                                    \
@@ -111,6 +114,7 @@ HX_GET_ROWS_KERNEL(hx_get_rows_f32, hx_row_f32)
 extern "C" __global__ void hx_kv_store(const float* __restrict__ k, const float* __restrict__ v,
                                        const int* __restrict__ pos, unsigned short* __restrict__ k_cache,
                                        unsigned short* __restrict__ v_cache, const int row) {
+    HX_PDL_ENTRY();
     const int t = blockIdx.x;
     const int i = blockIdx.y * blockDim.x + threadIdx.x;
     if (i >= row) return;

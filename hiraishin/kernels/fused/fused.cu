@@ -41,6 +41,7 @@ __device__ __forceinline__ void hx_norm_store(const float* xr, const float* __re
 extern "C" __global__ void hx_rms_norm_q8_1(const float* __restrict__ x, const float* __restrict__ w,
                                             unsigned char* __restrict__ yq, float* __restrict__ y,
                                             const int n, const float eps) {
+    HX_PDL_ENTRY();
     __shared__ float warp_partial[32];
     const int row = blockIdx.x;
     const float* xr = x + (size_t)row * n;
@@ -55,6 +56,7 @@ extern "C" __global__ void hx_add_rms_norm_q8_1(const float* __restrict__ a, con
                                                 const float* __restrict__ w, float* s,
                                                 unsigned char* __restrict__ yq, float* __restrict__ y,
                                                 const int n, const float eps) {
+    HX_PDL_ENTRY();
     __shared__ float warp_partial[32];
     const int row = blockIdx.x;
     const size_t base = (size_t)row * n;
@@ -72,6 +74,7 @@ extern "C" __global__ void hx_add_rms_norm_q8_1(const float* __restrict__ a, con
 extern "C" __global__ void hx_swiglu_q8_1(const float* __restrict__ g, const float* __restrict__ u,
                                           unsigned char* __restrict__ yq, float* __restrict__ m,
                                           const int k) {
+    HX_PDL_ENTRY();
     const int nb = k / 32;
     const int col = blockIdx.y;
     const int ib = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
@@ -104,6 +107,7 @@ extern "C" __global__ void hx_qk_norm_rope_kv(const float* __restrict__ q, const
                                               unsigned short* __restrict__ v_cache,
                                               const int n_head, const int n_head_kv, const int head_dim,
                                               const float eps) {
+    HX_PDL_ENTRY();
     __shared__ float warp_partial[32];
     const int per_token = n_head + 2 * n_head_kv;
     const int token = blockIdx.x / per_token;

@@ -133,6 +133,7 @@ __device__ __forceinline__ int hx_q6_vals(const hx_row_sb& r, int n, int bb, int
 extern "C" __global__ void __launch_bounds__(32 * HX_NWARPS, HX_MIN_BLOCKS)
 hx_mmq(const unsigned char* __restrict__ w, const unsigned char* __restrict__ xq, float* __restrict__ out,
        const int nrows, const int ncols, const long long out_stride) {
+    HX_PDL_ENTRY();
     __shared__ float part[HX_NSEG][HX_TILE_ROWS][HX_ONECOL ? 1 : HX_COLS];
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;

@@ -348,6 +348,21 @@ __device__ __forceinline__ void hx_accumulate(float (&tmp)[HX_NCOLS][HX_RPB], co
 #define HX_MIN_BLOCKS 1
 #endif
 
+// Ask L2 for the weight bytes of this CUDA block's rows before waiting on the previous kernel
+// (HX_PDL_ENTRY): weights are never written, so under programmatic dependent launch their DRAM
+// latency overlaps the previous kernel's tail. A cache hint only: no value or float op changes.
+__device__ __forceinline__ void hx_prefetch_rows(const u8* __restrict__ w, const int nrows, const int row0) {
+    const int tid = 32 * threadIdx.y + threadIdx.x;
+    const long long first = (long long)min(row0, nrows - 1) * HX_ROW_BYTES;
+    const long long bytes = (long long)(min(row0 + HX_RPB, nrows) - min(row0, nrows - 1)) * HX_ROW_BYTES;
+    for (long long off = (long long)tid * HX_L2_LINE; off < bytes; off += (long long)HX_L2_LINE * 32 * HX_NWARPS) {
+        HX_PREFETCH_L2(w + first + off);
+    }
+    if (tid == 0 && bytes > 0) {
+        HX_PREFETCH_L2(w + first + bytes - 1);  // the line holding the last byte
+    }
+}
+
 // The rows row0 .. row0+HX_RPB-1 of one weight for every column: one CUDA block's work.
 __device__ __forceinline__ void hx_mmvq_rows(const u8* __restrict__ w, const u8* __restrict__ y,
                                              float* __restrict__ dst, const int nrows,
@@ -412,6 +427,8 @@ __device__ __forceinline__ void hx_mmvq_rows(const u8* __restrict__ w, const u8*
 extern "C" __global__ void __launch_bounds__(32 * HX_NWARPS, HX_MIN_BLOCKS)
 mmvq(const u8* __restrict__ w, const u8* __restrict__ y, float* __restrict__ dst, const int nrows,
      const long long stride_dst) {
+    hx_prefetch_rows(w, nrows, HX_RPB * blockIdx.x);
+    HX_PDL_ENTRY();
     hx_mmvq_rows(w, y, dst, nrows, stride_dst, HX_RPB * blockIdx.x);
 }
 
@@ -424,6 +441,14 @@ mmvq_multi(const u8* __restrict__ y, const u8* __restrict__ w0, float* __restric
            const int nblk0, const u8* __restrict__ w1, float* __restrict__ dst1, const int nrows1,
            const int nblk1, const u8* __restrict__ w2, float* __restrict__ dst2, const int nrows2) {
     const int b = blockIdx.x;
+    if (b < nblk0) {
+        hx_prefetch_rows(w0, nrows0, HX_RPB * b);
+    } else if (b < nblk0 + nblk1) {
+        hx_prefetch_rows(w1, nrows1, HX_RPB * (b - nblk0));
+    } else {
+        hx_prefetch_rows(w2, nrows2, HX_RPB * (b - nblk0 - nblk1));
+    }
+    HX_PDL_ENTRY();
     if (b < nblk0) {
         hx_mmvq_rows(w0, y, dst0, nrows0, nrows0, HX_RPB * b);
     } else if (b < nblk0 + nblk1) {

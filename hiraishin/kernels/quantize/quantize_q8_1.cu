@@ -72,6 +72,7 @@ __device__ __forceinline__ void hx_q8_1_store(unsigned char* __restrict__ y, con
 
 extern "C" __global__ void quantize_q8_1(const float* __restrict__ x, unsigned char* __restrict__ y,
                                          const int k, const long long x_row_stride) {
+    HX_PDL_ENTRY();
     const int nb = k / 32;
     const int col = blockIdx.y;
     const int ib = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;

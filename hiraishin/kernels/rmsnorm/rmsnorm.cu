@@ -38,6 +38,7 @@ extern "C" __global__ void hx_rms_norm_f32(const float* __restrict__ x,
                                            float* __restrict__ y,
                                            const int n,
                                            const float eps) {
+    HX_PDL_ENTRY();
     __shared__ float warp_partial[32];
     const int row = blockIdx.x;
     const float* xr = x + (size_t)row * n;

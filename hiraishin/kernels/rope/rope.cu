@@ -14,6 +14,7 @@ extern "C" __global__ void hx_rope_neox_f32(const float* __restrict__ x,
                                             const float* __restrict__ sin_table,
                                             const int n_head,
                                             const int head_dim) {
+    HX_PDL_ENTRY();
     const int row = blockIdx.x;            // token * n_head + head
     const int token = row / n_head;
     const int half = head_dim / 2;

@@ -59,6 +59,7 @@ extern "C" __global__ void __launch_bounds__(HX_THREADS)
 mmq_tiled(const u8* __restrict__ w, const u8* __restrict__ y, float* __restrict__ dst,
           const int nrows, const int ncols, const int k, const long long row_bytes,
           const long long col_bytes_y, const long long stride_dst) {
+    HX_PDL_ENTRY();
     __shared__ u16 sh_w[HX_TILE_ROWS * HX_SH_STRIDE];
     __shared__ int sh_y[HX_TILE_COLS * HX_Y_STEP_WORDS];
 #if HX_QTYPE == HX_Q4_K

@@ -1,0 +1,180 @@
+"""Programmatic dependent launch (PDL) for the kernels of a captured pass.
+
+A CUDA graph of a decode step is a chain of a few hundred small kernels; between two of them the
+GPU drains one grid, flushes its writes and only then launches the next grid's blocks (about 1.5
+to 2 microseconds a node on an H200, measured: ``bench/results``). Launched with
+``CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`` a kernel's blocks may start while the
+previous kernel still runs; each waits in ``HX_PDL_ENTRY()`` (``fp.cuh``: ``griddepcontrol.wait``)
+until every earlier grid has finished and its writes are visible, so what it reads and the float
+operations it performs are those of a plain launch: the bits cannot change, only the gaps.
+Mat-vec kernels ask L2 for their weight rows before that wait (weights are never written).
+
+CuPy's ``RawKernel`` launches through ``cuLaunchKernel``, which takes no launch attributes, so a
+PDL launch goes to the driver's ``cuLaunchKernelEx`` through ctypes. That costs a few
+microseconds of host time per launch, paid once per captured graph: :func:`pdl_scope` turns PDL
+launches on only around a graph capture (``hiraishin.backends.graphs``). A kernel is launched
+this way only when its body names ``HX_PDL_ENTRY`` (:func:`body_has_entry`; every kernel of the
+package does, ``tests/test_pdl.py``), and only on a device of compute capability 9.0 or later.
+``HIRAISHIN_PDL=0`` turns it off.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import re
+import threading
+
+import numpy as np
+
+from ..errors import BackendError
+
+__all__ = ["PdlKernel", "pdl_scope", "pdl_enabled", "pdl_supported", "body_has_entry", "ENV_PDL",
+           "PDL_MIN_CC"]
+
+ENV_PDL = "HIRAISHIN_PDL"
+PDL_MIN_CC = 90  # griddepcontrol is PTX ISA 7.8, sm_90 and later
+# cuda.h: CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
+_ATTR_PROGRAMMATIC_STREAM_SERIALIZATION = 6
+
+
+class _LaunchAttribute(ctypes.Structure):
+    # cuda.h CUlaunchAttribute_st: a 4-byte id, padding to 8, a 64-byte value union.
+    _fields_ = [("id", ctypes.c_uint32), ("pad", ctypes.c_char * 4), ("value", ctypes.c_ubyte * 64)]
+
+
+class _LaunchConfig(ctypes.Structure):
+    # cuda.h CUlaunchConfig_st, field order as declared there.
+    _fields_ = [("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
+                ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
+                ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p),
+                ("attrs", ctypes.POINTER(_LaunchAttribute)), ("numAttrs", ctypes.c_uint)]
+
+
+_state = threading.local()  # .on: PDL launches wanted on this thread (inside pdl_scope)
+_driver = None
+
+
+def _launch_ex():
+    global _driver
+    if _driver is None:
+        try:
+            lib = ctypes.CDLL("libcuda.so.1")
+            fn = lib.cuLaunchKernelEx
+        except (OSError, AttributeError) as exc:
+            raise BackendError(f"programmatic dependent launch needs cuLaunchKernelEx from libcuda: {exc}") from exc
+        fn.restype = ctypes.c_int
+        fn.argtypes = [ctypes.POINTER(_LaunchConfig), ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p),
+                       ctypes.c_void_p]
+        _driver = fn
+    return _driver
+
+
+_SUPPORTED: bool | None = None
+
+
+def pdl_supported() -> bool:
+    """True when PDL is not turned off (``HIRAISHIN_PDL=0``) and the current device is sm_90+."""
+    global _SUPPORTED
+    if _SUPPORTED is None:
+        if os.environ.get(ENV_PDL, "1").strip() in ("0", "false", "no", "off"):
+            _SUPPORTED = False
+        else:
+            import cupy
+
+            _SUPPORTED = int(cupy.cuda.Device().compute_capability) >= PDL_MIN_CC  # "90" on an H200
+    return _SUPPORTED
+
+
+def pdl_enabled() -> bool:
+    """True inside :func:`pdl_scope` on a device that supports PDL."""
+    return getattr(_state, "on", False)
+
+
+@contextlib.contextmanager
+def pdl_scope(enabled: bool = True):
+    """Launch kernels with programmatic stream serialization while the block runs (this thread)."""
+    before = getattr(_state, "on", False)
+    _state.on = bool(enabled) and pdl_supported()
+    try:
+        yield _state.on
+    finally:
+        _state.on = before
+
+
+def body_has_entry(source: str, name: str) -> bool:
+    """True when the ``__global__`` function ``name`` in ``source`` names ``HX_PDL_ENTRY`` in its body.
+
+    Kernels defined through a macro (the name is not written after ``__global__``) are not found
+    and so never launched with PDL: the safe answer.
+    """
+    base = name.split("<", 1)[0]
+    m = re.search(r"__global__[^;{]*?\b" + re.escape(base) + r"\s*\(", source)
+    if m is None:
+        return False
+    start = source.index("{", m.end())
+    depth = 0
+    for i in range(start, len(source)):
+        c = source[i]
+        if c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+            if depth == 0:
+                return "HX_PDL_ENTRY" in source[start:i]
+    return False
+
+
+def _ctype(arg):
+    # The driver reads each parameter's own size from the kernel image, as for CuPy's launches: a
+    # Python int goes as 8 bytes (its low bytes for a 4-byte int, little-endian), a float as a double.
+    if hasattr(arg, "data") and hasattr(arg.data, "ptr"):
+        return ctypes.c_void_p(arg.data.ptr)
+    if isinstance(arg, np.generic):
+        return (ctypes.c_ubyte * arg.nbytes).from_buffer_copy(arg.tobytes())
+    if isinstance(arg, bool):
+        return ctypes.c_bool(arg)
+    if isinstance(arg, int):
+        return ctypes.c_int64(arg)
+    if isinstance(arg, float):
+        return ctypes.c_double(arg)
+    raise BackendError(f"cannot pass a {type(arg).__name__} to a kernel launch")
+
+
+class PdlKernel:
+    """A ``cupy.RawKernel`` that launches with PDL inside :func:`pdl_scope` when its body allows it.
+
+    Called like the RawKernel (``kernel(grid, block, args, shared_mem=0)``); every other
+    attribute is the RawKernel's.
+    """
+
+    __slots__ = ("raw", "pdl")
+
+    def __init__(self, raw, pdl: bool):
+        self.raw = raw
+        self.pdl = pdl
+
+    def __getattr__(self, name):
+        return getattr(self.raw, name)
+
+    def __call__(self, grid, block, args, shared_mem=0, **kwargs):
+        if not (self.pdl and getattr(_state, "on", False)) or kwargs:
+            return self.raw(grid, block, args, shared_mem=shared_mem, **kwargs)
+        import cupy
+
+        grid = tuple(grid) + (1,) * (3 - len(grid))
+        block = tuple(block) + (1,) * (3 - len(block))
+        values = [_ctype(a) for a in args]
+        params = (ctypes.c_void_p * max(len(values), 1))()
+        for i, v in enumerate(values):
+            params[i] = ctypes.cast(ctypes.byref(v), ctypes.c_void_p)
+        attr = _LaunchAttribute()
+        attr.id = _ATTR_PROGRAMMATIC_STREAM_SERIALIZATION
+        attr.value[0] = 1  # programmaticStreamSerializationAllowed (an int, little-endian)
+        cfg = _LaunchConfig(int(grid[0]), int(grid[1]), int(grid[2]), int(block[0]), int(block[1]),
+                            int(block[2]), int(shared_mem), cupy.cuda.get_current_stream().ptr,
+                            ctypes.pointer(attr), 1)
+        rc = _launch_ex()(ctypes.byref(cfg), self.raw.kernel.ptr, params, None)
+        if rc != 0:
+            raise BackendError(f"cuLaunchKernelEx of {self.raw.name!r} failed with CUresult {rc}")

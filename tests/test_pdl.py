@@ -1,0 +1,128 @@
+"""Programmatic dependent launch: which kernels may start early, and what they do before waiting.
+
+A kernel launched with PDL may run while the previous kernel still writes its inputs, so every
+kernel of the package must wait (``HX_PDL_ENTRY``) before it reads or writes anything another
+kernel touches. These CPU tests check the sources; the GPU tests (tests/test_engine_gpu.py)
+check that graphs captured with PDL give the bits of eager passes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+from importlib import resources
+
+import numpy as np
+import pytest
+
+from hiraishin.errors import BackendError
+from hiraishin.kernels import pdl
+
+KERNEL_DIR = resources.files("hiraishin.kernels")
+
+
+def _sources():
+    for folder in sorted(KERNEL_DIR.iterdir(), key=lambda p: p.name):
+        if folder.is_dir():
+            for f in sorted(folder.iterdir(), key=lambda p: p.name):
+                if f.name.endswith(".cu"):
+                    yield f"{folder.name}/{f.name}", f.read_text(encoding="utf-8")
+
+
+# extern "C" __global__ void [__launch_bounds__(...)] name(
+_SIGNATURE = re.compile(r"__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s*)?(\w+)\s*\(")
+
+
+def _kernels(source: str):
+    """(name, body) of every __global__ function (a macro's too, under its parameter's name)."""
+    for m in _SIGNATURE.finditer(source):
+        start = source.index("{", m.end())
+        depth = 0
+        for i in range(start, len(source)):
+            depth += {"{": 1, "}": -1}.get(source[i], 0)
+            if depth == 0:
+                yield m.group(1), source[start + 1:i]
+                break
+
+
+ALL = [(path, name, body) for path, src in _sources() for name, body in _kernels(src)]
+
+
+def test_every_kernel_is_found():
+    assert len(ALL) >= 15, [n for _, n, _ in ALL]
+
+
+@pytest.mark.parametrize("path,name,body", ALL, ids=[f"{p}:{n}" for p, n, _ in ALL])
+def test_kernel_waits_before_touching_shared_memory(path, name, body):
+    assert "HX_PDL_ENTRY" in body, f"{path}: kernel {name} has no HX_PDL_ENTRY()"
+    assert pdl.body_has_entry(KERNEL_DIR.joinpath(*path.split("/")).read_text(encoding="utf-8"), name)
+    before = body.split("HX_PDL_ENTRY", 1)[0]
+    # Before the wait only weight prefetches (read-only bytes) and index arithmetic may run: no
+    # array access, no store, no shared memory, no barrier.
+    before = re.sub(r"hx_prefetch_rows\([^;]*\);", "", before)
+    for token in ("[", "__shared__", "__syncthreads", "->", "atomic"):
+        assert token not in before, f"{path}: kernel {name} uses {token!r} before HX_PDL_ENTRY"
+
+
+def test_body_has_entry_edge_cases():
+    src = """
+    extern "C" __global__ void a(int* x) { if (1) { x[0] = 1; } }
+    extern "C" __global__ void __launch_bounds__(128, 1)
+    b(int* x) { HX_PDL_ENTRY(); { x[0] = 2; } }
+    #define K(name) extern "C" __global__ void name(int* x) { HX_PDL_ENTRY(); }
+    K(c)
+    """
+    assert not pdl.body_has_entry(src, "a")
+    assert pdl.body_has_entry(src, "b")
+    assert not pdl.body_has_entry(src, "c")  # made by a macro: never launched early
+    assert not pdl.body_has_entry(src, "missing")
+
+
+class _FakeDevicePtr:
+    def __init__(self, ptr):
+        self.ptr = ptr
+
+
+class _FakeArray:
+    def __init__(self, ptr):
+        self.data = _FakeDevicePtr(ptr)
+
+
+def test_argument_bytes_match_what_a_plain_launch_passes():
+    def raw(c):
+        return bytes(ctypes.string_at(ctypes.addressof(c), ctypes.sizeof(c)))
+
+    assert raw(pdl._ctype(_FakeArray(0x1234))) == (0x1234).to_bytes(8, "little")
+    assert raw(pdl._ctype(np.float32(1.5))) == np.float32(1.5).tobytes()
+    assert raw(pdl._ctype(np.int32(-7))) == np.int32(-7).tobytes()
+    assert raw(pdl._ctype(np.uint64(0))) == bytes(8)
+    assert raw(pdl._ctype(np.int64(1 << 40))) == np.int64(1 << 40).tobytes()
+    assert raw(pdl._ctype(-3))[:4] == np.int32(-3).tobytes()  # an int parameter reads the low 4 bytes
+    with pytest.raises(BackendError, match="cannot pass a str"):
+        pdl._ctype("x")
+
+
+def test_launch_structs_have_the_driver_layout():
+    # cuda.h: CUlaunchAttribute is 72 bytes (id, pad, 64-byte union); CUlaunchConfig 56 bytes
+    assert ctypes.sizeof(pdl._LaunchAttribute) == 72
+    assert pdl._LaunchConfig.hStream.offset == 32
+    assert pdl._LaunchConfig.attrs.offset == 40
+    assert pdl._LaunchConfig.numAttrs.offset == 48
+
+
+def test_scope_is_off_without_a_capable_device(monkeypatch):
+    monkeypatch.setattr(pdl, "_SUPPORTED", False)
+    with pdl.pdl_scope() as on:
+        assert on is False and not pdl.pdl_enabled()
+    assert not pdl.pdl_enabled()
+
+
+def test_scope_nests_and_restores(monkeypatch):
+    monkeypatch.setattr(pdl, "_SUPPORTED", True)
+    assert not pdl.pdl_enabled()
+    with pdl.pdl_scope():
+        assert pdl.pdl_enabled()
+        with pdl.pdl_scope(False):
+            assert not pdl.pdl_enabled()
+        assert pdl.pdl_enabled()
+    assert not pdl.pdl_enabled()
