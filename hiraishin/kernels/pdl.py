@@ -30,8 +30,7 @@ import numpy as np
 
 from ..errors import BackendError
 
-__all__ = ["PdlKernel", "pdl_scope", "pdl_enabled", "pdl_supported", "body_has_entry", "ENV_PDL",
-           "PDL_MIN_CC"]
+__all__ = ["ENV_PDL", "PDL_MIN_CC", "PdlKernel", "body_has_entry", "pdl_enabled", "pdl_scope", "pdl_supported"]
 
 ENV_PDL = "HIRAISHIN_PDL"
 PDL_MIN_CC = 90  # griddepcontrol is PTX ISA 7.8, sm_90 and later
@@ -149,7 +148,7 @@ class PdlKernel:
     attribute is the RawKernel's.
     """
 
-    __slots__ = ("raw", "pdl")
+    __slots__ = ("pdl", "raw")
 
     def __init__(self, raw, pdl: bool):
         self.raw = raw

@@ -113,6 +113,11 @@ class Qwen3:
         elif not on:
             self._graphs = None
 
+    @property
+    def pass_graphs(self):
+        """The :class:`~hiraishin.backends.graphs.PassGraphs` replaying this model's passes, or None."""
+        return self._graphs
+
     # ---- KV cache -------------------------------------------------------------------------------
     @property
     def kv_len(self) -> int:
