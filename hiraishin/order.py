@@ -10,8 +10,8 @@ argument, not two code paths.
 Presets:
 
 * ``BATCH_VARIANT``: stock llama.cpp choices (nwarps from the column count,
-  the tiled kernel for wide batches, attention parallel blocks from the
-  occupancy of whichever kernel is launched).
+  llama.cpp's MMQ order on int8 tensor cores past 8 columns, attention parallel
+  blocks from the occupancy of whichever kernel is launched).
 * ``BATCH_INVARIANT``: every column walks the single-token geometry, batches
   are split into launches of at most 8 columns, attention parallel blocks come
   from the one-query kernel, and verify batches stop at multiples of 256 KV cells.

@@ -159,6 +159,9 @@ def test_plan_command_prints_the_warps(capsys):
     assert "warp 0 sums blocks 0, 2, 4, 6, 8, 10, 12, 14" in out  # 2 warps under the variant order
     assert "warp 0 sums blocks 0, 4, 8, 12" in out  # 4 warps under the invariant order
     assert main(["plan", "matvec", "--ncols", "9", "--order", "variant"]) == 0
+    out = capsys.readouterr().out
+    assert "stock MMQ order" in out and "tile 0 (rows 0..127) sums pieces 0..2, 3..6" in out
+    assert main(["plan", "matvec", "--ncols", "9", "--qtype", "Q8_0", "--order", "variant"]) == 0
     assert "tiled" in capsys.readouterr().out
     assert main(["plan", "attention", "--n-queries", "5", "--kv-len", "600", "--order", "variant"]) == 0
     assert "fattn_tile" in capsys.readouterr().out

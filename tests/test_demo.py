@@ -37,11 +37,11 @@ def test_matvec_mechanisms_show_and_the_fix_holds(result):
     res, text = result
     var, inv = res.replays["variant"], res.replays["invariant"]
     assert inv.identical
-    for b in (5, 9, 16):  # the warp count changes at 5 columns; 9 and 16 take the tiled kernel
+    for b in (5, 9, 16):  # the warp count changes at 5 columns; 9 and 16 take llama.cpp's MMQ order
         assert var[b].positions_differ, b
     ops = {b: mech for b, (_, mech) in res.localized.items()}
     assert any("2 warps instead of 4" in m or "attention" in m for b, m in ops.items() if b == 5)
-    assert any("tiled kernel" in m for b, m in ops.items() if b in (9, 16))
+    assert any("MMQ order" in m for b, m in ops.items() if b in (9, 16))
     assert "compiling kernels" in text and "compiled in" in text
 
 

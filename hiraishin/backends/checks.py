@@ -13,6 +13,7 @@ import numpy as np
 from ..errors import BackendError, PlanError, QuantError
 from ..plans.attention import HEAD_DIMS, AttentionPlan
 from ..plans.matvec import MATVEC_TRAITS, MatVecPlan
+from ..plans.mmq_stock import MMQStockPlan
 from ..plans.subblock import SubBlockPlan
 from ..quant import BLOCK_BYTES, BLOCK_ELEMS
 
@@ -126,13 +127,15 @@ def check_activations(x, k: int | None = None, what: str = "activations") -> Non
 
 
 def check_matvec_plan(plan, qtype: str, ncols: int, xq_shape, k: int | None = None) -> None:
-    if not isinstance(plan, (MatVecPlan, SubBlockPlan)):
-        raise PlanError(f"a mat-vec needs a MatVecPlan or SubBlockPlan, got {type(plan).__name__}")
+    if not isinstance(plan, (MatVecPlan, SubBlockPlan, MMQStockPlan)):
+        raise PlanError(f"a mat-vec needs a MatVecPlan, SubBlockPlan or MMQStockPlan, got {type(plan).__name__}")
     if plan.qtype != qtype:
         raise PlanError(f"plan is for {plan.qtype} but the weight is {qtype}")
     if ncols != plan.ncols:
         raise PlanError(f"plan is for {plan.ncols} columns but xq has {ncols} (shape {tuple(xq_shape)})")
-    if isinstance(plan, SubBlockPlan) and k is not None and plan.k != k:
+    if isinstance(plan, MMQStockPlan) and not plan.shaped:
+        raise PlanError("a stock MMQ plan needs the weight's shape: plans.matvec_plan(..., k=..., n=...)")
+    if isinstance(plan, (SubBlockPlan, MMQStockPlan)) and k is not None and plan.k != k:
         raise PlanError(f"plan is for rows of K={plan.k} values but the weight has K={k}")
 
 

@@ -8,7 +8,8 @@ import numpy as np
 from ..kernels import attention, elementwise, mmq, mmvq, quantize, rmsnorm, rope, tiled
 from ..kernels.attention.emulate import emulate_combine, emulate_partials
 from ..kernels.fused import emulate_qk_norm_rope_kv
-from ..plans import SubBlockPlan
+from ..kernels.mmq_stock import emulate as mmq_stock_emulate
+from ..plans import MMQStockPlan, SubBlockPlan
 from .base import Backend
 
 __all__ = ["CpuBackend", "CpuOps"]
@@ -44,6 +45,8 @@ class CpuOps:
     def mul_mat_q8_1(self, w, qtype: str, xq, plan):
         if isinstance(plan, SubBlockPlan):
             return mmq.emulate(w, qtype, xq, plan)
+        if isinstance(plan, MMQStockPlan):
+            return mmq_stock_emulate(w, qtype, xq, plan)
         if plan.kernel == "tiled":
             return tiled.emulate(w, qtype, xq, plan)
         return mmvq.emulate(w, qtype, xq, plan)

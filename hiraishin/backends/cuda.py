@@ -28,10 +28,12 @@ from ..kernels.fused.launch import (
 )
 from ..kernels.mmq.launch import launch as mmq_launch
 from ..kernels.mmq.launch import prepared_launch as mmq_prepared_launch
+from ..kernels.mmq_stock.launch import launch as mmq_stock_launch
+from ..kernels.mmq_stock.launch import prepared_launch as mmq_stock_prepared_launch
 from ..kernels.mmvq.launch import MULTI_MAX_WEIGHTS, MultiMatVecLaunch, prepared_plan
 from ..kernels.quantize.launch import QuantizeLaunch
 from ..kernels.quantize.layout import layout_for, to_layout
-from ..plans import SubBlockPlan
+from ..plans import MMQStockPlan, SubBlockPlan
 from ..plans.matvec import MatVecPlan, matvec_traits
 from .base import Backend
 from .checks import get_rows_width
@@ -71,6 +73,9 @@ class _MatVec:
             self.group = (qtype, row_bytes, plan)
         if isinstance(plan, SubBlockPlan):  # int8 MMA kernels reading llama.cpp's q8_1 layout
             self.launch = mmq_prepared_launch(n, plan)
+            self.layout = None
+        elif isinstance(plan, MMQStockPlan):  # llama.cpp's MMQ order (int8 MMA), same layout
+            self.launch = mmq_stock_prepared_launch(plan)
             self.layout = None
         elif plan.kernel == "mmvq":
             self.launch = prepared_plan(qtype, n, row_bytes // t.block_bytes * t.qk, plan)
@@ -166,6 +171,8 @@ class CudaOps:
         out = self._empty((plan.ncols, w.shape[0]), _F32)
         if isinstance(plan, SubBlockPlan):
             return mmq_launch(w, qtype, xq, plan, out)
+        if isinstance(plan, MMQStockPlan):
+            return mmq_stock_launch(w, qtype, xq, plan, out)
         if plan.kernel == "tiled":
             return tiled.launch(w, qtype, xq, plan, out)
         y = to_layout(xq, qtype) if layout_for(qtype) else xq  # the kernel reads its own layout

@@ -33,7 +33,7 @@ DEFAULT_ORDER = "invariant"
 ORDER_HELP = """\
 reduction orders (--order):
   variant      stock llama.cpp geometry: the mat-vec's warp count comes from the batch width
-               (4 warps for 1-4 columns, 2 for 5-8), batches wider than 8 go to a tiled kernel,
+               (4 warps for 1-4 columns, 2 for 5-8), batches wider than 8 go to MMQ's order,
                attention sizes its parallel blocks from the occupancy of whichever kernel it
                launches (one-query vector kernel or multi-query tile kernel). Logits depend on
                how many tokens share a pass: speculative decoding is not exact.

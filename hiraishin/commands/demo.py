@@ -8,8 +8,8 @@ one, else on the CPU emulator; kernels are compiled (JIT) first, and the times p
 
 It shows, each under ``BATCH_VARIANT`` and ``BATCH_INVARIANT``:
 
-1. the mat-vec's warp count (4 warps for 1-4 columns, 2 for 5-8) and the wide-batch tiled kernel
-   past 8 columns, and the multi-query attention kernel: a replay at batch sizes 2..16, with the
+1. the mat-vec's warp count (4 warps for 1-4 columns, 2 for 5-8) and llama.cpp's MMQ order (int8
+   tensor cores) past 8 columns, and the multi-query attention kernel: a replay at batch sizes 2..16, with the
    first op that differs for each;
 2. attention's parallel blocks past 384 cells: one-token passes with P=4 and P=3 over 512
    attended cells agree below position 384 and differ from it on; a replay past 512;
@@ -45,7 +45,7 @@ DEMO_SEED = 0
 DEMO_DRAFT_NOISE = 0.05
 N_DRAFT = 8
 # Batch sizes of section 1: 2-4 keep the one-column warp count, 5 and 8 use 2 warps, 9 and 16
-# leave the mat-vec for the tiled kernel (llama.cpp's MMVQ_MAX_BATCH_SIZE = 8).
+# leave the mat-vec for MMQ (llama.cpp's MMVQ_MAX_BATCH_SIZE = 8).
 BATCH_SIZES = (2, 4, 5, 9, 16)
 # Section 2: P=4 and P=3 over 512 attended cells differ only where chunk 3 (cells 384..511)
 # holds real cells; one-token passes at positions ATTN_FROM..ATTN_TO-1 straddle 384.
@@ -130,8 +130,9 @@ def _matvec_mechanism(width: int) -> str:
 
     one = plans.matvec_plan(VAR, 1, "Q6_K")
     p = plans.matvec_plan(VAR, width, "Q6_K")
-    if p.kernel == "tiled":
-        return f"mat-vec: {width} columns > {plans.MMVQ_MAX_BATCH_SIZE} leave for the tiled kernel"
+    if p.kernel != "mmvq":
+        what = "llama.cpp's MMQ order (int8 MMA)" if p.kernel == "mmq_stock" else "the tiled kernel"
+        return f"mat-vec: {width} columns > {plans.MMVQ_MAX_BATCH_SIZE} leave for {what}"
     if p.nwarps != one.nwarps:
         return f"mat-vec: {p.nwarps} warps instead of {one.nwarps}"
     return "mat-vec: same geometry as one column"
@@ -220,7 +221,7 @@ def run_demo(model_path=None, draft_path=None, device: str = "auto", tokens: int
         res.cpu_seconds[name] = time.process_time() - cpu
         return value
 
-    # 1. batch shape: mat-vec warps, tiled kernel, multi-query attention --------------------------
+    # 1. batch shape: mat-vec warps, MMQ past 8 columns, multi-query attention --------------------------
     plain_inv = timed("plain", lambda: target.generate(ids, max_new_tokens=tokens, order=INV, stop_at_eos=False))
     res.plain[INV.name] = plain_inv.tokens
     seq = ids + plain_inv.tokens

@@ -24,13 +24,15 @@ def _orders(text: str):
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="op", metavar="OP", required=True)
-    mv = sub.add_parser("matvec", help="a quantized mat-vec (or the tiled wide-batch kernel)",
+    mv = sub.add_parser("matvec", help="a quantized mat-vec (or the variant order's wide-batch kernel)",
                         epilog=common.epilog(), formatter_class=common.formatter())
     mv.add_argument("--qtype", default="Q4_K", help="weight type: Q4_K, Q6_K, Q8_0 (default Q4_K)")
     mv.add_argument("-K", "--k", dest="k", type=common.positive_int, default=4096,
                     help="inputs per row (the row length; default 4096)")
     mv.add_argument("--ncols", type=common.positive_int, default=1,
                     help="columns (tokens) in the pass (default 1)")
+    mv.add_argument("-N", "--rows", type=common.positive_int, default=4096,
+                    help="rows of the weight (default 4096); the variant order's MMQ split past 8 columns uses it")
     _common(mv)
     at = sub.add_parser("attention", help="a flash-attention launch over the KV cache",
                         epilog=common.epilog(), formatter_class=common.formatter())
@@ -52,8 +54,12 @@ def _common(p: argparse.ArgumentParser) -> None:
 def warp_lines(plan, k: int) -> list[str]:
     """Which super-blocks of a ``k``-input row each warp sums, from the plan's thread map."""
     from ..errors import PlanError
-    from ..plans import SubBlockPlan
+    from ..plans import MMQStockPlan, SubBlockPlan
 
+    if isinstance(plan, MMQStockPlan):  # llama.cpp's MMQ: the stream-k pieces of each tile
+        first = plan.pieces()[0]
+        return [f"  a row of {k} inputs is {plan.nblocks} super-blocks; tile 0 (rows 0..127) sums pieces " +
+                ", ".join(f"{a}..{b - 1}" for a, b in first) + " (each in k order), then the fixup adds them"]
     if isinstance(plan, SubBlockPlan):  # the K split is the order; warps are a launch fact
         return [f"  a row of {k} inputs: segments of super-blocks " +
                 ", ".join(f"{a}..{b - 1}" for a, b in plan.segment_bounds()) + ", each summed in k order"]
@@ -79,7 +85,7 @@ def run(args) -> int:
 
     for order in args.order:
         if args.op == "matvec":
-            plan = plans.matvec_plan(order, args.ncols, args.qtype, device=args.device, k=args.k)
+            plan = plans.matvec_plan(order, args.ncols, args.qtype, device=args.device, k=args.k, n=args.rows)
             print(f"{order.name}: mat-vec {args.qtype}, K {args.k}, {args.ncols} column(s)")
             print("  " + plan.describe().replace("\n", "\n  "))
             for line in warp_lines(plan, args.k):

@@ -2,7 +2,8 @@
 
 =============  ==========================================================================
 ``mmvq/``      dp4a mat-vec (Q4_K, Q6_K, Q8_0 x q8_1): llama.cpp's ``mul_mat_vec_q`` geometry
-``tiled/``     tiled mat-mat, the variant order's wide-batch path (stand-in for llama.cpp's MMQ)
+``mmq_stock/`` int8 MMA mat-mat in llama.cpp MMQ's order: the variant order's Q4_K/Q6_K path past 8 columns
+``tiled/``     tiled dp4a mat-mat, the variant order's Q8_0 path past 8 columns
 ``quantize/``  activation quantization to q8_1 (and the mat-vec's per-thread layouts)
 ``attention/`` split-KV vector flash attention + combine, and the multi-query tile kernel
 ``rmsnorm/``   RMSNorm times weight

@@ -6,7 +6,8 @@ and runs it, on the GPU or in its emulator.
 
 * :func:`matvec_plan` -> :class:`MatVecPlan` (``plans/matvec.py``): nwarps, rows per block,
   columns per launch, mat-vec or tiled kernel; under the sub-block order a :class:`SubBlockPlan`
-  (``plans/subblock.py``) for Q4_K/Q6_K weights;
+  (``plans/subblock.py``) for Q4_K/Q6_K weights; under the variant order past 8 columns a
+  :class:`MMQStockPlan` (``plans/mmq_stock.py``, llama.cpp's MMQ order) for Q4_K/Q6_K weights;
 * :func:`attention_plan` -> :class:`AttentionPlan` (``plans/attention.py``): kernel, parallel
   blocks, chunk size, attended KV range.
 
@@ -28,6 +29,7 @@ from . import attention as _attention
 from . import matvec as _matvec
 from .attention import CHUNK_CELLS, KV_PAD, AttentionPlan, parallel_blocks_for
 from .matvec import MMVQ_MAX_BATCH_SIZE, MatVecPlan, matvec_traits
+from .mmq_stock import MMQStockPlan
 from .subblock import SUBBLOCK_QTYPES, SubBlockPlan, subblock_plan
 
 __all__ = [
@@ -35,6 +37,7 @@ __all__ = [
     "attention_plan",
     "MatVecPlan",
     "SubBlockPlan",
+    "MMQStockPlan",
     "AttentionPlan",
     "matvec_traits",
     "parallel_blocks_for",
@@ -63,7 +66,7 @@ def _matvec_cached(order, ncols, qtype, device, k, n):
         if k is None:
             raise PlanError(f"order {order.name!r}: the sub-block order's plan needs the row length k")
         return subblock_plan(ncols, qtype, k, device, n)
-    return _matvec.matvec_plan(order, ncols, qtype, device)
+    return _matvec.matvec_plan(order, ncols, qtype, device, k, n)
 
 
 @functools.lru_cache(maxsize=ATTENTION_PLAN_CACHE_SIZE)
@@ -72,16 +75,17 @@ def _attention_cached(order, n_queries, kv_len, n_head, n_head_kv, head_dim, dev
 
 
 def matvec_plan(order, ncols: int, qtype: str, device=None, k: int | None = None,
-                n: int | None = None) -> MatVecPlan | SubBlockPlan:
+                n: int | None = None) -> MatVecPlan | SubBlockPlan | MMQStockPlan:
     """The mat-vec plan ``order`` gives to ``ncols`` columns of a ``qtype`` weight (cached).
 
     ``device``: a profile name, a :class:`~hiraishin.devices.DeviceProfile` or ``None``
     (``order.device``, else the default profile); it picks llama.cpp's nwarps table. ``k`` (values
     per row) and ``n`` (rows) of the weight: the sub-block order needs ``k`` (its K split) and
-    uses ``n`` for a launch fact; the other orders ignore both.
+    uses ``n`` for a launch fact; the variant order's Q4_K/Q6_K plans past 8 columns need both (the
+    stock MMQ K split); the other plans ignore them.
     """
     _check_device(device)
-    if order.matvec != "subblock":
+    if order.matvec != "subblock" and not (order.matvec == "variant" and ncols > MMVQ_MAX_BATCH_SIZE):
         k = n = None  # one cached plan per (order, ncols, qtype, device), whatever the weight
     return _matvec_cached(order, ncols, qtype, order.device if device is None else device, k, n)
 

@@ -17,7 +17,9 @@ batch, and why giving every column the one-column geometry fixes it.
 :func:`matvec_plan` (order, ncols, qtype, device) -> :class:`MatVecPlan`:
 
 * ``variant`` (stock llama.cpp): nwarps from the device's table keyed by the column count, 1 row
-  per CUDA block for one column else 2; past ``MMVQ_MAX_BATCH_SIZE`` = 8 columns the tiled kernel.
+  per CUDA block for one column else 2; past ``MMVQ_MAX_BATCH_SIZE`` = 8 columns llama.cpp's MMQ
+  order (:class:`~hiraishin.plans.mmq_stock.MMQStockPlan`, int8 tensor cores) for Q4_K/Q6_K and
+  the tiled kernel for Q8_0.
 * ``invariant``: every column gets the one-column nwarps; any batch stays on the mat-vec
   kernel, in launches of at most ``order.max_cols_per_launch`` (one Q4_K column runs 2 rows per
   CUDA block: measured faster, same bits).
@@ -31,7 +33,7 @@ type has a power-of-two number of threads per block that divides 32, so blocks p
 an integer; threads whose first block is past the row's end add nothing (llama.cpp's
 ``small_k`` case).
 
-The tiled kernel (``kernel="tiled"``, the variant order past 8 columns) has one fixed tile:
+The tiled kernel (``kernel="tiled"``, the variant order's Q8_0 path past 8 columns) has one fixed tile:
 ``TILE_ROWS`` rows x ``TILE_COLS`` columns per CUDA block of ``TILE_THREADS`` threads, one
 thread per output walking K in order (``hiraishin/kernels/tiled``).
 """
@@ -44,6 +46,7 @@ from dataclasses import dataclass
 from ..devices import DeviceProfile, get_profile
 from ..errors import PlanError
 from ..quant import BLOCK_BYTES, BLOCK_ELEMS, GGML_TYPE_ID
+from .mmq_stock import MMQ_STOCK_QTYPES, MMQStockPlan, mmq_stock_plan
 
 __all__ = [
     "MMVQ_MAX_BATCH_SIZE",
@@ -325,11 +328,14 @@ def _balanced(ncols: int, max_cols: int) -> int:
     return math.ceil(ncols / n_launches)
 
 
-def matvec_plan(order, ncols: int, qtype: str, device=None) -> MatVecPlan:
+def matvec_plan(order, ncols: int, qtype: str, device=None, k: int | None = None,
+                n: int | None = None) -> MatVecPlan | MMQStockPlan:
     """The plan ``order`` (a ReductionOrder) gives to ``ncols`` columns of a ``qtype`` weight.
 
     ``device`` is None (the default profile), a profile name or a
-    :class:`~hiraishin.devices.DeviceProfile`; it picks the nwarps table.
+    :class:`~hiraishin.devices.DeviceProfile`; it picks the nwarps table (and the SM count of the
+    stock MMQ split). ``k``, ``n``: the weight's row length and rows, which only the variant
+    order's Q4_K/Q6_K plans past 8 columns use (:mod:`.mmq_stock`).
     """
     if isinstance(ncols, bool) or not isinstance(ncols, int) and not hasattr(ncols, "__index__") or ncols < 1:
         raise PlanError(f"matvec_plan needs ncols >= 1, got {ncols!r}")
@@ -339,6 +345,8 @@ def matvec_plan(order, ncols: int, qtype: str, device=None) -> MatVecPlan:
     policy = order.matvec
     if policy == "variant":
         if ncols > MMVQ_MAX_BATCH_SIZE:
+            if qtype in MMQ_STOCK_QTYPES:  # llama.cpp's MMQ order (Q8_0 keeps the tiled kernel)
+                return mmq_stock_plan(ncols, qtype, k, n, profile)
             return MatVecPlan(kernel="tiled", qtype=qtype, nwarps=TILE_THREADS // 32,
                               rows_per_block=TILE_ROWS, cols_per_launch=ncols, ncols=ncols)
         return MatVecPlan(kernel="mmvq", qtype=qtype, nwarps=_nwarps_from_table(profile, qtype, ncols),

@@ -1,0 +1,173 @@
+"""Numba emulator of ``mmq_stock.cu``: llama.cpp MMQ's float sequence, bit for bit (see the
+package docstring and :mod:`hiraishin.plans.mmq_stock`).
+
+The integer dot products of a q8_1 block with a weight sub-block are exact in any order, so they
+are computed here in plain k order; every float operation is the kernel's, in its order.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from ...fp import F16_TO_F32, f32_to_f16_bits, fmaf
+from ...plans.mmq_stock import MMQ_TILE_ROWS
+from ...quant import BLOCK_BYTES, BLOCK_ELEMS
+
+__all__ = ["emulate", "piece_tables"]
+
+_Q8_BYTES = BLOCK_BYTES["Q8_1"]
+_Q8_ELEMS = BLOCK_ELEMS["Q8_1"]
+
+
+@njit(cache=True, inline="always")
+def _h(b0, b1, f16):
+    return f16[np.int64(b0) | (np.int64(b1) << 8)]
+
+
+@njit(cache=True, inline="always")
+def _s8(b):
+    v = np.int32(b)
+    return v - 256 if v >= 128 else v
+
+
+@njit(cache=True, inline="always")
+def _piece_q4_k(w, r, xq, j, kb0, kb1, ws, wm):
+    """One piece of Q4_K row r (local index) times column j: sum from 0 over super-blocks kb0..kb1-1."""
+    acc = np.float32(0.0)
+    for i in range(kb0, kb1):
+        o = i * 144
+        for sb in range(8):
+            b = i * 8 + sb
+            xo = b * 36
+            dx = _h(xq[j, xo], xq[j, xo + 1], F16_TO_F32)
+            sx = _h(xq[j, xo + 2], xq[j, xo + 3], F16_TO_F32)
+            qo = o + 16 + 32 * (sb >> 1)
+            shift = 4 * (sb & 1)
+            c = np.int32(0)
+            for l in range(32):
+                c += ((np.int32(w[r, qo + l]) >> shift) & 0xF) * _s8(xq[j, xo + 4 + l])
+            acc = fmaf(ws[b] * dx, np.float32(c), acc)
+            acc = fmaf(wm[b], sx, acc)
+    return acc
+
+
+@njit(cache=True, inline="always")
+def _piece_q6_k(w, r, xq, j, kb0, kb1):
+    acc = np.float32(0.0)
+    for i in range(kb0, kb1):
+        o = i * 210
+        d = _h(w[r, o + 208], w[r, o + 209], F16_TO_F32)
+        for n in range(2):
+            tmp = np.float32(0.0)
+            for bb in range(4):
+                jj = 4 * n + bb
+                xo = (i * 8 + jj) * 36
+                dx = _h(xq[j, xo], xq[j, xo + 1], F16_TO_F32)
+                c = np.int32(0)
+                for h in range(2):
+                    ch = np.int32(0)
+                    for l in range(16 * h, 16 * h + 16):
+                        lo = (np.int32(w[r, o + 64 * n + 32 * (bb & 1) + l]) >> (4 * (bb >> 1))) & 0xF
+                        hi = (np.int32(w[r, o + 128 + 32 * n + l]) >> (2 * bb)) & 3
+                        ch += ((lo | (hi << 4)) - 32) * _s8(xq[j, xo + 4 + l])
+                    c += _s8(w[r, o + 192 + 2 * jj + h]) * ch
+                tmp = fmaf(np.float32(c), dx, tmp)
+            acc = fmaf(tmp, d, acc)
+    return acc
+
+
+@njit(cache=True, inline="always")
+def _round_h(v):
+    return F16_TO_F32[f32_to_f16_bits(v)]
+
+
+@njit(cache=True, parallel=True, error_model="numpy")
+def _mmq_stock(is_q4, w, xq, row0, tile_cols, ntx, first, count, bounds, out):
+    nrows = w.shape[0]
+    ncols = xq.shape[0]
+    nb = w.shape[1] // (144 if is_q4 else 210)
+    maxp = 1
+    for t in range(count.shape[0]):
+        maxp = max(maxp, count[t])
+    for r in prange(nrows):
+        ws = np.empty(nb * 8, dtype=np.float32)
+        wm = np.empty(nb * 8, dtype=np.float32)
+        part = np.empty(maxp, dtype=np.float32)
+        if is_q4:  # load_tiles_q4_K: half2(d, -dmin) * half2(sc, m), one fp16 rounding each
+            for i in range(nb):
+                o = i * 144
+                d = _h(w[r, o], w[r, o + 1], F16_TO_F32)
+                dmin = _h(w[r, o + 2], w[r, o + 3], F16_TO_F32)
+                for sb in range(8):
+                    q = o + 4
+                    if sb < 4:
+                        sc = np.int32(w[r, q + sb]) & 63
+                        m = np.int32(w[r, q + sb + 4]) & 63
+                    else:
+                        sc = (np.int32(w[r, q + sb + 4]) & 0xF) | ((np.int32(w[r, q + sb - 4]) >> 6) << 4)
+                        m = (np.int32(w[r, q + sb + 4]) >> 4) | ((np.int32(w[r, q + sb]) >> 6) << 4)
+                    ws[i * 8 + sb] = _round_h(d * np.float32(sc))
+                    wm[i * 8 + sb] = -_round_h(dmin * np.float32(m))
+        it = (row0 + r) // MMQ_TILE_ROWS
+        for j in range(ncols):
+            t = it * ntx + j // tile_cols
+            m = count[t]
+            for p in range(m):
+                kb0 = bounds[first[t] + p, 0]
+                kb1 = bounds[first[t] + p, 1]
+                if is_q4:
+                    part[p] = _piece_q4_k(w, r, xq, j, kb0, kb1, ws, wm)
+                else:
+                    part[p] = _piece_q6_k(w, r, xq, j, kb0, kb1)
+            if m == 1:
+                out[j, r] = part[0]
+            else:  # mul_mat_q_stream_k_fixup: sum = 0, += P_{m-2} .. P_0; out = P_{m-1} + sum
+                s = np.float32(0.0)
+                for p in range(m - 2, -1, -1):
+                    s = s + part[p]
+                out[j, r] = part[m - 1] + s
+
+
+def piece_tables(plan) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(first, count, bounds): the pieces of every tile of ``plan`` as flat int64 arrays."""
+    pieces = plan.pieces()
+    count = np.array([len(p) for p in pieces], dtype=np.int64)
+    first = np.concatenate([[0], np.cumsum(count)[:-1]]).astype(np.int64)
+    bounds = np.array([b for p in pieces for b in p], dtype=np.int64).reshape(-1, 2)
+    return first, count, bounds
+
+
+def emulate(w: np.ndarray, qtype: str, xq: np.ndarray, plan, row0: int = 0) -> np.ndarray:
+    """Outputs (ncols, rows) float32 of the stock MMQ order, the kernel's bits.
+
+    ``w``: uint8 Q4_K/Q6_K rows ``row0 .. row0 + len(w) - 1`` of the plan's (``plan.n``, ``plan.k``)
+    weight (the whole weight by default; a slice emulates only those rows, with the pieces of
+    the full launch). ``xq``: uint8 (ncols, K/32*36) q8_1 bytes (llama.cpp's layout), or float32
+    activations, quantized here the same way.
+    """
+    xq = np.asarray(xq)
+    if xq.dtype == np.float32:
+        from ..quantize import emulate as quantize
+
+        xq = quantize(np.atleast_2d(xq))
+    xq = np.ascontiguousarray(np.atleast_2d(xq), dtype=np.uint8)
+    w = np.ascontiguousarray(w, dtype=np.uint8)
+    if qtype not in ("Q4_K", "Q6_K") or qtype != plan.qtype:
+        raise ValueError(f"plan is for {plan.qtype}; the stock MMQ order covers Q4_K and Q6_K, got {qtype!r}")
+    k = xq.shape[1] // _Q8_BYTES * _Q8_ELEMS
+    if k != plan.k:
+        raise ValueError(f"activations have K={k}, the plan K={plan.k}")
+    if xq.shape[0] != plan.ncols:
+        raise ValueError(f"activations have {xq.shape[0]} columns, the plan {plan.ncols}")
+    if w.shape[1] != k // 256 * BLOCK_BYTES[qtype]:
+        raise ValueError(f"weight rows of {w.shape[1]} bytes are not {qtype} rows of K={k}")
+    if row0 < 0 or row0 + w.shape[0] > plan.n:
+        raise ValueError(f"rows {row0}..{row0 + w.shape[0]} are not rows of the plan's {plan.n}")
+    out = np.empty((xq.shape[0], w.shape[0]), dtype=np.float32)
+    if out.size == 0:
+        return out
+    first, count, bounds = piece_tables(plan)
+    _, ntx = plan.tiles
+    _mmq_stock(qtype == "Q4_K", w, xq, row0, plan.tile_cols, ntx, first, count, bounds, out)
+    return out

@@ -1,0 +1,120 @@
+"""Launcher of ``mmq_stock.cu``: defines from the plan, the work-item and fixup tables on the
+device, a scratch buffer for the pieces the fixup adds; prepared launches writing into ``out``.
+
+Geometry from :mod:`hiraishin.plans.mmq_stock`, block facts from :mod:`hiraishin.quant`. The
+kernel reads llama.cpp's q8_1 layout (``hiraishin.kernels.quantize.launch(x, xq)``, layout None).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...plans.mmq_stock import MMQ_TILE_ROWS, MMQStockPlan
+from ...quant import BLOCK_BYTES, GGML_TYPE_ID, QK_K
+from ..compile import get_kernel
+from ..compile import precompile as compile_many
+
+__all__ = ["SOURCE", "MMQ_STOCK_MAX_REGS", "MMQStockLaunch", "kernel_defines", "launch", "prepared_launch",
+           "precompile"]
+
+SOURCE = "mmq_stock/mmq_stock.cu"
+
+# Register cap per thread as resident CUDA blocks per SM (HX_MIN_BLOCKS), keyed by (qtype, n-tiles
+# per warp): a launch fact, no bit changes. A cap that spills is relaxed when the kernel compiles.
+MMQ_STOCK_MAX_REGS = {("Q4_K", 2): 96, ("Q6_K", 2): 96, ("Q4_K", 4): 128, ("Q6_K", 4): 128}
+_REGISTERS_PER_SM = 65536
+_MAX_BLOCKS_PER_SM = 32
+
+
+def kernel_defines(plan: MMQStockPlan, max_regs: int | None | str = "default") -> dict:
+    """``#define``\\ s of the kernels for ``plan`` (``max_regs``: override the register cap)."""
+    if plan.k is None:
+        raise ValueError("the stock MMQ kernel needs a plan with the row length k")
+    nt = plan.cols_per_warp // 8
+    regs = MMQ_STOCK_MAX_REGS.get((plan.qtype, nt)) if max_regs == "default" else max_regs
+    threads = 32 * plan.nwarps
+    min_blocks = 1 if regs is None else max(1, min(_MAX_BLOCKS_PER_SM, _REGISTERS_PER_SM // (threads * regs)))
+    return {
+        "HX_QTYPE": GGML_TYPE_ID[plan.qtype],
+        "HX_BLOCK_BYTES": BLOCK_BYTES[plan.qtype],
+        "HX_Q8_BYTES": BLOCK_BYTES["Q8_1"],
+        "HX_NB": plan.k // QK_K,
+        "HX_NWARPS": plan.nwarps,
+        "HX_NT": nt,
+        "HX_J": plan.tile_cols,
+        "HX_TILE_ROWS": MMQ_TILE_ROWS,
+        "HX_MIN_BLOCKS": min_blocks,
+    }
+
+
+def _kernels(plan: MMQStockPlan, max_regs="default"):
+    defines = kernel_defines(plan, max_regs)
+    min_blocks = defines["HX_MIN_BLOCKS"]
+    while True:  # a cap that spills: one resident block fewer (more registers), down to no cap
+        d = dict(defines, HX_MIN_BLOCKS=min_blocks)
+        main = get_kernel(SOURCE, "hx_mmq_stock", d)
+        if min_blocks == 1 or int(main.local_size_bytes) == 0:
+            return main, get_kernel(SOURCE, "hx_mmq_stock_fixup", d)
+        min_blocks -= 1
+
+
+class MMQStockLaunch:
+    """The prepared launches (main kernel, then the fixup where a tile has several pieces) of
+    ``plan`` (its ``n`` rows, its ``k``); call with (w, xq, out). ``out`` float32 (ncols, n),
+    ``out_stride`` floats between columns. Unchecked.
+    """
+
+    __slots__ = ("kernel", "fixup", "grid", "block", "fixup_grid", "items", "fixups", "scratch", "scalars")
+
+    def __init__(self, plan: MMQStockPlan, out_stride: int | None = None, max_regs="default"):
+        import cupy as cp
+
+        if not plan.shaped:
+            raise ValueError("the stock MMQ kernel needs a plan with the weight's shape (k, n)")
+        self.kernel, self.fixup = _kernels(plan, max_regs)
+        items, fixups = plan.tables()
+        nslots = int((items[:, 4] >= 0).sum())
+        subrows = MMQ_TILE_ROWS // plan.rows_per_block
+        self.grid = (len(items) * subrows, -(-plan.tile_cols // plan.cols_per_warp), 1)
+        self.block = (32 * plan.nwarps, 1, 1)
+        self.fixup_grid = (len(fixups), plan.tile_cols, 1)
+        self.items = cp.asarray(items)
+        self.fixups = cp.asarray(fixups) if len(fixups) else None
+        self.scratch = cp.empty(max(1, nslots * plan.tile_cols * MMQ_TILE_ROWS), dtype=cp.float32)
+        self.scalars = (np.int32(plan.n), np.int32(plan.ncols),
+                        np.int64(plan.n if out_stride is None else out_stride))
+
+    def __call__(self, w, xq, out):
+        self.kernel(self.grid, self.block, (w, xq, out, self.scratch, self.items) + self.scalars)
+        if self.fixups is not None:
+            self.fixup(self.fixup_grid, (MMQ_TILE_ROWS, 1, 1), (out, self.scratch, self.fixups) + self.scalars)
+        return out
+
+
+_launches: dict = {}
+
+
+def prepared_launch(plan: MMQStockPlan) -> MMQStockLaunch:
+    """The cached :class:`MMQStockLaunch` of ``plan``."""
+    hit = _launches.get(plan)
+    if hit is None:
+        hit = _launches[plan] = MMQStockLaunch(plan)
+    return hit
+
+
+def precompile(plans, max_workers: int | None = None) -> int:
+    """Compile the kernels of ``plans`` side by side; returns how many modules were compiled."""
+    return compile_many(((SOURCE, kernel_defines(p)) for p in plans), max_workers)
+
+
+def launch(w, qtype: str, xq, plan: MMQStockPlan, out):
+    """Run ``plan`` on cupy arrays, unchecked, writing ``out`` (float32 (ncols, N)); returns ``out``.
+
+    ``w`` uint8 (N, row_bytes) C-contiguous ``qtype`` rows, N = ``plan.n``; ``xq`` uint8
+    (ncols, K/32*36), the q8_1 bytes of ``quantize.launch(x, xq)`` (llama.cpp's layout).
+    """
+    if qtype != plan.qtype:
+        raise ValueError(f"plan is for {plan.qtype}, weight is {qtype}")
+    if w.shape[0] != plan.n:
+        raise ValueError(f"plan is for {plan.n} rows, weight has {w.shape[0]}")
+    return prepared_launch(plan)(w, xq, out)

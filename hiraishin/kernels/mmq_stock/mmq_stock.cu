@@ -1,0 +1,255 @@
+// hiraishin: llama.cpp MMQ's float sequence on int8 tensor cores (see hiraishin/kernels/mmq_stock/__init__.py).
+//
+// hx_mmq_stock: one CUDA block = HX_NWARPS warps, warp w = 16 rows x HX_COLS columns of one work
+// item (an upstream tile it, jt of 128 rows x HX_J columns and one piece [kb0, kb1) of its
+// super-blocks; hiraishin/plans/mmq_stock.py). blockIdx.x = item * HX_SUBROWS + the item's 16 *
+// HX_NWARPS-row part, blockIdx.y = the HX_COLS-column part of the tile. Each output accumulates
+// its piece in k order with upstream's operations; the tile's last piece goes to the output, the
+// others to scratch. hx_mmq_stock_fixup (mul_mat_q_stream_k_fixup): out += sum of the scratch
+// pieces, newest first, one thread per (row, column).
+//
+// Defines (launch.py): HX_QTYPE (12 Q4_K, 14 Q6_K), HX_BLOCK_BYTES, HX_Q8_BYTES, HX_NB
+// (super-blocks per row), HX_NWARPS, HX_NT (n-tiles of 8 columns per warp), HX_J (upstream's
+// tile width), HX_TILE_ROWS (128), HX_MIN_BLOCKS.
+//
+// Activations: llama.cpp's q8_1 blocks (fp16 d, fp16 s, int8 q[32]; 36 bytes), K/32 blocks per
+// column. Fragments (PTX ISA mma.m16n8k32 / m16n8k16 .s8, lane = 4g + t): A a0 (row g, k 4t..),
+// a1 (row g+8), [k32: a2 (row g, k 16+4t..), a3 (row g+8, k 16+4t..)]; B b0 (k 4t.., column g)
+// [k32: b1 (k 16+4t..)]; C c0 (g, 2t), c1 (g, 2t+1), c2 (g+8, 2t), c3 (g+8, 2t+1).
+
+#define HX_COLS (8 * HX_NT)
+#define HX_SUBROWS (HX_TILE_ROWS / (16 * HX_NWARPS))
+
+#ifdef HX_SHIM
+#include "hx_mma_shim.h"
+#else
+__device__ __forceinline__ void hx_mma_k32(int c[4], int a0, int a1, int a2, int a3, int b0, int b1) {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%10,%11,%12,%13};"
+        : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(0), "r"(0), "r"(0), "r"(0));
+}
+__device__ __forceinline__ void hx_mma_k16(int c[4], int a0, int a1, int b0) {
+    asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
+        "{%7,%8,%9,%10};"
+        : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
+        : "r"(a0), "r"(a1), "r"(b0), "r"(0), "r"(0), "r"(0), "r"(0));
+}
+#endif
+
+__device__ __forceinline__ int hx_ld32(const unsigned char* p) { return *(const int*)p; }
+
+// 4 bytes at a 2-byte aligned address (Q6_K blocks are 210 bytes): two aligned words and a funnel shift.
+__device__ __forceinline__ int hx_ld32_a2(const unsigned char* base4, int off) {
+    const unsigned int lo = *(const unsigned int*)(base4 + off);
+    const unsigned int hi = *(const unsigned int*)(base4 + off + 4);
+    return (int)__funnelshift_r(lo, hi, 16);
+}
+
+__device__ __forceinline__ int hx_sbyte(int word, int i) { return (int)(signed char)(word >> (8 * i)); }
+
+// fp16 rounding of an exact float product (half2 multiply of load_tiles_q4_K), back to float.
+__device__ __forceinline__ float hx_round_h(float v) { return hx_h2f(hx_f2h(v)); }
+
+#if HX_QTYPE == 12
+// ---- Q4_K: d, dmin (fp16), scales[12], qs[128]; 144 bytes ----
+struct hx_row {
+    float ws[8], wm[8];   // f(half(d*sc_b)), f(half(-dmin*m_b)): upstream's x_dm
+    int q[8];             // qs ints at 32*jp + 4t and 32*jp + 16 + 4t, jp = 0..3
+};
+
+__device__ __forceinline__ void hx_load_row(const unsigned char* p, int t, hx_row& r) {
+    const uint4 h = *(const uint4*)p;
+    const float d = hx_h2f((unsigned short)(h.x & 0xFFFF));
+    const float dmin = hx_h2f((unsigned short)(h.x >> 16));
+    const unsigned int sc_lo = h.y & 0x3F3F3F3Fu;
+    const unsigned int m_lo = h.z & 0x3F3F3F3Fu;
+    const unsigned int sc_hi = (h.w & 0x0F0F0F0Fu) | ((h.y >> 2) & 0x30303030u);
+    const unsigned int m_hi = ((h.w >> 4) & 0x0F0F0F0Fu) | ((h.z >> 2) & 0x30303030u);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {  // d*sc and dmin*m are exact in float: one fp16 rounding each
+        r.ws[j] = hx_round_h(__fmul_rn(d, (float)((sc_lo >> (8 * j)) & 0xFF)));
+        r.ws[4 + j] = hx_round_h(__fmul_rn(d, (float)((sc_hi >> (8 * j)) & 0xFF)));
+        r.wm[j] = -hx_round_h(__fmul_rn(dmin, (float)((m_lo >> (8 * j)) & 0xFF)));
+        r.wm[4 + j] = -hx_round_h(__fmul_rn(dmin, (float)((m_hi >> (8 * j)) & 0xFF)));
+    }
+#pragma unroll
+    for (int jp = 0; jp < 4; ++jp) {
+        r.q[2 * jp] = hx_ld32(p + 16 + 32 * jp + 4 * t);
+        r.q[2 * jp + 1] = hx_ld32(p + 16 + 32 * jp + 16 + 4 * t);
+    }
+}
+#else
+// ---- Q6_K: ql[128], qh[64], scales[16] (int8), d (fp16); 210 bytes ----
+struct hx_row {
+    float d;
+    int ql[8];   // ql ints at 64n + 16m + 4t (n = 0..1, m = 0..3), index 4n + m
+    int qh[4];   // qh ints at 128 + 32n + 16h + 4t, index 2n + h
+    int sc[4];   // the 16 int8 scales
+};
+
+__device__ __forceinline__ void hx_load_row(const unsigned char* p, int t, hx_row& r) {
+    r.d = hx_h2f(*(const unsigned short*)(p + 208));
+    if (((size_t)p & 3) == 0) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) r.ql[i] = hx_ld32(p + 64 * (i >> 2) + 16 * (i & 3) + 4 * t);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) r.qh[i] = hx_ld32(p + 128 + 32 * (i >> 1) + 16 * (i & 1) + 4 * t);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) r.sc[i] = hx_ld32(p + 192 + 4 * i);
+    } else {
+        const unsigned char* b = p - 2;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) r.ql[i] = hx_ld32_a2(b, 64 * (i >> 2) + 16 * (i & 3) + 4 * t);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) r.qh[i] = hx_ld32_a2(b, 128 + 32 * (i >> 1) + 16 * (i & 1) + 4 * t);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) r.sc[i] = hx_ld32_a2(b, 192 + 4 * i);
+    }
+}
+
+// int8 values q - 32 of q8_1 block bb (0..3) of 128-half n, 16-value half h.
+__device__ __forceinline__ int hx_q6_vals(const hx_row& r, int n, int bb, int h) {
+    const unsigned int lo = ((unsigned int)r.ql[4 * n + 2 * (bb & 1) + h] >> (4 * (bb >> 1))) & 0x0F0F0F0Fu;
+    const unsigned int hi = (((unsigned int)r.qh[2 * n + h] >> (2 * bb)) & 0x03030303u) << 4;
+    return (int)((((lo | hi) | 0x80808080u) - 0x20202020u) ^ 0x80808080u);  // bytewise v - 32
+}
+#endif
+
+extern "C" __global__ void __launch_bounds__(32 * HX_NWARPS, HX_MIN_BLOCKS)
+hx_mmq_stock(const unsigned char* __restrict__ w, const unsigned char* __restrict__ xq, float* __restrict__ out,
+             float* __restrict__ scratch, const int* __restrict__ items, const int nrows, const int ncols,
+             const long long out_stride) {
+    HX_PDL_ENTRY();
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int* item = items + 5 * (blockIdx.x / HX_SUBROWS);
+    const int it = item[0], jt = item[1], kb0 = item[2], kb1 = item[3], slot = item[4];
+    const int trow0 = (blockIdx.x % HX_SUBROWS) * 16 * HX_NWARPS + 16 * warp;  // first row in the tile
+    const int row0 = it * HX_TILE_ROWS + trow0;
+    const int tcol0 = blockIdx.y * HX_COLS;                                     // first column in the tile
+    const int col0 = jt * HX_J + tcol0;
+    const int col_end = min(ncols, (jt + 1) * HX_J);
+    if (row0 >= nrows || col0 >= col_end) return;  // warp-uniform
+    const size_t row_bytes = (size_t)HX_NB * HX_BLOCK_BYTES;
+    const size_t x_bytes = (size_t)HX_NB * 8 * HX_Q8_BYTES;
+    const unsigned char* wA = w + (size_t)min(row0 + g, nrows - 1) * row_bytes;
+    const unsigned char* wB = w + (size_t)min(row0 + g + 8, nrows - 1) * row_bytes;
+    const unsigned char* xb[HX_NT];     // B fragment column (g) of each n-tile
+    const unsigned char* xc[HX_NT][2];  // C columns (2t, 2t+1) of each n-tile
+#pragma unroll
+    for (int nt = 0; nt < HX_NT; ++nt) {
+        xb[nt] = xq + (size_t)min(col0 + 8 * nt + g, ncols - 1) * x_bytes;
+        xc[nt][0] = xq + (size_t)min(col0 + 8 * nt + 2 * t, ncols - 1) * x_bytes;
+        xc[nt][1] = xq + (size_t)min(col0 + 8 * nt + 2 * t + 1, ncols - 1) * x_bytes;
+    }
+
+    float acc[HX_NT][4];
+#pragma unroll
+    for (int nt = 0; nt < HX_NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[nt][e] = 0.0f;
+
+    for (int i = kb0; i < kb1; ++i) {
+        hx_row rA, rB;
+        hx_load_row(wA + (size_t)i * HX_BLOCK_BYTES, t, rA);
+        hx_load_row(wB + (size_t)i * HX_BLOCK_BYTES, t, rB);
+#if HX_QTYPE == 12
+#pragma unroll
+        for (int jj = 0; jj < 8; ++jj) {  // sub-block jj = q8_1 block 8i + jj, in k order
+            const size_t xo = (size_t)(8 * i + jj) * HX_Q8_BYTES;
+            const int jp = jj >> 1, sh = 4 * (jj & 1);
+            const int a0 = (rA.q[2 * jp] >> sh) & 0x0F0F0F0F;
+            const int a1 = (rB.q[2 * jp] >> sh) & 0x0F0F0F0F;
+            const int a2 = (rA.q[2 * jp + 1] >> sh) & 0x0F0F0F0F;
+            const int a3 = (rB.q[2 * jp + 1] >> sh) & 0x0F0F0F0F;
+#pragma unroll
+            for (int nt = 0; nt < HX_NT; ++nt) {
+                int c[4];
+                hx_mma_k32(c, a0, a1, a2, a3, hx_ld32(xb[nt] + xo + 4 + 4 * t), hx_ld32(xb[nt] + xo + 20 + 4 * t));
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const unsigned int ds = *(const unsigned int*)(xc[nt][e & 1] + xo);
+                    const float dx = hx_h2f((unsigned short)(ds & 0xFFFF));
+                    const float sx = hx_h2f((unsigned short)(ds >> 16));
+                    const float ws = e < 2 ? rA.ws[jj] : rB.ws[jj];
+                    const float wm = e < 2 ? rA.wm[jj] : rB.wm[jj];
+                    // sum += dmA.x*dsB.x*C; sum += dmA.y*dsB.y (vec_dot_q8_1_q8_1_mma)
+                    acc[nt][e] = __fmaf_rn(__fmul_rn(ws, dx), (float)c[e], acc[nt][e]);
+                    acc[nt][e] = __fmaf_rn(wm, sx, acc[nt][e]);
+                }
+            }
+        }
+#else
+#pragma unroll
+        for (int n = 0; n < 2; ++n) {  // 128-value half n of the super-block (one vec_dot call)
+            float tmp[HX_NT][4];
+#pragma unroll
+            for (int nt = 0; nt < HX_NT; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) tmp[nt][e] = 0.0f;
+#pragma unroll
+            for (int bb = 0; bb < 4; ++bb) {  // q8_1 block 8i + 4n + bb, in k order
+                const int jj = 4 * n + bb;
+                const size_t xo = (size_t)(8 * i + jj) * HX_Q8_BYTES;
+                const int lA0 = hx_q6_vals(rA, n, bb, 0), lB0 = hx_q6_vals(rB, n, bb, 0);
+                const int lA1 = hx_q6_vals(rA, n, bb, 1), lB1 = hx_q6_vals(rB, n, bb, 1);
+                const int si = 2 * jj;
+                const int scA0 = hx_sbyte(rA.sc[si >> 2], si & 3), scA1 = hx_sbyte(rA.sc[si >> 2], (si & 3) + 1);
+                const int scB0 = hx_sbyte(rB.sc[si >> 2], si & 3), scB1 = hx_sbyte(rB.sc[si >> 2], (si & 3) + 1);
+#pragma unroll
+                for (int nt = 0; nt < HX_NT; ++nt) {
+                    int c0[4], c1[4];
+                    hx_mma_k16(c0, lA0, lB0, hx_ld32(xb[nt] + xo + 4 + 4 * t));
+                    hx_mma_k16(c1, lA1, lB1, hx_ld32(xb[nt] + xo + 20 + 4 * t));
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int ci = e < 2 ? scA0 * c0[e] + scA1 * c1[e] : scB0 * c0[e] + scB1 * c1[e];
+                        const float dx = hx_h2f(*(const unsigned short*)(xc[nt][e & 1] + xo));
+                        // tmp += (C0*sc0 + C1*sc1)*dB (vec_dot_q6_K_q8_1_mma)
+                        tmp[nt][e] = __fmaf_rn((float)ci, dx, tmp[nt][e]);
+                    }
+                }
+            }
+#pragma unroll
+            for (int nt = 0; nt < HX_NT; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e)  // sum += tmp*dA
+                    acc[nt][e] = __fmaf_rn(tmp[nt][e], e < 2 ? rA.d : rB.d, acc[nt][e]);
+        }
+#endif
+    }
+#pragma unroll
+    for (int nt = 0; nt < HX_NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int r = row0 + g + 8 * (e >> 1);
+            const int c = col0 + 8 * nt + 2 * t + (e & 1);
+            if (r >= nrows || c >= col_end) continue;
+            if (slot < 0) {
+                out[(size_t)c * out_stride + r] = acc[nt][e];
+            } else {  // scratch slot: the tile's 128 rows x HX_J columns, column-major like out
+                scratch[((size_t)slot * HX_J + (c - jt * HX_J)) * HX_TILE_ROWS + (r - it * HX_TILE_ROWS)] = acc[nt][e];
+            }
+        }
+}
+
+// mul_mat_q_stream_k_fixup: sum = 0; sum += P_{m-1}, ..., P_0 (newest first); out += sum.
+// fixups[f] = it, jt, first slot, count. One thread per row of the tile, blockIdx.y = column.
+extern "C" __global__ void __launch_bounds__(HX_TILE_ROWS)
+hx_mmq_stock_fixup(float* __restrict__ out, const float* __restrict__ scratch, const int* __restrict__ fixups,
+                   const int nrows, const int ncols, const long long out_stride) {
+    HX_PDL_ENTRY();
+    const int* f = fixups + 4 * blockIdx.x;
+    const int it = f[0], jt = f[1], slot0 = f[2], count = f[3];
+    const int r = it * HX_TILE_ROWS + threadIdx.x;
+    const int cj = blockIdx.y;
+    const int c = jt * HX_J + cj;
+    if (r >= nrows || c >= ncols) return;
+    float sum = 0.0f;
+    for (int p = count - 1; p >= 0; --p)
+        sum = __fadd_rn(sum, scratch[((size_t)(slot0 + p) * HX_J + cj) * HX_TILE_ROWS + threadIdx.x]);
+    float* o = out + (size_t)c * out_stride + r;
+    *o = __fadd_rn(*o, sum);
+}
