@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# One GPU call for the stock MMQ kernel (hiraishin/kernels/mmq_stock): its GPU tests, the
+# benchmark (bench/bench_mmq_stock.py, with the launch sweep), then the model's variant GPU tests.
+# Usage on the device (repo root): HIRAISHIN_COMMIT=<commit> bash bench/mmq_stock_session.sh
+set -uo pipefail
+OUT=${OUT:-/tmp/hiraishin-out}
+mkdir -p "$OUT"
+exec > >(tee -a "$OUT/session.log") 2>&1
+export PYTHONUNBUFFERED=1 HIRAISHIN_CACHE=/tmp/hiraishin-cache HIRAISHIN_COMMIT=${HIRAISHIN_COMMIT:-unknown}
+if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+    export PYTHONPATH=/tmp/site:$PWD
+else
+    export PYTHONPATH=$PWD
+fi
+echo "== device"; date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+t0=$(date +%s)
+echo "== tests/test_mmq_stock_gpu.py"
+timeout ${TEST_TIMEOUT:-150} python3 -m pytest -q -x -m gpu -p no:cacheprovider tests/test_mmq_stock_gpu.py 2>&1 | tail -n 30
+echo "took $(( $(date +%s) - t0 )) s"; t0=$(date +%s)
+echo "== bench/bench_mmq_stock.py ${BENCH_ARGS:---sweep}"
+timeout ${BENCH_TIMEOUT:-170} python3 bench/bench_mmq_stock.py --out "$OUT" ${BENCH_ARGS:---sweep}
+echo "bench exit $?, took $(( $(date +%s) - t0 )) s"; t0=$(date +%s)
+echo "== tests/test_model_gpu.py -k variant"
+timeout ${MODEL_TIMEOUT:-120} python3 -m pytest -q -x -m gpu -p no:cacheprovider tests/test_model_gpu.py -k variant 2>&1 | tail -n 30
+echo "took $(( $(date +%s) - t0 )) s"
