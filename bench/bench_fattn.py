@@ -32,6 +32,16 @@ KV_LENGTHS = (512, 2048, 8192, 32768)
 QUERY_COUNTS = tuple(range(1, 17))
 
 
+def attention_inputs(n_ctx: int):
+    """Random Qwen3-8B-shaped inputs (seed 0): q (16, N_HEAD, D) float32 and an f16 cache of
+    ``n_ctx`` cells (K, V), plus the cache of KV head 0 alone (K0, V0: what the emulator checks)."""
+    rng = np.random.default_rng(0)
+    k = rng.standard_normal((n_ctx, N_HEAD_KV, HEAD_DIM)).astype(np.float16)
+    v = rng.standard_normal((n_ctx, N_HEAD_KV, HEAD_DIM)).astype(np.float16)
+    q = rng.standard_normal((16, N_HEAD, HEAD_DIM)).astype(np.float32)
+    return q, k, v, np.ascontiguousarray(k[:, :1]), np.ascontiguousarray(v[:, :1])
+
+
 def time_call(cp, fn, warmup: int, repeats: int, calls: int) -> float:
     """Median over ``repeats`` of the mean time of ``calls`` back-to-back calls, in microseconds."""
     for _ in range(warmup):
@@ -79,16 +89,11 @@ def main(argv=None) -> int:
     clock_khz, bus_bits = props.get("memoryClockRate", 0), props.get("memoryBusWidth", 0)
     peak_gbs = 2.0 * clock_khz * 1e3 * (bus_bits / 8) / 1e9 if clock_khz and bus_bits else None
 
-    rng = np.random.default_rng(0)
-    n_ctx = max(KV_LENGTHS)
-    k_host = rng.standard_normal((n_ctx, N_HEAD_KV, HEAD_DIM)).astype(np.float16)
-    v_host = rng.standard_normal((n_ctx, N_HEAD_KV, HEAD_DIM)).astype(np.float16)
-    q_host = rng.standard_normal((16, N_HEAD, HEAD_DIM)).astype(np.float32)
+    q_host, k_host, v_host, k0, v0 = attention_inputs(max(KV_LENGTHS))
     k, v, q_all = cp.asarray(k_host), cp.asarray(v_host), cp.asarray(q_host)
     # the bits are checked on the query heads of KV head 0 (a (query, head) output depends only on
     # its own query and KV head), so the CPU emulator runs 1/N_HEAD_KV of the work
     group = N_HEAD // N_HEAD_KV
-    k0, v0 = np.ascontiguousarray(k_host[:, :1]), np.ascontiguousarray(v_host[:, :1])
 
     rows = []
     for kv_len in KV_LENGTHS:
@@ -103,8 +108,10 @@ def main(argv=None) -> int:
                                       dataclasses.replace(plan, n_head=group, n_head_kv=1))
                 assert_same_bits(f"kv {kv_len} T {n} {order.name}", got, want)
                 us = time_call(cp, lambda: cuda.flash_attn(q, k, v, q_pos, plan), 3, repeats, calls)
-                query_blocks = -(-n // plan.queries_per_block)
-                bytes_read = query_blocks * N_HEAD * kv_len * HEAD_DIM * 2 * 2  # K and V, f16
+                # K/V reads of each KV head's cells: once per block holding its queries
+                reads = (-(-n * group // plan.queries_per_block) if plan.shared_kv
+                         else -(-n // plan.queries_per_block) * group)
+                bytes_read = reads * N_HEAD_KV * kv_len * HEAD_DIM * 2 * 2  # K and V, f16
                 rows.append(dict(order=order.name, n_queries=n, kv_len=kv_len, us=round(us, 2),
                                  kernel=plan.kernel_name, parallel_blocks=plan.parallel_blocks,
                                  queries_per_block=plan.queries_per_block, kv_attended=plan.kv_attended,

@@ -6,7 +6,7 @@
 The CuPy memory pool is switched off so every array is its own cudaMalloc and an out-of-bounds
 read past the cache shows up; the caches hold exactly ``kv_len`` cells while the kernels walk a
 padded range, odd query counts leave the second query of a 2-query block (and most of an 8-query
-tile) empty. Each result is also checked against the emulator.
+tile, and the tail of the last fattn_vec_shared block) empty. Each result is also checked against the emulator.
 """
 
 from __future__ import annotations
@@ -43,6 +43,17 @@ def main() -> int:
         (AttentionPlan("vec", 1, 2, kv_attended=256), 2, 1, 1, 256, 64),
         (AttentionPlan("vec", 2, 1, kv_attended=256), 2, 1, 3, 77, 64),
         (AttentionPlan("tile", 8, 2, chunk_cells=64, split_cells=128, kv_attended=256), 2, 1, 2, 150, 64),
+        # fattn_vec_shared at the edges: T = 1 and 16, KV 1, 127, 128, 129, 256; a last block with missing
+        # queries; an empty parallel block
+        (AttentionPlan("vec", 4, 2, kv_attended=256, shared_kv=True), 8, 2, 1, 1, 128),
+        (AttentionPlan("vec", 8, 2, kv_attended=256, shared_kv=True), 8, 2, 16, 127, 128),
+        (AttentionPlan("vec", 8, 1, kv_attended=256, shared_kv=True), 32, 8, 16, 128, 128),
+        (AttentionPlan("vec", 2, 2, kv_attended=256, shared_kv=True), 4, 4, 3, 129, 128),
+        (AttentionPlan("vec", 8, 3, kv_attended=512, shared_kv=True), 6, 2, 16, 256, 128),
+        (AttentionPlan("vec", 8, 2, chunk_cells=256, split_cells=256, kv_attended=512, shared_kv=True), 8, 1, 16,
+         257, 64),
+        (AttentionPlan("vec", 4, 1, kv_attended=256, shared_kv=True), 2, 1, 1, 1, 64),
+        (AttentionPlan("vec", 8, 2, kv_attended=256, shared_kv=True), 4, 1, 16, 129, 64),
     ]
     failures = 0
     for base, H, Hkv, T, kv_len, D in cases:
@@ -56,7 +67,7 @@ def main() -> int:
         want = cpu.flash_attn(q, k, v, q_pos, plan)
         same = np.array_equal(got.get().view(np.uint32), want.view(np.uint32))
         failures += not same
-        print(f"{plan.kernel_name:13s} P={plan.parallel_blocks} T={T} kv_len={kv_len} D={D}: "
+        print(f"{plan.kernel_name:13s} Q/block={plan.queries_per_block} P={plan.parallel_blocks} T={T} kv_len={kv_len} D={D}: "
               f"{'bit-exact' if same else 'MISMATCH vs emulator'}", flush=True)
     print("done" if not failures else f"{failures} mismatches")
     return 1 if failures else 0

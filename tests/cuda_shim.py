@@ -18,6 +18,7 @@ Used by tests/test_mmvq_shim.py and tests/test_fused.py::
 from __future__ import annotations
 
 import hashlib
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -61,6 +62,7 @@ static std::vector<unsigned char> g_dyn_shared;
 #define __shared__ static
 inline void __syncthreads() { g_block_barrier->arrive_and_wait(); }
 inline int hx_ltid() { return threadIdx.x + threadIdx.y * blockDim.x; }
+inline void __syncwarp(unsigned = 0xffffffffu) { g_warp_barriers[hx_ltid() / 32]->arrive_and_wait(); }
 template <class T> inline T __shfl_xor_sync(unsigned, T v, int off, int) {
     int t = hx_ltid(), warp = t / 32, lane = t % 32;
     std::memcpy(&g_shfl[t], &v, 4);
@@ -138,8 +140,8 @@ class ShimBuilder:
         """The executable of ``source`` (a path under hiraishin/kernels, or a tuple of them, concatenated
         as NVRTC gets them) with ``defines`` and ``main``."""
         text = defines_text(defines) + load_source(*((source,) if isinstance(source, str) else source))
-        text = text.replace("extern __shared__ float tmp_shared[];",
-                            "float* tmp_shared = (float*)g_dyn_shared.data();")
+        # dynamic shared memory (extern __shared__ float name[];) -> the shim's buffer
+        text = re.sub(r"extern __shared__ float (\w+)\[\];", r"float* \1 = (float*)g_dyn_shared.data();", text)
         text = text.replace('extern "C"', "")
         prog = '#include "cuda_shim.h"\n' + text + main
         key = hashlib.sha1(prog.encode()).hexdigest()[:12]

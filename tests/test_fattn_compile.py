@@ -12,27 +12,30 @@ import subprocess
 
 import pytest
 
-from hiraishin.kernels.attention.launch import SOURCE_TILE, SOURCE_VEC
+from hiraishin.kernels.attention.launch import SOURCE_TILE, SOURCE_VEC, shared_defines
 from hiraishin.kernels.compile import defines_text, load_source
-from hiraishin.plans.attention import NTHREADS, TILE_CELLS, TILE_QUERIES
+from hiraishin.plans.attention import NTHREADS, SHARED_QUERIES, TILE_CELLS, TILE_QUERIES
 
 NVCC = shutil.which("nvcc")
 # nvcc spelling of the NVRTC options in hiraishin.kernels.compile (IEEE arithmetic, no contraction)
 FLAGS = ["-arch=sm_90", "-std=c++17", "--fmad=false", "--ftz=false", "--prec-div=true", "--prec-sqrt=true",
          "-Xptxas", "-v", "-c"]
-EXPECTED = {SOURCE_VEC: {"fattn_vec_q1", "fattn_vec_qn", "fattn_combine"},
+EXPECTED = {SOURCE_VEC: {"fattn_vec_q1", "fattn_vec_qn", "fattn_vec_shared", "fattn_combine"},
             SOURCE_TILE: {"fattn_tile"}}
-# the #defines hiraishin.kernels.attention.launch compiles each source with (besides HX_D)
-EXTRA_DEFINES = {SOURCE_VEC: {},
-                 SOURCE_TILE: {"FT_TILE_Q": TILE_QUERIES, "FT_TILE_KV": TILE_CELLS, "FT_NTHREADS": NTHREADS}}
+STATIC_SHARED_LIMIT = 48 * 1024  # bytes of static shared memory a CUDA block may declare
+# the #defines hiraishin.kernels.attention.launch compiles each source with (besides HX_D): one
+# build of fattn_vec.cu per fattn_vec_shared queries-per-block choice
+BUILDS = [(SOURCE_VEC, shared_defines(n)) for n in SHARED_QUERIES] + [
+    (SOURCE_TILE, {"FT_TILE_Q": TILE_QUERIES, "FT_TILE_KV": TILE_CELLS, "FT_NTHREADS": NTHREADS})]
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not on PATH")
 @pytest.mark.parametrize("head_dim", [128, 64])
-@pytest.mark.parametrize("source", sorted(EXPECTED))
-def test_compiles_without_spills(tmp_path, source, head_dim):
+@pytest.mark.parametrize("source,defines", BUILDS, ids=lambda x: x if isinstance(x, str) else
+                         "-".join(f"{k}{v}" for k, v in x.items()) or "plain")
+def test_compiles_without_spills(tmp_path, source, defines, head_dim):
     src = tmp_path / f"{source.split('/')[-1][:-3]}_d{head_dim}.cu"
-    src.write_text(defines_text({"HX_D": head_dim, **EXTRA_DEFINES[source]}) + load_source(source))
+    src.write_text(defines_text({"HX_D": head_dim, **defines}) + load_source(source))
     proc = subprocess.run([NVCC, *FLAGS, str(src), "-o", str(tmp_path / "out.o")],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
@@ -44,3 +47,5 @@ def test_compiles_without_spills(tmp_path, source, head_dim):
     regs = dict(zip(functions, re.findall(r"Used (\d+) registers", log)))
     print(f"{source} D={head_dim}: registers {regs}")
     assert all(int(r) <= 255 for r in regs.values())
+    # static shared memory only (no opt-in attribute is set): within the 48 KiB every launch gets
+    assert all(int(b) <= STATIC_SHARED_LIMIT for b in re.findall(r"(\d+) bytes smem", log)), log

@@ -72,11 +72,19 @@ PLANS = [
     (AttentionPlan("tile", 8, 3, chunk_cells=64, split_cells=192, kv_attended=512), 8, 2, 9, 512, 128),
     (AttentionPlan("tile", 8, 8, chunk_cells=64, split_cells=256, kv_attended=2048), 32, 8, 4, 2000, 128),
     (AttentionPlan("tile", 8, 2, chunk_cells=64, split_cells=128, kv_attended=256), 4, 2, 3, 200, 64),
+    (AttentionPlan("vec", 8, 7, kv_attended=1024, shared_kv=True), 32, 8, 16, 1000, 128),
+    (AttentionPlan("vec", 4, 1, kv_attended=256, shared_kv=True), 4, 4, 5, 129, 128),
+    (AttentionPlan("vec", 2, 3, kv_attended=512, shared_kv=True), 8, 2, 3, 300, 128),
+    (AttentionPlan("vec", 8, 4, chunk_cells=256, split_cells=256, kv_attended=1024, shared_kv=True), 16, 2, 9, 1000,
+     128),
+    (AttentionPlan("vec", 8, 2, kv_attended=256, shared_kv=True), 6, 2, 16, 256, 64),
+    (AttentionPlan("vec", 4, 3, kv_attended=512, shared_kv=True), 8, 1, 1, 1, 64),
 ]
 
 
 @pytest.mark.parametrize("case", PLANS, ids=lambda c: (
-    f"{c[0].kernel_name}-P{c[0].parallel_blocks}-H{c[1]}x{c[2]}-T{c[3]}-kv{c[4]}-D{c[5]}"))
+    f"{c[0].kernel_name}{c[0].queries_per_block if c[0].shared_kv else ''}-P{c[0].parallel_blocks}"
+    f"-H{c[1]}x{c[2]}-T{c[3]}-kv{c[4]}-D{c[5]}"))
 def test_kernel_equals_emulator(case):
     base, H, Hkv, T, kv_len, D = case
     plan = AttentionPlan(**{**base.__dict__, "kv_len": kv_len, "n_head": H, "n_head_kv": Hkv,
@@ -122,6 +130,34 @@ def test_two_query_kernel_has_the_one_query_arithmetic():
         plan = AttentionPlan("vec", qpb, 5, kv_attended=1024, kv_len=900)
         outs.append(flash_attn(qg, kg, vg, q_pos, plan, "cuda").get())
     assert_same_bits(outs[1], outs[0], "qn vs q1")
+
+
+@pytest.mark.parametrize("D,H,Hkv", [(128, 32, 8), (64, 8, 1), (128, 4, 4), (64, 6, 2)])
+def test_shared_kernel_has_the_one_query_arithmetic(D, H, Hkv):
+    """fattn_vec_shared == fattn_vec_q1 bit for bit at widths 1..16, every queries-per-block choice,
+    KV lengths 1, 128 +- 1, 256, 257 and 1000, with the KV length from the plan and from the device
+    positions (CUDA graphs)."""
+    import cupy as cp
+
+    from hiraishin.kernels.attention.launch import launch
+    from hiraishin.plans.attention import SHARED_QUERIES
+
+    q, k, v = make_inputs(seed=D + H, n_ctx=1000, n_head=H, n_head_kv=Hkv, head_dim=D, n_q=16)
+    qg, kg, vg = on_gpu(q, k, v)
+    profile = current_profile(D)
+    for kv_len in (1, 127, 128, 129, 256, 257, 1000):
+        for T in range(1, min(16, kv_len) + 1):
+            q_pos = cp.arange(kv_len - T, kv_len, dtype=cp.int32)
+            base = attention_plan(ReductionOrder.BATCH_INVARIANT, T, kv_len, H, Hkv, D, device=profile)
+            one = AttentionPlan(**{**base.__dict__, "queries_per_block": 1, "shared_kv": False})
+            want = launch(qg[:T], kg[:kv_len], vg[:kv_len], q_pos, one, cp.empty((T, H, D), cp.float32)).get()
+            for nq in SHARED_QUERIES:
+                plan = AttentionPlan(**{**one.__dict__, "queries_per_block": nq, "shared_kv": True})
+                for from_positions in (False, True):
+                    got = launch(qg[:T], kg[:kv_len], vg[:kv_len], q_pos, plan, cp.full((T, H, D), cp.nan, cp.float32),
+                                 kv_from_positions=from_positions).get()
+                    assert_same_bits(got, want, f"shared q{nq} vs q1 at kv {kv_len} T {T} (from positions: "
+                                                f"{from_positions})")
 
 
 def _alone(order, qg, kg, vg, positions, device):

@@ -10,7 +10,8 @@ from hiraishin.devices import DeviceProfile
 from hiraishin.errors import PlanError
 from hiraishin.order import ReductionOrder
 from hiraishin.plans import AttentionPlan, attention_plan, parallel_blocks_for
-from hiraishin.plans.attention import KERNEL_Q1, KERNEL_QN, KERNEL_TILE
+from hiraishin.plans.attention import (KERNEL_Q1, KERNEL_QN, KERNEL_SHARED, KERNEL_TILE, SHARED_QUERIES,
+                                       shared_queries_for)
 
 H200_LIKE = DeviceProfile(name="h200-like", compute_capability=900, sm_count=132,
                           occupancy={KERNEL_Q1: 3, KERNEL_QN: 2, KERNEL_TILE: 2})
@@ -38,11 +39,36 @@ def test_invariant_plan_ignores_the_query_count(kv_len):
     plans = {n: attention_plan(ReductionOrder.BATCH_INVARIANT, n, kv_len, 32, 8, device=H200_LIKE)
              for n in range(1, 17)}
     first = plans[1]
-    assert first.kernel == "vec" and first.queries_per_block == 1
+    assert first.kernel == "vec" and first.queries_per_block == 1 and not first.shared_kv
     assert first.kv_attended % 256 == 0 and first.kv_attended - 256 < kv_len <= first.kv_attended
-    for plan in plans.values():
-        assert (plan.kernel, plan.queries_per_block, plan.parallel_blocks, plan.kv_attended) == (
-            "vec", 1, first.parallel_blocks, first.kv_attended)
+    geometry = ("kernel", "parallel_blocks", "chunk_cells", "kv_attended", "split_cells")
+    for n, plan in plans.items():
+        # the order's geometry is the one-query plan's; only how queries share loads changes
+        assert [getattr(plan, f) for f in geometry] == [getattr(first, f) for f in geometry]
+        if n > 1:
+            assert plan.shared_kv and plan.kernel_name == KERNEL_SHARED
+            assert plan.queries_per_block == shared_queries_for(n, 4)
+
+
+@pytest.mark.parametrize("order", [ReductionOrder.BATCH_INVARIANT, ReductionOrder.FIXED_SPLIT,
+                                   ReductionOrder.SUBBLOCK, ReductionOrder.custom(parallel_blocks=3)],
+                         ids=lambda o: o.name)
+def test_exact_orders_share_kv_loads_in_multi_query_passes(order):
+    for n in range(1, 17):
+        for n_head, n_head_kv in ((32, 8), (16, 16), (64, 8), (12, 4)):
+            plan = attention_plan(order, n, 700, n_head, n_head_kv, device=H200_LIKE)
+            alone = attention_plan(order, 1, 700, n_head, n_head_kv, device=H200_LIKE)
+            assert (plan.parallel_blocks, plan.chunk_cells, plan.kv_attended) == (
+                alone.parallel_blocks, alone.chunk_cells, alone.kv_attended)
+            assert plan.shared_kv == (n > 1) and plan.queries_per_block in (1,) + SHARED_QUERIES
+    variant = attention_plan(ReductionOrder.BATCH_VARIANT, 4, 700, 32, 8, device=H200_LIKE)
+    assert variant.kernel == "tile" and not variant.shared_kv  # stock llama.cpp keeps its kernel
+
+
+def test_shared_queries_per_block():
+    assert shared_queries_for(1, 4) == 0  # one token: fattn_vec_q1
+    assert [shared_queries_for(n, 1) for n in (2, 3, 4, 7, 8, 16)] == [2, 2, 4, 4, 8, 8]
+    assert [shared_queries_for(n, 4) for n in (2, 16)] == [8, 8]
 
 
 def test_variant_plan_switches_kernel_and_split_with_the_batch():
@@ -74,7 +100,7 @@ def test_fixed_split_plan():
     for n in (1, 5, 16):
         plan = attention_plan(order, n, 1000, 32, 8, device=H200_LIKE)
         assert (plan.kernel, plan.parallel_blocks, plan.kv_attended, plan.split_cells) == ("vec", 4, 1024, 256)
-        assert plan.queries_per_block == (1 if n == 1 else 2)
+        assert plan.kernel_name == (KERNEL_Q1 if n == 1 else KERNEL_SHARED)
         assert [plan.chunks_of_block(y) for y in range(4)] == [[(256 * y, 256 * y + 256)] for y in range(4)]
     # the split size, not the number of splits, is fixed
     assert attention_plan(order, 1, 5000, 32, 8).parallel_blocks == 20
@@ -107,6 +133,9 @@ def test_custom_plan_and_its_errors():
     (dict(kernel="tile", queries_per_block=4, parallel_blocks=2, chunk_cells=64, split_cells=128), "8 queries"),
     (dict(kernel="vec", queries_per_block=1, parallel_blocks=2, kv_len=300), "kv_len"),
     (dict(kernel="vec", queries_per_block=1, parallel_blocks=2, head_dim=80), "head_dim"),
+    (dict(kernel="vec", queries_per_block=3, parallel_blocks=1, shared_kv=True), "queries per block"),
+    (dict(kernel="tile", queries_per_block=8, parallel_blocks=1, chunk_cells=64, split_cells=256,
+          kv_attended=256, shared_kv=True), "shared_kv needs the vec kernel"),
 ])
 def test_attention_plan_validation(kwargs, match):
     with pytest.raises(PlanError, match=match):
@@ -145,6 +174,9 @@ def test_describe_names_kernel_blocks_and_combine():
     assert "3 partials merged in block order" in text
     tile = attention_plan(ReductionOrder.BATCH_VARIANT, 4, 3000, 32, 8, device=H200_LIKE).describe()
     assert "fattn_tile" in tile and "contiguous split" in tile
+    shared = attention_plan(ReductionOrder.BATCH_INVARIANT, 5, 3000, 32, 8, device=H200_LIKE).describe()
+    assert "fattn_vec_shared" in shared and "8 queries of one KV head/block" in shared
+    assert "order of fattn_vec_q1 is unchanged" in shared
 
 
 def test_current_device_needs_cupy():

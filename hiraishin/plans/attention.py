@@ -9,7 +9,9 @@ max and sum; a combine kernel merges the ``P`` partial results in block order. W
 * the attended range ``kv_attended`` (the filled length padded to 256 cells, as llama.cpp pads
   ``n_kv``): the number of chunks, hence ``P``;
 * which kernel: the vector kernel, or for multi-query launches under the variant policy the
-  tile kernel, which orders everything differently.
+  tile kernel, which orders everything differently. The exact policies run a multi-query pass
+  through ``fattn_vec_shared``: the vector kernel's order for every query, but the queries of one
+  KV head in a block share each K/V load (``AttentionPlan.shared_kv``).
 
 :func:`attention_plan` (order, shape, device) -> :class:`AttentionPlan`; :func:`parallel_blocks_for`
 is llama.cpp's efficiency loop. A plan is made for a device profile (``hiraishin.devices``):
@@ -34,6 +36,9 @@ __all__ = [
     "KERNEL_QN",
     "KERNEL_TILE",
     "KERNEL_COMBINE",
+    "KERNEL_SHARED",
+    "SHARED_QUERIES",
+    "shared_queries_for",
     "CHUNK_CELLS",
     "HEAD_DIMS",
     "QN_QUERIES",
@@ -47,6 +52,11 @@ KERNEL_Q1 = "fattn_vec_q1"  # one query per block (llama.cpp ncols = 1)
 KERNEL_QN = "fattn_vec_qn"  # two queries per block (llama.cpp ncols = 2)
 KERNEL_TILE = "fattn_tile"  # the multi-query tile kernel (hiraishin/kernels/attention/fattn_tile.cu)
 KERNEL_COMBINE = "fattn_combine"
+# the vector kernel's arithmetic per query, with the queries of one KV head sharing each K/V load
+KERNEL_SHARED = "fattn_vec_shared"
+# Queries of one KV head per fattn_vec_shared block. Each needs 16 x D float partials of its own
+# (the order's accumulators) in registers: 8 queries at D = 128 take 224 registers (nvcc sm_90).
+SHARED_QUERIES = (2, 4, 8)
 # The multi-query tile kernel (fattn_tile.cu gets these as #defines): queries per block, and cells
 # per shared-memory tile (its KV granularity).
 TILE_QUERIES = 8
@@ -89,6 +99,11 @@ class AttentionPlan:
     ``[y*split_cells, (y+1)*split_cells)`` in tiles of ``chunk_cells`` (64).
     ``kv_len`` is the number of filled cells (``None``: all of
     ``kv_attended``); cells at or past it are masked and never read.
+    ``shared_kv`` (vec only): ``fattn_vec_shared``, a block holds
+    ``queries_per_block`` queries of one KV head (token-major over its GQA
+    group) that share each K/V load; per query the float operations and
+    their order are those of ``fattn_vec_q1`` with the same ``P`` and
+    chunks, so the bits are too (the emulator is the same).
     """
 
     kernel: Kernel
@@ -104,6 +119,7 @@ class AttentionPlan:
     head_dim: int = 128
     policy: str = "custom"
     device: str = ""
+    shared_kv: bool = False
 
     def __post_init__(self):
         def bad(msg):
@@ -115,9 +131,14 @@ class AttentionPlan:
             bad(f"parallel_blocks must be >= 1, got {self.parallel_blocks}")
         if self.head_dim not in HEAD_DIMS:
             bad(f"head_dim must be one of {HEAD_DIMS}, got {self.head_dim}")
+        if self.shared_kv:
+            if self.kernel != "vec":
+                bad(f"shared_kv needs the vec kernel, got {self.kernel!r}")
+            if self.queries_per_block not in SHARED_QUERIES:
+                bad(f"{KERNEL_SHARED} takes {SHARED_QUERIES} queries per block, got {self.queries_per_block}")
+        elif self.kernel == "vec" and self.queries_per_block not in (1, QN_QUERIES):
+            bad(f"the vec kernel takes 1 or {QN_QUERIES} queries per block, got {self.queries_per_block}")
         if self.kernel == "vec":
-            if self.queries_per_block not in (1, QN_QUERIES):
-                bad(f"the vec kernel takes 1 or {QN_QUERIES} queries per block, got {self.queries_per_block}")
             if self.chunk_cells < CHUNK_CELLS or self.chunk_cells % CHUNK_CELLS:
                 bad(f"vec chunk_cells must be a positive multiple of {CHUNK_CELLS}, got {self.chunk_cells}")
             if self.kv_attended < 1 or self.kv_attended % self.chunk_cells:
@@ -151,6 +172,8 @@ class AttentionPlan:
         """The CUDA kernel this plan launches (the key of its occupancy in a device profile)."""
         if self.kernel == "tile":
             return KERNEL_TILE
+        if self.shared_kv:
+            return KERNEL_SHARED
         return KERNEL_Q1 if self.queries_per_block == 1 else KERNEL_QN
 
     @property
@@ -182,12 +205,17 @@ class AttentionPlan:
         heads = ""
         if self.n_head is not None:
             heads = f", {self.n_head} q heads / {self.n_head_kv} kv heads"
+        per_block = f"{self.queries_per_block} quer{'y' if self.queries_per_block == 1 else 'ies'}"
         lines = [
             f"{self.kernel_name} ({self.policy}{', ' + self.device if self.device else ''}): "
-            f"{self.queries_per_block} quer{'y' if self.queries_per_block == 1 else 'ies'}/block, "
+            f"{per_block}{' of one KV head' if self.shared_kv else ''}/block, "
             f"P={self.parallel_blocks} over {self.kv_attended} attended cells{kv}{heads}, "
             f"D={self.head_dim}",
         ]
+        if self.shared_kv:
+            lines.append(f"  shared: each K/V element a thread loads serves the block's {per_block} (token-major "
+                         f"over the GQA group); per query the order of {KERNEL_Q1} is unchanged (same "
+                         f"chunks, P, in-block reductions and combine), hence the same bits")
         if self.kernel == "vec":
             how = "fixed split" if self.split_cells else "interleaved chunks"
             lines.append(f"  {how} of {self.chunk_cells} cells; block y takes chunks y, y+P, ...")
@@ -236,6 +264,25 @@ def parallel_blocks_for(ntiles_kv: int, ntiles_dst: int, blocks_per_sm: int, sm_
     return pb
 
 
+def shared_queries_for(n_queries: int, gqa_ratio: int) -> int:
+    """Queries per ``fattn_vec_shared`` block for a pass of ``n_queries`` tokens, 0 for none.
+
+    Scheduling only (the bits are the one-query kernel's whatever this returns): one token keeps
+    ``fattn_vec_q1`` (plain decoding's launch); a wider pass takes the most queries per block that
+    its ``n_queries * gqa_ratio`` queries per KV head fill.
+    """
+    if n_queries == 1:
+        return 0
+    per_kv_head = n_queries * gqa_ratio
+    return max([q for q in SHARED_QUERIES if q <= per_kv_head], default=SHARED_QUERIES[0])
+
+
+def _exact_vec(n_queries: int, gqa_ratio: int) -> dict:
+    """The exact policies' kernel fields: the shared kernel for a multi-query pass, else fattn_vec_q1."""
+    nq = shared_queries_for(n_queries, gqa_ratio)
+    return dict(queries_per_block=nq, shared_kv=True) if nq else dict(queries_per_block=1)
+
+
 def _variant_uses_vec(n_queries: int, gqa_ratio: int, kv_attended: int, cc: int) -> bool:
     """ggml_cuda_get_best_fattn_kernel for f16 K/V (reference section 6.1)."""
     if n_queries != 1:
@@ -260,6 +307,10 @@ def attention_plan(order, n_queries: int, kv_len: int, n_head: int, n_head_kv: i
     * ``fixed_split``: one block per ``order.split_cells`` cells at fixed
       positions, for any query count.
     * ``custom``: vector kernel with ``order.parallel_blocks`` blocks.
+
+    Under the three exact policies a pass of several queries runs ``fattn_vec_shared``
+    (:func:`shared_queries_for` queries of one KV head per block share each K/V load): the same
+    ``P``, chunks and per-query order as one query alone, so the same bits.
 
     ``device`` is a profile name, a :class:`DeviceProfile` (the CUDA backend passes the current
     GPU's, with its measured occupancy) or ``None`` (``order.device``, else the default profile).
@@ -286,6 +337,10 @@ def attention_plan(order, n_queries: int, kv_len: int, n_head: int, n_head_kv: i
             # fix); for the variant policy the vector kernel only ever gets one query.
             pb = parallel_blocks_for(kv_attended // CHUNK_CELLS, n_head,
                                      profile.blocks_per_sm(KERNEL_Q1), profile.sm_count)
+            if policy == "invariant":
+                # several queries share the K/V loads; P and every query's order stay the one-query plan's
+                return AttentionPlan("vec", parallel_blocks=pb, chunk_cells=CHUNK_CELLS, kv_attended=kv_attended,
+                                     **_exact_vec(n_queries, n_head // n_head_kv), **common)
             return AttentionPlan("vec", 1, pb, CHUNK_CELLS, kv_attended, None, **common)
         tile_cells = TILE_CELLS
         ntiles_kv = kv_attended // tile_cells
@@ -301,13 +356,14 @@ def attention_plan(order, n_queries: int, kv_len: int, n_head: int, n_head_kv: i
         if split is None:
             raise PlanError(f"order {order.name!r}: the fixed_split policy needs split_cells")
         kv_attended = _round_up(kv_len, split)
-        qpb = 1 if n_queries == 1 else QN_QUERIES
-        return AttentionPlan("vec", qpb, kv_attended // split, split, kv_attended, split, **common)
+        return AttentionPlan("vec", parallel_blocks=kv_attended // split, chunk_cells=split, kv_attended=kv_attended,
+                             split_cells=split, **_exact_vec(n_queries, n_head // n_head_kv), **common)
 
     if policy == "custom":
         if order.parallel_blocks is None:
             raise PlanError(f"order {order.name!r}: the custom attention policy needs parallel_blocks")
         kv_attended = _round_up(kv_len, KV_PAD)
-        return AttentionPlan("vec", 1, order.parallel_blocks, CHUNK_CELLS, kv_attended, None, **common)
+        return AttentionPlan("vec", parallel_blocks=order.parallel_blocks, chunk_cells=CHUNK_CELLS,
+                             kv_attended=kv_attended, **_exact_vec(n_queries, n_head // n_head_kv), **common)
 
     raise PlanError(f"order {order.name!r}: unknown attention policy {policy!r}")

@@ -41,6 +41,7 @@ fattn_tile(const float* __restrict__ Q,            // (n_tokens, n_head, D) floa
            float* __restrict__ dst, float* __restrict__ parts, float* __restrict__ meta,
            const int n_tokens, const int n_head, const int n_head_kv, const int kv_len_arg,
            const int kv_attended, const int split_cells, const float scale) {
+    HX_PDL_ENTRY();
     constexpr int D = HX_D;
     // kv_len_arg < 0: the last query's position + 1 (as in fattn_vec.cu)
     const int kv_len = kv_len_arg >= 0 ? kv_len_arg : q_pos[n_tokens - 1] + 1;

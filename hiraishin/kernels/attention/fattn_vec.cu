@@ -14,6 +14,15 @@
 //     then o[d] = sum of the 16 (warp, group) partials, warp-major, group-minor.
 // P == 1: dst = o / S.  P > 1: parts = o, meta = (block max, S), merged by fattn_combine in block order.
 //
+// fattn_vec_shared (SHARE_KV): the same arithmetic per query, but a block holds FV_SHARED_Q queries
+// of ONE KV head (grid (ceil(n_tokens * G / FV_SHARED_Q), P, n_head_kv), G = n_head / n_head_kv;
+// query i of KV head kh is token i / G of query head kh*G + i % G), so every K/V element a thread
+// loads serves all of them: a verify pass reads each KV head's cells ceil(T*G / FV_SHARED_Q) times
+// instead of T*G times. Per query the float operations and their order are those of fattn_vec_q1
+// (the loop over the block's queries is innermost and no value crosses queries); the scaled queries
+// live in shared memory instead of registers, which changes no value. The queries' accumulator
+// state (16 x D partials each, in registers) is what bounds FV_SHARED_Q.
+//
 // Every rounding-relevant float op is an explicit intrinsic; exp is hx_expf (fp.cuh). The Numba
 // emulator in fattn_vec.py performs the same operations in the same order.
 // Needs fp.cuh prepended and HX_D (64 or 128) defined.
@@ -43,7 +52,15 @@ __device__ __forceinline__ void fv_load8(const unsigned short* __restrict__ p, f
     }
 }
 
-template <int NCOLS>
+// fattn_vec_shared's queries per block and cell-loop unroll (launch.py passes both)
+#ifndef FV_SHARED_Q
+#define FV_SHARED_Q 4
+#endif
+#ifndef FV_SHARED_UNROLL
+#define FV_SHARED_UNROLL 1
+#endif
+
+template <int NCOLS, bool SHARE_KV>
 __device__ __forceinline__ void fattn_vec_impl(
     const float* __restrict__ Q,            // (n_tokens, n_head, D) float32
     const unsigned short* __restrict__ K,   // (n_ctx, n_head_kv, D) f16 bits
@@ -62,6 +79,13 @@ __device__ __forceinline__ void fattn_vec_impl(
     __shared__ float KQ[KQ_SHARED];  // softmax weights of the current step, later the 16 partials
     __shared__ float KQ_max_sh[NCOLS][32];
     __shared__ float KQ_sum_sh[NCOLS][32];
+    // SHARE_KV keeps more in shared memory to leave registers to the accumulators: the scaled
+    // queries, their positions, and each thread's own score of the step (in its KQ slot)
+    alignas(16) __shared__ float Q_sh[SHARE_KV ? NCOLS : 1][D];
+    __shared__ int pos_sh[SHARE_KV ? NCOLS : 1];
+    // cells per step a thread unrolls: all 8 for one or two queries; fewer for the shared kernel,
+    // whose queries' accumulators already fill the registers (scheduling only, same operations)
+    constexpr int CELL_UNROLL = SHARE_KV ? FV_SHARED_UNROLL : 8;
 
     const int lane = threadIdx.x;
     const int w = threadIdx.y;
@@ -70,29 +94,45 @@ __device__ __forceinline__ void fattn_vec_impl(
     const int r = lane % 8;
     const int P = gridDim.y;
     const int y = blockIdx.y;
-    const int head = blockIdx.z;
-    const int t0 = blockIdx.x * NCOLS;
-    const int kv_head = head / (n_head / n_head_kv);
+    const int ratio = n_head / n_head_kv;
+    const int kv_head = SHARE_KV ? (int)blockIdx.z : (int)blockIdx.z / ratio;
+    // Query j of the block: its token and query head.
+    const int i0 = blockIdx.x * NCOLS;
+    auto token_of = [&](int j) { return SHARE_KV ? (i0 + j) / ratio : i0 + j; };
+    auto head_of = [&](int j) { return SHARE_KV ? kv_head * ratio + (i0 + j) % ratio : (int)blockIdx.z; };
     const size_t cell_stride = (size_t)n_head_kv * D;
     const unsigned short* Kh = K + (size_t)kv_head * D;
     const unsigned short* Vh = V + (size_t)kv_head * D;
 
     // Q of this thread's dims, scaled (one RN product each). A missing query (odd n_tokens in a
-    // 2-query block) sees no cell: position -1.
-    float q[NCOLS][FV_DIMS];
+    // 2-query block, the tail of the last shared block) sees no cell: position -1.
+    float q[SHARE_KV ? 1 : NCOLS][FV_DIMS];
     int pos[NCOLS];
 #pragma unroll
     for (int j = 0; j < NCOLS; ++j) {
-        const int t = t0 + j;
+        const int t = token_of(j);
         pos[j] = t < n_tokens ? q_pos[t] : -1;
-        const float* Qt = Q + ((size_t)(t < n_tokens ? t : 0) * n_head + head) * D;
+        if constexpr (SHARE_KV) {
+            if (tid == 0) pos_sh[j] = pos[j];
+        } else {
+            const float* Qt = Q + ((size_t)(t < n_tokens ? t : 0) * n_head + head_of(j)) * D;
 #pragma unroll
-        for (int b = 0; b < FV_DIM_SLICES; ++b) {
+            for (int b = 0; b < FV_DIM_SLICES; ++b) {
 #pragma unroll
-            for (int e = 0; e < 8; ++e) {
-                q[j][8 * b + e] = t < n_tokens ? __fmul_rn(Qt[64 * b + 8 * r + e], scale) : 0.0f;
+                for (int e = 0; e < 8; ++e) {
+                    q[j][8 * b + e] = t < n_tokens ? __fmul_rn(Qt[64 * b + 8 * r + e], scale) : 0.0f;
+                }
             }
         }
+    }
+    if constexpr (SHARE_KV) {
+        for (int l = tid; l < NCOLS * D; l += FV_NTHREADS) {
+            const int j = l / D;
+            const int t = token_of(j);
+            Q_sh[j][l % D] = t < n_tokens ? __fmul_rn(Q[((size_t)t * n_head + head_of(j)) * D + l % D], scale)
+                                          : 0.0f;
+        }
+        __syncthreads();
     }
 
     float M[NCOLS];     // running max of this warp (all lanes hold the same value)
@@ -117,7 +157,7 @@ __device__ __forceinline__ void fattn_vec_impl(
                 kq_own[j] = FV_NEG_INF;
                 mx[j] = M[j];
             }
-#pragma unroll
+#pragma unroll CELL_UNROLL
             for (int t = 0; t < 8; ++t) {
                 const int n = k0 + 32 * w + 8 * g + t;
                 float kf[FV_DIMS];
@@ -132,15 +172,33 @@ __device__ __forceinline__ void fattn_vec_impl(
                 }
 #pragma unroll
                 for (int j = 0; j < NCOLS; ++j) {
+                    float qj[FV_DIMS];
+#pragma unroll
+                    for (int b = 0; b < FV_DIM_SLICES; ++b) {
+#pragma unroll
+                        for (int e = 0; e < 8; ++e) {
+                            if constexpr (SHARE_KV) {
+                                qj[8 * b + e] = Q_sh[j][64 * b + 8 * r + e];
+                            } else {
+                                qj[8 * b + e] = q[j][8 * b + e];
+                            }
+                        }
+                    }
                     float s = 0.0f;
 #pragma unroll
-                    for (int i = 0; i < FV_DIMS; ++i) s = __fmaf_rn(kf[i], q[j][i], s);
+                    for (int i = 0; i < FV_DIMS; ++i) s = __fmaf_rn(kf[i], qj[i], s);
                     s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, 4, 32));
                     s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, 2, 32));
                     s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, 1, 32));
                     // causal mask: cells past the query's position or past the filled cache are -inf
-                    s = (n < kv_len && n <= pos[j]) ? s : FV_NEG_INF;
-                    if (r == t) kq_own[j] = s;
+                    s = (n < kv_len && n <= (SHARE_KV ? pos_sh[j] : pos[j])) ? s : FV_NEG_INF;
+                    if (r == t) {
+                        if constexpr (SHARE_KV) {
+                            KQ[j * FV_NTHREADS + tid] = s;
+                        } else {
+                            kq_own[j] = s;
+                        }
+                    }
                     mx[j] = fmaxf(mx[j], __fadd_rn(s, FV_KQ_MAX_OFFSET));
                 }
             }
@@ -150,7 +208,7 @@ __device__ __forceinline__ void fattn_vec_impl(
                 mx[j] = fmaxf(mx[j], __shfl_xor_sync(0xffffffffu, mx[j], 16, 32));
                 const float a = hx_expf(__fsub_rn(M[j], mx[j]));
                 M[j] = mx[j];
-                const float p = hx_expf(__fsub_rn(kq_own[j], M[j]));
+                const float p = hx_expf(__fsub_rn(SHARE_KV ? KQ[j * FV_NTHREADS + tid] : kq_own[j], M[j]));
                 Ssum[j] = __fmaf_rn(Ssum[j], a, p);
                 KQ[j * FV_NTHREADS + tid] = p;
 #pragma unroll
@@ -158,7 +216,7 @@ __device__ __forceinline__ void fattn_vec_impl(
             }
             __syncwarp();
             // V: group g of warp w takes cells 32w + g + 4t, t = 0..7, in this order.
-#pragma unroll
+#pragma unroll CELL_UNROLL
             for (int t = 0; t < 8; ++t) {
                 const int k = 32 * w + g + 4 * t;
                 const int n = k0 + k;
@@ -211,12 +269,12 @@ __device__ __forceinline__ void fattn_vec_impl(
         if (lane == 0) KQ_sum_sh[j][w] = warp_sum;
         __syncthreads();
         const float S = hx_warp_sum(KQ_sum_sh[j][lane]);
-        const int t = t0 + j;
+        const int t = token_of(j);
         if (tid < D && t < n_tokens) {
             float o = 0.0f;
 #pragma unroll
             for (int wg = 0; wg < 16; ++wg) o = __fadd_rn(o, KQ[wg * D + tid]);
-            const size_t row = (size_t)t * n_head + head;
+            const size_t row = (size_t)t * n_head + head_of(j);
             if (P == 1) {
                 dst[row * D + tid] = __fdiv_rn(o, S);
             } else {
@@ -238,8 +296,9 @@ fattn_vec_q1(const float* __restrict__ Q, const unsigned short* __restrict__ K,
              float* __restrict__ dst, float* __restrict__ parts, float* __restrict__ meta,
              const int n_tokens, const int n_head, const int n_head_kv, const int kv_len,
              const int kv_attended, const int chunk_cells, const float scale) {
-    fattn_vec_impl<1>(Q, K, V, q_pos, dst, parts, meta, n_tokens, n_head, n_head_kv, kv_len,
-                      kv_attended, chunk_cells, scale);
+    HX_PDL_ENTRY();
+    fattn_vec_impl<1, false>(Q, K, V, q_pos, dst, parts, meta, n_tokens, n_head, n_head_kv, kv_len,
+                             kv_attended, chunk_cells, scale);
 }
 
 // Two queries per block (llama.cpp's ncols = 2 instance): the same per-query arithmetic, more
@@ -250,14 +309,29 @@ fattn_vec_qn(const float* __restrict__ Q, const unsigned short* __restrict__ K,
              float* __restrict__ dst, float* __restrict__ parts, float* __restrict__ meta,
              const int n_tokens, const int n_head, const int n_head_kv, const int kv_len,
              const int kv_attended, const int chunk_cells, const float scale) {
-    fattn_vec_impl<2>(Q, K, V, q_pos, dst, parts, meta, n_tokens, n_head, n_head_kv, kv_len,
-                      kv_attended, chunk_cells, scale);
+    HX_PDL_ENTRY();
+    fattn_vec_impl<2, false>(Q, K, V, q_pos, dst, parts, meta, n_tokens, n_head, n_head_kv, kv_len,
+                             kv_attended, chunk_cells, scale);
+}
+
+// FV_SHARED_Q queries of one KV head per block (see the top): the one-query arithmetic for each,
+// one K/V load for all of them.
+extern "C" __global__ void __launch_bounds__(FV_NTHREADS, 1)
+fattn_vec_shared(const float* __restrict__ Q, const unsigned short* __restrict__ K,
+                 const unsigned short* __restrict__ V, const int* __restrict__ q_pos,
+                 float* __restrict__ dst, float* __restrict__ parts, float* __restrict__ meta,
+                 const int n_tokens, const int n_head, const int n_head_kv, const int kv_len,
+                 const int kv_attended, const int chunk_cells, const float scale) {
+    HX_PDL_ENTRY();
+    fattn_vec_impl<FV_SHARED_Q, true>(Q, K, V, q_pos, dst, parts, meta, n_tokens, n_head, n_head_kv, kv_len,
+                                      kv_attended, chunk_cells, scale);
 }
 
 // Merge the P partials of one (token, head) in block order (llama.cpp flash_attn_combine_results,
 // reference section 6.4). Grid (n_tokens, n_head), block D threads, dynamic shared 8*P bytes.
 extern "C" __global__ void fattn_combine(const float* __restrict__ parts, const float* __restrict__ meta,
                                          float* __restrict__ dst, const int P) {
+    HX_PDL_ENTRY();
     constexpr int D = HX_D;
     extern __shared__ float meta_sh[];  // (P, 2): block max, block sum
     const int tid = threadIdx.x;

@@ -13,8 +13,8 @@ import functools
 import numpy as np
 
 from ...devices import DeviceProfile, current_device
-from ...plans.attention import (KERNEL_COMBINE, KERNEL_Q1, KERNEL_QN, KERNEL_TILE, NTHREADS, TILE_CELLS,
-                                TILE_QUERIES, AttentionPlan)
+from ...plans.attention import (KERNEL_COMBINE, KERNEL_Q1, KERNEL_QN, KERNEL_SHARED, KERNEL_TILE, NTHREADS,
+                                SHARED_QUERIES, TILE_CELLS, TILE_QUERIES, AttentionPlan)
 from ..compile import get_kernel, kernel_attributes, require_cupy
 from .emulate import attention_scale
 
@@ -25,11 +25,25 @@ SOURCE_VEC = "attention/fattn_vec.cu"
 SOURCE_TILE = "attention/fattn_tile.cu"
 
 
+# fattn_vec_shared: cells of a step each thread's loop unrolls, per queries per block (scheduling
+# only). Full unrolling (8) of 8 queries spills at D = 128; these keep nvcc sm_90 spill-free
+# (tests/test_fattn_compile.py) and were the fastest of {1, 2, 4, 8} on the H200
+# (bench/results/2026-12-01-h200-verify-attention).
+SHARED_UNROLL = {2: 8, 4: 4, 8: 2}
+
+
+def shared_defines(queries: int, unroll: int | None = None) -> dict:
+    """The #defines fattn_vec_shared is compiled with for ``queries`` per block."""
+    return {"FV_SHARED_Q": queries, "FV_SHARED_UNROLL": SHARED_UNROLL[queries] if unroll is None else unroll}
+
+
 @functools.cache
-def _kernel(name: str, head_dim: int):
+def _kernel(name: str, head_dim: int, queries: int = 0, unroll: int | None = None):
     if name == KERNEL_TILE:
         return get_kernel(SOURCE_TILE, name, defines={"HX_D": head_dim, "FT_TILE_Q": TILE_QUERIES,
                                                       "FT_TILE_KV": TILE_CELLS, "FT_NTHREADS": NTHREADS})
+    if name == KERNEL_SHARED:
+        return get_kernel(SOURCE_VEC, name, defines={"HX_D": head_dim, **shared_defines(queries, unroll)})
     return get_kernel(SOURCE_VEC, name, defines={"HX_D": head_dim})
 
 
@@ -46,13 +60,15 @@ def _kv_len(plan: AttentionPlan) -> int:
 KV_LEN_FROM_POSITIONS = -1
 
 
-def launch_partials(q, k_cache, v_cache, q_pos, plan: AttentionPlan, out, parts, meta, kv_from_positions=False):
+def launch_partials(q, k_cache, v_cache, q_pos, plan: AttentionPlan, out, parts, meta, kv_from_positions=False,
+                    unroll: int | None = None):
     """The plan's attention kernel only. With ``P == 1`` it normalises in place into ``out`` (and
     writes no partials); with ``P > 1`` it writes ``parts`` (T, H, P, D) and ``meta`` (T, H, P, 2).
 
     ``kv_from_positions``: the kernel takes the KV length from the device positions (the last
     query's position + 1, which it is in a forward pass) instead of ``plan.kv_len``, so a CUDA
-    graph of the launch replays at any position whose plan is the same.
+    graph of the launch replays at any position whose plan is the same. ``unroll``: the shared
+    kernel's cell unroll instead of :data:`SHARED_UNROLL` (benchmarks; no bit depends on it).
     """
     T, H, D = q.shape
     P = plan.parallel_blocks
@@ -60,15 +76,17 @@ def launch_partials(q, k_cache, v_cache, q_pos, plan: AttentionPlan, out, parts,
         parts = meta = out  # not written by the kernel when P == 1
     kv_len = KV_LEN_FROM_POSITIONS if kv_from_positions else _kv_len(plan)
     scale = _scale(D)
+    n_head_kv = k_cache.shape[1]
     if plan.kernel == "tile":
-        grid = ((T + TILE_QUERIES - 1) // TILE_QUERIES, P, H)
-        extent = plan.split_cells
+        kernel, grid, extent = _kernel(KERNEL_TILE, D), ((T + TILE_QUERIES - 1) // TILE_QUERIES, P, H), plan.split_cells
+    elif plan.shared_kv:  # the T * G queries of each KV head, queries_per_block per block
+        kernel = _kernel(KERNEL_SHARED, D, plan.queries_per_block, unroll)
+        grid, extent = (-(-T * (H // n_head_kv) // plan.queries_per_block), P, n_head_kv), plan.chunk_cells
     else:
-        grid = (-(-T // plan.queries_per_block), P, H)
-        extent = plan.chunk_cells
-    _kernel(plan.kernel_name, D)(
+        kernel, grid, extent = _kernel(plan.kernel_name, D), (-(-T // plan.queries_per_block), P, H), plan.chunk_cells
+    kernel(
         grid, (NTHREADS, 1, 1) if plan.kernel == "tile" else (32, NTHREADS // 32, 1),
-        (q, k_cache, v_cache, q_pos, out, parts, meta, np.int32(T), np.int32(H), np.int32(k_cache.shape[1]),
+        (q, k_cache, v_cache, q_pos, out, parts, meta, np.int32(T), np.int32(H), np.int32(n_head_kv),
          np.int32(kv_len), np.int32(plan.kv_attended), np.int32(extent), np.float32(scale)))
     return out
 
@@ -80,14 +98,15 @@ def launch_combine(parts, meta, out):
     return out
 
 
-def launch(q, k_cache, v_cache, q_pos, plan: AttentionPlan, out, parts=None, meta=None, kv_from_positions=False):
+def launch(q, k_cache, v_cache, q_pos, plan: AttentionPlan, out, parts=None, meta=None, kv_from_positions=False,
+           unroll: int | None = None):
     """Run ``plan`` on CuPy arrays, unchecked (with the combine when ``P > 1``); returns ``out``.
 
     ``q`` float32 C-contiguous (T, H, D); caches float16 C-contiguous (n_ctx, n_head_kv, D)
     holding at least the plan's filled cells; ``q_pos`` int32 C-contiguous (T,) on the device,
     each in ``0..kv_len-1``; ``plan`` made for exactly these shapes. ``out`` (T, H, D) and, when
     ``P > 1``, the scratch ``parts`` (T, H, P, D) and ``meta`` (T, H, P, 2): float32 C-contiguous
-    (allocated here when None). ``kv_from_positions``: see :func:`launch_partials`.
+    (allocated here when None). ``kv_from_positions``, ``unroll``: see :func:`launch_partials`.
     """
     P = plan.parallel_blocks
     if P > 1 and (parts is None or meta is None):
@@ -95,12 +114,19 @@ def launch(q, k_cache, v_cache, q_pos, plan: AttentionPlan, out, parts=None, met
         T, H, D = q.shape
         parts = cp.empty((T, H, P, D), cp.float32) if parts is None else parts
         meta = cp.empty((T, H, P, 2), cp.float32) if meta is None else meta
-    launch_partials(q, k_cache, v_cache, q_pos, plan, out, parts, meta, kv_from_positions)
+    launch_partials(q, k_cache, v_cache, q_pos, plan, out, parts, meta, kv_from_positions, unroll)
     return out if P == 1 else launch_combine(parts, meta, out)
 
 
 def _kernels(head_dim: int) -> dict:
-    return {name: _kernel(name, head_dim) for name in (KERNEL_Q1, KERNEL_QN, KERNEL_TILE, KERNEL_COMBINE)}
+    kernels = {name: _kernel(name, head_dim) for name in (KERNEL_Q1, KERNEL_QN, KERNEL_TILE, KERNEL_COMBINE)}
+    kernels.update({f"{KERNEL_SHARED}/q{n}": _kernel(KERNEL_SHARED, head_dim, n) for n in SHARED_QUERIES})
+    return kernels
+
+
+def _occupancy(kernel) -> int:
+    cp = require_cupy()
+    return int(cp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.kernel.ptr, NTHREADS, 0))
 
 
 def measure_occupancy(head_dim: int = 128) -> dict[str, int]:
@@ -109,11 +135,7 @@ def measure_occupancy(head_dim: int = 128) -> dict[str, int]:
     ``cuOccupancyMaxActiveBlocksPerMultiprocessor`` with 128 threads and no dynamic shared memory,
     as llama.cpp asks for its vec kernel. Keys are the :class:`DeviceProfile` occupancy names.
     """
-    cp = require_cupy()
-    kernels = _kernels(head_dim)
-    return {name: int(cp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(kernels[name].kernel.ptr,
-                                                                               NTHREADS, 0))
-            for name in (KERNEL_Q1, KERNEL_QN, KERNEL_TILE)}
+    return {name: _occupancy(_kernel(name, head_dim)) for name in (KERNEL_Q1, KERNEL_QN, KERNEL_TILE)}
 
 
 @functools.lru_cache(maxsize=None)
@@ -124,6 +146,5 @@ def current_profile(head_dim: int = 128) -> DeviceProfile:
 
 def kernel_report(head_dim: int = 128) -> dict:
     """Registers, spills, shared memory and occupancy of every attention kernel (for results JSON)."""
-    occupancy = measure_occupancy(head_dim)
-    return {name: dict(kernel_attributes(kernel), blocks_per_sm=occupancy.get(name))
+    return {name: dict(kernel_attributes(kernel), blocks_per_sm=_occupancy(kernel))
             for name, kernel in _kernels(head_dim).items()}
