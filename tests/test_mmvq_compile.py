@@ -40,6 +40,7 @@ CASES = [
     _mmvq("Q6_K", 8, 2, 2, 48),
     _mmvq("Q6_K", 4, 8, 3, 10, 1),
     _mmvq("Q8_0", 8, 4, 1, 41),
+    (MMVQ_SOURCE, kernel_defines("Q4_K", 1, 2, 4, 16, ahead=132 * 16)),  # the prefetch a wave ahead (H200)
     (TILED_SOURCE, tiled_defines("Q4_K")),
     (TILED_SOURCE, tiled_defines("Q6_K")),
     (TILED_SOURCE, tiled_defines("Q8_0")),

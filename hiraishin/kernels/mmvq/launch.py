@@ -8,13 +8,16 @@ hundreds of mat-vec calls, so everything but the arrays is prepared once (:class
 
 from __future__ import annotations
 
+import functools
+import os
+
 import numpy as np
 
 from ...order import ReductionOrder
 from ...plans import matvec_plan
 from ...plans.matvec import MatVecPlan, matvec_traits
 from ...quant import BLOCK_BYTES
-from ..compile import get_kernel
+from ..compile import cupy_available, get_kernel
 from ..compile import precompile as compile_many
 from ..quantize.layout import LAYOUT_BYTES, layout_for
 
@@ -80,11 +83,30 @@ def _min_blocks(qtype: str, ncols: int, rows: int, nwarps: int, nblocks: int) ->
     return max(1, min(_REGISTERS_PER_SM // (threads * regs), _THREADS_PER_SM // threads, _BLOCKS_PER_SM))
 
 
+# HX_PREFETCH_AHEAD: a CUDA block also asks L2 for the weight rows of the block this many indices
+# later, one wave of resident blocks (SMs x the most 32*nwarps-thread blocks an SM holds), so a
+# matrix of several waves streams from DRAM a wave ahead of its readers (mmvq.cu,
+# hx_prefetch_rows). 0 without a CUDA device (compile checks) or with HIRAISHIN_PREFETCH_AHEAD=0.
+ENV_PREFETCH_AHEAD = "HIRAISHIN_PREFETCH_AHEAD"
+
+
+@functools.lru_cache(maxsize=None)
+def prefetch_ahead(nwarps: int) -> int:
+    """HX_PREFETCH_AHEAD for blocks of ``nwarps`` warps on the current CUDA device (0: none)."""
+    if os.environ.get(ENV_PREFETCH_AHEAD, "1").strip() == "0" or not cupy_available():
+        return 0
+    import cupy
+
+    sms = int(cupy.cuda.Device().attributes["MultiProcessorCount"])
+    return sms * min(_THREADS_PER_SM // (32 * nwarps), _BLOCKS_PER_SM)
+
+
 def kernel_defines(qtype: str, ncols: int, rows_per_block: int, nwarps: int, nblocks: int,
-                   unroll: int | None = None, min_blocks: int | None = None) -> dict:
+                   unroll: int | None = None, min_blocks: int | None = None, ahead: int | None = None) -> dict:
     """The ``#define``\\ s that compile ``mmvq.cu`` for one launch geometry and row length.
 
-    ``unroll`` and ``min_blocks`` (HX_UNROLL, HX_MIN_BLOCKS) default to the measured choices above.
+    ``unroll``, ``min_blocks`` and ``ahead`` (HX_UNROLL, HX_MIN_BLOCKS, HX_PREFETCH_AHEAD) default to
+    the measured choices above; none of them changes a bit.
     """
     t = matvec_traits(qtype)
     if unroll is None:
@@ -98,7 +120,8 @@ def kernel_defines(qtype: str, ncols: int, rows_per_block: int, nwarps: int, nbl
     return {"HX_QTYPE": t.type_id, "HX_QK": t.qk, "HX_BLOCK_BYTES": t.block_bytes, "HX_VDR": t.vdr,
             "HX_TPB": t.threads_per_block, "HX_Y_STEP": y_step, "HX_NCOLS": int(ncols),
             "HX_RPB": int(rows_per_block), "HX_NWARPS": int(nwarps), "HX_NBLOCKS": int(nblocks),
-            "HX_UNROLL": int(unroll), "HX_MIN_BLOCKS": int(min_blocks)}
+            "HX_UNROLL": int(unroll), "HX_MIN_BLOCKS": int(min_blocks),
+            "HX_PREFETCH_AHEAD": int(prefetch_ahead(int(nwarps)) if ahead is None else ahead)}
 
 
 def mmvq_kernel(defines: dict):

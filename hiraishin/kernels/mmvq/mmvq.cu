@@ -350,7 +350,13 @@ __device__ __forceinline__ void hx_accumulate(float (&tmp)[HX_NCOLS][HX_RPB], co
 
 // Ask L2 for the weight bytes of this CUDA block's rows before waiting on the previous kernel
 // (HX_PDL_ENTRY): weights are never written, so under programmatic dependent launch their DRAM
-// latency overlaps the previous kernel's tail. A cache hint only: no value or float op changes.
+// latency overlaps the previous kernel's tail. A block also asks for the rows of the block
+// HX_PREFETCH_AHEAD indices later (about one wave of resident blocks: launch.py), so a matrix
+// larger than one wave streams from DRAM a wave ahead of the blocks that read it. Cache hints
+// only: no value and no float operation changes.
+#ifndef HX_PREFETCH_AHEAD
+#define HX_PREFETCH_AHEAD 0
+#endif
 __device__ __forceinline__ void hx_prefetch_rows(const u8* __restrict__ w, const int nrows, const int row0) {
     const int tid = 32 * threadIdx.y + threadIdx.x;
     const long long first = (long long)min(row0, nrows - 1) * HX_ROW_BYTES;
@@ -428,8 +434,24 @@ extern "C" __global__ void __launch_bounds__(32 * HX_NWARPS, HX_MIN_BLOCKS)
 mmvq(const u8* __restrict__ w, const u8* __restrict__ y, float* __restrict__ dst, const int nrows,
      const long long stride_dst) {
     hx_prefetch_rows(w, nrows, HX_RPB * blockIdx.x);
+    if (HX_PREFETCH_AHEAD > 0 && blockIdx.x + HX_PREFETCH_AHEAD < gridDim.x) {
+        hx_prefetch_rows(w, nrows, HX_RPB * (blockIdx.x + HX_PREFETCH_AHEAD));
+    }
     HX_PDL_ENTRY();
     hx_mmvq_rows(w, y, dst, nrows, stride_dst, HX_RPB * blockIdx.x);
+}
+
+// The rows of mmvq_multi's CUDA block b (whichever weight it maps to) into L2.
+__device__ __forceinline__ void hx_multi_prefetch(const int b, const u8* w0, const int nrows0, const int nblk0,
+                                                  const u8* w1, const int nrows1, const int nblk1,
+                                                  const u8* w2, const int nrows2) {
+    if (b < nblk0) {
+        hx_prefetch_rows(w0, nrows0, HX_RPB * b);
+    } else if (b < nblk0 + nblk1) {
+        hx_prefetch_rows(w1, nrows1, HX_RPB * (b - nblk0));
+    } else {
+        hx_prefetch_rows(w2, nrows2, HX_RPB * (b - nblk0 - nblk1));
+    }
 }
 
 // Up to three weights of one type and row length that read the same activations (Q, K and V;
@@ -441,12 +463,9 @@ mmvq_multi(const u8* __restrict__ y, const u8* __restrict__ w0, float* __restric
            const int nblk0, const u8* __restrict__ w1, float* __restrict__ dst1, const int nrows1,
            const int nblk1, const u8* __restrict__ w2, float* __restrict__ dst2, const int nrows2) {
     const int b = blockIdx.x;
-    if (b < nblk0) {
-        hx_prefetch_rows(w0, nrows0, HX_RPB * b);
-    } else if (b < nblk0 + nblk1) {
-        hx_prefetch_rows(w1, nrows1, HX_RPB * (b - nblk0));
-    } else {
-        hx_prefetch_rows(w2, nrows2, HX_RPB * (b - nblk0 - nblk1));
+    hx_multi_prefetch(b, w0, nrows0, nblk0, w1, nrows1, nblk1, w2, nrows2);
+    if (HX_PREFETCH_AHEAD > 0 && b + HX_PREFETCH_AHEAD < gridDim.x) {
+        hx_multi_prefetch(b + HX_PREFETCH_AHEAD, w0, nrows0, nblk0, w1, nrows1, nblk1, w2, nrows2);
     }
     HX_PDL_ENTRY();
     if (b < nblk0) {
