@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# One GPU call: per-kernel times (Nsight Compute) of one eager decode step of the synthetic 0.6B and
+# 8B shapes, and a quick `hiraishin bench` with the mat-vec prefetch one wave ahead on and off.
+# Usage on the device (repo root): HIRAISHIN_COMMIT=<commit> bash bench/kernel_times.sh
+set -uo pipefail
+OUT=${OUT:-/tmp/hiraishin-out}
+mkdir -p "$OUT"
+exec > >(tee -a "$OUT/session.log") 2>&1
+export PYTHONUNBUFFERED=1 HIRAISHIN_CACHE=/tmp/hiraishin-cache HIRAISHIN_COMMIT=${HIRAISHIN_COMMIT:-unknown}
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD
+echo "== device"; date -u; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
+python3 -m hiraishin synth --shape qwen3-8b -o /tmp/qwen3-8b.gguf --quiet && python3 -m hiraishin synth --shape qwen3-0.6b -o /tmp/qwen3-0.6b.gguf --quiet
+for spec in ${PROFILES:-"qwen3-0.6b invariant 1" "qwen3-8b invariant 1" "qwen3-8b subblock 3"}; do
+    set -- $spec
+    name="$1-$2-$3"
+    echo "== ncu $name"
+    timeout ${NCU_TIMEOUT:-120} ncu --profile-from-start off --clock-control none --cache-control none \
+        --metrics gpu__time_duration.sum --csv --log-file "$OUT/ncu-$name.csv" \
+        python3 bench/kernel_times.py /tmp/$1.gguf --order $2 --tokens $3 > "$OUT/ncu-$name.log" 2>&1
+    echo "exit $?"
+    python3 bench/kernel_times.py --summarize "$OUT/ncu-$name.csv" --json "$OUT/kernel-times-$name.json" | head -n 16
+done
+for ahead in 1 0; do
+    echo "== hiraishin bench, HIRAISHIN_PREFETCH_AHEAD=$ahead"
+    HIRAISHIN_PREFETCH_AHEAD=$ahead timeout ${BENCH_TIMEOUT:-120} python3 -m hiraishin bench /tmp/qwen3-8b.gguf \
+        --draft /tmp/qwen3-0.6b.gguf --device cuda --orders invariant,subblock --widths 1,3,16 --prefill 512 \
+        --tokens 32 --repetitions 3 --quiet --json "$OUT/hiraishin-bench-ahead$ahead.json" 2>&1 | sed -n '/decode ms/,/== plain/p' | head -n 30
+done
+echo "== done"; date -u
