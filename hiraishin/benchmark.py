@@ -24,8 +24,9 @@ The oracle. Synthetic weights do not agree like trained ones (a synthetic draft 
 guesses the target's token), so *which* guesses are right comes from a seeded schedule with the
 original report's profile (:data:`REPORT`): per cycle ``k`` drafted tokens (mean verify batch
 ``k + 1`` = 2.97) of which a prefix of ``a`` is right (77.3% of drafted tokens overall, 2.52
-tokens out per cycle). Everything else runs for real: per cycle the draft model makes its ``k``
-one-token passes; the drafted tokens are the target's own plain-greedy tokens for the
+tokens out per cycle). Everything else runs for real: per cycle the draft model makes ``k``
+passes, as the library's own loop (``hiraishin.decode.speculative``) does: one of the one or two
+tokens its cache lacks, then ``k - 1`` of one token; the drafted tokens are the target's own plain-greedy tokens for the
 scheduled-right prefix and a deliberately wrong token at the first rejection; the target runs
 one verify pass of ``k + 1`` tokens (cut to ``order.verify_limit``); acceptance compares each
 drafted token with the target's argmax in that pass (so under an exact order the schedule is
@@ -352,15 +353,14 @@ def speculative_decode(target, draft, prompt, n_tokens: int, order, draft_order,
         for j in range(k):
             ref = reference[p + 1 + j - base] if p + 1 + j - base < len(reference) else 0
             guesses.append(ref if j < right else (ref + WRONG_TOKEN_STEP) % n_vocab if j == right else ref)
-        # drafting: catch the draft's cache up to p (it lacks the last accepted tokens), then k passes
+        # drafting: catch the draft's cache up to p in one pass (it lacks the pending token, and after
+        # a cycle that accepted every guess also the last guess: one or two tokens, fed together as
+        # hiraishin.decode.speculative does), whose last logits give guess 0; then k - 1 one-token passes
         t_draft = 0.0
         feed_tokens = seq[draft.kv_len:p + 1] if k else []
-        fed = 0
-        while fed < len(feed_tokens) and k:
-            # one-token passes: the draft's own steps (its cache is behind by the tokens of the last cycle)
-            _, dt = _timed(draft, [feed_tokens[fed]], draft.kv_len, draft_order)
+        if feed_tokens:
+            _, dt = _timed(draft, feed_tokens, draft.kv_len, draft_order)
             t_draft += dt
-            fed += 1
         for j in range(k - 1):
             _, dt = _timed(draft, [guesses[j]], draft.kv_len, draft_order)
             t_draft += dt
