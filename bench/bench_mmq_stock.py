@@ -7,9 +7,9 @@ For the Qwen3-8B shapes (Q4_K 4096->4096, 4096->1024, 4096->12288; Q6_K 12288->4
 its Numba emulator (rows 0..129 and the last 40), then timed beside the old tiled dp4a kernel
 (the variant's wide path before) and BATCH_VARIANT's one column (dp4a mat-vec): median over
 batches of CUDA-event timed runs of ``--reps`` back-to-back launches (fewer for slow kernels), a
-spin kernel hiding the host, weights rotated through copies of together >= 4x the L2. The stock
-time includes its fixup launch. Prints us, GB/s (weight + activation bytes), the ratio to the
-variant's one column and the speed-up over the tiled kernel. ``--sweep``: launch facts (warps per
+spin kernel hiding the host, weights rotated through copies of together >= 4x the L2 (the stock
+kernel does upstream's fixup inside its one launch). Prints us, GB/s (weight + activation bytes),
+the ratio to the variant's one column and the speed-up over the tiled kernel. ``--sweep``: launch facts (warps per
 CUDA block, columns per warp; same bits) at 16 and 512 columns. ``--out DIR``: bench_mmq_stock.json.
 """
 

@@ -70,9 +70,11 @@ MMQ_J_MAX = 128
 MMQ_TILE_EFFICIENCY = 90
 
 # Our kernel's launch facts (no bit changes; tests/test_mmq_stock*.py): warps per CUDA block
-# (16 rows each) and columns per warp, keyed by the tile width class. H200:
-# bench/results/2026-12-01-h200-mmq-stock/.
-MMQ_STOCK_NWARPS = 4
+# (16 rows each) and columns per warp, keyed by J >= 64. H200 sweep
+# (bench/results/2026-12-01-h200-mmq-stock/, run 1): 2 warps beat 4 and 8 at every shape (16
+# columns: attn_q 19.7 vs 21.9 / 26.4 us, ffn_down 56.2 vs 62.4 / 75.5; 512: 270 vs 270 / 275,
+# output head 11.1 vs 11.4 / 11.7 ms); 512 columns: 32 columns per warp beat 16 (attn_q 270 vs 337 us).
+MMQ_STOCK_NWARPS = 2
 MMQ_STOCK_COLS_PER_WARP = {False: 16, True: 32}  # key: J >= 64
 
 
@@ -144,7 +146,7 @@ class MMQStockPlan:
         return self.ncols
 
     def launches(self) -> list[tuple[int, int]]:
-        """(first column, columns) of each launch: one launch (plus the fixup) for every column."""
+        """(first column, columns) of each launch: one launch for every column."""
         return [(0, self.ncols)]
 
     @property
@@ -179,25 +181,22 @@ class MMQStockPlan:
         nty, ntx = self.tiles
         return stream_k_pieces(nty * ntx, self.nblocks, self.grid)
 
-    def tables(self) -> tuple[np.ndarray, np.ndarray]:
-        """The work items and fixups our kernel runs, as int32 arrays.
+    def tables(self) -> tuple[np.ndarray, int]:
+        """The work items our kernel runs, as an int32 array, and the scratch slots they need.
 
-        ``items`` (n_items, 5): it, jt, kb0, kb1, scratch slot (-1: the tile's last piece, written
-        to the output). ``fixups`` (n_fixups, 4): it, jt, first slot, pieces in scratch (the
-        tile's pieces before the last, in k order, in consecutive slots).
+        ``items`` (n_items, 8): tile t (= it * column tiles + jt), it, jt, kb0, kb1, the tile's
+        first scratch slot (-1 for a tile of one piece, written straight to the output), the
+        piece's index p and the tile's piece count m (its pieces use slots first .. first+m-1).
         """
         _, ntx = self.tiles
-        items, fixups, slot = [], [], 0
+        items, slot = [], 0
         for t, ps in enumerate(self.pieces()):
             it, jt = divmod(t, ntx)
-            if len(ps) > 1:
-                fixups.append((it, jt, slot, len(ps) - 1))
+            first = -1 if len(ps) == 1 else slot
             for p, (a, b) in enumerate(ps):
-                last = p == len(ps) - 1
-                items.append((it, jt, a, b, -1 if last else slot))
-                slot += 0 if last else 1
-        return (np.array(items, dtype=np.int32).reshape(-1, 5),
-                np.array(fixups, dtype=np.int32).reshape(-1, 4))
+                items.append((t, it, jt, a, b, first, p, len(ps)))
+            slot += 0 if len(ps) == 1 else len(ps)
+        return np.array(items, dtype=np.int32).reshape(-1, 8), slot
 
     def describe(self) -> str:
         step = ("per 32-value sub-block b: sum = fmaf(half(d*sc_b)*dx_b, float(C_b), sum); "
@@ -214,9 +213,8 @@ class MMQStockPlan:
         else:
             sizes = sorted({len(p) for p in self.pieces()})
             split = (f"; stream-k over {self.grid} CUDA blocks ({self.sm_count} SMs): each tile's "
-                     f"{self.nblocks} super-blocks fall into {'/'.join(map(str, sizes))} piece(s), the last "
-                     "written to the output, the others added newest first by the fixup "
-                     "(out = P_m + (((0 + P_m-1) + ...) + P_0))")
+                     f"{self.nblocks} super-blocks fall into {'/'.join(map(str, sizes))} piece(s), each summed "
+                     "from 0, combined as the fixup does: out = P_m + (((0 + P_m-1) + ...) + P_0)")
         return (head + split + ". Differs from upstream in its input only: the activations are the mat-vec's "
                 "q8_1 blocks (d = amax/127 in fp16, q = round(x/d)), not quantize_mmq_q8_1's "
                 "(d = 1/(127/amax), Q6_K's d kept in fp32), and every operation is IEEE (no fast-math). "

@@ -1,5 +1,5 @@
-"""Launcher of ``mmq_stock.cu``: defines from the plan, the work-item and fixup tables on the
-device, a scratch buffer for the pieces the fixup adds; prepared launches writing into ``out``.
+"""Launcher of ``mmq_stock.cu``: defines from the plan, the work items on the device, scratch
+slots for the pieces of split tiles and their arrival counters; prepared launches writing into ``out``.
 
 Geometry from :mod:`hiraishin.plans.mmq_stock`, block facts from :mod:`hiraishin.quant`. The
 kernel reads llama.cpp's q8_1 layout (``hiraishin.kernels.quantize.launch(x, xq)``, layout None).
@@ -20,8 +20,10 @@ __all__ = ["SOURCE", "MMQ_STOCK_MAX_REGS", "MMQStockLaunch", "kernel_defines", "
 SOURCE = "mmq_stock/mmq_stock.cu"
 
 # Register cap per thread as resident CUDA blocks per SM (HX_MIN_BLOCKS), keyed by (qtype, n-tiles
-# per warp): a launch fact, no bit changes. A cap that spills is relaxed when the kernel compiles.
-MMQ_STOCK_MAX_REGS = {("Q4_K", 2): 96, ("Q6_K", 2): 96, ("Q4_K", 4): 128, ("Q6_K", 4): 128}
+# per warp): a launch fact, no bit changes. What the kernels need without spilling (H200 run 1,
+# bench/results/2026-12-01-h200-mmq-stock/: Q4_K 96 / 166, Q6_K 128 / 239 registers at 2 / 4
+# n-tiles); a cap that spills is relaxed when the kernel compiles.
+MMQ_STOCK_MAX_REGS = {("Q4_K", 2): 96, ("Q6_K", 2): 128, ("Q4_K", 4): 168, ("Q6_K", 4): 240}
 _REGISTERS_PER_SM = 65536
 _MAX_BLOCKS_PER_SM = 32
 
@@ -47,47 +49,47 @@ def kernel_defines(plan: MMQStockPlan, max_regs: int | None | str = "default") -
     }
 
 
-def _kernels(plan: MMQStockPlan, max_regs="default"):
+def _kernel(plan: MMQStockPlan, max_regs="default"):
     defines = kernel_defines(plan, max_regs)
     min_blocks = defines["HX_MIN_BLOCKS"]
     while True:  # a cap that spills: one resident block fewer (more registers), down to no cap
-        d = dict(defines, HX_MIN_BLOCKS=min_blocks)
-        main = get_kernel(SOURCE, "hx_mmq_stock", d)
-        if min_blocks == 1 or int(main.local_size_bytes) == 0:
-            return main, get_kernel(SOURCE, "hx_mmq_stock_fixup", d)
+        kernel = get_kernel(SOURCE, "hx_mmq_stock", dict(defines, HX_MIN_BLOCKS=min_blocks))
+        if min_blocks == 1 or int(kernel.local_size_bytes) == 0:
+            return kernel
         min_blocks -= 1
 
 
 class MMQStockLaunch:
-    """The prepared launches (main kernel, then the fixup where a tile has several pieces) of
-    ``plan`` (its ``n`` rows, its ``k``); call with (w, xq, out). ``out`` float32 (ncols, n),
-    ``out_stride`` floats between columns. Unchecked.
+    """The prepared launch of ``plan`` (its ``n`` rows, its ``k``); call with (w, xq, out).
+
+    ``out`` float32 (ncols, n), ``out_stride`` floats between columns. Holds the work items, the
+    scratch slots of split tiles and one counter per (tile, row part, column part), which the
+    last block of each region resets: launches of one prepared launch must not overlap (one
+    stream). Unchecked.
     """
 
-    __slots__ = ("kernel", "fixup", "grid", "block", "fixup_grid", "items", "fixups", "scratch", "scalars")
+    __slots__ = ("block", "counters", "grid", "items", "kernel", "scalars", "scratch")
 
     def __init__(self, plan: MMQStockPlan, out_stride: int | None = None, max_regs="default"):
         import cupy as cp
 
         if not plan.shaped:
             raise ValueError("the stock MMQ kernel needs a plan with the weight's shape (k, n)")
-        self.kernel, self.fixup = _kernels(plan, max_regs)
-        items, fixups = plan.tables()
-        nslots = int((items[:, 4] >= 0).sum())
+        self.kernel = _kernel(plan, max_regs)
+        items, nslots = plan.tables()
         subrows = MMQ_TILE_ROWS // plan.rows_per_block
-        self.grid = (len(items) * subrows, -(-plan.tile_cols // plan.cols_per_warp), 1)
+        chunks = -(-plan.tile_cols // plan.cols_per_warp)
+        nty, ntx = plan.tiles
+        self.grid = (len(items) * subrows, chunks, 1)
         self.block = (32 * plan.nwarps, 1, 1)
-        self.fixup_grid = (len(fixups), plan.tile_cols, 1)
         self.items = cp.asarray(items)
-        self.fixups = cp.asarray(fixups) if len(fixups) else None
         self.scratch = cp.empty(max(1, nslots * plan.tile_cols * MMQ_TILE_ROWS), dtype=cp.float32)
+        self.counters = cp.zeros(nty * ntx * subrows * chunks, dtype=cp.int32)
         self.scalars = (np.int32(plan.n), np.int32(plan.ncols),
                         np.int64(plan.n if out_stride is None else out_stride))
 
     def __call__(self, w, xq, out):
-        self.kernel(self.grid, self.block, (w, xq, out, self.scratch, self.items) + self.scalars)
-        if self.fixups is not None:
-            self.fixup(self.fixup_grid, (MMQ_TILE_ROWS, 1, 1), (out, self.scratch, self.fixups) + self.scalars)
+        self.kernel(self.grid, self.block, (w, xq, out, self.scratch, self.counters, self.items) + self.scalars)
         return out
 
 
