@@ -24,7 +24,7 @@ done
 for ahead in 1 0; do
     echo "== hiraishin bench, HIRAISHIN_PREFETCH_AHEAD=$ahead"
     HIRAISHIN_PREFETCH_AHEAD=$ahead timeout ${BENCH_TIMEOUT:-120} python3 -m hiraishin bench /tmp/qwen3-8b.gguf \
-        --draft /tmp/qwen3-0.6b.gguf --device cuda --orders invariant,subblock --widths 1,3,16 --prefill 512 \
+        --draft /tmp/qwen3-0.6b.gguf --device cuda --orders ${BENCH_ORDERS:-invariant} --widths 1,3 --prefill 16 \
         --tokens 32 --repetitions 3 --quiet --json "$OUT/hiraishin-bench-ahead$ahead.json" 2>&1 | sed -n '/decode ms/,/== plain/p' | head -n 30
 done
 echo "== done"; date -u
