@@ -340,18 +340,18 @@ def test_cpu_backend_runs_the_stock_order():
 
 STOCK_MAIN = r"""
 int main(int argc, char** argv) {
-    // argv: weights, q8_1, items, nrows, ncols, n_items, grid y, scratch floats, counters, repeats, out
-    int nrows = atoi(argv[4]), ncols = atoi(argv[5]), n_items = atoi(argv[6]), reps = atoi(argv[10]);
-    unsigned gy = atoi(argv[7]);
-    auto w = hx_read(argv[1]); auto x = hx_read(argv[2]); auto it = hx_read(argv[3]);
-    std::vector<float> scratch(atoi(argv[8]) + 1, 0.0f);
-    std::vector<int> counters(atoi(argv[9]), 0);
+    // argv: weights, q8_1, items, fixups, nrows, ncols, n_items, n_fixups, grid y, scratch floats, out
+    int nrows = atoi(argv[5]), ncols = atoi(argv[6]), n_items = atoi(argv[7]), n_fix = atoi(argv[8]);
+    unsigned gy = atoi(argv[9]);
+    auto w = hx_read(argv[1]); auto x = hx_read(argv[2]); auto it = hx_read(argv[3]); auto fx = hx_read(argv[4]);
+    std::vector<float> scratch(atoi(argv[10]) + 1, 0.0f);
     std::vector<float> out((size_t)ncols * nrows, -12345.0f);
-    for (int r = 0; r < reps; ++r)  // a second launch: the counters were reset by the first
-        hx_launch({(unsigned)(n_items * HX_SUBROWS), gy, 1}, {32u * HX_NWARPS, 1, 1}, 0, [&] {
-            hx_mmq_stock(w.data(), x.data(), out.data(), scratch.data(), counters.data(), (const int*)it.data(),
-                         nrows, ncols, (long long)nrows); });
-    for (int c : counters) if (c) { std::fprintf(stderr, "counter not reset\n"); return 3; }
+    hx_launch({(unsigned)(n_items * HX_SUBROWS), gy, 1}, {32u * HX_NWARPS, 1, 1}, 0, [&] {
+        hx_mmq_stock(w.data(), x.data(), out.data(), scratch.data(), (const int*)it.data(), nrows, ncols,
+                     (long long)nrows); });
+    if (n_fix)
+        hx_launch({(unsigned)n_fix, (unsigned)HX_J, 1}, {HX_TILE_ROWS, 1, 1}, 0, [&] {
+            hx_mmq_stock_fixup(out.data(), scratch.data(), (const int*)fx.data(), nrows, ncols, (long long)nrows); });
     hx_write(argv[11], out.data(), out.size() * 4);
 }"""
 
@@ -370,18 +370,17 @@ def test_source_equals_emulator_on_cpu(tmp_path, qtype, k, n, ncols, sm, nwarps,
     if GXX is None:
         pytest.skip("needs g++ (C++20)")
     plan = dataclasses.replace(mmq_stock_plan(ncols, qtype, k, n, _device(sm)), nwarps=nwarps, cols_per_warp=cpw)
-    items, nslots = plan.tables()
-    assert nslots  # some tiles are split: the counters and the combine run
+    items, fixups = plan.tables()
+    assert len(fixups)  # some tiles are split: the fixup kernel runs
     w, xq = _inputs(qtype, k, n, ncols, seed=21)
-    for name, a in (("w", w), ("x", xq), ("i", items)):
+    for name, a in (("w", w), ("x", xq), ("i", items), ("f", fixups)):
         np.ascontiguousarray(a).tofile(tmp_path / f"{name}.bin")
     builder = ShimBuilder(tmp_path)
     (tmp_path / "hx_mma_shim.h").write_text(MMA_SHIM_H)
     exe = builder.build(SOURCE, dict(kernel_defines(plan, None), HX_SHIM=1), STOCK_MAIN, "mmq_stock")
-    chunks = -(-plan.tile_cols // cpw)
-    nty, ntx = plan.tiles
-    run(exe, *(tmp_path / f"{s}.bin" for s in "wxi"), n, ncols, len(items), chunks,
-        nslots * plan.tile_cols * 128, nty * ntx * (128 // plan.rows_per_block) * chunks, 2, tmp_path / "o.bin")
+    nslots = int((items[:, 4] >= 0).sum())
+    run(exe, *(tmp_path / f"{s}.bin" for s in "wxif"), n, ncols, len(items), len(fixups),
+        -(-plan.tile_cols // cpw), nslots * plan.tile_cols * 128, tmp_path / "o.bin")
     got = np.fromfile(tmp_path / "o.bin", np.float32).reshape(ncols, n)
     np.testing.assert_array_equal(got.view(np.uint32), emulate(w, qtype, xq, plan).view(np.uint32))
 

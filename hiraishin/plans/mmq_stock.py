@@ -146,7 +146,7 @@ class MMQStockPlan:
         return self.ncols
 
     def launches(self) -> list[tuple[int, int]]:
-        """(first column, columns) of each launch: one launch for every column."""
+        """(first column, columns) of each launch: one launch (plus the fixup) for every column."""
         return [(0, self.ncols)]
 
     @property
@@ -181,22 +181,25 @@ class MMQStockPlan:
         nty, ntx = self.tiles
         return stream_k_pieces(nty * ntx, self.nblocks, self.grid)
 
-    def tables(self) -> tuple[np.ndarray, int]:
-        """The work items our kernel runs, as an int32 array, and the scratch slots they need.
+    def tables(self) -> tuple[np.ndarray, np.ndarray]:
+        """The work items and fixups our kernel runs, as int32 arrays.
 
-        ``items`` (n_items, 8): tile t (= it * column tiles + jt), it, jt, kb0, kb1, the tile's
-        first scratch slot (-1 for a tile of one piece, written straight to the output), the
-        piece's index p and the tile's piece count m (its pieces use slots first .. first+m-1).
+        ``items`` (n_items, 5): it, jt, kb0, kb1, scratch slot (-1: the tile's last piece, written
+        to the output). ``fixups`` (n_fixups, 4): it, jt, first slot, pieces in scratch (the
+        tile's pieces before the last, in k order, in consecutive slots).
         """
         _, ntx = self.tiles
-        items, slot = [], 0
+        items, fixups, slot = [], [], 0
         for t, ps in enumerate(self.pieces()):
             it, jt = divmod(t, ntx)
-            first = -1 if len(ps) == 1 else slot
+            if len(ps) > 1:
+                fixups.append((it, jt, slot, len(ps) - 1))
             for p, (a, b) in enumerate(ps):
-                items.append((t, it, jt, a, b, first, p, len(ps)))
-            slot += 0 if len(ps) == 1 else len(ps)
-        return np.array(items, dtype=np.int32).reshape(-1, 8), slot
+                last = p == len(ps) - 1
+                items.append((it, jt, a, b, -1 if last else slot))
+                slot += 0 if last else 1
+        return (np.array(items, dtype=np.int32).reshape(-1, 5),
+                np.array(fixups, dtype=np.int32).reshape(-1, 4))
 
     def describe(self) -> str:
         step = ("per 32-value sub-block b: sum = fmaf(half(d*sc_b)*dx_b, float(C_b), sum); "
@@ -213,8 +216,9 @@ class MMQStockPlan:
         else:
             sizes = sorted({len(p) for p in self.pieces()})
             split = (f"; stream-k over {self.grid} CUDA blocks ({self.sm_count} SMs): each tile's "
-                     f"{self.nblocks} super-blocks fall into {'/'.join(map(str, sizes))} piece(s), each summed "
-                     "from 0, combined as the fixup does: out = P_m + (((0 + P_m-1) + ...) + P_0)")
+                     f"{self.nblocks} super-blocks fall into {'/'.join(map(str, sizes))} piece(s), the last "
+                     "written to the output, the others added newest first by the fixup "
+                     "(out = P_m + (((0 + P_m-1) + ...) + P_0))")
         return (head + split + ". Differs from upstream in its input only: the activations are the mat-vec's "
                 "q8_1 blocks (d = amax/127 in fp16, q = round(x/d)), not quantize_mmq_q8_1's "
                 "(d = 1/(127/amax), Q6_K's d kept in fp32), and every operation is IEEE (no fast-math). "

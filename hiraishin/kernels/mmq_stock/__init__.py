@@ -14,15 +14,13 @@ activations are the mat-vec's q8_1 blocks (llama.cpp ``quantize_q8_1``), not
 
 Why a new folder, not a mode of ``kernels/mmq``: that kernel's geometry *is* its order (K
 segments per warp, summed in shared memory); this one has no K segments inside a CUDA block (one
-accumulator per output and piece), a work-item table, the fixup's combination across CUDA blocks
-and a different Q6_K accumulation. The MMA fragments and weight loads are the same as ``mmq.cu``'s.
+accumulator per output and piece), a second kernel (the fixup), a work-item table and a different
+Q6_K accumulation. The MMA fragments and weight loads are the same as ``mmq.cu``'s.
 
 Geometry (``mmq_stock.cu``): a work item = (tile, piece); a CUDA block = ``plan.nwarps`` warps of
 16 rows each (m16n8k32 for Q4_K, two m16n8k16 per q8_1 block for Q6_K) x ``plan.cols_per_warp``
-columns, its piece's weight rows prefetched into L2 first. A tile of one piece writes ``out``;
-split tiles write scratch slots, and the last CUDA block of each region to arrive (an atomic
-counter, reset by that block) adds them in the fixup's fixed order, so the bits do not depend on
-which block arrives last. Any batch width is one launch; prefill widths take J = 128.
+columns; the tile's last piece writes ``out``, the others a scratch buffer; the fixup kernel adds
+them. Any batch width runs in one launch (plus the fixup); prefill widths take J = 128.
 
 API: ``plan = hiraishin.plans.mmq_stock.mmq_stock_plan(ncols, qtype, k, n, device)``;
 ``emulate(w, qtype, xq, plan, row0=0)`` (CPU); ``launch(w, qtype, xq, plan, out)`` (cupy).

@@ -1,5 +1,5 @@
-"""Launcher of ``mmq_stock.cu``: defines from the plan, the work items on the device, scratch
-slots for the pieces of split tiles and their arrival counters; prepared launches writing into ``out``.
+"""Launcher of ``mmq_stock.cu``: defines from the plan, the work-item and fixup tables on the
+device, a scratch buffer for the pieces the fixup adds; prepared launches writing into ``out``.
 
 Geometry from :mod:`hiraishin.plans.mmq_stock`, block facts from :mod:`hiraishin.quant`. The
 kernel reads llama.cpp's q8_1 layout (``hiraishin.kernels.quantize.launch(x, xq)``, layout None).
@@ -14,8 +14,8 @@ from ...quant import BLOCK_BYTES, GGML_TYPE_ID, QK_K
 from ..compile import get_kernel
 from ..compile import precompile as compile_many
 
-__all__ = ["SOURCE", "MMQ_STOCK_MAX_REGS", "MMQStockLaunch", "kernel_defines", "launch", "prepared_launch",
-           "precompile"]
+__all__ = ["MMQ_STOCK_MAX_REGS", "SOURCE", "MMQStockLaunch", "kernel_defines", "launch", "precompile",
+           "prepared_launch"]
 
 SOURCE = "mmq_stock/mmq_stock.cu"
 
@@ -49,47 +49,47 @@ def kernel_defines(plan: MMQStockPlan, max_regs: int | None | str = "default") -
     }
 
 
-def _kernel(plan: MMQStockPlan, max_regs="default"):
+def _kernels(plan: MMQStockPlan, max_regs="default"):
     defines = kernel_defines(plan, max_regs)
     min_blocks = defines["HX_MIN_BLOCKS"]
     while True:  # a cap that spills: one resident block fewer (more registers), down to no cap
-        kernel = get_kernel(SOURCE, "hx_mmq_stock", dict(defines, HX_MIN_BLOCKS=min_blocks))
-        if min_blocks == 1 or int(kernel.local_size_bytes) == 0:
-            return kernel
+        d = dict(defines, HX_MIN_BLOCKS=min_blocks)
+        main = get_kernel(SOURCE, "hx_mmq_stock", d)
+        if min_blocks == 1 or int(main.local_size_bytes) == 0:
+            return main, get_kernel(SOURCE, "hx_mmq_stock_fixup", d)
         min_blocks -= 1
 
 
 class MMQStockLaunch:
-    """The prepared launch of ``plan`` (its ``n`` rows, its ``k``); call with (w, xq, out).
-
-    ``out`` float32 (ncols, n), ``out_stride`` floats between columns. Holds the work items, the
-    scratch slots of split tiles and one counter per (tile, row part, column part), which the
-    last block of each region resets: launches of one prepared launch must not overlap (one
-    stream). Unchecked.
+    """The prepared launches (main kernel, then the fixup where a tile has several pieces) of
+    ``plan`` (its ``n`` rows, its ``k``); call with (w, xq, out). ``out`` float32 (ncols, n),
+    ``out_stride`` floats between columns. Unchecked.
     """
 
-    __slots__ = ("block", "counters", "grid", "items", "kernel", "scalars", "scratch")
+    __slots__ = ("block", "fixup", "fixup_grid", "fixups", "grid", "items", "kernel", "scalars", "scratch")
 
     def __init__(self, plan: MMQStockPlan, out_stride: int | None = None, max_regs="default"):
         import cupy as cp
 
         if not plan.shaped:
             raise ValueError("the stock MMQ kernel needs a plan with the weight's shape (k, n)")
-        self.kernel = _kernel(plan, max_regs)
-        items, nslots = plan.tables()
+        self.kernel, self.fixup = _kernels(plan, max_regs)
+        items, fixups = plan.tables()
+        nslots = int((items[:, 4] >= 0).sum())
         subrows = MMQ_TILE_ROWS // plan.rows_per_block
-        chunks = -(-plan.tile_cols // plan.cols_per_warp)
-        nty, ntx = plan.tiles
-        self.grid = (len(items) * subrows, chunks, 1)
+        self.grid = (len(items) * subrows, -(-plan.tile_cols // plan.cols_per_warp), 1)
         self.block = (32 * plan.nwarps, 1, 1)
+        self.fixup_grid = (len(fixups), plan.tile_cols, 1)
         self.items = cp.asarray(items)
+        self.fixups = cp.asarray(fixups) if len(fixups) else None
         self.scratch = cp.empty(max(1, nslots * plan.tile_cols * MMQ_TILE_ROWS), dtype=cp.float32)
-        self.counters = cp.zeros(nty * ntx * subrows * chunks, dtype=cp.int32)
         self.scalars = (np.int32(plan.n), np.int32(plan.ncols),
                         np.int64(plan.n if out_stride is None else out_stride))
 
     def __call__(self, w, xq, out):
-        self.kernel(self.grid, self.block, (w, xq, out, self.scratch, self.counters, self.items) + self.scalars)
+        self.kernel(self.grid, self.block, (w, xq, out, self.scratch, self.items) + self.scalars)
+        if self.fixups is not None:
+            self.fixup(self.fixup_grid, (MMQ_TILE_ROWS, 1, 1), (out, self.scratch, self.fixups) + self.scalars)
         return out
 
 

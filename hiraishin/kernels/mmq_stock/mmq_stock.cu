@@ -1,14 +1,12 @@
 // hiraishin: llama.cpp MMQ's float sequence on int8 tensor cores (see hiraishin/kernels/mmq_stock/__init__.py).
 //
 // hx_mmq_stock: one CUDA block = HX_NWARPS warps, warp w = 16 rows x HX_COLS columns of one work
-// item (an upstream tile t = (it, jt) of 128 rows x HX_J columns and one piece p of its m pieces
-// [kb0, kb1) of super-blocks; hiraishin/plans/mmq_stock.py). blockIdx.x = item * HX_SUBROWS + the
-// item's 16 * HX_NWARPS-row part, blockIdx.y = the HX_COLS-column part of the tile. Each output
-// accumulates its piece in k order with upstream's operations. A tile of one piece writes the
-// output; otherwise each piece goes to its scratch slot, and the last CUDA block of a region (same
-// tile, rows and columns) to arrive (a counter per region) forms mul_mat_q_stream_k_fixup's sum:
-// out = P_{m-1} + ((((0 + P_{m-2}) + P_{m-3}) + ...) + P_0), whoever arrives last, then resets the
-// counter for the next launch.
+// item (an upstream tile it, jt of 128 rows x HX_J columns and one piece [kb0, kb1) of its
+// super-blocks; hiraishin/plans/mmq_stock.py). blockIdx.x = item * HX_SUBROWS + the item's 16 *
+// HX_NWARPS-row part, blockIdx.y = the HX_COLS-column part of the tile. Each output accumulates
+// its piece in k order with upstream's operations; the tile's last piece goes to the output, the
+// others to scratch. hx_mmq_stock_fixup (mul_mat_q_stream_k_fixup): out += sum of the scratch
+// pieces, newest first, one thread per (row, column).
 //
 // Defines (launch.py): HX_QTYPE (12 Q4_K, 14 Q6_K), HX_BLOCK_BYTES, HX_Q8_BYTES, HX_NB
 // (super-blocks per row), HX_NWARPS, HX_NT (n-tiles of 8 columns per warp), HX_J (upstream's
@@ -118,48 +116,26 @@ __device__ __forceinline__ int hx_q6_vals(const hx_row& r, int n, int bb, int h)
 }
 #endif
 
-#ifdef HX_SHIM  // CPU shim: one CUDA block at a time, one thread takes the counter
-inline int atomicAdd(int* p, int v) { const int old = *p; *p += v; return old; }
-#define __threadfence() ((void)0)
-#define __ldcg(p) (*(p))
-#endif
-
 extern "C" __global__ void __launch_bounds__(32 * HX_NWARPS, HX_MIN_BLOCKS)
 hx_mmq_stock(const unsigned char* __restrict__ w, const unsigned char* __restrict__ xq, float* __restrict__ out,
-             float* __restrict__ scratch, int* __restrict__ counters, const int* __restrict__ items,
-             const int nrows, const int ncols, const long long out_stride) {
+             float* __restrict__ scratch, const int* __restrict__ items, const int nrows, const int ncols,
+             const long long out_stride) {
     HX_PDL_ENTRY();
-    __shared__ int last;
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
-    const int* item = items + 8 * (blockIdx.x / HX_SUBROWS);
-    const int tile = item[0], it = item[1], jt = item[2], kb0 = item[3], kb1 = item[4];
-    const int slot0 = item[5], piece = item[6], npieces = item[7];
-    const int sub = blockIdx.x % HX_SUBROWS;
-    const int trow0 = sub * 16 * HX_NWARPS + 16 * warp;  // first row of the warp in the tile
+    const int* item = items + 5 * (blockIdx.x / HX_SUBROWS);
+    const int it = item[0], jt = item[1], kb0 = item[2], kb1 = item[3], slot = item[4];
+    const int trow0 = (blockIdx.x % HX_SUBROWS) * 16 * HX_NWARPS + 16 * warp;  // first row in the tile
     const int row0 = it * HX_TILE_ROWS + trow0;
-    const int tcol0 = blockIdx.y * HX_COLS;                // first column in the tile
+    const int tcol0 = blockIdx.y * HX_COLS;                                     // first column in the tile
     const int col0 = jt * HX_J + tcol0;
     const int col_end = min(ncols, (jt + 1) * HX_J);
-    const bool active = row0 < nrows && col0 < col_end;  // warp-uniform; idle warps still meet the barriers
-    float acc[HX_NT][4];
-#pragma unroll
-    for (int nt = 0; nt < HX_NT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[nt][e] = 0.0f;
-    if (active) {
+    if (row0 >= nrows || col0 >= col_end) return;  // warp-uniform
     const size_t row_bytes = (size_t)HX_NB * HX_BLOCK_BYTES;
     const size_t x_bytes = (size_t)HX_NB * 8 * HX_Q8_BYTES;
     const unsigned char* wA = w + (size_t)min(row0 + g, nrows - 1) * row_bytes;
     const unsigned char* wB = w + (size_t)min(row0 + g + 8, nrows - 1) * row_bytes;
-    {   // the warp's 16 rows of the piece into L2 first (read-only bytes; changes no bit): lanes
-        // 2r, 2r+1 take row r's 128-byte lines in turn, then its last byte
-        const unsigned char* pr = w + (size_t)min(row0 + (lane >> 1), nrows - 1) * row_bytes + (size_t)kb0 * HX_BLOCK_BYTES;
-        const int span = (kb1 - kb0) * HX_BLOCK_BYTES;
-        for (int off = 128 * (lane & 1); off < span; off += 256) HX_PREFETCH_L2(pr + off);
-        if ((lane & 1) && span > 0) HX_PREFETCH_L2(pr + span - 1);
-    }
     const unsigned char* xb[HX_NT];     // B fragment column (g) of each n-tile
     const unsigned char* xc[HX_NT][2];  // C columns (2t, 2t+1) of each n-tile
 #pragma unroll
@@ -168,6 +144,12 @@ hx_mmq_stock(const unsigned char* __restrict__ w, const unsigned char* __restric
         xc[nt][0] = xq + (size_t)min(col0 + 8 * nt + 2 * t, ncols - 1) * x_bytes;
         xc[nt][1] = xq + (size_t)min(col0 + 8 * nt + 2 * t + 1, ncols - 1) * x_bytes;
     }
+
+    float acc[HX_NT][4];
+#pragma unroll
+    for (int nt = 0; nt < HX_NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[nt][e] = 0.0f;
 
     for (int i = kb0; i < kb1; ++i) {
         hx_row rA, rB;
@@ -238,40 +220,36 @@ hx_mmq_stock(const unsigned char* __restrict__ w, const unsigned char* __restric
         }
 #endif
     }
-    }  // active
+#pragma unroll
+    for (int nt = 0; nt < HX_NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int r = row0 + g + 8 * (e >> 1);
+            const int c = col0 + 8 * nt + 2 * t + (e & 1);
+            if (r >= nrows || c >= col_end) continue;
+            if (slot < 0) {
+                out[(size_t)c * out_stride + r] = acc[nt][e];
+            } else {  // scratch slot: the tile's 128 rows x HX_J columns, column-major like out
+                scratch[((size_t)slot * HX_J + (c - jt * HX_J)) * HX_TILE_ROWS + (r - it * HX_TILE_ROWS)] = acc[nt][e];
+            }
+        }
+}
 
-    // scratch slot s: the tile's 128 rows x HX_J columns, column-major like out
-#define HX_SCRATCH(s, r, c) scratch[((size_t)(s) * HX_J + ((c) - jt * HX_J)) * HX_TILE_ROWS + ((r) - it * HX_TILE_ROWS)]
-#pragma unroll
-    for (int nt = 0; nt < HX_NT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int r = row0 + g + 8 * (e >> 1);
-            const int c = col0 + 8 * nt + 2 * t + (e & 1);
-            if (!active || r >= nrows || c >= col_end) continue;
-            if (npieces == 1) out[(size_t)c * out_stride + r] = acc[nt][e];
-            else HX_SCRATCH(slot0 + piece, r, c) = acc[nt][e];
-        }
-    if (npieces == 1) return;  // block-uniform
-    __threadfence();  // this piece's partials visible before the counter says so
-    __syncthreads();
-    int* counter = counters + ((size_t)tile * HX_SUBROWS + sub) * gridDim.y + blockIdx.y;
-    if (threadIdx.x == 0) last = atomicAdd(counter, 1) == npieces - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    // mul_mat_q_stream_k_fixup: sum = 0; sum += P_{m-2}, ..., P_0; out = P_{m-1} + sum
-#pragma unroll
-    for (int nt = 0; nt < HX_NT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int r = row0 + g + 8 * (e >> 1);
-            const int c = col0 + 8 * nt + 2 * t + (e & 1);
-            if (!active || r >= nrows || c >= col_end) continue;
-            float sum = 0.0f;
-            for (int q = npieces - 2; q >= 0; --q) sum = __fadd_rn(sum, __ldcg(&HX_SCRATCH(slot0 + q, r, c)));
-            out[(size_t)c * out_stride + r] = __fadd_rn(__ldcg(&HX_SCRATCH(slot0 + npieces - 1, r, c)), sum);
-        }
-#undef HX_SCRATCH
-    if (threadIdx.x == 0) *counter = 0;  // ready for the next launch (a CUDA-graph replay)
+// mul_mat_q_stream_k_fixup: sum = 0; sum += P_{m-1}, ..., P_0 (newest first); out += sum.
+// fixups[f] = it, jt, first slot, count. One thread per row of the tile, blockIdx.y = column.
+extern "C" __global__ void __launch_bounds__(HX_TILE_ROWS)
+hx_mmq_stock_fixup(float* __restrict__ out, const float* __restrict__ scratch, const int* __restrict__ fixups,
+                   const int nrows, const int ncols, const long long out_stride) {
+    HX_PDL_ENTRY();
+    const int* f = fixups + 4 * blockIdx.x;
+    const int it = f[0], jt = f[1], slot0 = f[2], count = f[3];
+    const int r = it * HX_TILE_ROWS + threadIdx.x;
+    const int cj = blockIdx.y;
+    const int c = jt * HX_J + cj;
+    if (r >= nrows || c >= ncols) return;
+    float sum = 0.0f;
+    for (int p = count - 1; p >= 0; --p)
+        sum = __fadd_rn(sum, scratch[((size_t)(slot0 + p) * HX_J + cj) * HX_TILE_ROWS + threadIdx.x]);
+    float* o = out + (size_t)c * out_stride + r;
+    *o = __fadd_rn(*o, sum);
 }
