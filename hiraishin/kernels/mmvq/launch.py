@@ -86,14 +86,15 @@ def _min_blocks(qtype: str, ncols: int, rows: int, nwarps: int, nblocks: int) ->
 # HX_PREFETCH_AHEAD: a CUDA block also asks L2 for the weight rows of the block this many indices
 # later, one wave of resident blocks (SMs x the most 32*nwarps-thread blocks an SM holds), so a
 # matrix of several waves streams from DRAM a wave ahead of its readers (mmvq.cu,
-# hx_prefetch_rows). 0 without a CUDA device (compile checks) or with HIRAISHIN_PREFETCH_AHEAD=0.
+# hx_prefetch_rows). Off (0) unless HIRAISHIN_PREFETCH_AHEAD=1: not yet timed on a GPU (the A/B is
+# bench/kernel_times.sh); 0 also without a CUDA device (compile checks).
 ENV_PREFETCH_AHEAD = "HIRAISHIN_PREFETCH_AHEAD"
 
 
 @functools.lru_cache(maxsize=None)
 def prefetch_ahead(nwarps: int) -> int:
     """HX_PREFETCH_AHEAD for blocks of ``nwarps`` warps on the current CUDA device (0: none)."""
-    if os.environ.get(ENV_PREFETCH_AHEAD, "1").strip() == "0" or not cupy_available():
+    if os.environ.get(ENV_PREFETCH_AHEAD, "0").strip() != "1" or not cupy_available():
         return 0
     import cupy
 

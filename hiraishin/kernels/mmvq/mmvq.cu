@@ -351,7 +351,7 @@ __device__ __forceinline__ void hx_accumulate(float (&tmp)[HX_NCOLS][HX_RPB], co
 // Ask L2 for the weight bytes of this CUDA block's rows before waiting on the previous kernel
 // (HX_PDL_ENTRY): weights are never written, so under programmatic dependent launch their DRAM
 // latency overlaps the previous kernel's tail. A block also asks for the rows of the block
-// HX_PREFETCH_AHEAD indices later (about one wave of resident blocks: launch.py), so a matrix
+// HX_PREFETCH_AHEAD indices later (about one wave of resident blocks; opt-in: launch.py), so a matrix
 // larger than one wave streams from DRAM a wave ahead of the blocks that read it. Cache hints
 // only: no value and no float operation changes.
 #ifndef HX_PREFETCH_AHEAD
