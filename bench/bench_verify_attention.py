@@ -5,9 +5,9 @@ the end of 512, 4096 and 32768 cells. For each order (BATCH_INVARIANT, FIXED_SPL
 
 * ``old``: the plan as it was before fattn_vec_shared (fattn_vec_q1 per query; fattn_vec_qn, two
   tokens of one head per block, for FIXED_SPLIT's multi-query passes);
-* ``shared q{N} u{U}``: fattn_vec_shared with N queries of one KV head per block and a U-cell
-  unroll (scheduling only): every (N, U) of :data:`VARIANTS` under BATCH_INVARIANT, each N with
-  its default unroll under FIXED_SPLIT; ``plan`` marks the one the order's plan picks now.
+* ``shared q{N} u{U} smem|reg``: fattn_vec_shared with N queries of one KV head per block, a
+  U-cell unroll and the scaled queries in shared memory or registers (scheduling only), every
+  build of :data:`VARIANTS`; ``plan`` marks the one the order's plan picks now.
 
 Every timed launch is first checked bit for bit: each shared variant against ``old`` (whole output,
 every width and KV length), and ``old`` against the Numba emulator (the query heads of KV head 0)
@@ -39,9 +39,9 @@ from benchlib import assert_same_bits, git_commit, median_event_time, spin_cycle
 
 KV_LENGTHS = (512, 4096, 32768)
 WIDTHS = tuple(range(1, 17))
-# (queries per block, cell unroll) of fattn_vec_shared timed under BATCH_INVARIANT; all spill-free
-# under nvcc sm_90. FIXED_SPLIT times the default unroll of each queries-per-block choice.
-VARIANTS = ((2, 8), (4, 4), (4, 8), (8, 1), (8, 2))
+# (queries per block, cell unroll, queries in registers) of fattn_vec_shared; all spill-free under
+# nvcc sm_90
+VARIANTS = ((2, 8, 0), (2, 8, 1), (4, 4, 0), (4, 2, 1), (4, 4, 1), (8, 2, 0))
 EMULATOR_CHECKS = {512: WIDTHS, 4096: (1, 16)}
 REPS, BATCHES = 10, 5
 SPIN_S = 0.003  # > the host's enqueue time of REPS launches (two kernels each)
@@ -55,7 +55,7 @@ def main(argv=None) -> int:
     import cupy as cp
 
     from hiraishin.backends import get_backend
-    from hiraishin.kernels.attention.launch import SHARED_UNROLL, current_profile, kernel_report, launch
+    from hiraishin.kernels.attention.launch import SHARED_BUILDS, current_profile, kernel_report, launch
     from hiraishin.order import ReductionOrder
     from hiraishin.plans import attention_plan
 
@@ -85,8 +85,8 @@ def main(argv=None) -> int:
                 parts = cp.empty((n, N_HEAD, P, HEAD_DIM), cp.float32)
                 meta = cp.empty((n, N_HEAD, P, 2), cp.float32)
 
-                def run(p, unroll=None, q=q, q_pos=q_pos, out=out, parts=parts, meta=meta):
-                    return launch(q, k, v, q_pos, p, out, parts, meta, unroll=unroll)
+                def run(p, build=None, q=q, q_pos=q_pos, out=out, parts=parts, meta=meta):
+                    return launch(q, k, v, q_pos, p, out, parts, meta, build=build)
 
                 want = run(old).get()
                 what = f"{order.name} kv {kv_len} T {n}"
@@ -95,21 +95,20 @@ def main(argv=None) -> int:
                                          dataclasses.replace(old, n_head=group, n_head_kv=1))
                     assert_same_bits(f"{what} {old.kernel_name} vs emulator", want[:, :group], emu)
                 configs = [("old", old, None)]
-                variants = VARIANTS if order is ReductionOrder.BATCH_INVARIANT else sorted(SHARED_UNROLL.items())
-                configs += [(f"shared q{nq} u{u}", dataclasses.replace(plan, queries_per_block=nq, shared_kv=True), u)
-                            for nq, u in variants]
-                for label, p, unroll in configs:
+                configs += [(f"shared q{nq} u{u} {'reg' if qr else 'smem'}",
+                             dataclasses.replace(plan, queries_per_block=nq, shared_kv=True), (u, qr))
+                            for nq, u, qr in VARIANTS]
+                for label, p, build in configs:
                     if label != "old":
                         out.fill(np.nan)
-                        assert_same_bits(f"{what} {label} vs {old.kernel_name}", run(p, unroll).get(), want)
-                    sec = median_event_time(cp, lambda i, p=p, u=unroll: run(p, u), REPS, BATCHES, spin, cycles)
+                        assert_same_bits(f"{what} {label} vs {old.kernel_name}", run(p, build).get(), want)
+                    sec = median_event_time(cp, lambda i, p=p, b=build: run(p, b), REPS, BATCHES, spin, cycles)
                     is_plan = (p.shared_kv == plan.shared_kv and p.queries_per_block == plan.queries_per_block
-                               and (unroll or SHARED_UNROLL.get(p.queries_per_block)) ==
-                               (SHARED_UNROLL.get(plan.queries_per_block) if plan.shared_kv else None))
+                               and build == SHARED_BUILDS.get(plan.queries_per_block if plan.shared_kv else 0))
                     blocks = (-(-n * group // p.queries_per_block) * N_HEAD_KV if p.shared_kv
                               else -(-n // p.queries_per_block) * N_HEAD)
                     rows.append(dict(order=order.name, kv_len=kv_len, n_queries=n, config=label,
-                                     kernel=p.kernel_name, queries_per_block=p.queries_per_block, unroll=unroll,
+                                     kernel=p.kernel_name, queries_per_block=p.queries_per_block, build=build,
                                      parallel_blocks=P, plan=is_plan, us=round(sec * 1e6, 2),
                                      kv_reads_per_cell=blocks // N_HEAD_KV))
                 best = min((r for r in rows[-len(configs):]), key=lambda r: r["us"])
@@ -131,7 +130,7 @@ def main(argv=None) -> int:
                    f"(query heads of KV head 0) at { {n: list(w) for n, w in EMULATOR_CHECKS.items()} }"),
         timing=dict(reps=REPS, batches=BATCHES, statistic="median over batches of the mean of reps launches "
                     "(kernel + combine when P > 1), behind a spin kernel"),
-        shared_unroll=SHARED_UNROLL,
+        shared_builds={str(n): b for n, b in SHARED_BUILDS.items()},
         kernels=kernel_report(HEAD_DIM),
         seconds=round(time.time() - t_start, 1),
         rows=rows,

@@ -25,7 +25,9 @@ EXPECTED = {SOURCE_VEC: {"fattn_vec_q1", "fattn_vec_qn", "fattn_vec_shared", "fa
 STATIC_SHARED_LIMIT = 48 * 1024  # bytes of static shared memory a CUDA block may declare
 # the #defines hiraishin.kernels.attention.launch compiles each source with (besides HX_D): one
 # build of fattn_vec.cu per fattn_vec_shared queries-per-block choice
-BUILDS = [(SOURCE_VEC, shared_defines(n)) for n in SHARED_QUERIES] + [
+# the shared kernel's default builds, and the queries-in-registers builds the benchmark times
+SHARED_BUILDS = [(n, None) for n in SHARED_QUERIES] + [(2, (8, 1)), (4, (2, 1)), (4, (4, 1))]
+BUILDS = [(SOURCE_VEC, shared_defines(n, b)) for n, b in SHARED_BUILDS] + [
     (SOURCE_TILE, {"FT_TILE_Q": TILE_QUERIES, "FT_TILE_KV": TILE_CELLS, "FT_NTHREADS": NTHREADS})]
 
 

@@ -134,7 +134,8 @@ def test_two_query_kernel_has_the_one_query_arithmetic():
 
 @pytest.mark.parametrize("D,H,Hkv", [(128, 32, 8), (64, 8, 1), (128, 4, 4), (64, 6, 2)])
 def test_shared_kernel_has_the_one_query_arithmetic(D, H, Hkv):
-    """fattn_vec_shared == fattn_vec_q1 bit for bit at widths 1..16, every queries-per-block choice,
+    """fattn_vec_shared == fattn_vec_q1 bit for bit at widths 1..16, every queries-per-block choice
+    (and the queries-in-registers builds),
     KV lengths 1, 128 +- 1, 256, 257 and 1000, with the KV length from the plan and from the device
     positions (CUDA graphs)."""
     import cupy as cp
@@ -151,12 +152,12 @@ def test_shared_kernel_has_the_one_query_arithmetic(D, H, Hkv):
             base = attention_plan(ReductionOrder.BATCH_INVARIANT, T, kv_len, H, Hkv, D, device=profile)
             one = AttentionPlan(**{**base.__dict__, "queries_per_block": 1, "shared_kv": False})
             want = launch(qg[:T], kg[:kv_len], vg[:kv_len], q_pos, one, cp.empty((T, H, D), cp.float32)).get()
-            for nq in SHARED_QUERIES:
+            for nq, build in [(n, None) for n in SHARED_QUERIES] + [(2, (8, 1)), (4, (2, 1))]:
                 plan = AttentionPlan(**{**one.__dict__, "queries_per_block": nq, "shared_kv": True})
                 for from_positions in (False, True):
                     got = launch(qg[:T], kg[:kv_len], vg[:kv_len], q_pos, plan, cp.full((T, H, D), cp.nan, cp.float32),
-                                 kv_from_positions=from_positions).get()
-                    assert_same_bits(got, want, f"shared q{nq} vs q1 at kv {kv_len} T {T} (from positions: "
+                                 kv_from_positions=from_positions, build=build).get()
+                    assert_same_bits(got, want, f"shared q{nq} {build} vs q1 at kv {kv_len} T {T} (from positions: "
                                                 f"{from_positions})")
 
 

@@ -10,8 +10,9 @@ from hiraishin.devices import DeviceProfile
 from hiraishin.errors import PlanError
 from hiraishin.order import ReductionOrder
 from hiraishin.plans import AttentionPlan, attention_plan, parallel_blocks_for
-from hiraishin.plans.attention import (KERNEL_Q1, KERNEL_QN, KERNEL_SHARED, KERNEL_TILE, SHARED_QUERIES,
-                                       shared_queries_for)
+from hiraishin.devices import get_profile
+from hiraishin.plans.attention import (KERNEL_Q1, KERNEL_QN, KERNEL_SHARED, KERNEL_TILE, SHARED_BLOCK_COST,
+                                       SHARED_QUERIES, shared_occupancy_key, shared_queries_for)
 
 H200_LIKE = DeviceProfile(name="h200-like", compute_capability=900, sm_count=132,
                           occupancy={KERNEL_Q1: 3, KERNEL_QN: 2, KERNEL_TILE: 2})
@@ -45,9 +46,9 @@ def test_invariant_plan_ignores_the_query_count(kv_len):
     for n, plan in plans.items():
         # the order's geometry is the one-query plan's; only how queries share loads changes
         assert [getattr(plan, f) for f in geometry] == [getattr(first, f) for f in geometry]
-        if n > 1:
-            assert plan.shared_kv and plan.kernel_name == KERNEL_SHARED
-            assert plan.queries_per_block == shared_queries_for(n, 4)
+        nq = shared_queries_for(n, 32, 8, first.parallel_blocks, H200_LIKE)
+        assert plan.kernel_name == (KERNEL_SHARED if nq else KERNEL_Q1)
+        assert plan.queries_per_block == (nq or 1) and plan.shared_kv == bool(nq)
 
 
 @pytest.mark.parametrize("order", [ReductionOrder.BATCH_INVARIANT, ReductionOrder.FIXED_SPLIT,
@@ -60,15 +61,26 @@ def test_exact_orders_share_kv_loads_in_multi_query_passes(order):
             alone = attention_plan(order, 1, 700, n_head, n_head_kv, device=H200_LIKE)
             assert (plan.parallel_blocks, plan.chunk_cells, plan.kv_attended) == (
                 alone.parallel_blocks, alone.chunk_cells, alone.kv_attended)
-            assert plan.shared_kv == (n > 1) and plan.queries_per_block in (1,) + SHARED_QUERIES
+            assert plan.queries_per_block in ((1,) if not plan.shared_kv else SHARED_QUERIES)
+    assert any(attention_plan(order, 16, 700, 32, 8, device=H200_LIKE).shared_kv for order in
+               (ReductionOrder.BATCH_INVARIANT, ReductionOrder.FIXED_SPLIT))
     variant = attention_plan(ReductionOrder.BATCH_VARIANT, 4, 700, 32, 8, device=H200_LIKE)
     assert variant.kernel == "tile" and not variant.shared_kv  # stock llama.cpp keeps its kernel
 
 
-def test_shared_queries_per_block():
-    assert shared_queries_for(1, 4) == 0  # one token: fattn_vec_q1
-    assert [shared_queries_for(n, 1) for n in (2, 3, 4, 7, 8, 16)] == [2, 2, 4, 4, 8, 8]
-    assert [shared_queries_for(n, 4) for n in (2, 16)] == [8, 8]
+def test_shared_queries_per_block_by_waves():
+    """Waves x block time on the H200 profile (132 SMs; blocks per SM q1 4, shared q2/q4/q8 4/3/2),
+    Qwen3-8B heads, P = 16: the choices the 32768-cell measurement found fastest."""
+    h200 = get_profile("h200")
+    picks = [shared_queries_for(n, 32, 8, 16, h200) for n in (1, 2, 3, 4, 5, 8, 9, 16)]
+    assert picks == [0, 2, 4, 8, 4, 8, 4, 8]
+    # T = 3: q1 3 waves (1536 blocks / 528), q2 2 waves x 1.23, q4 1 wave x 1.49, q8 1 wave x 2.01
+    assert SHARED_BLOCK_COST[4] < 2 * SHARED_BLOCK_COST[2] < 3 * SHARED_BLOCK_COST[1]
+    # a measured occupancy in the profile overrides the table
+    fat = DeviceProfile(name="fat", compute_capability=900, sm_count=132,
+                        occupancy={KERNEL_Q1: 4, **{shared_occupancy_key(n): 8 for n in SHARED_QUERIES}})
+    assert shared_queries_for(16, 32, 8, 16, fat) == 8
+    assert shared_queries_for(1, 32, 8, 16, fat) == 0
 
 
 def test_variant_plan_switches_kernel_and_split_with_the_batch():
@@ -100,7 +112,7 @@ def test_fixed_split_plan():
     for n in (1, 5, 16):
         plan = attention_plan(order, n, 1000, 32, 8, device=H200_LIKE)
         assert (plan.kernel, plan.parallel_blocks, plan.kv_attended, plan.split_cells) == ("vec", 4, 1024, 256)
-        assert plan.kernel_name == (KERNEL_Q1 if n == 1 else KERNEL_SHARED)
+        assert plan.kernel_name in (KERNEL_Q1, KERNEL_SHARED)
         assert [plan.chunks_of_block(y) for y in range(4)] == [[(256 * y, 256 * y + 256)] for y in range(4)]
     # the split size, not the number of splits, is fixed
     assert attention_plan(order, 1, 5000, 32, 8).parallel_blocks == 20
@@ -174,8 +186,8 @@ def test_describe_names_kernel_blocks_and_combine():
     assert "3 partials merged in block order" in text
     tile = attention_plan(ReductionOrder.BATCH_VARIANT, 4, 3000, 32, 8, device=H200_LIKE).describe()
     assert "fattn_tile" in tile and "contiguous split" in tile
-    shared = attention_plan(ReductionOrder.BATCH_INVARIANT, 5, 3000, 32, 8, device=H200_LIKE).describe()
-    assert "fattn_vec_shared" in shared and "8 queries of one KV head/block" in shared
+    shared = attention_plan(ReductionOrder.BATCH_INVARIANT, 5, 3000, 32, 8).describe()
+    assert "fattn_vec_shared" in shared and "4 queries of one KV head/block" in shared
     assert "order of fattn_vec_q1 is unchanged" in shared
 
 

@@ -65,11 +65,13 @@ def shim(tmp_path_factory):
     return ShimBuilder(tmp_path_factory.mktemp("fattn-shim"))
 
 
-def launch(shim, tmp_path, shared_q, q, k, v, q_pos, plan, shared, from_positions):
-    """One launch of fattn_vec_q1 (shared=False) or fattn_vec_shared, the combine after it when P > 1."""
+def launch(shim, tmp_path, shared_q, qreg, q, k, v, q_pos, plan, shared, from_positions):
+    """One launch of fattn_vec_q1 (shared=False) or fattn_vec_shared (scaled queries in registers if
+    ``qreg``, else in shared memory), the combine after it when P > 1."""
     T, H, D = q.shape
     P = plan.parallel_blocks
-    exe = shim.build(SOURCE, {"HX_D": D, "FV_SHARED_Q": shared_q}, MAIN, f"fattn_d{D}_q{shared_q}")
+    exe = shim.build(SOURCE, {"HX_D": D, "FV_SHARED_Q": shared_q, "FV_SHARED_QREG": qreg}, MAIN,
+                     f"fattn_d{D}_q{shared_q}_r{qreg}")
     paths = {}
     for name, a in (("q", q), ("k", k.view(np.uint16)), ("v", v.view(np.uint16)), ("pos", q_pos.astype(np.int32))):
         paths[name] = tmp_path / f"{name}.bin"
@@ -83,29 +85,30 @@ def launch(shim, tmp_path, shared_q, q, k, v, q_pos, plan, shared, from_position
 
 
 CASES = [
-    # (plan without shape fields, queries per shared block, n_head, n_head_kv, T, kv_len, head_dim, positions)
+    # (plan without shape fields, queries per shared block, n_head, n_head_kv, T, kv_len, head_dim, positions,
+    #  scaled queries in registers)
     # 16 tokens x GQA 4 over a chunk boundary (256 + 44), 3 interleaved blocks over 4 chunks
-    (AttentionPlan("vec", 8, 3, kv_attended=512, shared_kv=True), 8, 4, 1, 16, 300, 128, "last"),
+    (AttentionPlan("vec", 8, 3, kv_attended=512, shared_kv=True), 8, 4, 1, 16, 300, 128, "last", 0),
     # GQA 1, 128 + 1 cells, P == 1 (normalised in the kernel), a 4-query block with 3 missing queries,
     # the KV length read from the positions (CUDA graphs)
-    (AttentionPlan("vec", 4, 1, kv_attended=256, shared_kv=True), 4, 4, 4, 5, 129, 128, "device"),
+    (AttentionPlan("vec", 4, 1, kv_attended=256, shared_kv=True), 4, 4, 4, 5, 129, 128, "device", 1),
     # 128 - 1 cells, sorted random positions (the causal mask differs per token), GQA 4
-    (AttentionPlan("vec", 4, 2, kv_attended=256, shared_kv=True), 4, 8, 2, 6, 127, 128, "random"),
+    (AttentionPlan("vec", 4, 2, kv_attended=256, shared_kv=True), 4, 8, 2, 6, 127, 128, "random", 0),
     # KV length 1, one token, GQA 8: block 1 holds no cell (its max -FLT_MAX/2 and sum 0 go to the combine)
-    (AttentionPlan("vec", 8, 2, kv_attended=256, shared_kv=True), 8, 8, 1, 1, 1, 64, "last"),
+    (AttentionPlan("vec", 8, 2, kv_attended=256, shared_kv=True), 8, 8, 1, 1, 1, 64, "last", 0),
     # GQA 3 (blocks straddle tokens), exactly 256 cells in a fixed 256-cell split: block 1 empty
     (AttentionPlan("vec", 8, 2, chunk_cells=256, split_cells=256, kv_attended=512, shared_kv=True), 8, 6, 2, 16,
-     256, 64, "last"),
+     256, 64, "last", 0),
     # 2 queries per block, odd query count, a 256-cell fixed split cut by the pass
     (AttentionPlan("vec", 2, 2, chunk_cells=256, split_cells=256, kv_attended=512, shared_kv=True), 2, 2, 1, 7,
-     260, 64, "device"),
+     260, 64, "device", 1),
 ]
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: (
-    f"Q{c[1]}-H{c[2]}x{c[3]}-T{c[4]}-kv{c[5]}-D{c[6]}-P{c[0].parallel_blocks}-{c[7]}"))
+    f"Q{c[1]}{'reg' if c[8] else ''}-H{c[2]}x{c[3]}-T{c[4]}-kv{c[5]}-D{c[6]}-P{c[0].parallel_blocks}-{c[7]}"))
 def test_shared_kernel_equals_one_query_kernel_and_emulator(shim, tmp_path, case):
-    base, shared_q, H, Hkv, T, kv_len, D, positions = case
+    base, shared_q, H, Hkv, T, kv_len, D, positions, qreg = case
     plan = AttentionPlan(**{**base.__dict__, "kv_len": kv_len, "n_head": H, "n_head_kv": Hkv, "n_queries": T,
                             "head_dim": D})
     # the cache holds exactly kv_len cells: a read past it would be out of bounds (the GPU run checks)
@@ -116,8 +119,8 @@ def test_shared_kernel_equals_one_query_kernel_and_emulator(shim, tmp_path, case
     else:
         q_pos = np.arange(kv_len - T, kv_len, dtype=np.int32)
     from_positions = positions == "device"
-    one = launch(shim, tmp_path, shared_q, q, k, v, q_pos, plan, False, from_positions)
-    shared = launch(shim, tmp_path, shared_q, q, k, v, q_pos, plan, True, from_positions)
+    one = launch(shim, tmp_path, shared_q, qreg, q, k, v, q_pos, plan, False, from_positions)
+    shared = launch(shim, tmp_path, shared_q, qreg, q, k, v, q_pos, plan, True, from_positions)
     want_out = emulate(q, k, v, q_pos, plan)
     assert np.array_equal(bits(shared[0]), bits(one[0])), "output: shared vs one-query kernel"
     assert np.array_equal(bits(shared[0]), bits(want_out)), "output: shared kernel vs emulator"

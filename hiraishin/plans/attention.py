@@ -9,9 +9,9 @@ max and sum; a combine kernel merges the ``P`` partial results in block order. W
 * the attended range ``kv_attended`` (the filled length padded to 256 cells, as llama.cpp pads
   ``n_kv``): the number of chunks, hence ``P``;
 * which kernel: the vector kernel, or for multi-query launches under the variant policy the
-  tile kernel, which orders everything differently. The exact policies run a multi-query pass
-  through ``fattn_vec_shared``: the vector kernel's order for every query, but the queries of one
-  KV head in a block share each K/V load (``AttentionPlan.shared_kv``).
+  tile kernel, which orders everything differently. The exact policies may run a launch through
+  ``fattn_vec_shared``: the vector kernel's order for every query, but the queries of one KV head
+  in a block share each K/V load (``AttentionPlan.shared_kv``), chosen by estimated time.
 
 :func:`attention_plan` (order, shape, device) -> :class:`AttentionPlan`; :func:`parallel_blocks_for`
 is llama.cpp's efficiency loop. A plan is made for a device profile (``hiraishin.devices``):
@@ -39,6 +39,9 @@ __all__ = [
     "KERNEL_SHARED",
     "SHARED_QUERIES",
     "shared_queries_for",
+    "shared_occupancy_key",
+    "SHARED_BLOCKS_PER_SM",
+    "SHARED_BLOCK_COST",
     "CHUNK_CELLS",
     "HEAD_DIMS",
     "QN_QUERIES",
@@ -57,6 +60,14 @@ KERNEL_SHARED = "fattn_vec_shared"
 # Queries of one KV head per fattn_vec_shared block. Each needs 16 x D float partials of its own
 # (the order's accumulators) in registers: 8 queries at D = 128 take 224 registers (nvcc sm_90).
 SHARED_QUERIES = (2, 4, 8)
+# Blocks per SM of fattn_vec_shared's builds (hiraishin.kernels.attention.launch.SHARED_BUILDS) by
+# head dim and queries per block: register-bound, measured on the H200 (64K registers per SM;
+# bench/results/2026-12-01-h200-verify-attention/fattn_kernels.json). The fallback where a device
+# profile has no measured occupancy of its own.
+SHARED_BLOCKS_PER_SM = {128: {2: 4, 4: 3, 8: 2}, 64: {2: 5, 4: 4, 8: 3}}
+# A block's time relative to fattn_vec_q1's, by queries per block (1 = fattn_vec_q1), over the same
+# cells: H200, Qwen3-8B heads, 32768 cells, one wave (bench/results/2026-12-01-h200-verify-attention).
+SHARED_BLOCK_COST = {1: 1.0, 2: 1.23, 4: 1.49, 8: 2.01}
 # The multi-query tile kernel (fattn_tile.cu gets these as #defines): queries per block, and cells
 # per shared-memory tile (its KV granularity).
 TILE_QUERIES = 8
@@ -264,22 +275,40 @@ def parallel_blocks_for(ntiles_kv: int, ntiles_dst: int, blocks_per_sm: int, sm_
     return pb
 
 
-def shared_queries_for(n_queries: int, gqa_ratio: int) -> int:
-    """Queries per ``fattn_vec_shared`` block for a pass of ``n_queries`` tokens, 0 for none.
+def shared_occupancy_key(queries: int) -> str:
+    """The device-profile occupancy name of fattn_vec_shared's build for ``queries`` per block."""
+    return f"{KERNEL_SHARED}/q{queries}"
 
-    Scheduling only (the bits are the one-query kernel's whatever this returns): one token keeps
-    ``fattn_vec_q1`` (plain decoding's launch); a wider pass takes the most queries per block that
-    its ``n_queries * gqa_ratio`` queries per KV head fill.
+
+def shared_queries_for(n_queries: int, n_head: int, n_head_kv: int, parallel_blocks: int, profile,
+                       head_dim: int = 128) -> int:
+    """Queries per ``fattn_vec_shared`` block for one launch, 0 for ``fattn_vec_q1``.
+
+    Scheduling only: the bits are the one-query kernel's whatever this returns. The kernels are
+    latency-bound (a block's time barely depends on how full the GPU is), so the estimate is
+    waves x block time: ``ceil(blocks / (SMs x blocks per SM)) * SHARED_BLOCK_COST[n]`` with
+    ``ceil(n_queries * G / n) * n_head_kv * P`` blocks (``n = 1``: the one-query kernel's
+    ``n_queries * n_head * P``); the cheapest wins, ties to the fewer queries per block.
+    Blocks per SM: the profile's measured occupancy where it has it (the CUDA backend's current
+    GPU), else :data:`SHARED_BLOCKS_PER_SM`.
     """
-    if n_queries == 1:
-        return 0
-    per_kv_head = n_queries * gqa_ratio
-    return max([q for q in SHARED_QUERIES if q <= per_kv_head], default=SHARED_QUERIES[0])
+    gqa = n_head // n_head_kv
+    best, best_cost = 0, None
+    for n in (1,) + SHARED_QUERIES:
+        if n == 1:
+            per_sm = profile.blocks_per_sm(KERNEL_Q1)
+        else:
+            per_sm = profile.occupancy.get(shared_occupancy_key(n), SHARED_BLOCKS_PER_SM[head_dim][n])
+        blocks = -(-n_queries * gqa // n) * n_head_kv * parallel_blocks
+        cost = -(-blocks // (profile.sm_count * per_sm)) * SHARED_BLOCK_COST[n]
+        if best_cost is None or cost < best_cost:
+            best, best_cost = (0 if n == 1 else n), cost
+    return best
 
 
-def _exact_vec(n_queries: int, gqa_ratio: int) -> dict:
-    """The exact policies' kernel fields: the shared kernel for a multi-query pass, else fattn_vec_q1."""
-    nq = shared_queries_for(n_queries, gqa_ratio)
+def _exact_vec(n_queries: int, n_head: int, n_head_kv: int, parallel_blocks: int, profile, head_dim: int) -> dict:
+    """The exact policies' kernel fields: fattn_vec_shared or fattn_vec_q1, whichever is estimated faster."""
+    nq = shared_queries_for(n_queries, n_head, n_head_kv, parallel_blocks, profile, head_dim)
     return dict(queries_per_block=nq, shared_kv=True) if nq else dict(queries_per_block=1)
 
 
@@ -308,9 +337,9 @@ def attention_plan(order, n_queries: int, kv_len: int, n_head: int, n_head_kv: i
       positions, for any query count.
     * ``custom``: vector kernel with ``order.parallel_blocks`` blocks.
 
-    Under the three exact policies a pass of several queries runs ``fattn_vec_shared``
-    (:func:`shared_queries_for` queries of one KV head per block share each K/V load): the same
-    ``P``, chunks and per-query order as one query alone, so the same bits.
+    Under the three exact policies a launch runs ``fattn_vec_shared`` (:func:`shared_queries_for`
+    queries of one KV head per block share each K/V load) where that is estimated faster than
+    ``fattn_vec_q1``: the same ``P``, chunks and per-query order as one query alone, so the same bits.
 
     ``device`` is a profile name, a :class:`DeviceProfile` (the CUDA backend passes the current
     GPU's, with its measured occupancy) or ``None`` (``order.device``, else the default profile).
@@ -340,7 +369,7 @@ def attention_plan(order, n_queries: int, kv_len: int, n_head: int, n_head_kv: i
             if policy == "invariant":
                 # several queries share the K/V loads; P and every query's order stay the one-query plan's
                 return AttentionPlan("vec", parallel_blocks=pb, chunk_cells=CHUNK_CELLS, kv_attended=kv_attended,
-                                     **_exact_vec(n_queries, n_head // n_head_kv), **common)
+                                     **_exact_vec(n_queries, n_head, n_head_kv, pb, profile, head_dim), **common)
             return AttentionPlan("vec", 1, pb, CHUNK_CELLS, kv_attended, None, **common)
         tile_cells = TILE_CELLS
         ntiles_kv = kv_attended // tile_cells
@@ -356,14 +385,17 @@ def attention_plan(order, n_queries: int, kv_len: int, n_head: int, n_head_kv: i
         if split is None:
             raise PlanError(f"order {order.name!r}: the fixed_split policy needs split_cells")
         kv_attended = _round_up(kv_len, split)
-        return AttentionPlan("vec", parallel_blocks=kv_attended // split, chunk_cells=split, kv_attended=kv_attended,
-                             split_cells=split, **_exact_vec(n_queries, n_head // n_head_kv), **common)
+        pb = kv_attended // split
+        return AttentionPlan("vec", parallel_blocks=pb, chunk_cells=split, kv_attended=kv_attended, split_cells=split,
+                             **_exact_vec(n_queries, n_head, n_head_kv, pb, profile, head_dim), **common)
 
     if policy == "custom":
         if order.parallel_blocks is None:
             raise PlanError(f"order {order.name!r}: the custom attention policy needs parallel_blocks")
         kv_attended = _round_up(kv_len, KV_PAD)
         return AttentionPlan("vec", parallel_blocks=order.parallel_blocks, chunk_cells=CHUNK_CELLS,
-                             kv_attended=kv_attended, **_exact_vec(n_queries, n_head // n_head_kv), **common)
+                             kv_attended=kv_attended,
+                             **_exact_vec(n_queries, n_head, n_head_kv, order.parallel_blocks, profile, head_dim),
+                             **common)
 
     raise PlanError(f"order {order.name!r}: unknown attention policy {policy!r}")

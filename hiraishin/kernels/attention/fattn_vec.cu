@@ -59,6 +59,9 @@ __device__ __forceinline__ void fv_load8(const unsigned short* __restrict__ p, f
 #ifndef FV_SHARED_UNROLL
 #define FV_SHARED_UNROLL 1
 #endif
+#ifndef FV_SHARED_QREG  // 1: fattn_vec_shared keeps its scaled queries in registers, not shared memory
+#define FV_SHARED_QREG 0
+#endif
 
 template <int NCOLS, bool SHARE_KV>
 __device__ __forceinline__ void fattn_vec_impl(
@@ -79,13 +82,14 @@ __device__ __forceinline__ void fattn_vec_impl(
     __shared__ float KQ[KQ_SHARED];  // softmax weights of the current step, later the 16 partials
     __shared__ float KQ_max_sh[NCOLS][32];
     __shared__ float KQ_sum_sh[NCOLS][32];
-    // SHARE_KV keeps more in shared memory to leave registers to the accumulators: the scaled
-    // queries, their positions, and each thread's own score of the step (in its KQ slot)
-    alignas(16) __shared__ float Q_sh[SHARE_KV ? NCOLS : 1][D];
-    __shared__ int pos_sh[SHARE_KV ? NCOLS : 1];
     // cells per step a thread unrolls: all 8 for one or two queries; fewer for the shared kernel,
     // whose queries' accumulators already fill the registers (scheduling only, same operations)
     constexpr int CELL_UNROLL = SHARE_KV ? FV_SHARED_UNROLL : 8;
+    constexpr bool Q_REGS = !SHARE_KV || FV_SHARED_QREG;
+    // SHARE_KV keeps more in shared memory to leave registers to the accumulators: the scaled
+    // queries, their positions, and each thread's own score of the step (in its KQ slot)
+    alignas(16) __shared__ float Q_sh[Q_REGS ? 1 : NCOLS][D];
+    __shared__ int pos_sh[SHARE_KV ? NCOLS : 1];
 
     const int lane = threadIdx.x;
     const int w = threadIdx.y;
@@ -106,7 +110,7 @@ __device__ __forceinline__ void fattn_vec_impl(
 
     // Q of this thread's dims, scaled (one RN product each). A missing query (odd n_tokens in a
     // 2-query block, the tail of the last shared block) sees no cell: position -1.
-    float q[SHARE_KV ? 1 : NCOLS][FV_DIMS];
+    float q[Q_REGS ? NCOLS : 1][FV_DIMS];
     int pos[NCOLS];
 #pragma unroll
     for (int j = 0; j < NCOLS; ++j) {
@@ -114,7 +118,8 @@ __device__ __forceinline__ void fattn_vec_impl(
         pos[j] = t < n_tokens ? q_pos[t] : -1;
         if constexpr (SHARE_KV) {
             if (tid == 0) pos_sh[j] = pos[j];
-        } else {
+        }
+        if constexpr (Q_REGS) {
             const float* Qt = Q + ((size_t)(t < n_tokens ? t : 0) * n_head + head_of(j)) * D;
 #pragma unroll
             for (int b = 0; b < FV_DIM_SLICES; ++b) {
@@ -125,15 +130,15 @@ __device__ __forceinline__ void fattn_vec_impl(
             }
         }
     }
-    if constexpr (SHARE_KV) {
+    if constexpr (!Q_REGS) {
         for (int l = tid; l < NCOLS * D; l += FV_NTHREADS) {
             const int j = l / D;
             const int t = token_of(j);
             Q_sh[j][l % D] = t < n_tokens ? __fmul_rn(Q[((size_t)t * n_head + head_of(j)) * D + l % D], scale)
                                           : 0.0f;
         }
-        __syncthreads();
     }
+    if constexpr (SHARE_KV) __syncthreads();  // pos_sh (and Q_sh) written
 
     float M[NCOLS];     // running max of this warp (all lanes hold the same value)
     float Ssum[NCOLS];  // running sum of this thread's cells
@@ -177,7 +182,7 @@ __device__ __forceinline__ void fattn_vec_impl(
                     for (int b = 0; b < FV_DIM_SLICES; ++b) {
 #pragma unroll
                         for (int e = 0; e < 8; ++e) {
-                            if constexpr (SHARE_KV) {
+                            if constexpr (!Q_REGS) {
                                 qj[8 * b + e] = Q_sh[j][64 * b + 8 * r + e];
                             } else {
                                 qj[8 * b + e] = q[j][8 * b + e];

@@ -14,7 +14,7 @@ import numpy as np
 
 from ...devices import DeviceProfile, current_device
 from ...plans.attention import (KERNEL_COMBINE, KERNEL_Q1, KERNEL_QN, KERNEL_SHARED, KERNEL_TILE, NTHREADS,
-                                SHARED_QUERIES, TILE_CELLS, TILE_QUERIES, AttentionPlan)
+                                SHARED_QUERIES, TILE_CELLS, TILE_QUERIES, AttentionPlan, shared_occupancy_key)
 from ..compile import get_kernel, kernel_attributes, require_cupy
 from .emulate import attention_scale
 
@@ -25,25 +25,28 @@ SOURCE_VEC = "attention/fattn_vec.cu"
 SOURCE_TILE = "attention/fattn_tile.cu"
 
 
-# fattn_vec_shared: cells of a step each thread's loop unrolls, per queries per block (scheduling
-# only). Full unrolling (8) of 8 queries spills at D = 128; these keep nvcc sm_90 spill-free
-# (tests/test_fattn_compile.py) and were the fastest of {1, 2, 4, 8} on the H200
+# fattn_vec_shared's build per queries per block: (cells of a step each thread's loop unrolls,
+# 1 if the scaled queries sit in registers rather than shared memory). Scheduling only, no value
+# changes. Full unrolling of 8 queries spills at D = 128; these keep nvcc sm_90 spill-free
+# (tests/test_fattn_compile.py) and were the fastest builds timed on the H200
 # (bench/results/2026-12-01-h200-verify-attention).
-SHARED_UNROLL = {2: 8, 4: 4, 8: 2}
+SHARED_BUILDS = {2: (8, 0), 4: (4, 0), 8: (2, 0)}
 
 
-def shared_defines(queries: int, unroll: int | None = None) -> dict:
-    """The #defines fattn_vec_shared is compiled with for ``queries`` per block."""
-    return {"FV_SHARED_Q": queries, "FV_SHARED_UNROLL": SHARED_UNROLL[queries] if unroll is None else unroll}
+def shared_defines(queries: int, build: tuple[int, int] | None = None) -> dict:
+    """The #defines fattn_vec_shared is compiled with for ``queries`` per block (``build``: another
+    (unroll, queries in registers) than :data:`SHARED_BUILDS`)."""
+    unroll, qreg = SHARED_BUILDS[queries] if build is None else build
+    return {"FV_SHARED_Q": queries, "FV_SHARED_UNROLL": unroll, "FV_SHARED_QREG": qreg}
 
 
 @functools.cache
-def _kernel(name: str, head_dim: int, queries: int = 0, unroll: int | None = None):
+def _kernel(name: str, head_dim: int, queries: int = 0, build: tuple[int, int] | None = None):
     if name == KERNEL_TILE:
         return get_kernel(SOURCE_TILE, name, defines={"HX_D": head_dim, "FT_TILE_Q": TILE_QUERIES,
                                                       "FT_TILE_KV": TILE_CELLS, "FT_NTHREADS": NTHREADS})
     if name == KERNEL_SHARED:
-        return get_kernel(SOURCE_VEC, name, defines={"HX_D": head_dim, **shared_defines(queries, unroll)})
+        return get_kernel(SOURCE_VEC, name, defines={"HX_D": head_dim, **shared_defines(queries, build)})
     return get_kernel(SOURCE_VEC, name, defines={"HX_D": head_dim})
 
 
@@ -61,14 +64,15 @@ KV_LEN_FROM_POSITIONS = -1
 
 
 def launch_partials(q, k_cache, v_cache, q_pos, plan: AttentionPlan, out, parts, meta, kv_from_positions=False,
-                    unroll: int | None = None):
+                    build: tuple[int, int] | None = None):
     """The plan's attention kernel only. With ``P == 1`` it normalises in place into ``out`` (and
     writes no partials); with ``P > 1`` it writes ``parts`` (T, H, P, D) and ``meta`` (T, H, P, 2).
 
     ``kv_from_positions``: the kernel takes the KV length from the device positions (the last
     query's position + 1, which it is in a forward pass) instead of ``plan.kv_len``, so a CUDA
-    graph of the launch replays at any position whose plan is the same. ``unroll``: the shared
-    kernel's cell unroll instead of :data:`SHARED_UNROLL` (benchmarks; no bit depends on it).
+    graph of the launch replays at any position whose plan is the same. ``build``: the shared
+    kernel's (unroll, queries in registers) instead of :data:`SHARED_BUILDS` (benchmarks; no bit
+    depends on it).
     """
     T, H, D = q.shape
     P = plan.parallel_blocks
@@ -80,7 +84,7 @@ def launch_partials(q, k_cache, v_cache, q_pos, plan: AttentionPlan, out, parts,
     if plan.kernel == "tile":
         kernel, grid, extent = _kernel(KERNEL_TILE, D), ((T + TILE_QUERIES - 1) // TILE_QUERIES, P, H), plan.split_cells
     elif plan.shared_kv:  # the T * G queries of each KV head, queries_per_block per block
-        kernel = _kernel(KERNEL_SHARED, D, plan.queries_per_block, unroll)
+        kernel = _kernel(KERNEL_SHARED, D, plan.queries_per_block, build)
         grid, extent = (-(-T * (H // n_head_kv) // plan.queries_per_block), P, n_head_kv), plan.chunk_cells
     else:
         kernel, grid, extent = _kernel(plan.kernel_name, D), (-(-T // plan.queries_per_block), P, H), plan.chunk_cells
@@ -99,14 +103,14 @@ def launch_combine(parts, meta, out):
 
 
 def launch(q, k_cache, v_cache, q_pos, plan: AttentionPlan, out, parts=None, meta=None, kv_from_positions=False,
-           unroll: int | None = None):
+           build: tuple[int, int] | None = None):
     """Run ``plan`` on CuPy arrays, unchecked (with the combine when ``P > 1``); returns ``out``.
 
     ``q`` float32 C-contiguous (T, H, D); caches float16 C-contiguous (n_ctx, n_head_kv, D)
     holding at least the plan's filled cells; ``q_pos`` int32 C-contiguous (T,) on the device,
     each in ``0..kv_len-1``; ``plan`` made for exactly these shapes. ``out`` (T, H, D) and, when
     ``P > 1``, the scratch ``parts`` (T, H, P, D) and ``meta`` (T, H, P, 2): float32 C-contiguous
-    (allocated here when None). ``kv_from_positions``, ``unroll``: see :func:`launch_partials`.
+    (allocated here when None). ``kv_from_positions``, ``build``: see :func:`launch_partials`.
     """
     P = plan.parallel_blocks
     if P > 1 and (parts is None or meta is None):
@@ -114,13 +118,13 @@ def launch(q, k_cache, v_cache, q_pos, plan: AttentionPlan, out, parts=None, met
         T, H, D = q.shape
         parts = cp.empty((T, H, P, D), cp.float32) if parts is None else parts
         meta = cp.empty((T, H, P, 2), cp.float32) if meta is None else meta
-    launch_partials(q, k_cache, v_cache, q_pos, plan, out, parts, meta, kv_from_positions, unroll)
+    launch_partials(q, k_cache, v_cache, q_pos, plan, out, parts, meta, kv_from_positions, build)
     return out if P == 1 else launch_combine(parts, meta, out)
 
 
 def _kernels(head_dim: int) -> dict:
     kernels = {name: _kernel(name, head_dim) for name in (KERNEL_Q1, KERNEL_QN, KERNEL_TILE, KERNEL_COMBINE)}
-    kernels.update({f"{KERNEL_SHARED}/q{n}": _kernel(KERNEL_SHARED, head_dim, n) for n in SHARED_QUERIES})
+    kernels.update({shared_occupancy_key(n): _kernel(KERNEL_SHARED, head_dim, n) for n in SHARED_QUERIES})
     return kernels
 
 
@@ -135,7 +139,9 @@ def measure_occupancy(head_dim: int = 128) -> dict[str, int]:
     ``cuOccupancyMaxActiveBlocksPerMultiprocessor`` with 128 threads and no dynamic shared memory,
     as llama.cpp asks for its vec kernel. Keys are the :class:`DeviceProfile` occupancy names.
     """
-    return {name: _occupancy(_kernel(name, head_dim)) for name in (KERNEL_Q1, KERNEL_QN, KERNEL_TILE)}
+    kernels = _kernels(head_dim)
+    return {name: _occupancy(kernels[name]) for name in
+            (KERNEL_Q1, KERNEL_QN, KERNEL_TILE) + tuple(shared_occupancy_key(n) for n in SHARED_QUERIES)}
 
 
 @functools.lru_cache(maxsize=None)
