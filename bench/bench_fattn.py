@@ -42,6 +42,31 @@ def attention_inputs(n_ctx: int):
     return q, k, v, np.ascontiguousarray(k[:, :1]), np.ascontiguousarray(v[:, :1])
 
 
+def provenance(cp, profile) -> dict:
+    """The results-JSON fields of every attention benchmark: device, date, command, commit, shape."""
+    props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
+    return dict(
+        device=props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"]),
+        compute_capability=profile.compute_capability,
+        sm_count=profile.sm_count,
+        occupancy=dict(profile.occupancy),
+        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        command=" ".join([os.path.basename(sys.executable)] + sys.argv),
+        git_commit=git_commit(),
+        cupy=cp.__version__,
+        shape=dict(n_head=N_HEAD, n_head_kv=N_HEAD_KV, head_dim=HEAD_DIM),
+    )
+
+
+def write_results(out_dir, stem: str, record: dict, markdown_text: str) -> None:
+    """``out_dir``/``stem``.json (the record) and .md."""
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, f"{stem}.json"), "w") as f:
+        json.dump(record, f, indent=2)
+    with open(os.path.join(out_dir, f"{stem}.md"), "w") as f:
+        f.write(markdown_text)
+
+
 def time_call(cp, fn, warmup: int, repeats: int, calls: int) -> float:
     """Median over ``repeats`` of the mean time of ``calls`` back-to-back calls, in microseconds."""
     for _ in range(warmup):
@@ -83,7 +108,6 @@ def main(argv=None) -> int:
     t_start = time.time()
     profile = current_profile(HEAD_DIM)
     props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
-    device_name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
     # peak DRAM bandwidth from the driver: 2 transfers per clock (DDR/HBM) x bus width (the clock
     # field is gone from newer CUDA runtimes' properties: then unknown)
     clock_khz, bus_bits = props.get("memoryClockRate", 0), props.get("memoryBusWidth", 0)
@@ -123,27 +147,15 @@ def main(argv=None) -> int:
 
     record = dict(
         benchmark="bench_fattn",
-        device=device_name,
-        compute_capability=profile.compute_capability,
-        sm_count=profile.sm_count,
-        occupancy=dict(profile.occupancy),
+        **provenance(cp, profile),
         peak_dram_gbs=round(peak_gbs, 1) if peak_gbs else None,
-        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        command=" ".join([os.path.basename(sys.executable)] + sys.argv),
-        git_commit=git_commit(),
         validated="every timed launch checked bit for bit against the CPU emulator first (query heads of KV head 0)",
-        cupy=cp.__version__,
-        shape=dict(n_head=N_HEAD, n_head_kv=N_HEAD_KV, head_dim=HEAD_DIM),
         timing=dict(warmup=3, repeats=repeats, calls_per_repeat=calls, statistic="median of means"),
         seconds=round(time.time() - t_start, 1),
         rows=rows,
     )
     if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "bench_fattn.json"), "w") as f:
-            json.dump(record, f, indent=2)
-        with open(os.path.join(args.out, "bench_fattn.md"), "w") as f:
-            f.write(markdown(record, orders, counts))
+        write_results(args.out, "bench_fattn", record, markdown(record, orders, counts))
     print(f"done in {record['seconds']} s")
     return 0
 

@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
-import json
 import os
 import sys
 import time
@@ -34,8 +32,8 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_fattn import HEAD_DIM, N_HEAD, N_HEAD_KV, attention_inputs  # noqa: E402
-from benchlib import assert_same_bits, git_commit, median_event_time, spin_cycles, spin_kernel  # noqa: E402
+from bench_fattn import HEAD_DIM, N_HEAD, N_HEAD_KV, attention_inputs, provenance, write_results  # noqa: E402
+from benchlib import assert_same_bits, median_event_time, spin_cycles, spin_kernel  # noqa: E402
 
 KV_LENGTHS = (512, 4096, 32768)
 WIDTHS = tuple(range(1, 17))
@@ -62,8 +60,6 @@ def main(argv=None) -> int:
     cpu = get_backend("cpu")
     t_start = time.time()
     profile = current_profile(HEAD_DIM)
-    props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
-    device_name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
     spin, cycles = spin_kernel(cp), spin_cycles(cp, SPIN_S)
 
     q_host, k_host, v_host, k0, v0 = attention_inputs(max(KV_LENGTHS))
@@ -117,15 +113,7 @@ def main(argv=None) -> int:
 
     record = dict(
         benchmark="bench_verify_attention",
-        device=device_name,
-        compute_capability=profile.compute_capability,
-        sm_count=profile.sm_count,
-        occupancy=dict(profile.occupancy),
-        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        command=" ".join([os.path.basename(sys.executable)] + sys.argv),
-        git_commit=git_commit(),
-        cupy=cp.__version__,
-        shape=dict(n_head=N_HEAD, n_head_kv=N_HEAD_KV, head_dim=HEAD_DIM),
+        **provenance(cp, profile),
         validated=("every shared launch == the old launch bit for bit (whole output); old == emulator "
                    f"(query heads of KV head 0) at { {n: list(w) for n, w in EMULATOR_CHECKS.items()} }"),
         timing=dict(reps=REPS, batches=BATCHES, statistic="median over batches of the mean of reps launches "
@@ -136,11 +124,7 @@ def main(argv=None) -> int:
         rows=rows,
     )
     if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "bench_verify_attention.json"), "w") as f:
-            json.dump(record, f, indent=2)
-        with open(os.path.join(args.out, "bench_verify_attention.md"), "w") as f:
-            f.write(markdown(record))
+        write_results(args.out, "bench_verify_attention", record, markdown(record))
     print(f"done in {record['seconds']} s")
     return 0
 

@@ -337,9 +337,10 @@ def attention_plan(order, n_queries: int, kv_len: int, n_head: int, n_head_kv: i
       positions, for any query count.
     * ``custom``: vector kernel with ``order.parallel_blocks`` blocks.
 
-    Under the three exact policies a launch runs ``fattn_vec_shared`` (:func:`shared_queries_for`
-    queries of one KV head per block share each K/V load) where that is estimated faster than
-    ``fattn_vec_q1``: the same ``P``, chunks and per-query order as one query alone, so the same bits.
+    Under the ``invariant`` and ``custom`` policies a launch runs ``fattn_vec_shared``
+    (:func:`shared_queries_for` queries of one KV head per block share each K/V load) where that is
+    estimated faster than ``fattn_vec_q1``: the same ``P``, chunks and per-query order as one query
+    alone, so the same bits.
 
     ``device`` is a profile name, a :class:`DeviceProfile` (the CUDA backend passes the current
     GPU's, with its measured occupancy) or ``None`` (``order.device``, else the default profile).
@@ -385,9 +386,11 @@ def attention_plan(order, n_queries: int, kv_len: int, n_head: int, n_head_kv: i
         if split is None:
             raise PlanError(f"order {order.name!r}: the fixed_split policy needs split_cells")
         kv_attended = _round_up(kv_len, split)
-        pb = kv_attended // split
-        return AttentionPlan("vec", parallel_blocks=pb, chunk_cells=split, kv_attended=kv_attended, split_cells=split,
-                             **_exact_vec(n_queries, n_head, n_head_kv, pb, profile, head_dim), **common)
+        # fattn_vec_shared is not taken here: with 256-cell splits a block walks 2 steps, and on the
+        # H200 fattn_vec_qn (two tokens of one head per block) was faster at 35 of 45 multi-query
+        # widths x KV lengths (bench/results/2026-12-01-h200-verify-attention)
+        qpb = 1 if n_queries == 1 else QN_QUERIES
+        return AttentionPlan("vec", qpb, kv_attended // split, split, kv_attended, split, **common)
 
     if policy == "custom":
         if order.parallel_blocks is None:

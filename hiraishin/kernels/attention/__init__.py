@@ -6,7 +6,9 @@ its own running max and sum; a combine kernel then merges the ``P`` partial resu
 order. The geometry is llama.cpp's ``flash_attn_ext_vec`` (reference section 6.3), the
 arithmetic IEEE. For multi-query launches under the variant order, ``fattn_tile.cu`` (the stand-in
 for llama.cpp's MMA kernel) groups everything differently: contiguous splits, one sequential dot
-product per score. What sets the order is the plan (:mod:`hiraishin.plans.attention`).
+product per score. ``fattn_vec_shared`` is the vector kernel's arithmetic for several queries of one
+KV head per block (they share each K/V load; per query the order, hence the bits, of the one-query
+kernel). What sets the order is the plan (:mod:`hiraishin.plans.attention`).
 
 Files, side by side: ``fattn_vec.cu`` (vector kernels + combine), ``fattn_tile.cu``,
 :mod:`.launch` (``launch``; occupancy measurement for device profiles), :mod:`.emulate`
