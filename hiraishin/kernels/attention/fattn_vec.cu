@@ -20,11 +20,11 @@
 // loads serves all of them: a verify pass reads each KV head's cells ceil(T*G / FV_SHARED_Q) times
 // instead of T*G times. Per query the float operations and their order are those of fattn_vec_q1
 // (the loop over the block's queries is innermost and no value crosses queries); the scaled queries
-// live in shared memory instead of registers, which changes no value. The queries' accumulator
-// state (16 x D partials each, in registers) is what bounds FV_SHARED_Q.
+// live in shared memory (or, FV_SHARED_QREG, in registers), which changes no value. The queries'
+// accumulator state (16 x D partials each, in registers) is what bounds FV_SHARED_Q.
 //
 // Every rounding-relevant float op is an explicit intrinsic; exp is hx_expf (fp.cuh). The Numba
-// emulator in fattn_vec.py performs the same operations in the same order.
+// emulator (emulate.py) performs the same operations in the same order, for every kernel here.
 // Needs fp.cuh prepended and HX_D (64 or 128) defined.
 
 #ifndef HX_D
