@@ -95,7 +95,7 @@ class PassGraphs:
         plan = self._plan(order, T, start_pos)
         # what the captured launches depend on: everything of the plan but the KV length
         sig = (plan.kernel, plan.queries_per_block, plan.parallel_blocks, plan.chunk_cells, plan.kv_attended,
-               plan.split_cells)
+               plan.split_cells, plan.shared_kv)
         width_graphs = self._graphs.setdefault((order, T), OrderedDict())
         with self.stream:
             ids.set(tokens)  # host -> device on this stream, before the launches that read it
