@@ -168,7 +168,7 @@ def test_mmq_source_equals_emulator_on_cpu(tmp_path, case):
     sys.path.insert(0, str(Path(__file__).parent))
     from cuda_shim import GXX, ShimBuilder, run
 
-    from hiraishin.kernels.mmq.launch import kernel_defines
+    from hiraishin.kernels.mmq.launch import SOURCE, kernel_defines
 
     if GXX is None:
         pytest.skip("needs g++ (C++20)")
@@ -182,7 +182,7 @@ def test_mmq_source_equals_emulator_on_cpu(tmp_path, case):
     for wd in widths:
         plan = dataclasses.replace(subblock_plan(wd, qtype, k), nwarps=nwarps)
         defines = dict(kernel_defines(plan, None, prefetch), HX_SHIM=1)
-        exe = builder.build("mmq/mmq.cu", defines, MMQ_MAIN, "mmq")
+        exe = builder.build(SOURCE, defines, MMQ_MAIN, "mmq")
         (xq[:wd]).tofile(tmp_path / "x.bin")
         run(exe, tmp_path / "w.bin", tmp_path / "x.bin", n, wd, shift, tmp_path / "o.bin")
         got = np.fromfile(tmp_path / "o.bin", np.float32).reshape(wd, n)

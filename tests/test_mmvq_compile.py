@@ -51,7 +51,8 @@ CASES = [
 def _compile(tmp_path, source, defines) -> str:
     tmp_path.mkdir(parents=True, exist_ok=True)
     path = tmp_path / "kernel.cu"
-    path.write_text(defines_text(defines) + load_source(source))  # what compile.get_module compiles
+    sources = (source,) if isinstance(source, str) else source  # one source key or several, concatenated
+    path.write_text(defines_text(defines) + load_source(*sources))  # what compile.get_module compiles
     # --std is spelled -std for nvcc; the float options are the same as NVRTC's.
     opts = ["-std=c++17" if o == "--std=c++17" else o for o in NVRTC_OPTIONS]
     proc = subprocess.run(

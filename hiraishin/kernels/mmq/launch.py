@@ -27,7 +27,7 @@ __all__ = [
     "prepared_launch",
 ]
 
-SOURCE = "mmq/mmq.cu"
+SOURCE = ("mmq/mma_rows.cu", "mmq/mmq.cu")  # the shared mma.sync helpers and row loads, then the kernel
 
 # Register cap per thread, as HX_MIN_BLOCKS = resident CUDA blocks per SM, and HX_PREFETCH_X (one
 # n-tile: a super-block's activations loaded before its weights): launch facts, no bit changes.

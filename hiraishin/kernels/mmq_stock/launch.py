@@ -17,7 +17,8 @@ from ..compile import precompile as compile_many
 __all__ = ["MMQ_STOCK_MAX_REGS", "SOURCE", "MMQStockLaunch", "kernel_defines", "launch", "precompile",
            "prepared_launch"]
 
-SOURCE = "mmq_stock/mmq_stock.cu"
+# the shared mma.sync helpers and weight-row loads, then the kernel (concatenated, as get_kernel does)
+SOURCE = ("mmq/mma_rows.cu", "mmq_stock/mmq_stock.cu")
 
 # Register cap per thread as resident CUDA blocks per SM (HX_MIN_BLOCKS), keyed by (qtype, n-tiles
 # per warp): a launch fact, no bit changes. What the kernels need without spilling (H200 run 1,
@@ -46,6 +47,7 @@ def kernel_defines(plan: MMQStockPlan, max_regs: int | None | str = "default") -
         "HX_J": plan.tile_cols,
         "HX_TILE_ROWS": MMQ_TILE_ROWS,
         "HX_MIN_BLOCKS": min_blocks,
+        "HX_Q4_SCALE_FP16": 1,  # load_tiles_q4_K: the scale products in fp16
     }
 
 

@@ -10,7 +10,7 @@
 //
 // Defines (launch.py): HX_QTYPE (12 Q4_K, 14 Q6_K), HX_BLOCK_BYTES, HX_Q8_BYTES, HX_NB
 // (super-blocks per row), HX_NWARPS, HX_NT (n-tiles of 8 columns per warp), HX_J (upstream's
-// tile width), HX_TILE_ROWS (128), HX_MIN_BLOCKS.
+// tile width), HX_TILE_ROWS (128), HX_MIN_BLOCKS, HX_Q4_SCALE_FP16 = 1.
 //
 // Activations: llama.cpp's q8_1 blocks (fp16 d, fp16 s, int8 q[32]; 36 bytes), K/32 blocks per
 // column. Fragments (PTX ISA mma.m16n8k32 / m16n8k16 .s8, lane = 4g + t): A a0 (row g, k 4t..),
@@ -20,101 +20,8 @@
 #define HX_COLS (8 * HX_NT)
 #define HX_SUBROWS (HX_TILE_ROWS / (16 * HX_NWARPS))
 
-#ifdef HX_SHIM
-#include "hx_mma_shim.h"
-#else
-__device__ __forceinline__ void hx_mma_k32(int c[4], int a0, int a1, int a2, int a3, int b0, int b1) {
-    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%10,%11,%12,%13};"
-        : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(0), "r"(0), "r"(0), "r"(0));
-}
-__device__ __forceinline__ void hx_mma_k16(int c[4], int a0, int a1, int b0) {
-    asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
-        "{%7,%8,%9,%10};"
-        : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
-        : "r"(a0), "r"(a1), "r"(b0), "r"(0), "r"(0), "r"(0), "r"(0));
-}
-#endif
-
-__device__ __forceinline__ int hx_ld32(const unsigned char* p) { return *(const int*)p; }
-
-// 4 bytes at a 2-byte aligned address (Q6_K blocks are 210 bytes): two aligned words and a funnel shift.
-__device__ __forceinline__ int hx_ld32_a2(const unsigned char* base4, int off) {
-    const unsigned int lo = *(const unsigned int*)(base4 + off);
-    const unsigned int hi = *(const unsigned int*)(base4 + off + 4);
-    return (int)__funnelshift_r(lo, hi, 16);
-}
-
-__device__ __forceinline__ int hx_sbyte(int word, int i) { return (int)(signed char)(word >> (8 * i)); }
-
-// fp16 rounding of an exact float product (half2 multiply of load_tiles_q4_K), back to float.
-__device__ __forceinline__ float hx_round_h(float v) { return hx_h2f(hx_f2h(v)); }
-
-#if HX_QTYPE == 12
-// ---- Q4_K: d, dmin (fp16), scales[12], qs[128]; 144 bytes ----
-struct hx_row {
-    float ws[8], wm[8];   // f(half(d*sc_b)), f(half(-dmin*m_b)): upstream's x_dm
-    int q[8];             // qs ints at 32*jp + 4t and 32*jp + 16 + 4t, jp = 0..3
-};
-
-__device__ __forceinline__ void hx_load_row(const unsigned char* p, int t, hx_row& r) {
-    const uint4 h = *(const uint4*)p;
-    const float d = hx_h2f((unsigned short)(h.x & 0xFFFF));
-    const float dmin = hx_h2f((unsigned short)(h.x >> 16));
-    const unsigned int sc_lo = h.y & 0x3F3F3F3Fu;
-    const unsigned int m_lo = h.z & 0x3F3F3F3Fu;
-    const unsigned int sc_hi = (h.w & 0x0F0F0F0Fu) | ((h.y >> 2) & 0x30303030u);
-    const unsigned int m_hi = ((h.w >> 4) & 0x0F0F0F0Fu) | ((h.z >> 2) & 0x30303030u);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {  // d*sc and dmin*m are exact in float: one fp16 rounding each
-        r.ws[j] = hx_round_h(__fmul_rn(d, (float)((sc_lo >> (8 * j)) & 0xFF)));
-        r.ws[4 + j] = hx_round_h(__fmul_rn(d, (float)((sc_hi >> (8 * j)) & 0xFF)));
-        r.wm[j] = -hx_round_h(__fmul_rn(dmin, (float)((m_lo >> (8 * j)) & 0xFF)));
-        r.wm[4 + j] = -hx_round_h(__fmul_rn(dmin, (float)((m_hi >> (8 * j)) & 0xFF)));
-    }
-#pragma unroll
-    for (int jp = 0; jp < 4; ++jp) {
-        r.q[2 * jp] = hx_ld32(p + 16 + 32 * jp + 4 * t);
-        r.q[2 * jp + 1] = hx_ld32(p + 16 + 32 * jp + 16 + 4 * t);
-    }
-}
-#else
-// ---- Q6_K: ql[128], qh[64], scales[16] (int8), d (fp16); 210 bytes ----
-struct hx_row {
-    float d;
-    int ql[8];   // ql ints at 64n + 16m + 4t (n = 0..1, m = 0..3), index 4n + m
-    int qh[4];   // qh ints at 128 + 32n + 16h + 4t, index 2n + h
-    int sc[4];   // the 16 int8 scales
-};
-
-__device__ __forceinline__ void hx_load_row(const unsigned char* p, int t, hx_row& r) {
-    r.d = hx_h2f(*(const unsigned short*)(p + 208));
-    if (((size_t)p & 3) == 0) {
-#pragma unroll
-        for (int i = 0; i < 8; ++i) r.ql[i] = hx_ld32(p + 64 * (i >> 2) + 16 * (i & 3) + 4 * t);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) r.qh[i] = hx_ld32(p + 128 + 32 * (i >> 1) + 16 * (i & 1) + 4 * t);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) r.sc[i] = hx_ld32(p + 192 + 4 * i);
-    } else {
-        const unsigned char* b = p - 2;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) r.ql[i] = hx_ld32_a2(b, 64 * (i >> 2) + 16 * (i & 3) + 4 * t);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) r.qh[i] = hx_ld32_a2(b, 128 + 32 * (i >> 1) + 16 * (i & 1) + 4 * t);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) r.sc[i] = hx_ld32_a2(b, 192 + 4 * i);
-    }
-}
-
-// int8 values q - 32 of q8_1 block bb (0..3) of 128-half n, 16-value half h.
-__device__ __forceinline__ int hx_q6_vals(const hx_row& r, int n, int bb, int h) {
-    const unsigned int lo = ((unsigned int)r.ql[4 * n + 2 * (bb & 1) + h] >> (4 * (bb >> 1))) & 0x0F0F0F0Fu;
-    const unsigned int hi = (((unsigned int)r.qh[2 * n + h] >> (2 * bb)) & 0x03030303u) << 4;
-    return (int)((((lo | hi) | 0x80808080u) - 0x20202020u) ^ 0x80808080u);  // bytewise v - 32
-}
-#endif
+// mma.sync helpers and the weight-row loads (Q4_K's scale products rounded to fp16 here:
+// HX_Q4_SCALE_FP16 = 1, load_tiles_q4_K's half2(d*sc, -dmin*m)): ../mmq/mma_rows.cu, compiled first.
 
 extern "C" __global__ void __launch_bounds__(32 * HX_NWARPS, HX_MIN_BLOCKS)
 hx_mmq_stock(const unsigned char* __restrict__ w, const unsigned char* __restrict__ xq, float* __restrict__ out,
@@ -152,7 +59,7 @@ hx_mmq_stock(const unsigned char* __restrict__ w, const unsigned char* __restric
         for (int e = 0; e < 4; ++e) acc[nt][e] = 0.0f;
 
     for (int i = kb0; i < kb1; ++i) {
-        hx_row rA, rB;
+        hx_row_sb rA, rB;
         hx_load_row(wA + (size_t)i * HX_BLOCK_BYTES, t, rA);
         hx_load_row(wB + (size_t)i * HX_BLOCK_BYTES, t, rB);
 #if HX_QTYPE == 12
@@ -177,7 +84,7 @@ hx_mmq_stock(const unsigned char* __restrict__ w, const unsigned char* __restric
                     const float wm = e < 2 ? rA.wm[jj] : rB.wm[jj];
                     // sum += dmA.x*dsB.x*C; sum += dmA.y*dsB.y (vec_dot_q8_1_q8_1_mma)
                     acc[nt][e] = __fmaf_rn(__fmul_rn(ws, dx), (float)c[e], acc[nt][e]);
-                    acc[nt][e] = __fmaf_rn(wm, sx, acc[nt][e]);
+                    acc[nt][e] = __fmaf_rn(-wm, sx, acc[nt][e]);  // -half(dmin*m) = half(-dmin*m)
                 }
             }
         }

@@ -1,0 +1,114 @@
+// hiraishin: what the int8 MMA kernels share (hiraishin/kernels/mmq/mmq.cu, hiraishin/kernels/mmq_stock/
+// mmq_stock.cu; each is compiled after this file): mma.sync m16n8k32 / m16n8k16 (.s8.s8.s32), the
+// weight-row loads of one lane (rows g and g+8 of a 16-row tile, ints 4t.. of each block) and the
+// Q6_K bytewise q - 32. Defines: HX_QTYPE (12 Q4_K, 14 Q6_K); HX_Q4_SCALE_FP16 (0/1): Q4_K's
+// scale products d*sc and dmin*m kept in float (exact) or rounded to fp16 as llama.cpp's MMQ
+// packs them (load_tiles_q4_K's half2).
+
+#ifndef HX_Q4_SCALE_FP16
+#define HX_Q4_SCALE_FP16 0
+#endif
+#if HX_Q4_SCALE_FP16
+#define HX_Q4_SCALE(v) hx_h2f(hx_f2h(v))
+#else
+#define HX_Q4_SCALE(v) (v)
+#endif
+
+#ifdef HX_SHIM
+// CPU shim (tests/test_mmq.py, tests/test_mmq_stock.py): a software mma.sync with the same
+// fragment layout, and __funnelshift_r; NVRTC never sees this branch.
+#include "hx_mma_shim.h"
+#else
+__device__ __forceinline__ void hx_mma_k32(int c[4], int a0, int a1, int a2, int a3, int b0, int b1) {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%10,%11,%12,%13};"
+        : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(0), "r"(0), "r"(0), "r"(0));
+}
+__device__ __forceinline__ void hx_mma_k16(int c[4], int a0, int a1, int b0) {
+    asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
+        "{%7,%8,%9,%10};"
+        : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
+        : "r"(a0), "r"(a1), "r"(b0), "r"(0), "r"(0), "r"(0), "r"(0));
+}
+#endif
+
+__device__ __forceinline__ int hx_ld32(const unsigned char* p) { return *(const int*)p; }
+
+// 4 bytes at a 2-byte aligned address: two aligned words and a funnel shift (Q6_K blocks are
+// 210 bytes). sh = 0 or 16 (bits).
+__device__ __forceinline__ int hx_ld32_a2(const unsigned char* base4, int off, int sh) {
+    const unsigned int lo = *(const unsigned int*)(base4 + off);
+    const unsigned int hi = *(const unsigned int*)(base4 + off + 4);
+    return (int)__funnelshift_r(lo, hi, sh);
+}
+
+__device__ __forceinline__ int hx_sbyte(int word, int i) { return (int)(signed char)(word >> (8 * i)); }
+
+#if HX_QTYPE == 12
+// ---- Q4_K: d, dmin (fp16), scales[12], qs[128]; 144 bytes ----
+struct hx_row_sb {
+    float ws[8], wm[8];   // d*sc_b, dmin*m_b (exact products; HX_Q4_SCALE_FP16: rounded to fp16)
+    int q[8];             // qs ints at 32*jp + 4t and 32*jp + 16 + 4t, jp = 0..3
+};
+
+__device__ __forceinline__ void hx_load_row(const unsigned char* p, int t, hx_row_sb& r) {
+    const uint4 h = *(const uint4*)p;
+    const float d = hx_h2f((unsigned short)(h.x & 0xFFFF));
+    const float dmin = hx_h2f((unsigned short)(h.x >> 16));
+    // get_scale_min_k4 for all 8 sub-blocks at once (bytes q[0..3] = h.y, q[4..7] = h.z, q[8..11] = h.w)
+    const unsigned int sc_lo = h.y & 0x3F3F3F3Fu;
+    const unsigned int m_lo = h.z & 0x3F3F3F3Fu;
+    const unsigned int sc_hi = (h.w & 0x0F0F0F0Fu) | ((h.y >> 2) & 0x30303030u);
+    const unsigned int m_hi = ((h.w >> 4) & 0x0F0F0F0Fu) | ((h.z >> 2) & 0x30303030u);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        r.ws[j] = HX_Q4_SCALE(__fmul_rn(d, (float)((sc_lo >> (8 * j)) & 0xFF)));
+        r.ws[4 + j] = HX_Q4_SCALE(__fmul_rn(d, (float)((sc_hi >> (8 * j)) & 0xFF)));
+        r.wm[j] = HX_Q4_SCALE(__fmul_rn(dmin, (float)((m_lo >> (8 * j)) & 0xFF)));
+        r.wm[4 + j] = HX_Q4_SCALE(__fmul_rn(dmin, (float)((m_hi >> (8 * j)) & 0xFF)));
+    }
+#pragma unroll
+    for (int jp = 0; jp < 4; ++jp) {
+        r.q[2 * jp] = hx_ld32(p + 16 + 32 * jp + 4 * t);
+        r.q[2 * jp + 1] = hx_ld32(p + 16 + 32 * jp + 16 + 4 * t);
+    }
+}
+#else
+// ---- Q6_K: ql[128], qh[64], scales[16] (int8), d (fp16); 210 bytes ----
+struct hx_row_sb {
+    float d;
+    int ql[8];   // ql ints at 64n + 16m + 4t (n = 0..1, m = 0..3), index 4n + m
+    int qh[4];   // qh ints at 128 + 32n + 16h + 4t, index 2n + h
+    int sc[4];   // the 16 int8 scales
+};
+
+__device__ __forceinline__ void hx_load_row(const unsigned char* p, int t, hx_row_sb& r) {
+    r.d = hx_h2f(*(const unsigned short*)(p + 208));
+    const size_t a = (size_t)p;
+    if ((a & 3) == 0) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) r.ql[i] = hx_ld32(p + 64 * (i >> 2) + 16 * (i & 3) + 4 * t);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) r.qh[i] = hx_ld32(p + 128 + 32 * (i >> 1) + 16 * (i & 1) + 4 * t);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) r.sc[i] = hx_ld32(p + 192 + 4 * i);
+    } else {
+        const unsigned char* b = p - 2;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) r.ql[i] = hx_ld32_a2(b, 64 * (i >> 2) + 16 * (i & 3) + 4 * t, 16);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) r.qh[i] = hx_ld32_a2(b, 128 + 32 * (i >> 1) + 16 * (i & 1) + 4 * t, 16);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) r.sc[i] = hx_ld32_a2(b, 192 + 4 * i, 16);
+    }
+}
+
+// int8 values q - 32 of q8_1 block bb (0..3) of 128-half n, half h, from a row's ints.
+__device__ __forceinline__ int hx_q6_vals(const hx_row_sb& r, int n, int bb, int h) {
+    const unsigned int lo = ((unsigned int)r.ql[4 * n + 2 * (bb & 1) + h] >> (4 * (bb >> 1))) & 0x0F0F0F0Fu;
+    const unsigned int hi = (((unsigned int)r.qh[2 * n + h] >> (2 * bb)) & 0x03030303u) << 4;
+    // bytewise v - 32 for v in 0..63: ((v | 0x80) - 0x20) ^ 0x80, no borrow between bytes
+    return (int)((((lo | hi) | 0x80808080u) - 0x20202020u) ^ 0x80808080u);
+}
+#endif
