@@ -16,7 +16,8 @@
 # Decoding one token multiplies every weight matrix by one activation column: a mat-vec. A verify
 # pass of speculative decoding multiplies the same matrices by several columns at once. llama.cpp's
 # quantized mat-vec (`mul_mat_vec_q`) picks its thread geometry from the number of columns: **4 warps
-# for 1 to 4 columns, 2 warps for 5 to 8** (on Ampere, Ada and Hopper), and a tiled mat-mat past 8.
+# for 1 to 4 columns, 2 warps for 5 to 8** (on Ampere, Ada and Hopper), and past 8 an int8 tensor-core
+# mat-mat (MMQ) with an order of its own, which hiraishin reproduces (`hiraishin/kernels/mmq_stock`).
 # Notebook 01 showed that 4 warps and 2 warps group a sum differently; here is what that means for a
 # real weight row, drawn from the plan the kernel runs, and checked on the kernel's bits.
 #

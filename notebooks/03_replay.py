@@ -93,13 +93,14 @@ for width in (1, 2, 3, 5, 9, 16):
         mv = matvec_plan(order, width, down.qtype)
         at = attention_plan(order, width, 64, c.n_head, c.n_head_kv, c.head_dim)
         how = (f"{mv.kernel}, {mv.nwarps} warps, launches {[n for _, n in mv.launches()]}" if mv.kernel == "mmvq"
+               else "llama.cpp's MMQ order (int8 MMA)" if mv.kernel == "mmq_stock"
                else "tiled mat-mat (wide-batch path)")
         print(f"{width:>5}  {order.name:<16} {how:<34} {at.kernel_name}, P={at.parallel_blocks}")
 
 # %% [markdown]
-# The variant policy's switch, in the plan module: llama.cpp's column table, then the tiled kernel
-# past `MMVQ_MAX_BATCH_SIZE` columns; the invariant policy keeps the one-column warp count and cuts
-# wide batches into launches of at most 8 columns:
+# The variant policy's switch, in the plan module: llama.cpp's column table, then llama.cpp's MMQ
+# order (Q4_K/Q6_K; Q8_0: a tiled kernel) past `MMVQ_MAX_BATCH_SIZE` columns; the invariant policy
+# keeps the one-column warp count and cuts wide batches into launches of at most 8 columns:
 
 # %%
 show_file("hiraishin.plans", "matvec.py", 'if policy == "variant":', after=12)
@@ -143,7 +144,7 @@ for report in (rep_v, rep_i):
 # Under `BATCH_INVARIANT` every panel says the logits are bit-identical. Under `BATCH_VARIANT`,
 # batches of 2 and 3 keep the one-column warp count, so their mat-vecs are exact; what differs there
 # comes from attention, whose multi-query launches use another kernel. From 5 tokens the mat-vec
-# changes its warp count and almost every position moves; from 9 the tiled kernel takes over.
+# changes its warp count and almost every position moves; from 9 llama.cpp's MMQ order takes over.
 #
 # ## The localizer
 #
@@ -220,7 +221,7 @@ plt.show()
 assert PLAIN_AGREES
 assert rep_i.identical, "BATCH_INVARIANT: every logit bit-identical at every batch size"
 for b in rep_v.batches:
-    if b.batch_size >= 5:  # a warp-count change (5) or the tiled kernel (9, 16)
+    if b.batch_size >= 5:  # a warp-count change (5) or the MMQ order (9, 16)
         assert b.positions_differ, f"BATCH_VARIANT batch {b.batch_size} shows no difference"
 for b in rep_v.batches:  # a flip is possible only where the shift reaches half the gap
     for f in b.flips:

@@ -65,7 +65,7 @@ show_function(speculative_decode, marker="best = np.asarray(target.forward(", be
 
 # %% [markdown]
 # The verify pass is a pass of up to 9 tokens: under `BATCH_VARIANT` its mat-vecs run 2 warps (5 to 8
-# tokens) or the tiled kernel (9), and its attention the multi-query kernel — all different orders of
+# tokens) or llama.cpp's MMQ order (9), and its attention the multi-query kernel — all different orders of
 # adds than the one-token passes of plain decoding.
 #
 # Compilation first (Numba on the CPU, NVRTC on a GPU), so the recorded times below are work:

@@ -59,7 +59,7 @@ def cuda_available() -> bool:
 
 class _MatVec:
     """One prepared mat-vec: the plan, the layout its activations must be in, and the launch
-    (the mat-vec kernel's prepared plan, the sub-block MMA kernel, or the tiled kernel)."""
+    (the mat-vec kernel's prepared plan, the sub-block or stock-MMQ MMA kernel, or the tiled kernel)."""
 
     __slots__ = ("plan", "launch", "n", "layout", "qtype", "group")
 
@@ -183,7 +183,7 @@ class CudaOps:
 
     def mul_mats(self, weights, x, order, outs=None) -> list:
         # x is quantized once per layout the launches read: the mat-vec kernel's own for Q4_K /
-        # Q6_K weights, llama.cpp's for Q8_0 and for the tiled kernel.
+        # Q6_K weights, llama.cpp's for Q8_0 and for the MMA and tiled kernels.
         T = x.shape[0]
         mvs, layouts = self._layouts(weights, T, order)
         xqs = {layout: self.quantize(x, layout) for layout in layouts}

@@ -39,7 +39,8 @@ API: ``plan = hiraishin.plans.subblock.subblock_plan(ncols, qtype, k, n=rows)``;
 q8_1 layout, (ncols, K/32*36) uint8; ``out`` float32 (ncols, N)). Measured on an H200:
 ``bench/results/2026-12-01-h200-mmq/README.md``.
 
-Files: ``mmq.cu`` (kernel), :mod:`.launch` (``launch``), :mod:`.emulate` (``emulate``).
+Files: ``mma_rows.cu`` (mma.sync helpers and weight-row loads, shared with ``kernels/mmq_stock``),
+``mmq.cu`` (kernel), :mod:`.launch` (``launch``), :mod:`.emulate` (``emulate``).
 """
 
 from .emulate import emulate

@@ -15,7 +15,7 @@ activations are the mat-vec's q8_1 blocks (llama.cpp ``quantize_q8_1``), not
 Why a new folder, not a mode of ``kernels/mmq``: that kernel's geometry *is* its order (K
 segments per warp, summed in shared memory); this one has no K segments inside a CUDA block (one
 accumulator per output and piece), a second kernel (the fixup), a work-item table and a different
-Q6_K accumulation. The MMA fragments and weight loads are the same as ``mmq.cu``'s.
+Q6_K accumulation. The MMA fragments and weight loads are ``mmq.cu``'s (one copy: ``mmq/mma_rows.cu``).
 
 Geometry (``mmq_stock.cu``): a work item = (tile, piece); a CUDA block = ``plan.nwarps`` warps of
 16 rows each (m16n8k32 for Q4_K, two m16n8k16 per q8_1 block for Q6_K) x ``plan.cols_per_warp``

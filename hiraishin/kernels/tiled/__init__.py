@@ -1,11 +1,14 @@
-"""Tiled dp4a mat-mat for wide batches: the stand-in for llama.cpp's MMQ.
+"""Tiled dp4a mat-mat: the variant order's path past 8 columns for Q8_0 weights.
 
 llama.cpp leaves the mat-vec kernel for batches wider than
 ``MMVQ_MAX_BATCH_SIZE = 8`` columns and runs MMQ (int8 tensor-core tiles, its
-own q8_1 layout and summation structure; reference sections 3.2 and 5). We do
-not reproduce MMQ's internals (they are not documented in the reference); this
-kernel only has to add in an order of its own, deterministic and emulable, so
-that the batch-variant policy changes order past 8 columns like llama.cpp does.
+own q8_1 layout and summation structure; reference sections 3.2 and 5). For
+Q4_K and Q6_K weights the variant order reproduces MMQ's float sequence
+(``hiraishin/kernels/mmq_stock``). This kernel, once the stand-in for all three
+types (1.7-8x slower than ``mmq_stock`` at 9-16 columns on an H200:
+bench/results/2026-12-01-h200-mmq-stock/), remains the Q8_0 path: an order of
+its own, deterministic and emulable, so that the variant policy still changes
+order past 8 columns for Q8_0 weights.
 
 Order of adds, per output element (row r, column c): ONE thread walks K from
 start to end; there is no reduction across threads::

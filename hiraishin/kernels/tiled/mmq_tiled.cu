@@ -1,4 +1,4 @@
-// hiraishin: tiled dp4a mat-mat for wide batches (the stand-in for llama.cpp's MMQ).
+// hiraishin: tiled dp4a mat-mat, the variant order's Q8_0 path past 8 columns (Q4_K/Q6_K: mmq_stock/).
 //
 // Order of adds (different from mmvq.cu on purpose): ONE thread owns one output element
 // (row r, column c) and walks K from the start to the end, one 256-value step at a time;
