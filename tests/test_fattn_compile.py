@@ -51,3 +51,20 @@ def test_compiles_without_spills(tmp_path, source, defines, head_dim):
     assert all(int(r) <= 255 for r in regs.values())
     # static shared memory only (no opt-in attribute is set): within the 48 KiB every launch gets
     assert all(int(b) <= STATIC_SHARED_LIMIT for b in re.findall(r"(\d+) bytes smem", log)), log
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not on PATH")
+def test_combine_q8_1_compiles_without_spills(tmp_path):
+    """The combine with the q8_1 store (fused/launch.py SOURCE_COMBINE, the mat-vec's Q4_K layout)."""
+    from hiraishin.kernels.fused.launch import SOURCE_COMBINE
+    from hiraishin.kernels.quantize.launch import quantize_defines
+
+    src = tmp_path / "combine_q8_1.cu"
+    src.write_text(defines_text({"HX_D": 128, "HX_COMBINE_Q8_1": 1, **quantize_defines("Q4_K"), **shared_defines(4, None)})
+                   + load_source(*SOURCE_COMBINE))
+    proc = subprocess.run([NVCC, *FLAGS, str(src), "-o", str(tmp_path / "out.o")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    log = proc.stderr + proc.stdout
+    assert "fattn_combine_q8_1" in re.findall(r"Compiling entry function '(\w+)'", log)
+    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    assert spills and all(s == ("0", "0") for s in spills), log

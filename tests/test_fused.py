@@ -313,3 +313,65 @@ def test_qk_norm_rope_kv_source_equals_unfused_and_emulator(shim, tmp_path, T, H
             np.testing.assert_array_equal(bits(got_k), bits(uk))
             np.testing.assert_array_equal(bits(got_k), bits(ek))
     assert np.isinf(ekc[pos].astype(np.float32)).any() and np.isinf(evc[pos].astype(np.float32)).any()
+
+
+# ---- attention combine + q8_1 (fattn_vec.cu fattn_combine_q8_1, compiled after quantize_q8_1.cu)
+
+MAIN_COMBINE_Q8 = _OPT + _OPT_WRITE + r'''
+int main(int argc, char** argv) {
+    // argv: parts, meta, T, H, P, q bytes, out q fused, out o fused ("-": none), out q unfused, out o unfused
+    int T = atoi(argv[3]), H = atoi(argv[4]), P = atoi(argv[5]);
+    auto parts = hx_read(argv[1]); auto meta = hx_read(argv[2]);
+    const size_t nq = (size_t)atoll(argv[6]), no = (size_t)T * H * HX_D;
+    std::vector<unsigned char> q((size_t)nq, 0xAB), q2((size_t)nq, 0xCD);
+    std::vector<float> o(no, -12345.0f), o2(no, -54321.0f);
+    float* op = hx_opt(argv[8], o);
+    const float* pp = (const float*)parts.data(); const float* mp = (const float*)meta.data();
+    hx_launch({(unsigned)T, (unsigned)H, 1}, {HX_D, 1, 1}, 8 * P, [&] { fattn_combine_q8_1(pp, mp, op, P, q.data()); });
+    // the unfused sequence: the combine, then quantize_q8_1's own launch (8 warps per block)
+    hx_launch({(unsigned)T, (unsigned)H, 1}, {HX_D, 1, 1}, 8 * P, [&] { fattn_combine(pp, mp, o2.data(), P); });
+    const int k = H * HX_D;
+    hx_launch({(unsigned)((k / 32 + 7) / 8), (unsigned)T, 1}, {256, 1, 1}, 0,
+              [&] { quantize_q8_1(o2.data(), q2.data(), k, k); });
+    hx_write(argv[7], q.data(), q.size()); hx_opt_write(argv[8], o);
+    hx_write(argv[9], q2.data(), q2.size()); hx_write(argv[10], o2.data(), o2.size() * 4);
+}'''
+
+
+def _combine_inputs(T, H, P, D, seed):
+    rng = np.random.default_rng(seed)
+    parts = (rng.standard_normal((T, H, P, D)) * 3).astype(np.float32)
+    meta = np.empty((T, H, P, 2), np.float32)
+    meta[..., 0] = rng.standard_normal((T, H, P)).astype(np.float32) * 4
+    meta[..., 1] = rng.uniform(0.5, 40.0, (T, H, P)).astype(np.float32)
+    meta[0, 0, -1] = (-np.finfo(np.float32).max / 2, 0.0)  # an empty parallel block (no cell)
+    parts[-1, -1] = 0.0  # a head whose output is all zero: q8_1 blocks with amax 0
+    return parts, meta
+
+
+@pytest.mark.parametrize("layout", [None, "Q4_K", "Q6_K"])
+@pytest.mark.parametrize("T,H,P,D", [(1, 16, 6, 128), (5, 2, 2, 128), (3, 8, 3, 64)])
+def test_combine_q8_1_equals_combine_then_quantize_and_emulator(shim, tmp_path, layout, T, H, P, D):
+    from hiraishin.kernels.fused.emulate import emulate_combine_q8_1
+    from hiraishin.kernels.fused.launch import SOURCE_COMBINE
+
+    if layout is not None and (H * D) % 256:
+        pytest.skip("the mat-vec layouts hold whole super-blocks of 256 values")
+    parts, meta = _combine_inputs(T, H, P, D, seed=T * 100 + H * 10 + P)
+    exe = shim.build(SOURCE_COMBINE, {**quantize_defines(layout), "HX_D": D, "HX_COMBINE_Q8_1": 1},
+                        MAIN_COMBINE_Q8, f"combine_q8_{layout}_{D}")
+    paths = {n: tmp_path / f"{n}.bin" for n in ("parts", "meta", "q", "o", "q2", "o2")}
+    parts.tofile(paths["parts"])
+    meta.tofile(paths["meta"])
+    nq = int(np.prod(output_shape(T, H * D, layout)))
+    for with_o in (True, False):
+        run(exe, paths["parts"], paths["meta"], T, H, P, nq, paths["q"], paths["o"] if with_o else "-",
+            paths["q2"], paths["o2"])
+        q, q2 = np.fromfile(paths["q"], np.uint8), np.fromfile(paths["q2"], np.uint8)
+        o2 = np.fromfile(paths["o2"], np.float32)
+        want_q, want_o = emulate_combine_q8_1(parts, meta, layout)
+        assert np.array_equal(q, q2), "fused q8_1 != combine then quantize_q8_1"
+        assert np.array_equal(q, np.asarray(want_q).reshape(-1)), "fused q8_1 != emulator"
+        assert np.array_equal(bits(o2), bits(want_o.reshape(-1))), "combine != emulator"
+        if with_o:
+            assert np.array_equal(bits(np.fromfile(paths["o"], np.float32)), bits(o2)), "fused o != combine"

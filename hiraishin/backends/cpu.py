@@ -95,6 +95,12 @@ class CpuOps:
     def causal_attention(self, q, k_cache, v_cache, pos, kv_len: int, order, out=None):
         return self.attention(q, k_cache, v_cache, pos, kv_len, order)
 
+    def attention_matvec(self, q, k_cache, v_cache, pos, kv_len: int, order, weight, out=None):
+        """:meth:`causal_attention`, then the output projection ``weight`` (data, qtype) of its rows."""
+        T, H, D = q.shape
+        a = self.causal_attention(q, k_cache, v_cache, pos, kv_len, order)
+        return self.mul_mats((weight,), np.ascontiguousarray(a).reshape(T, H * D), order)[0]
+
     def store_kv(self, cache, layer: int, pos, k, v) -> None:
         cache.write(layer, int(pos[0]), k, v)  # a pass's positions are consecutive
 

@@ -22,6 +22,7 @@ from ..kernels.attention.launch import current_profile, launch_combine, launch_p
 from ..kernels.compile import cupy_available, require_cupy
 from ..kernels.fused.launch import (
     launch_add_rms_norm_q8_1,
+    launch_combine_q8_1,
     launch_qk_norm_rope_kv,
     launch_rms_norm_q8_1,
     launch_swiglu_q8_1,
@@ -289,6 +290,23 @@ class CudaOps:
         T, H, D = q.shape
         plan = self.backend.attention_plan(order, T, kv_len, H, k_cache.shape[1], D)
         return self.flash_attn(q, k_cache, v_cache, pos, plan, out, kv_from_positions=True)
+
+    def attention_matvec(self, q, k_cache, v_cache, pos, kv_len: int, order, weight, out=None):
+        """:meth:`causal_attention`, then the output projection ``weight`` (data, qtype) of its rows
+        (T, H*D). With more than one parallel block the combine quantizes straight into the
+        projection's q8_1 layout (``fattn_combine_q8_1``: one launch instead of two, the same bits)."""
+        T, H, D = q.shape
+        plan = self.backend.attention_plan(order, T, kv_len, H, k_cache.shape[1], D)
+        if plan.parallel_blocks == 1:
+            a = self.flash_attn(q, k_cache, v_cache, pos, plan, kv_from_positions=True)
+            return self.mul_mat(weight[0], weight[1], a.reshape(T, H * D), order, out)
+        mvs, (layout,) = self._layouts((weight,), T, order)
+        parts, meta = self.attention_scratch(plan, T, H, D)
+        # dst is not written when P > 1: the partials stand in for it
+        launch_partials(q, k_cache, v_cache, pos, plan, parts, parts, meta, kv_from_positions=True)
+        xq = self.scratch(f"q8_1 {layout}", self._quantize_shape(T, H * D, layout), _U8)
+        launch_combine_q8_1(parts, meta, xq, None, layout)
+        return self._run_matvecs((weight,), mvs, {layout: xq}, T, (out,))[0]
 
     def store_kv(self, cache, layer: int, pos, k, v) -> None:
         """Store float32 ``k``, ``v`` (T, n_head_kv, D) as f16 at the cells of the device positions ``pos``."""

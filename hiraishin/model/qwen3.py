@@ -236,9 +236,9 @@ class Qwen3:
         """The layers and head with the fused ops: the same float operations in the same order as
         the segments below (which a recording pass runs, to see every intermediate), fewer launches.
 
-        Per layer: [residual + RMSNorm + q8_1] Q/K/V, [q/k norms + RoPE + KV store], attention, the
-        output projection, [residual + RMSNorm + q8_1] gate/up, [SwiGLU + q8_1] down; the layer's
-        last residual add is fused into the next layer's (or the head's) norm.
+        Per layer: [residual + RMSNorm + q8_1] Q/K/V, [q/k norms + RoPE + KV store], attention with
+        [combine + q8_1] the output projection, [residual + RMSNorm + q8_1] gate/up, [SwiGLU + q8_1]
+        down; the layer's last residual add is fused into the next layer's (or the head's) norm.
         """
         cfg, ops, W = self.config, self.ops, self.weights
         T, eps, b = x.shape[0], cfg.rms_eps, buf.get
@@ -254,8 +254,8 @@ class Qwen3:
                                        v.reshape(T, cfg.n_head_kv, cfg.head_dim), L.attn_q_norm.data,
                                        L.attn_k_norm.data, eps, pos, self.rope_cos, self.rope_sin, self.cache, il,
                                        out=b("q_rope"))                           # (T, H, D)
-            a = ops.causal_attention(q, self.cache.k(il), self.cache.v(il), pos, start_pos + T, order, out=b("attn"))
-            o = ops.mul_mat(L.attn_output.data, L.attn_output.qtype, a.reshape(T, -1), order, out=b("attn_output"))
+            o = ops.attention_matvec(q, self.cache.k(il), self.cache.v(il), pos, start_pos + T, order,
+                                     (L.attn_output.data, L.attn_output.qtype), out=b("attn_output"))
             (g, u), x = ops.norm_matvecs(o, L.ffn_norm.data, eps, ((L.ffn_gate.data, L.ffn_gate.qtype),
                                                                    (L.ffn_up.data, L.ffn_up.qtype)), order,
                                          (b("ffn_gate"), b("ffn_up")), residual=x, out_sum=b("ffn_inp"))

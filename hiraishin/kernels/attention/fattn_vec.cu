@@ -334,16 +334,11 @@ fattn_vec_shared(const float* __restrict__ Q, const unsigned short* __restrict__
 
 // Merge the P partials of one (token, head) in block order (llama.cpp flash_attn_combine_results,
 // reference section 6.4). Grid (n_tokens, n_head), block D threads, dynamic shared 8*P bytes.
-extern "C" __global__ void fattn_combine(const float* __restrict__ parts, const float* __restrict__ meta,
-                                         float* __restrict__ dst, const int P) {
-    HX_PDL_ENTRY();
+// The merged value of output dimension tid of row (token, head) `row`: the P partials weighted
+// in block order. meta_sh: the row's (P, 2) meta, loaded by the caller (shared, after a barrier).
+__device__ __forceinline__ float fv_combine_value(const float* __restrict__ parts, const float* meta_sh,
+                                                  const int P, const size_t row, const int tid) {
     constexpr int D = HX_D;
-    extern __shared__ float meta_sh[];  // (P, 2): block max, block sum
-    const int tid = threadIdx.x;
-    const size_t row = (size_t)blockIdx.x * gridDim.y + blockIdx.y;
-    for (int l = tid; l < 2 * P; l += blockDim.x) meta_sh[l] = meta[row * 2 * P + l];
-    __syncthreads();
-
     float kqmax = meta_sh[0];
     for (int l = 1; l < P; ++l) kqmax = fmaxf(kqmax, meta_sh[2 * l]);
     float num = 0.0f;
@@ -353,5 +348,39 @@ extern "C" __global__ void fattn_combine(const float* __restrict__ parts, const 
         num = __fmaf_rn(s, parts[(row * P + l) * D + tid], num);
         den = __fmaf_rn(s, meta_sh[2 * l + 1], den);
     }
-    dst[row * D + tid] = __fdiv_rn(num, den);
+    return __fdiv_rn(num, den);
 }
+
+__device__ __forceinline__ void fv_load_meta(const float* __restrict__ meta, float* meta_sh, const int P,
+                                             const size_t row) {
+    for (int l = threadIdx.x; l < 2 * P; l += blockDim.x) meta_sh[l] = meta[row * 2 * P + l];
+    __syncthreads();
+}
+
+extern "C" __global__ void fattn_combine(const float* __restrict__ parts, const float* __restrict__ meta,
+                                         float* __restrict__ dst, const int P) {
+    HX_PDL_ENTRY();
+    extern __shared__ float meta_sh[];  // (P, 2): block max, block sum
+    const size_t row = (size_t)blockIdx.x * gridDim.y + blockIdx.y;
+    fv_load_meta(meta, meta_sh, P, row);
+    dst[row * HX_D + threadIdx.x] = fv_combine_value(parts, meta_sh, P, row, threadIdx.x);
+}
+
+#ifdef HX_COMBINE_Q8_1
+// fattn_combine, then quantize_q8_1 of the merged rows (T, H*D) into the q8_1 layout the output
+// projection's mat-vec reads (compiled after quantize/quantize_q8_1.cu, whose hx_q8_1_store does the
+// quantization: each warp holds the 32 values of one q8_1 block, as in quantize_q8_1): the float ops
+// of those two kernels in their order, one launch. dst (the float rows) may be null: not written.
+extern "C" __global__ void fattn_combine_q8_1(const float* __restrict__ parts, const float* __restrict__ meta,
+                                              float* __restrict__ dst, const int P, unsigned char* __restrict__ yq) {
+    HX_PDL_ENTRY();
+    extern __shared__ float meta_sh[];
+    const size_t row = (size_t)blockIdx.x * gridDim.y + blockIdx.y;
+    fv_load_meta(meta, meta_sh, P, row);
+    const int tid = threadIdx.x;
+    const float o = fv_combine_value(parts, meta_sh, P, row, tid);
+    if (dst != nullptr) dst[row * HX_D + tid] = o;
+    const int nb = gridDim.y * HX_D / 32;  // q8_1 blocks per token: H*D values
+    hx_q8_1_store(yq, blockIdx.x, nb, (blockIdx.y * HX_D + tid) / 32, tid % 32, o);
+}
+#endif

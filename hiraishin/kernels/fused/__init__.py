@@ -22,22 +22,28 @@ fused kernel (``fused.cu``)   equals, bit for bit
                               rounded f32 -> f16 (nearest even) into the KV-cache cells ``pos[t]`` of one
                               layer (``model/kv_cache.py``: (n_ctx, Hkv, D) float16), what
                               ``KVCache.write`` / the backend's ``write_kv`` store; optionally k float32
+``fattn_combine_q8_1``        ``o = attention/fattn_vec.cu fattn_combine(parts, meta)`` (T, H, D), then
+(in ``fattn_vec.cu``)         ``quantize_q8_1(o)`` of its rows (T, H*D) in ``layout`` (the output
+                              projection's input); optionally ``o`` too
 ============================  ===========================================================================
 
 Geometry: the norm kernels run rmsnorm's launch (one block per row of ``block_threads(n)``
 threads) and quantize inside it (warp ``w`` takes q8_1 blocks ``w, w + nwarps, ...``); SwiGLU
 runs the quantize launch (one warp per q8_1 block). Nothing per step is a scalar argument.
 
-Files: ``fused.cu``; :mod:`.launch` (prepared launches ``RmsNormQ8_1Launch``,
-``AddRmsNormQ8_1Launch``, ``SwigluQ8_1Launch``, ``QkNormRopeKvLaunch`` and cached ``launch_*``
+Files: ``fused.cu`` (and ``fattn_combine_q8_1`` in ``attention/fattn_vec.cu``, beside the combine it
+extends); :mod:`.launch` (prepared launches ``RmsNormQ8_1Launch``, ``AddRmsNormQ8_1Launch``,
+``SwigluQ8_1Launch``, ``QkNormRopeKvLaunch``, ``CombineQ8_1Launch`` and cached ``launch_*``
 functions); :mod:`.emulate` (``emulate_*``, the compositions of the unfused emulators).
 """
 
 from .emulate import (
     emulate_add_rms_norm_q8_1,
+    emulate_combine_q8_1,
     emulate_qk_norm_rope_kv,
     emulate_rms_norm_q8_1,
     emulate_swiglu_q8_1,
 )
 
-__all__ = ["emulate_rms_norm_q8_1", "emulate_add_rms_norm_q8_1", "emulate_swiglu_q8_1", "emulate_qk_norm_rope_kv"]
+__all__ = ["emulate_rms_norm_q8_1", "emulate_add_rms_norm_q8_1", "emulate_swiglu_q8_1", "emulate_qk_norm_rope_kv",
+           "emulate_combine_q8_1"]

@@ -10,12 +10,14 @@ from __future__ import annotations
 import numpy as np
 
 from .. import quantize
+from ..attention.emulate import emulate_combine as _combine
 from ..elementwise.emulate import emulate_add as _add
 from ..elementwise.emulate import emulate_swiglu as _swiglu
 from ..rmsnorm.emulate import emulate as _rms_norm
 from ..rope.emulate import emulate as _rope
 
-__all__ = ["emulate_rms_norm_q8_1", "emulate_add_rms_norm_q8_1", "emulate_swiglu_q8_1", "emulate_qk_norm_rope_kv"]
+__all__ = ["emulate_rms_norm_q8_1", "emulate_add_rms_norm_q8_1", "emulate_swiglu_q8_1", "emulate_qk_norm_rope_kv",
+           "emulate_combine_q8_1"]
 
 
 def emulate_rms_norm_q8_1(x: np.ndarray, w: np.ndarray, eps: float, layout: str | None = None):
@@ -55,3 +57,11 @@ def emulate_qk_norm_rope_kv(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_norm_
         k_cache[pos] = k_rope.astype(np.float16)
         v_cache[pos] = np.asarray(v, dtype=np.float32).astype(np.float16)
     return q_out, k_rope
+
+
+def emulate_combine_q8_1(parts: np.ndarray, meta: np.ndarray, layout: str | None = None):
+    """``(xq, o)``: ``o`` = the attention combine of ``parts`` (T, H, P, D) and ``meta`` (T, H, P, 2),
+    float32 (T, H, D), and ``xq`` the q8_1 bytes of its rows (T, H*D) in ``layout``."""
+    o = _combine(parts, meta)
+    T, H, D = o.shape
+    return quantize.emulate(np.ascontiguousarray(o).reshape(T, H * D), layout), o

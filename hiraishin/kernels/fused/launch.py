@@ -18,11 +18,14 @@ from ..rmsnorm.emulate import block_threads
 
 __all__ = ["SOURCE", "NULL", "fused_kernel", "RmsNormQ8_1Launch", "AddRmsNormQ8_1Launch", "SwigluQ8_1Launch",
            "QkNormRopeKvLaunch", "launch_rms_norm_q8_1", "launch_add_rms_norm_q8_1", "launch_swiglu_q8_1",
-           "launch_qk_norm_rope_kv"]
+           "launch_qk_norm_rope_kv", "SOURCE_COMBINE", "CombineQ8_1Launch", "launch_combine_q8_1"]
 
 # fused.cu is compiled after the unfused sources whose device functions it calls (hx_rms_scale,
 # hx_q8_1_store): one copy of that code for the fused and the unfused kernels.
 SOURCE = ("rmsnorm/rmsnorm.cu", "quantize/quantize_q8_1.cu", "fused/fused.cu")
+# The attention combine with the q8_1 store behind it: fattn_vec.cu's fattn_combine_q8_1 (compiled
+# with HX_COMBINE_Q8_1) after quantize_q8_1.cu, whose hx_q8_1_store it calls.
+SOURCE_COMBINE = ("quantize/quantize_q8_1.cu", "attention/fattn_vec.cu")
 # A null device pointer: the optional float outputs are skipped when given this.
 NULL = np.uint64(0)
 _Q8_1_VALUES = 32  # values per q8_1 block (one warp's lanes)
@@ -135,6 +138,33 @@ class QkNormRopeKvLaunch:
         return q_out
 
 
+class CombineQ8_1Launch:
+    """The attention combine of (T, H, P, D) partials and their (T, H, P, 2) meta, its output rows
+    (T, H*D) quantized to q8_1 in ``layout``: call ``(parts, meta, out_q, out=None)``.
+
+    ``out_q`` uint8 :func:`~hiraishin.kernels.quantize.launch.output_shape` ``(T, H*D, layout)``;
+    ``out`` float32 (T, H, D) or None. P > 1 (with one block the attention kernel normalises in
+    place and nothing is combined). Grid (T, H), D threads: the combine's launch.
+    """
+
+    __slots__ = ("kernel", "grid", "block", "shared", "P", "shape")
+
+    def __init__(self, T: int, H: int, P: int, D: int, layout: str | None = None):
+        if P < 2:
+            raise ValueError(f"the combine merges P > 1 partials, got P = {P}")
+        self.kernel = get_kernel(SOURCE_COMBINE, "fattn_combine_q8_1",
+                                 {**quantize_defines(layout), "HX_D": D, "HX_COMBINE_Q8_1": 1})
+        self.grid = (T, H, 1)
+        self.block = (D, 1, 1)
+        self.shared = 8 * P
+        self.P = np.int32(P)
+        self.shape = output_shape(T, H * D, layout)
+
+    def __call__(self, parts, meta, out_q, out=None):
+        self.kernel(self.grid, self.block, (parts, meta, _ptr(out), self.P, out_q), shared_mem=self.shared)
+        return out_q
+
+
 _launches: dict = {}
 
 
@@ -170,3 +200,9 @@ def launch_qk_norm_rope_kv(q, k, v, q_norm_w, k_norm_w, eps: float, pos, cos_t, 
     n_head = q_out.shape[1]
     launch = _cached(QkNormRopeKvLaunch, T, n_head, n_head_kv, D, float(eps))
     return launch(q, k, v, q_norm_w, k_norm_w, pos, cos_t, sin_t, q_out, k_cache, v_cache, k_out)
+
+
+def launch_combine_q8_1(parts, meta, out_q, out=None, layout: str | None = None):
+    """:class:`CombineQ8_1Launch` for ``parts``' shape (cached), unchecked. Returns ``out_q``."""
+    T, H, P, D = parts.shape
+    return _cached(CombineQ8_1Launch, T, H, P, D, layout)(parts, meta, out_q, out)
