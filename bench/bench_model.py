@@ -31,7 +31,7 @@ DEFAULT_BANDWIDTH_GBS = 4800.0
 PROMPT_TOKENS = 128
 N_CTX = 1024
 # Passes checked bit for bit against the CPU backend (the emulators) before any timing: a
-# 9-token pass (the tiled kernel under the variant order) then a one-token decode step, each with
+# 9-token pass (llama.cpp's MMQ order under the variant order) then a one-token decode step, each with
 # CUDA graphs on (the default, what generate runs) and off.
 VALIDATE_WIDTHS = (9, 1)
 
