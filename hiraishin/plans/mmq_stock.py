@@ -29,6 +29,10 @@ What the order depends on: K, the row count N (tiles of 128 rows), the width (co
 is one column tile, so the pieces depend on N, K and the SMs, not on the width; 129+ columns
 (prefill) add column tiles and change them.
 
+Read from ggml-org/ggml at d99724f (2026-08-21). The tiles are ``mmq-config-ampere.cuh``'s
+(Volta..Hopper, NVIDIA): a profile of another GPU gets them with its own SM count; its own MMQ
+configuration and mat-vec/MMQ crossover (Ada, Blackwell: llama.cpp PR #26079) are not modelled.
+
 This module is pure Python (no kernels, no backends).
 """
 
