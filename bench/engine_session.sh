@@ -5,17 +5,7 @@
 # Env: STEPS ("tests bench soak sanitize" by default), TESTS (pytest paths, default the engine's),
 # BENCH_ARGS (extra bench flags), *_TIMEOUT (seconds per step).
 set -uo pipefail
-OUT=${OUT:-/tmp/hiraishin-out}
-mkdir -p "$OUT"
-exec > >(tee -a "$OUT/session.log") 2>&1
-export PYTHONUNBUFFERED=1 HIRAISHIN_CACHE=/tmp/hiraishin-cache HIRAISHIN_COMMIT=${HIRAISHIN_COMMIT:-unknown}
-if ls .whl/*.whl >/dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-    export PYTHONPATH=/tmp/site:$PWD
-else
-    export PYTHONPATH=$PWD
-fi
-echo "== device"; date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+source bench/device_env.sh
 STEPS=${STEPS:-"tests bench soak sanitize"}
 if [[ $STEPS == *tests* ]]; then
     echo "== gpu tests"

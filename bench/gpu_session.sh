@@ -5,25 +5,10 @@
 # Pass HIRAISHIN_COMMIT=<commit> for the benchmark records: the device's copy of the tree may
 # carry no .git, or a stale one.
 set -uo pipefail
-OUT=${OUT:-/tmp/hiraishin-out}
-mkdir -p "$OUT"
+source bench/device_env.sh
 RES="$OUT/results"
 mkdir -p "$RES"
-LOG="$OUT/session.log"
-exec > >(tee -a "$LOG") 2>&1
-
-export PYTHONUNBUFFERED=1
-if ls .whl/*.whl >/dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-    export PYTHONPATH=/tmp/site:$PWD
-else
-    export PYTHONPATH=$PWD
-fi
 export HIRAISHIN_RESULTS_DIR="$RES"
-export HIRAISHIN_COMMIT=${HIRAISHIN_COMMIT:-unknown}
-export HIRAISHIN_CACHE=/tmp/hiraishin-cache
-
-echo "== device"; date -u; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total --format=csv
 python3 -c "import cupy, numba, numpy; print('cupy', cupy.__version__, 'numba', numba.__version__, 'numpy', numpy.__version__)"
 
 STEPS=${STEPS:-"tests bench sanitize"}

@@ -3,13 +3,7 @@
 # 8B shapes, and a quick `hiraishin bench` with the mat-vec prefetch one wave ahead on and off.
 # Usage on the device (repo root): HIRAISHIN_COMMIT=<commit> bash bench/kernel_times.sh
 set -uo pipefail
-OUT=${OUT:-/tmp/hiraishin-out}
-mkdir -p "$OUT"
-exec > >(tee -a "$OUT/session.log") 2>&1
-export PYTHONUNBUFFERED=1 HIRAISHIN_CACHE=/tmp/hiraishin-cache HIRAISHIN_COMMIT=${HIRAISHIN_COMMIT:-unknown}
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD
-echo "== device"; date -u; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
+source bench/device_env.sh
 python3 -m hiraishin synth --shape qwen3-8b -o /tmp/qwen3-8b.gguf --quiet && python3 -m hiraishin synth --shape qwen3-0.6b -o /tmp/qwen3-0.6b.gguf --quiet
 for spec in ${PROFILES:-"qwen3-0.6b invariant 1" "qwen3-8b invariant 1" "qwen3-8b subblock 3"}; do
     set -- $spec

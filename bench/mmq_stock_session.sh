@@ -4,17 +4,7 @@
 # Env: TEST_TIMEOUT, BENCH_ARGS (default --sweep), BENCH_TIMEOUT, MODEL_K (pytest -k), MODEL_TIMEOUT.
 # Usage on the device (repo root): HIRAISHIN_COMMIT=<commit> bash bench/mmq_stock_session.sh
 set -uo pipefail
-OUT=${OUT:-/tmp/hiraishin-out}
-mkdir -p "$OUT"
-exec > >(tee -a "$OUT/session.log") 2>&1
-export PYTHONUNBUFFERED=1 HIRAISHIN_CACHE=/tmp/hiraishin-cache HIRAISHIN_COMMIT=${HIRAISHIN_COMMIT:-unknown}
-if ls .whl/*.whl >/dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-    export PYTHONPATH=/tmp/site:$PWD
-else
-    export PYTHONPATH=$PWD
-fi
-echo "== device"; date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+source bench/device_env.sh
 t0=$(date +%s)
 echo "== tests/test_mmq_stock_gpu.py"
 timeout ${TEST_TIMEOUT:-150} python3 -m pytest -q -x -m gpu -p no:cacheprovider tests/test_mmq_stock_gpu.py 2>&1 | tail -n 30

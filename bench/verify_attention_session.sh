@@ -3,17 +3,7 @@
 # GPU tests, the verify-attention benchmark, compute-sanitizer memcheck at the kernel's edge shapes.
 # Usage on the device (repo root): HIRAISHIN_COMMIT=<commit> bash bench/verify_attention_session.sh
 set -uo pipefail
-OUT=${OUT:-/tmp/hiraishin-out}
-mkdir -p "$OUT"
-exec > >(tee -a "$OUT/session.log") 2>&1
-export PYTHONUNBUFFERED=1 HIRAISHIN_CACHE=/tmp/hiraishin-cache HIRAISHIN_COMMIT=${HIRAISHIN_COMMIT:-unknown}
-if ls .whl/*.whl >/dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-    export PYTHONPATH=/tmp/site:$PWD
-else
-    export PYTHONPATH=$PWD
-fi
-echo "== device"; date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+source bench/device_env.sh
 echo "== gpu tests"; t0=$(date +%s)
 HIRAISHIN_RESULTS_DIR=$OUT timeout ${TEST_TIMEOUT:-120} python3 -m pytest -q -m gpu -p no:cacheprovider \
     --durations=8 tests/test_fattn_gpu.py 2>&1 | tail -n 40
