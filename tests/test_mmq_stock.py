@@ -336,6 +336,42 @@ def test_cpu_backend_runs_the_stock_order():
     assert not np.array_equal(one, got)  # past 8 columns the sums differ from the mat-vec's
 
 
+def test_launcher_arguments_without_a_gpu(monkeypatch):
+    """The prepared launch's grids, arguments and scratch policy, with numpy standing in for CuPy."""
+    import importlib
+    import types
+
+    L = importlib.import_module("hiraishin.kernels.mmq_stock.launch")  # the module, not the function
+
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(asarray=np.asarray, empty=np.empty,
+                                                                   float32=np.float32))
+    calls = []
+
+    def kernel(name):
+        def run(grid, block, args):
+            calls.append((name, grid, block, args))
+        return run
+
+    monkeypatch.setattr(L, "_kernels", lambda plan, max_regs="default": (kernel("main"), kernel("fixup")))
+    for ncols, kept in ((12, True), (200, False)):
+        plan = mmq_stock_plan(ncols, "Q4_K", 1024, 300, _device(5))
+        items, fixups = plan.tables()
+        lw = L.MMQStockLaunch(plan)
+        scratches = []
+        for _ in range(2):
+            calls.clear()
+            out = lw("w", "xq", "out")
+            main, fix = calls
+            assert out == "out" and main[0] == "main" and fix[0] == "fixup"
+            assert main[1] == (len(items) * (128 // plan.rows_per_block), -(-plan.tile_cols // plan.cols_per_warp), 1)
+            assert main[2] == (32 * plan.nwarps, 1, 1) and fix[1] == (len(fixups), plan.tile_cols, 1)
+            assert main[3][:3] == ("w", "xq", "out") and main[3][5:] == (300, ncols, 300)
+            assert fix[3][0] == "out" and fix[3][1] is main[3][3]  # the fixup reads the pieces just written
+            assert main[3][3].size == max(1, int((items[:, 4] >= 0).sum()) * plan.tile_cols * 128)
+            scratches.append(main[3][3])
+        assert (scratches[0] is scratches[1]) == kept  # prefills take scratch per call
+
+
 # ---- the CUDA source on the CPU (g++ shim) and nvcc
 
 STOCK_MAIN = r"""

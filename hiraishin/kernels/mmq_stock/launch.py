@@ -14,8 +14,8 @@ from ...quant import BLOCK_BYTES, GGML_TYPE_ID, QK_K
 from ..compile import get_kernel
 from ..compile import precompile as compile_many
 
-__all__ = ["MMQ_STOCK_MAX_REGS", "SOURCE", "MMQStockLaunch", "kernel_defines", "launch", "precompile",
-           "prepared_launch"]
+__all__ = ["KEPT_SCRATCH_COLS", "MMQ_STOCK_MAX_REGS", "SOURCE", "MMQStockLaunch", "kernel_defines", "launch",
+           "precompile", "prepared_launch"]
 
 # the shared mma.sync helpers and weight-row loads, then the kernel (concatenated, as get_kernel does)
 SOURCE = ("mmq/mma_rows.cu", "mmq_stock/mmq_stock.cu")
@@ -27,6 +27,12 @@ SOURCE = ("mmq/mma_rows.cu", "mmq_stock/mmq_stock.cu")
 MMQ_STOCK_MAX_REGS = {("Q4_K", 2): 96, ("Q6_K", 2): 128, ("Q4_K", 4): 168, ("Q6_K", 4): 240}
 _REGISTERS_PER_SM = 65536
 _MAX_BLOCKS_PER_SM = 32
+# Launches of at most this many columns (decode steps and verify batches, which CUDA graphs replay)
+# keep their scratch buffer; wider ones (prefills of every prompt length) take it from CuPy's pool
+# per call, so that many prompt lengths hold no memory. Prepared launches kept: at most
+# _LAUNCHES_MAX (the cache is emptied when full; the backend's mat-vecs keep their own).
+KEPT_SCRATCH_COLS = 16
+_LAUNCHES_MAX = 256
 
 
 def kernel_defines(plan: MMQStockPlan, max_regs: int | None | str = "default") -> dict:
@@ -68,7 +74,8 @@ class MMQStockLaunch:
     ``out_stride`` floats between columns. Unchecked.
     """
 
-    __slots__ = ("block", "fixup", "fixup_grid", "fixups", "grid", "items", "kernel", "scalars", "scratch")
+    __slots__ = ("block", "cp", "fixup", "fixup_grid", "fixups", "grid", "items", "kernel", "scalars", "scratch",
+                 "scratch_floats")
 
     def __init__(self, plan: MMQStockPlan, out_stride: int | None = None, max_regs="default"):
         import cupy as cp
@@ -84,14 +91,19 @@ class MMQStockLaunch:
         self.fixup_grid = (len(fixups), plan.tile_cols, 1)
         self.items = cp.asarray(items)
         self.fixups = cp.asarray(fixups) if len(fixups) else None
-        self.scratch = cp.empty(max(1, nslots * plan.tile_cols * MMQ_TILE_ROWS), dtype=cp.float32)
+        self.cp = cp
+        self.scratch_floats = max(1, nslots * plan.tile_cols * MMQ_TILE_ROWS)
+        self.scratch = cp.empty(self.scratch_floats, dtype=cp.float32) if plan.ncols <= KEPT_SCRATCH_COLS else None
         self.scalars = (np.int32(plan.n), np.int32(plan.ncols),
                         np.int64(plan.n if out_stride is None else out_stride))
 
     def __call__(self, w, xq, out):
-        self.kernel(self.grid, self.block, (w, xq, out, self.scratch, self.items) + self.scalars)
+        scratch = self.scratch
+        if scratch is None:  # stream-ordered pool memory: free for reuse once these kernels have run
+            scratch = self.cp.empty(self.scratch_floats, dtype=self.cp.float32)
+        self.kernel(self.grid, self.block, (w, xq, out, scratch, self.items) + self.scalars)
         if self.fixups is not None:
-            self.fixup(self.fixup_grid, (MMQ_TILE_ROWS, 1, 1), (out, self.scratch, self.fixups) + self.scalars)
+            self.fixup(self.fixup_grid, (MMQ_TILE_ROWS, 1, 1), (out, scratch, self.fixups) + self.scalars)
         return out
 
 
@@ -102,6 +114,8 @@ def prepared_launch(plan: MMQStockPlan) -> MMQStockLaunch:
     """The cached :class:`MMQStockLaunch` of ``plan``."""
     hit = _launches.get(plan)
     if hit is None:
+        if len(_launches) >= _LAUNCHES_MAX:
+            _launches.clear()
         hit = _launches[plan] = MMQStockLaunch(plan)
     return hit
 
