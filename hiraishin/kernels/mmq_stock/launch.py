@@ -27,7 +27,8 @@ SOURCE = ("mmq/mma_rows.cu", "mmq_stock/mmq_stock.cu")
 MMQ_STOCK_MAX_REGS = {("Q4_K", 2): 96, ("Q6_K", 2): 128, ("Q4_K", 4): 168, ("Q6_K", 4): 240}
 _REGISTERS_PER_SM = 65536
 _MAX_BLOCKS_PER_SM = 32
-# Launches of at most this many columns (decode steps and verify batches, which CUDA graphs replay)
+# Launches of at most this many columns (decode steps and verify batches, which CUDA graphs replay:
+# passes of up to hiraishin.model.qwen3.BUFFER_MAX_TOKENS = 16 tokens)
 # keep their scratch buffer; wider ones (prefills of every prompt length) take it from CuPy's pool
 # per call, so that many prompt lengths hold no memory. Prepared launches kept: at most
 # _LAUNCHES_MAX (the cache is emptied when full; the backend's mat-vecs keep their own).
