@@ -247,7 +247,7 @@ def test_thread_blocks_and_describe():
 
     inv = matvec_plan(INVARIANT, 9, "Q4_K")
     assert "2 launches of 5+4" in inv.describe()
-    tiled_plan = matvec_plan(VARIANT, 12, "Q4_K")
+    tiled_plan = matvec_plan(VARIANT, 12, "Q8_0")  # (Q4_K/Q6_K: llama.cpp's MMQ order, tests/test_mmq_stock.py)
     assert tiled_plan.thread_blocks(3) == {0: [0, 1, 2]}
     assert "one thread per output" in tiled_plan.describe() and "tiled" in tiled_plan.describe()
 
