@@ -120,7 +120,7 @@ def main(argv=None) -> int:
         one_col = {}
         for oname, order in orders.items():
             for ncols in cols:
-                plan = matvec_plan(order, ncols, qtype)
+                plan = matvec_plan(order, ncols, qtype, k=k, n=n)  # (the variant's MMQ order past 8 needs the shape)
                 xq = xq_all[:ncols]
                 if plan.kernel == "mmvq":
                     # the kernel's own activation layout, made once: the timed loop is the launches
