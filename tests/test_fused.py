@@ -36,30 +36,40 @@ EPS_ARG = repr(float(EPS))  # the shim reads it with strtof: the same float32
 _OPT = "static float* hx_opt(const char* a, std::vector<float>& v) { return a[0] == '-' ? nullptr : v.data(); }\n"
 _OPT_WRITE = "static void hx_opt_write(const char* a, std::vector<float>& v) { if (a[0] != '-') hx_write(a, v.data(), v.size() * 4); }\n"
 
-MAIN_RMS_Q8 = _OPT + _OPT_WRITE + r'''
+# a second q8_1 output (the norm kernels' yq2): its byte count and path, "0 -" for none
+_Q2 = r'''
+static unsigned char* hx_q2(const char* bytes, std::vector<unsigned char>& v) {
+    v.assign((size_t)atoll(bytes), 0xEF); return v.empty() ? nullptr : v.data(); }
+static void hx_q2_write(const char* a, std::vector<unsigned char>& v) { if (a[0] != '-') hx_write(a, v.data(), v.size()); }
+'''
+
+MAIN_RMS_Q8 = _OPT + _OPT_WRITE + _Q2 + r'''
 int main(int argc, char** argv) {
-    // argv: x, w, rows, n, eps, q bytes, out q, out y ("-": none), threads
+    // argv: x, w, rows, n, eps, q bytes, out q, out y ("-": none), threads, q2 bytes, out q2 ("-": none)
     int rows = atoi(argv[3]), n = atoi(argv[4]), nt = atoi(argv[9]); float eps = strtof(argv[5], nullptr);
     auto x = hx_read(argv[1]); auto w = hx_read(argv[2]);
-    std::vector<unsigned char> q((size_t)atoll(argv[6]), 0xAB); std::vector<float> y((size_t)rows * n, -12345.0f);
+    std::vector<unsigned char> q((size_t)atoll(argv[6]), 0xAB), q2; std::vector<float> y((size_t)rows * n, -12345.0f);
     float* yp = hx_opt(argv[8], y);
+    unsigned char* q2p = hx_q2(argv[10], q2);
     hx_launch({(unsigned)rows, 1, 1}, {(unsigned)nt, 1, 1}, 0,
-              [&] { hx_rms_norm_q8_1((const float*)x.data(), (const float*)w.data(), q.data(), yp, n, eps); });
-    hx_write(argv[7], q.data(), q.size()); hx_opt_write(argv[8], y);
+              [&] { hx_rms_norm_q8_1((const float*)x.data(), (const float*)w.data(), q.data(), yp, q2p, n, eps); });
+    hx_write(argv[7], q.data(), q.size()); hx_opt_write(argv[8], y); hx_q2_write(argv[11], q2);
 }'''
 
-MAIN_ADD_RMS_Q8 = _OPT + _OPT_WRITE + r'''
+MAIN_ADD_RMS_Q8 = _OPT + _OPT_WRITE + _Q2 + r'''
 int main(int argc, char** argv) {
-    // argv: a, b, w, rows, n, eps, q bytes, out s, out q, out y ("-": none), threads
+    // argv: a, b, w, rows, n, eps, q bytes, out s, out q, out y ("-": none), threads, q2 bytes, out q2 ("-": none)
     int rows = atoi(argv[4]), n = atoi(argv[5]), nt = atoi(argv[11]); float eps = strtof(argv[6], nullptr);
     auto a = hx_read(argv[1]); auto b = hx_read(argv[2]); auto w = hx_read(argv[3]);
-    std::vector<unsigned char> q((size_t)atoll(argv[7]), 0xAB);
+    std::vector<unsigned char> q((size_t)atoll(argv[7]), 0xAB), q2;
     std::vector<float> s((size_t)rows * n, -12345.0f), y((size_t)rows * n, -12345.0f);
     float* yp = hx_opt(argv[10], y);
+    unsigned char* q2p = hx_q2(argv[12], q2);
     hx_launch({(unsigned)rows, 1, 1}, {(unsigned)nt, 1, 1}, 0,
               [&] { hx_add_rms_norm_q8_1((const float*)a.data(), (const float*)b.data(), (const float*)w.data(),
-                                         s.data(), q.data(), yp, n, eps); });
+                                         s.data(), q.data(), yp, q2p, n, eps); });
     hx_write(argv[8], s.data(), s.size() * 4); hx_write(argv[9], q.data(), q.size()); hx_opt_write(argv[10], y);
+    hx_q2_write(argv[13], q2);
 }'''
 
 MAIN_SWIGLU_Q8 = _OPT + _OPT_WRITE + r'''
@@ -194,7 +204,7 @@ def test_rms_norm_q8_1_source_equals_unfused_and_emulator(shim, tmp_path, rows, 
         exe = shim.build(SOURCE, quantize_defines(layout), MAIN_RMS_Q8, "rms_q8")
         for with_y in (True, False) if layout is None else (True,):  # the null pointer once
             run(exe, f.put("x.bin", x), f.put("w.bin", w), rows, n, EPS_ARG, uq.size, f.path("q.bin"),
-                f.path("y.bin") if with_y else "-", block_threads(n))
+                f.path("y.bin") if with_y else "-", block_threads(n), 0, "-")
             got_q = f.get("q.bin", np.uint8, uq.shape)
             np.testing.assert_array_equal(got_q, uq, err_msg=f"fused vs unfused q8_1, layout {layout}")
             np.testing.assert_array_equal(got_q, eq, err_msg=f"fused vs emulator q8_1, layout {layout}")
@@ -220,13 +230,50 @@ def test_add_rms_norm_q8_1_source_equals_unfused_and_emulator(shim, tmp_path, ro
     es, eq, ey = emulate_add_rms_norm_q8_1(a, b, w, EPS, layout)
     run(shim.build(SOURCE, quantize_defines(layout), MAIN_ADD_RMS_Q8, "add_rms_q8"), f.path("a.bin"),
         f.path("b.bin"), f.put("w.bin", w), rows, n, EPS_ARG, uq.size, f.path("s.bin"), f.path("q.bin"),
-        f.path("y.bin"), block_threads(n))
+        f.path("y.bin"), block_threads(n), 0, "-")
     got_s, got_q = f.get("s.bin", np.float32, (rows, n)), f.get("q.bin", np.uint8, uq.shape)
     got_y = f.get("y.bin", np.float32, (rows, n))
     for want_s, want_q, want_y in ((us, uq, uy), (es, eq, ey)):
         np.testing.assert_array_equal(bits(got_s), bits(want_s))
         np.testing.assert_array_equal(got_q, want_q)
         np.testing.assert_array_equal(bits(got_y), bits(want_y))
+
+
+def _second_layout_defines(layout, layout2):
+    second = quantize_defines(layout2)
+    return {**quantize_defines(layout), "HX_LAYOUT2": second["HX_LAYOUT"], "HX_LAYOUT2_BYTES": second["HX_LAYOUT_BYTES"]}
+
+
+# (rows, n, first layout, second layout): Q/K's layout with V's (Qwen3 Q4_K_M), and the reverse
+@pytest.mark.parametrize("rows,n,layout,layout2", [(3, 1024, "Q4_K", "Q6_K"), (1, 4096, "Q6_K", "Q4_K"),
+                                                   (2, 1024, None, "Q6_K")])
+def test_norm_kernels_write_a_second_layout_equal_to_its_own_quantize(shim, tmp_path, rows, n, layout, layout2):
+    f = Files(tmp_path)
+    rng = np.random.default_rng(3 * n + rows)
+    a = _activations(rng, rows, n)
+    b = (rng.standard_normal((rows, n)) * 2).astype(np.float32)
+    w = (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+    defines = _second_layout_defines(layout, layout2)
+    q1_bytes = int(np.prod(output_shape(rows, n, layout)))
+    q2_shape = output_shape(rows, n, layout2)
+    # rms_norm_q8_1 of a: both layouts against the unfused kernels and the emulator
+    uq, _ = _unfused_rms_q8(shim, f, a, w, layout, "u")
+    uq2, _ = _unfused_rms_q8(shim, f, a, w, layout2, "v")
+    run(shim.build(SOURCE, defines, MAIN_RMS_Q8, "rms_q8_two"), f.put("x.bin", a), f.put("w.bin", w), rows, n,
+        EPS_ARG, q1_bytes, f.path("q.bin"), "-", block_threads(n), uq2.size, f.path("q2.bin"))
+    eq2, _ = emulate_rms_norm_q8_1(a, w, EPS, layout2)
+    np.testing.assert_array_equal(f.get("q.bin", np.uint8, uq.shape), uq, err_msg="first layout")
+    np.testing.assert_array_equal(f.get("q2.bin", np.uint8, q2_shape), uq2, err_msg="second layout vs quantize")
+    np.testing.assert_array_equal(f.get("q2.bin", np.uint8, q2_shape), eq2, err_msg="second layout vs emulator")
+    # add_rms_norm_q8_1 of (a, b): the second layout of s's norm
+    es, eq, _ = emulate_add_rms_norm_q8_1(a, b, w, EPS, layout)
+    _, eq2, _ = emulate_add_rms_norm_q8_1(a, b, w, EPS, layout2)
+    run(shim.build(SOURCE, defines, MAIN_ADD_RMS_Q8, "add_rms_q8_two"), f.path("x.bin"), f.put("b.bin", b),
+        f.path("w.bin"), rows, n, EPS_ARG, q1_bytes, f.path("s.bin"), f.path("q.bin"), "-", block_threads(n),
+        uq2.size, f.path("q2.bin"))
+    np.testing.assert_array_equal(bits(f.get("s.bin", np.float32, (rows, n))), bits(es))
+    np.testing.assert_array_equal(f.get("q.bin", np.uint8, eq.shape), eq)
+    np.testing.assert_array_equal(f.get("q2.bin", np.uint8, q2_shape), eq2)
 
 
 # (rows, k, layouts): 800 = 25 q8_1 blocks (a partial CUDA block of warps); 768 = 24 (3 super-blocks).

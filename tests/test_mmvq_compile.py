@@ -14,10 +14,12 @@ import subprocess
 import pytest
 
 from hiraishin.kernels.compile import NVRTC_OPTIONS, defines_text, load_source
+from hiraishin.kernels.fused.launch import SOURCE as FUSED_SOURCE
 from hiraishin.kernels.mmvq.launch import SOURCE as MMVQ_SOURCE
 from hiraishin.kernels.mmvq.launch import kernel_defines, preset_kernel_defines
 from hiraishin.kernels.quantize.launch import SOURCE as QUANTIZE_SOURCE
 from hiraishin.kernels.quantize.launch import quantize_defines
+from hiraishin.kernels.quantize.layout import LAYOUT_BYTES
 from hiraishin.kernels.tiled.launch import SOURCE as TILED_SOURCE
 from hiraishin.kernels.tiled.launch import tiled_defines
 
@@ -45,6 +47,9 @@ CASES = [
     (TILED_SOURCE, tiled_defines("Q6_K")),
     (TILED_SOURCE, tiled_defines("Q8_0")),
     ("elementwise/elementwise.cu", {}),
+    # the fused kernels, the norms writing a second layout (Q/K's and V's in one launch)
+    (FUSED_SOURCE, {**quantize_defines("Q4_K"), "HX_LAYOUT2": 14, "HX_LAYOUT2_BYTES": LAYOUT_BYTES["Q6_K"]}),
+    (FUSED_SOURCE, quantize_defines(None)),
 ]
 
 

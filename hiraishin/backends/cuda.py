@@ -33,6 +33,7 @@ from ..kernels.mmq_stock.launch import launch as mmq_stock_launch
 from ..kernels.mmq_stock.launch import prepared_launch as mmq_stock_prepared_launch
 from ..kernels.mmvq.launch import MULTI_MAX_WEIGHTS, MultiMatVecLaunch, prepared_plan
 from ..kernels.quantize.launch import QuantizeLaunch
+from ..kernels.quantize.launch import output_shape as quantize_output_shape
 from ..kernels.quantize.layout import layout_for, to_layout
 from ..plans import MMQStockPlan, SubBlockPlan
 from ..plans.matvec import MatVecPlan, matvec_traits
@@ -235,22 +236,28 @@ class CudaOps:
 
     def norm_matvecs(self, x, norm_w, eps: float, weights, order, outs=None, residual=None, out_sum=None):
         """``rms_norm(x [+ residual])`` quantized straight into the layout the first weight's mat-vec
-        reads (one fused launch), then every mat-vec; other layouts (a Q6_K weight beside Q4_K ones)
-        quantize the normed floats. Returns ``(results, s)``: the outputs and ``x + residual``
+        reads, and into a second mat-vec layout (a Q6_K weight beside Q4_K ones) in the same launch,
+        then every mat-vec; any further layout quantizes the normed floats. Returns ``(results, s)``: the outputs and ``x + residual``
         (``out_sum``; None without a residual)."""
         T, n = x.shape
         mvs, layouts = self._layouts(weights, T, order)
         first = layouts[0]
         xq = self.scratch(f"q8_1 {first}", self._quantize_shape(T, n, first), _U8)
-        normed = self.scratch("normed", (T, n)) if len(layouts) > 1 else None
+        # a second layout comes from the same launch (yq2); any further one quantizes the normed floats
+        second = layouts[1] if len(layouts) > 1 and layouts[1] is not None else None
+        xq2 = self.scratch(f"q8_1 {second}", self._quantize_shape(T, n, second), _U8) if second else None
+        rest = [layout for layout in layouts[1:] if layout != second]
+        normed = self.scratch("normed", (T, n)) if rest else None
         s = None
         if residual is None:
-            launch_rms_norm_q8_1(x, norm_w, eps, xq, normed, first)
+            launch_rms_norm_q8_1(x, norm_w, eps, xq, normed, first, xq2, second)
         else:
             s = self._empty((T, n), _F32) if out_sum is None else out_sum
-            launch_add_rms_norm_q8_1(x, residual, norm_w, eps, s, xq, normed, first)
+            launch_add_rms_norm_q8_1(x, residual, norm_w, eps, s, xq, normed, first, xq2, second)
         xqs = {first: xq}
-        for layout in layouts[1:]:
+        if second:
+            xqs[second] = xq2
+        for layout in rest:
             xqs[layout] = self.quantize(normed, layout)
         return self._run_matvecs(weights, mvs, xqs, T, outs), s
 
@@ -271,11 +278,9 @@ class CudaOps:
         return launch_qk_norm_rope_kv(q, k, v, q_norm_w, k_norm_w, eps, pos, cos_t, sin_t, q_out, cache.k(layer),
                                       cache.v(layer))
 
-    def _quantize_shape(self, T: int, K: int, layout):
-        q = self._quantize.get((T, K, layout))
-        if q is None:
-            q = self._quantize[(T, K, layout)] = QuantizeLaunch(T, K, layout)
-        return q.shape
+    @staticmethod
+    def _quantize_shape(T: int, K: int, layout):
+        return quantize_output_shape(T, K, layout)  # (no kernel compiled for it)
 
     def flash_attn(self, q, k_cache, v_cache, q_pos, plan, out=None, kv_from_positions=False):
         T, H, D = q.shape

@@ -11,7 +11,8 @@ emulators. ``layout`` is the q8_1 activation layout written: ``None`` (llama.cpp
 fused kernel (``fused.cu``)   equals, bit for bit
 ============================  ===========================================================================
 ``hx_rms_norm_q8_1``          ``y = rmsnorm.cu hx_rms_norm_f32(x, w, eps)`` (rows, n), then
-                              ``quantize_q8_1.cu quantize_q8_1(y)`` in ``layout``; optionally ``y`` too
+                              ``quantize_q8_1.cu quantize_q8_1(y)`` in ``layout``; optionally ``y`` too,
+                              and ``quantize_q8_1(y)`` in a second ``layout2`` (``yq2``)
 ``hx_add_rms_norm_q8_1``      ``s = elementwise.cu hx_add_f32(a, b)`` (written: the next residual),
                               then ``hx_rms_norm_q8_1(s, w, eps)``
 ``hx_swiglu_q8_1``            ``m = elementwise.cu hx_swiglu_f32(g, u)``, then ``quantize_q8_1(m)`` in

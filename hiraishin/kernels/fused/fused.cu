@@ -19,12 +19,21 @@
 // SOURCES): their device functions hx_rms_scale and hx_q8_1_store are the very code the unfused
 // kernels run, not a copy; HX_LAYOUT and HX_Q8_1_BYTES come with them.
 
+// A second q8_1 layout the norm kernels may write beside HX_LAYOUT (yq2): when a Q6_K weight's
+// mat-vec reads the same normed rows as Q4_K ones (Qwen3 Q4_K_M: attn_v beside attn_q/attn_k in
+// half the layers), both layouts come from one launch instead of a norm and a quantize.
+#ifndef HX_LAYOUT2
+#define HX_LAYOUT2 -1
+#define HX_LAYOUT2_BYTES 0
+#endif
+
 // y = (scale * x) * w of row `row` (rmsnorm.cu's last loop), quantized block by block: warp w of
 // the block takes q8_1 blocks w, w + nwarps, ... (lane = value within the block). Value i is then
-// handled by thread i % nthreads, the thread that read it in hx_rms_scale. n % 32 == 0.
+// handled by thread i % nthreads, the thread that read it in hx_rms_scale. n % 32 == 0. yq2 (or
+// NULL): the same values in HX_LAYOUT2.
 __device__ __forceinline__ void hx_norm_store(const float* xr, const float* __restrict__ w, const float scale,
                                               unsigned char* __restrict__ yq, float* __restrict__ y,
-                                              const int row, const int n) {
+                                              unsigned char* __restrict__ yq2, const int row, const int n) {
     const int lane = threadIdx.x % 32;
     const int nwarps = blockDim.x / 32;
     const int nb = n / 32;
@@ -33,20 +42,24 @@ __device__ __forceinline__ void hx_norm_store(const float* xr, const float* __re
         const float v = __fmul_rn(__fmul_rn(scale, xr[i]), w[i]);
         if (y) y[(size_t)row * n + i] = v;
         hx_q8_1_store(yq, row, nb, ib, lane, v);
+        if constexpr (HX_LAYOUT2 >= 0) {
+            if (yq2) hx_q8_1_store_as<(HX_LAYOUT2 < 0 ? 0 : HX_LAYOUT2), HX_LAYOUT2_BYTES>(yq2, row, nb, ib, lane, v);
+        }
     }
 }
 
 // rms_norm then quantize_q8_1. Grid (rows), block (rmsnorm's block_threads(n)).
-// yq: q8_1 bytes of the normed rows in HX_LAYOUT; y: the float32 normed rows, or NULL.
+// yq: q8_1 bytes of the normed rows in HX_LAYOUT; y: the float32 normed rows, or NULL; yq2: the
+// q8_1 bytes in HX_LAYOUT2, or NULL.
 extern "C" __global__ void hx_rms_norm_q8_1(const float* __restrict__ x, const float* __restrict__ w,
                                             unsigned char* __restrict__ yq, float* __restrict__ y,
-                                            const int n, const float eps) {
+                                            unsigned char* __restrict__ yq2, const int n, const float eps) {
     HX_PDL_ENTRY();
     __shared__ float warp_partial[32];
     const int row = blockIdx.x;
     const float* xr = x + (size_t)row * n;
     const float scale = hx_rms_scale(xr, n, eps, warp_partial);
-    hx_norm_store(xr, w, scale, yq, y, row, n);
+    hx_norm_store(xr, w, scale, yq, y, yq2, row, n);
 }
 
 // s = a + b (the next residual, written to s), then rms_norm of s, then quantize_q8_1.
@@ -55,7 +68,7 @@ extern "C" __global__ void hx_rms_norm_q8_1(const float* __restrict__ x, const f
 extern "C" __global__ void hx_add_rms_norm_q8_1(const float* __restrict__ a, const float* __restrict__ b,
                                                 const float* __restrict__ w, float* s,
                                                 unsigned char* __restrict__ yq, float* __restrict__ y,
-                                                const int n, const float eps) {
+                                                unsigned char* __restrict__ yq2, const int n, const float eps) {
     HX_PDL_ENTRY();
     __shared__ float warp_partial[32];
     const int row = blockIdx.x;
@@ -65,7 +78,7 @@ extern "C" __global__ void hx_add_rms_norm_q8_1(const float* __restrict__ a, con
         sr[i] = __fadd_rn(a[base + i], b[base + i]);
     }
     const float scale = hx_rms_scale(sr, n, eps, warp_partial);
-    hx_norm_store(sr, w, scale, yq, y, row, n);
+    hx_norm_store(sr, w, scale, yq, y, yq2, row, n);
 }
 
 // m = silu(g) * u (elementwise.cu's hx_swiglu_f32), then quantize_q8_1.

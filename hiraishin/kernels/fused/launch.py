@@ -31,9 +31,14 @@ NULL = np.uint64(0)
 _Q8_1_VALUES = 32  # values per q8_1 block (one warp's lanes)
 
 
-def fused_kernel(name: str, layout: str | None = None):
-    """The compiled kernel ``name`` of fused.cu writing q8_1 ``layout`` (None: llama.cpp's blocks)."""
-    return get_kernel(SOURCE, name, quantize_defines(layout))
+def fused_kernel(name: str, layout: str | None = None, layout2: str | None = None):
+    """The compiled kernel ``name`` of fused.cu writing q8_1 ``layout`` (None: llama.cpp's blocks) and,
+    for the norm kernels, optionally a second layout ``layout2`` (their ``yq2`` output)."""
+    defines = quantize_defines(layout)
+    if layout2 is not None:
+        second = quantize_defines(layout2)
+        defines = {**defines, "HX_LAYOUT2": second["HX_LAYOUT"], "HX_LAYOUT2_BYTES": second["HX_LAYOUT_BYTES"]}
+    return get_kernel(SOURCE, name, defines)
 
 
 def _ptr(a):
@@ -41,48 +46,51 @@ def _ptr(a):
 
 
 class RmsNormQ8_1Launch:
-    """``rms_norm`` of float32 (rows, n) then q8_1 in ``layout``: call ``(x, w, out_q, out_norm=None)``.
+    """``rms_norm`` of float32 (rows, n) then q8_1 in ``layout``: call ``(x, w, out_q, out_norm=None,
+    out_q2=None)``.
 
     ``w`` float32 (n,); ``out_q`` uint8 :func:`~hiraishin.kernels.quantize.launch.output_shape`
-    ``(rows, n, layout)``; ``out_norm`` float32 (rows, n) or None. n % 32 == 0 (% 256 with a layout).
-    Grid (rows,), block rmsnorm's ``block_threads(n)``: the rmsnorm launch.
+    ``(rows, n, layout)``; ``out_norm`` float32 (rows, n) or None; ``out_q2`` (with ``layout2``) the
+    same q8_1 values in ``layout2``, or None. n % 32 == 0 (% 256 with a layout). Grid (rows,),
+    block rmsnorm's ``block_threads(n)``: the rmsnorm launch.
     """
 
     __slots__ = ("kernel", "grid", "block", "scalars", "shape", "rows")
 
-    def __init__(self, rows: int, n: int, eps: float, layout: str | None = None):
-        self.kernel = fused_kernel("hx_rms_norm_q8_1", layout)
+    def __init__(self, rows: int, n: int, eps: float, layout: str | None = None, layout2: str | None = None):
+        self.kernel = fused_kernel("hx_rms_norm_q8_1", layout, layout2)
         self.rows = rows
         self.grid = (rows, 1, 1)
         self.block = (block_threads(n), 1, 1)
         self.scalars = (np.int32(n), np.float32(eps))
         self.shape = output_shape(rows, n, layout)
 
-    def __call__(self, x, w, out_q, out_norm=None):
+    def __call__(self, x, w, out_q, out_norm=None, out_q2=None):
         if self.rows:
-            self.kernel(self.grid, self.block, (x, w, out_q, _ptr(out_norm)) + self.scalars)
+            self.kernel(self.grid, self.block, (x, w, out_q, _ptr(out_norm), _ptr(out_q2)) + self.scalars)
         return out_q
 
 
 class AddRmsNormQ8_1Launch:
-    """``s = a + b`` then :class:`RmsNormQ8_1Launch` of ``s``: call ``(a, b, w, out_sum, out_q, out_norm=None)``.
+    """``s = a + b`` then :class:`RmsNormQ8_1Launch` of ``s``: call ``(a, b, w, out_sum, out_q, out_norm=None,
+    out_q2=None)``.
 
     ``a``, ``b``, ``out_sum`` float32 (rows, n) (``out_sum``, the next residual, overlapping neither).
     """
 
     __slots__ = ("kernel", "grid", "block", "scalars", "shape", "rows")
 
-    def __init__(self, rows: int, n: int, eps: float, layout: str | None = None):
-        self.kernel = fused_kernel("hx_add_rms_norm_q8_1", layout)
+    def __init__(self, rows: int, n: int, eps: float, layout: str | None = None, layout2: str | None = None):
+        self.kernel = fused_kernel("hx_add_rms_norm_q8_1", layout, layout2)
         self.rows = rows
         self.grid = (rows, 1, 1)
         self.block = (block_threads(n), 1, 1)
         self.scalars = (np.int32(n), np.float32(eps))
         self.shape = output_shape(rows, n, layout)
 
-    def __call__(self, a, b, w, out_sum, out_q, out_norm=None):
+    def __call__(self, a, b, w, out_sum, out_q, out_norm=None, out_q2=None):
         if self.rows:
-            self.kernel(self.grid, self.block, (a, b, w, out_sum, out_q, _ptr(out_norm)) + self.scalars)
+            self.kernel(self.grid, self.block, (a, b, w, out_sum, out_q, _ptr(out_norm), _ptr(out_q2)) + self.scalars)
         return out_q
 
 
@@ -175,16 +183,19 @@ def _cached(cls, *key):
     return hit
 
 
-def launch_rms_norm_q8_1(x, w, eps: float, out_q, out_norm=None, layout: str | None = None):
+def launch_rms_norm_q8_1(x, w, eps: float, out_q, out_norm=None, layout: str | None = None, out_q2=None,
+                         layout2: str | None = None):
     """:class:`RmsNormQ8_1Launch` for ``x``'s shape (cached), unchecked. Returns ``out_q``."""
     rows, n = x.shape
-    return _cached(RmsNormQ8_1Launch, rows, n, float(eps), layout)(x, w, out_q, out_norm)
+    return _cached(RmsNormQ8_1Launch, rows, n, float(eps), layout, layout2)(x, w, out_q, out_norm, out_q2)
 
 
-def launch_add_rms_norm_q8_1(a, b, w, eps: float, out_sum, out_q, out_norm=None, layout: str | None = None):
+def launch_add_rms_norm_q8_1(a, b, w, eps: float, out_sum, out_q, out_norm=None, layout: str | None = None,
+                             out_q2=None, layout2: str | None = None):
     """:class:`AddRmsNormQ8_1Launch` for ``a``'s shape (cached), unchecked. Returns ``out_q``."""
     rows, n = a.shape
-    return _cached(AddRmsNormQ8_1Launch, rows, n, float(eps), layout)(a, b, w, out_sum, out_q, out_norm)
+    return _cached(AddRmsNormQ8_1Launch, rows, n, float(eps), layout, layout2)(a, b, w, out_sum, out_q, out_norm,
+                                                                              out_q2)
 
 
 def launch_swiglu_q8_1(g, u, out_q, out_m=None, layout: str | None = None):

@@ -20,54 +20,64 @@
 #endif
 // HX_LAYOUT_BYTES: bytes of one record (8 q8_1 blocks) of the layout (quantize/layout.py LAYOUT_BYTES).
 
-// One q8_1 block: lane `lane` of a warp holds value `xi` of block ib (of nb per row) of row col.
-// The quantize kernel's work after its load (also fused/fused.cu's). Every lane of the warp must
+#ifndef HX_LAYOUT_BYTES
+#define HX_LAYOUT_BYTES 0
+#endif
+
+// One q8_1 block: lane `lane` of a warp holds value `xi` of block ib (of nb per row) of row col,
+// stored in layout LAYOUT (records of RECORD_BYTES bytes per 8 blocks). The quantize kernel's work
+// after its load (also fused/fused.cu's, and the attention combine's). Every lane of the warp must
 // call it (butterflies).
-__device__ __forceinline__ void hx_q8_1_store(unsigned char* __restrict__ y, const int col, const int nb,
-                                              const int ib, const int lane, const float xi) {
+template <int LAYOUT, int RECORD_BYTES>
+__device__ __forceinline__ void hx_q8_1_store_as(unsigned char* __restrict__ y, const int col, const int nb,
+                                                 const int ib, const int lane, const float xi) {
+    static_assert(LAYOUT == 0 || LAYOUT == 12 || LAYOUT == 14, "layout must be 0, 12 (Q4_K) or 14 (Q6_K)");
     const float amax = hx_warp_max(fabsf(xi));
     const float d = __fdiv_rn(amax, 127.0f);
     const float q = amax == 0.0f ? 0.0f : roundf(__fdiv_rn(xi, d));
 
     const int qi = (int)q;
-#if HX_LAYOUT == 0
-    unsigned char* blk = y + ((long long)col * nb + ib) * HX_Q8_1_BYTES;
-    blk[4 + lane] = (unsigned char)(signed char)qi;
-    const float sum = hx_warp_sum(xi);  // all lanes take part in the butterfly
-    if (lane == 0) {
-        const unsigned int ds = (unsigned int)hx_f2h(d) | ((unsigned int)hx_f2h(sum) << 16);
-        *(unsigned int*)blk = ds;
+    if constexpr (LAYOUT == 0) {
+        unsigned char* blk = y + ((long long)col * nb + ib) * HX_Q8_1_BYTES;
+        blk[4 + lane] = (unsigned char)(signed char)qi;
+        const float sum = hx_warp_sum(xi);  // all lanes take part in the butterfly
+        if (lane == 0) {
+            const unsigned int ds = (unsigned int)hx_f2h(d) | ((unsigned int)hx_f2h(sum) << 16);
+            *(unsigned int*)blk = ds;
+        }
+    } else {
+        const int b = ib % 8;
+        const int m = lane / 4;
+        const int e = lane % 4;
+        const float dq = hx_h2f(hx_f2h(d));
+        unsigned char* rec = y + ((long long)col * (nb / 8) + ib / 8) * RECORD_BYTES;
+        if constexpr (LAYOUT == 14) {  // Q6_K
+            const int h = b / 4, r = b % 2, i = (b % 4) / 2;
+            rec[8 * (16 * h + 8 * r + m) + 4 * i + e] = (unsigned char)(signed char)qi;
+            if (lane == 0) {
+                *(float*)(rec + 256 + 4 * (4 * h + 2 * r + i)) = dq;
+            }
+        } else {  // Q4_K
+            const int c = b / 2, i = b % 2, p = m % 4;
+            rec[16 * (4 * c + p) + 4 * (2 * i + m / 4) + e] = (unsigned char)(signed char)qi;
+            if (lane == 0) {
+                *(float*)(rec + 256 + 4 * b) = dq;
+            }
+            int s = qi;
+            s += __shfl_xor_sync(0xffffffffu, s, 1, 32);
+            s += __shfl_xor_sync(0xffffffffu, s, 2, 32);
+            s += __shfl_xor_sync(0xffffffffu, s, 16, 32);
+            if (lane < 16 && e == 0) {
+                *(int*)(rec + 288 + 8 * (4 * c + p) + 4 * i) = s;
+            }
+        }
     }
-#else
-    const int b = ib % 8;
-    const int m = lane / 4;
-    const int e = lane % 4;
-    const float dq = hx_h2f(hx_f2h(d));
-#if HX_LAYOUT == 14  // Q6_K
-    unsigned char* rec = y + ((long long)col * (nb / 8) + ib / 8) * HX_LAYOUT_BYTES;
-    const int h = b / 4, r = b % 2, i = (b % 4) / 2;
-    rec[8 * (16 * h + 8 * r + m) + 4 * i + e] = (unsigned char)(signed char)qi;
-    if (lane == 0) {
-        *(float*)(rec + 256 + 4 * (4 * h + 2 * r + i)) = dq;
-    }
-#elif HX_LAYOUT == 12  // Q4_K
-    unsigned char* rec = y + ((long long)col * (nb / 8) + ib / 8) * HX_LAYOUT_BYTES;
-    const int c = b / 2, i = b % 2, p = m % 4;
-    rec[16 * (4 * c + p) + 4 * (2 * i + m / 4) + e] = (unsigned char)(signed char)qi;
-    if (lane == 0) {
-        *(float*)(rec + 256 + 4 * b) = dq;
-    }
-    int s = qi;
-    s += __shfl_xor_sync(0xffffffffu, s, 1, 32);
-    s += __shfl_xor_sync(0xffffffffu, s, 2, 32);
-    s += __shfl_xor_sync(0xffffffffu, s, 16, 32);
-    if (lane < 16 && e == 0) {
-        *(int*)(rec + 288 + 8 * (4 * c + p) + 4 * i) = s;
-    }
-#else
-#error "HX_LAYOUT must be 0, 12 (Q4_K) or 14 (Q6_K)"
-#endif
-#endif
+}
+
+// hx_q8_1_store_as in the layout this source is compiled for (HX_LAYOUT, HX_LAYOUT_BYTES).
+__device__ __forceinline__ void hx_q8_1_store(unsigned char* __restrict__ y, const int col, const int nb,
+                                              const int ib, const int lane, const float xi) {
+    hx_q8_1_store_as<HX_LAYOUT, HX_LAYOUT_BYTES>(y, col, nb, ib, lane, xi);
 }
 
 extern "C" __global__ void quantize_q8_1(const float* __restrict__ x, unsigned char* __restrict__ y,
