@@ -8,7 +8,8 @@ A custom synthetic Qwen3 whose matrix rows are not multiples of the kernels' row
 (no CUDA graphs, the CuPy memory pool off so every array is its own allocation and a read past
 its end shows) under every order: 1 and 16 tokens at KV length 1, passes ending at and across the
 128-cell chunk and 256-cell pad boundaries, with the fused kernels (no recording), the unfused
-ones (recording), grouped and single mat-vecs, the tiled and the int8 MMA kernels. Every pass is
+ones (recording), grouped and single mat-vecs, the tiled and the int8 MMA kernels; then CUDA-graph
+passes of 1, 5 and 16 tokens (captured with programmatic dependent launch, replayed). Every pass is
 checked bit for bit against the CPU backend too.
 """
 
@@ -25,6 +26,8 @@ from benchlib import git_commit  # noqa: E402
 
 # (start position, tokens): KV length 1 and 16, the 128-cell chunk boundary, across 256
 PASSES = ((0, 1), (1, 15), (16, 16), (32, 96), (128, 1), (129, 16), (145, 110), (255, 1), (256, 16))
+# widths of the graph-replayed passes (eager, captured, replayed: positions 0, n, 2n)
+GRAPH_WIDTHS = (1, 5, 16)
 
 
 def main() -> int:
@@ -54,6 +57,22 @@ def main() -> int:
                     bad += 1
                     print(f"MISMATCH {order.name} record={record is not None} pass ({start}, {n})")
         print(f"{order.name}: {len(PASSES) * 2} passes", flush=True)
+    # Graph replays: captured passes launch their kernels with programmatic dependent launch (each
+    # waits in HX_PDL_ENTRY), which eager passes never do. Each width runs eagerly, is captured,
+    # then replayed at a later position with the same plan.
+    graphs = Qwen3.from_gguf(path, device="cuda", progress=False, cuda_graphs=True, n_ctx=512)
+    for order in (ReductionOrder.BATCH_VARIANT, ReductionOrder.BATCH_INVARIANT, ReductionOrder.SUBBLOCK):
+        for n in GRAPH_WIDTHS:
+            graphs.reset()
+            cpu.reset()
+            for start in (0, n, 2 * n):
+                got = graphs.forward(tokens[start:start + n], start, order)
+                want = cpu.forward(tokens[start:start + n], start, order)
+                if not np.array_equal(got.view(np.uint32), want.view(np.uint32)):
+                    bad += 1
+                    print(f"MISMATCH {order.name} graph pass ({start}, {n})")
+        print(f"{order.name}: graph passes of widths {GRAPH_WIDTHS}", flush=True)
+    print(f"{graphs.pass_graphs.captures} graphs captured")
     cp.cuda.runtime.deviceSynchronize()
     print(f"commit {git_commit()}; {bad} mismatches")
     return 1 if bad else 0

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# What the next GPU session owes (see bench/results/README.md), in two calls of under 10 minutes:
+#   HIRAISHIN_COMMIT=<commit> bash bench/next_session.sh tests   # every GPU test (~6-8 min)
+#   HIRAISHIN_COMMIT=<commit> bash bench/next_session.sh perf    # bench, kernel times, sanitizers (~8 min)
+# "tests": pytest -m gpu over tests/ (no -x: every failure is listed), JUnit XML under $OUT.
+# "perf": hiraishin bench over every order and width (with the new fused kernels, PDL and the
+# stock MMQ path), the price-of-exactness table from it, per-kernel times under Nsight Compute and
+# the opt-in prefetch A/B (bench/kernel_times.sh), compute-sanitizer racecheck and initcheck (and
+# memcheck) over whole passes, eager and graph-replayed (bench/sanitize_engine.py).
+set -uo pipefail
+source bench/device_env.sh
+WHAT=${1:-tests}
+if [[ $WHAT == tests ]]; then
+    echo "== every GPU test"; t0=$(date +%s)
+    timeout ${TEST_TIMEOUT:-560} python3 -m pytest -q -m gpu -p no:cacheprovider --durations=15 \
+        --junitxml="$OUT/gpu-tests.xml" tests 2>&1 | tail -n 80
+    echo "gpu tests took $(( $(date +%s) - t0 )) s"
+fi
+if [[ $WHAT == perf ]]; then
+    python3 -m hiraishin synth --shape qwen3-8b -o /tmp/qwen3-8b.gguf --quiet
+    python3 -m hiraishin synth --shape qwen3-0.6b -o /tmp/qwen3-0.6b.gguf --quiet
+    echo "== hiraishin bench"; t0=$(date +%s)
+    timeout ${BENCH_TIMEOUT:-240} python3 -m hiraishin bench /tmp/qwen3-8b.gguf --draft /tmp/qwen3-0.6b.gguf \
+        --device cuda --orders variant,invariant,subblock,invariant16 --widths 1-16 --prefill 512 --tokens 64 \
+        --repetitions 3 --quiet --json "$OUT/hiraishin-bench.json" 2>&1 | tail -n 45
+    echo "bench exit $?, $(( $(date +%s) - t0 )) s"
+    python3 bench/price_of_exactness.py "$OUT/hiraishin-bench.json" \
+        --matvec bench/results/2026-12-01-h200-mmq/run1/bench_mmq.json --out "$OUT" 2>&1 | tail -n 5
+    PROFILES=${PROFILES:-"qwen3-0.6b invariant 1" "qwen3-8b invariant 1"} bash bench/kernel_times.sh 2>&1 | tail -n 60
+    for tool in ${SANITIZERS:-racecheck initcheck memcheck}; do
+        echo "== compute-sanitizer --tool $tool"; t0=$(date +%s)
+        timeout ${SANITIZE_TIMEOUT:-120} compute-sanitizer --tool $tool --error-exitcode 3 python3 bench/sanitize_engine.py \
+            > "$OUT/sanitizer-$tool.txt" 2>&1
+        echo "exit $?, $(( $(date +%s) - t0 )) s"; tail -n 4 "$OUT/sanitizer-$tool.txt"
+    done
+fi
+echo "== done"; date -u
