@@ -29,6 +29,10 @@ from ..errors import BackendError
 from .pdl import PdlKernel, body_has_entry
 
 __all__ = [
+    "BLOCKS_PER_SM",
+    "REGISTERS_PER_SM",
+    "THREADS_PER_SM",
+    "blocks_for_register_cap",
     "NVRTC_OPTIONS",
     "cupy_available",
     "require_cupy",
@@ -40,6 +44,20 @@ __all__ = [
     "kernel_attributes",
     "clear_cache",
 ]
+
+# Per-SM limits of the GPUs we compile for (sm_80 .. sm_90): registers, threads, resident blocks.
+REGISTERS_PER_SM = 65536
+THREADS_PER_SM = 2048
+BLOCKS_PER_SM = 32
+
+
+def blocks_for_register_cap(regs: int | None, threads: int) -> int:
+    """``__launch_bounds__``' minimum resident blocks per SM that caps a ``threads``-thread block at
+    ``regs`` registers per thread (1, no cap, for None): the HX_MIN_BLOCKS of the kernels."""
+    if regs is None:
+        return 1
+    return max(1, min(REGISTERS_PER_SM // (threads * regs), THREADS_PER_SM // threads, BLOCKS_PER_SM))
+
 
 # IEEE float semantics (these are NVRTC's defaults except --fmad; spelled out so a
 # reader does not have to know the defaults).

@@ -12,22 +12,12 @@ from numba import njit, prange
 
 from ...fp import F16_TO_F32, fmaf
 from ...quant import BLOCK_BYTES, BLOCK_ELEMS
+from ..blocks import half_at, int8_of
 
 __all__ = ["emulate", "segment_starts"]
 
 _Q8_BYTES = BLOCK_BYTES["Q8_1"]
 _Q8_ELEMS = BLOCK_ELEMS["Q8_1"]
-
-
-@njit(cache=True, inline="always")
-def _h(b0, b1, f16):
-    return f16[np.int64(b0) | (np.int64(b1) << 8)]
-
-
-@njit(cache=True, inline="always")
-def _s8(b):
-    v = np.int32(b)
-    return v - 256 if v >= 128 else v
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
@@ -44,8 +34,8 @@ def _mmq_q4_k(w, xq, starts, out, f16):
                 acc = np.float32(0.0)
                 for i in range(starts[s], starts[s + 1]):
                     o = i * 144
-                    d = _h(w[r, o], w[r, o + 1], f16)
-                    dmin = _h(w[r, o + 2], w[r, o + 3], f16)
+                    d = half_at(w[r, o], w[r, o + 1], f16)
+                    dmin = half_at(w[r, o + 2], w[r, o + 3], f16)
                     for sb in range(8):
                         q = o + 4
                         if sb < 4:
@@ -59,13 +49,13 @@ def _mmq_q4_k(w, xq, starts, out, f16):
                     for sb in range(8):
                         b = i * 8 + sb
                         xo = b * 36
-                        dx = _h(xq[j, xo], xq[j, xo + 1], f16)
-                        sx = _h(xq[j, xo + 2], xq[j, xo + 3], f16)
+                        dx = half_at(xq[j, xo], xq[j, xo + 1], f16)
+                        sx = half_at(xq[j, xo + 2], xq[j, xo + 3], f16)
                         qo = o + 16 + 32 * (sb >> 1)
                         shift = 4 * (sb & 1)
                         c = np.int32(0)
                         for l in range(32):
-                            c += ((np.int32(w[r, qo + l]) >> shift) & 0xF) * _s8(xq[j, xo + 4 + l])
+                            c += ((np.int32(w[r, qo + l]) >> shift) & 0xF) * int8_of(xq[j, xo + 4 + l])
                         acc = fmaf(ws[sb] * dx, np.float32(c), acc)
                         acc = fmaf(-wm[sb], sx, acc)
                 part[s] = acc
@@ -87,11 +77,11 @@ def _mmq_q6_k(w, xq, starts, out, f16):
                 acc = np.float32(0.0)
                 for i in range(starts[s], starts[s + 1]):
                     o = i * 210
-                    d = _h(w[r, o + 208], w[r, o + 209], f16)
+                    d = half_at(w[r, o + 208], w[r, o + 209], f16)
                     for jj in range(8):
                         b = i * 8 + jj
                         xo = b * 36
-                        dx = _h(xq[j, xo], xq[j, xo + 1], f16)
+                        dx = half_at(xq[j, xo], xq[j, xo + 1], f16)
                         n = jj >> 2
                         bb = jj & 3
                         c = np.int32(0)
@@ -100,8 +90,8 @@ def _mmq_q6_k(w, xq, starts, out, f16):
                             for l in range(16 * h, 16 * h + 16):
                                 lo = (np.int32(w[r, o + 64 * n + 32 * (bb & 1) + l]) >> (4 * (bb >> 1))) & 0xF
                                 hi = (np.int32(w[r, o + 128 + 32 * n + l]) >> (2 * bb)) & 3
-                                ch += ((lo | (hi << 4)) - 32) * _s8(xq[j, xo + 4 + l])
-                            c += _s8(w[r, o + 192 + 2 * jj + h]) * ch
+                                ch += ((lo | (hi << 4)) - 32) * int8_of(xq[j, xo + 4 + l])
+                            c += int8_of(w[r, o + 192 + 2 * jj + h]) * ch
                         acc = fmaf(d * dx, np.float32(c), acc)
                 part[s] = acc
             v = part[0]

@@ -11,7 +11,7 @@ import numpy as np
 
 from ...plans.subblock import SUBBLOCK_NTILE_COLS, SUBBLOCK_TILE_ROWS, SubBlockPlan
 from ...quant import BLOCK_BYTES, GGML_TYPE_ID, QK_K
-from ..compile import get_kernel
+from ..compile import blocks_for_register_cap, get_kernel
 from ..compile import precompile as compile_many
 
 __all__ = [
@@ -43,8 +43,6 @@ MMQ_MAX_REGS = {("onecol", "Q4_K", 16): 64, ("onecol", "Q6_K", 16): 64,
                 ("mma", "Q4_K", 8): 80, ("mma", "Q6_K", 8): 96, ("mma", "Q6_K", 4): 96}
 MMQ_DEFAULT_MAX_REGS = {"onecol": 64, "mma": 96}
 MMQ_PREFETCH_X = {("onecol", "Q4_K", 4): 1}
-_REGISTERS_PER_SM = 65536
-_MAX_BLOCKS_PER_SM = 32
 
 
 def kernel_defines(plan: SubBlockPlan, max_regs: int | None | str = "default",
@@ -55,7 +53,7 @@ def kernel_defines(plan: SubBlockPlan, max_regs: int | None | str = "default",
     regs = MMQ_MAX_REGS.get(key, MMQ_DEFAULT_MAX_REGS[plan.kernel]) if max_regs == "default" else max_regs
     pre = MMQ_PREFETCH_X.get(key, 0) if prefetch == "default" else int(prefetch)
     threads = 32 * plan.nwarps
-    min_blocks = 1 if regs is None else max(1, min(_MAX_BLOCKS_PER_SM, _REGISTERS_PER_SM // (threads * regs)))
+    min_blocks = blocks_for_register_cap(regs, threads)
     return {
         "HX_QTYPE": GGML_TYPE_ID[plan.qtype],
         "HX_BLOCK_BYTES": BLOCK_BYTES[plan.qtype],

@@ -13,22 +13,12 @@ from numba import njit, prange
 from ...fp import F16_TO_F32, f32_to_f16_bits, fmaf
 from ...plans.mmq_stock import MMQ_TILE_ROWS
 from ...quant import BLOCK_BYTES, BLOCK_ELEMS
+from ..blocks import half_at, int8_of
 
 __all__ = ["emulate", "piece_tables"]
 
 _Q8_BYTES = BLOCK_BYTES["Q8_1"]
 _Q8_ELEMS = BLOCK_ELEMS["Q8_1"]
-
-
-@njit(cache=True, inline="always")
-def _h(b0, b1, f16):
-    return f16[np.int64(b0) | (np.int64(b1) << 8)]
-
-
-@njit(cache=True, inline="always")
-def _s8(b):
-    v = np.int32(b)
-    return v - 256 if v >= 128 else v
 
 
 @njit(cache=True, inline="always")
@@ -40,13 +30,13 @@ def _piece_q4_k(w, r, xq, j, kb0, kb1, ws, wm):
         for sb in range(8):
             b = i * 8 + sb
             xo = b * 36
-            dx = _h(xq[j, xo], xq[j, xo + 1], F16_TO_F32)
-            sx = _h(xq[j, xo + 2], xq[j, xo + 3], F16_TO_F32)
+            dx = half_at(xq[j, xo], xq[j, xo + 1], F16_TO_F32)
+            sx = half_at(xq[j, xo + 2], xq[j, xo + 3], F16_TO_F32)
             qo = o + 16 + 32 * (sb >> 1)
             shift = 4 * (sb & 1)
             c = np.int32(0)
             for l in range(32):
-                c += ((np.int32(w[r, qo + l]) >> shift) & 0xF) * _s8(xq[j, xo + 4 + l])
+                c += ((np.int32(w[r, qo + l]) >> shift) & 0xF) * int8_of(xq[j, xo + 4 + l])
             acc = fmaf(ws[b] * dx, np.float32(c), acc)
             acc = fmaf(wm[b], sx, acc)
     return acc
@@ -57,21 +47,21 @@ def _piece_q6_k(w, r, xq, j, kb0, kb1):
     acc = np.float32(0.0)
     for i in range(kb0, kb1):
         o = i * 210
-        d = _h(w[r, o + 208], w[r, o + 209], F16_TO_F32)
+        d = half_at(w[r, o + 208], w[r, o + 209], F16_TO_F32)
         for n in range(2):
             tmp = np.float32(0.0)
             for bb in range(4):
                 jj = 4 * n + bb
                 xo = (i * 8 + jj) * 36
-                dx = _h(xq[j, xo], xq[j, xo + 1], F16_TO_F32)
+                dx = half_at(xq[j, xo], xq[j, xo + 1], F16_TO_F32)
                 c = np.int32(0)
                 for h in range(2):
                     ch = np.int32(0)
                     for l in range(16 * h, 16 * h + 16):
                         lo = (np.int32(w[r, o + 64 * n + 32 * (bb & 1) + l]) >> (4 * (bb >> 1))) & 0xF
                         hi = (np.int32(w[r, o + 128 + 32 * n + l]) >> (2 * bb)) & 3
-                        ch += ((lo | (hi << 4)) - 32) * _s8(xq[j, xo + 4 + l])
-                    c += _s8(w[r, o + 192 + 2 * jj + h]) * ch
+                        ch += ((lo | (hi << 4)) - 32) * int8_of(xq[j, xo + 4 + l])
+                    c += int8_of(w[r, o + 192 + 2 * jj + h]) * ch
                 tmp = fmaf(np.float32(c), dx, tmp)
             acc = fmaf(tmp, d, acc)
     return acc
@@ -97,8 +87,8 @@ def _mmq_stock(is_q4, w, xq, row0, tile_cols, ntx, first, count, bounds, out):
         if is_q4:  # load_tiles_q4_K: half2(d, -dmin) * half2(sc, m), one fp16 rounding each
             for i in range(nb):
                 o = i * 144
-                d = _h(w[r, o], w[r, o + 1], F16_TO_F32)
-                dmin = _h(w[r, o + 2], w[r, o + 3], F16_TO_F32)
+                d = half_at(w[r, o], w[r, o + 1], F16_TO_F32)
+                dmin = half_at(w[r, o + 2], w[r, o + 3], F16_TO_F32)
                 for sb in range(8):
                     q = o + 4
                     if sb < 4:

@@ -11,7 +11,7 @@ import numpy as np
 
 from ...plans.mmq_stock import MMQ_TILE_ROWS, MMQStockPlan
 from ...quant import BLOCK_BYTES, GGML_TYPE_ID, QK_K
-from ..compile import get_kernel
+from ..compile import blocks_for_register_cap, get_kernel
 from ..compile import precompile as compile_many
 
 __all__ = ["KEPT_SCRATCH_COLS", "MMQ_STOCK_MAX_REGS", "SOURCE", "MMQStockLaunch", "kernel_defines", "launch",
@@ -25,8 +25,6 @@ SOURCE = ("mmq/mma_rows.cu", "mmq_stock/mmq_stock.cu")
 # bench/results/2026-12-01-h200-mmq-stock/: Q4_K 96 / 166, Q6_K 128 / 239 registers at 2 / 4
 # n-tiles); a cap that spills is relaxed when the kernel compiles.
 MMQ_STOCK_MAX_REGS = {("Q4_K", 2): 96, ("Q6_K", 2): 128, ("Q4_K", 4): 168, ("Q6_K", 4): 240}
-_REGISTERS_PER_SM = 65536
-_MAX_BLOCKS_PER_SM = 32
 # Launches of at most this many columns (decode steps and verify batches, which CUDA graphs replay:
 # passes of up to hiraishin.model.qwen3.BUFFER_MAX_TOKENS = 16 tokens)
 # keep their scratch buffer; wider ones (prefills of every prompt length) take it from CuPy's pool
@@ -43,7 +41,7 @@ def kernel_defines(plan: MMQStockPlan, max_regs: int | None | str = "default") -
     nt = plan.cols_per_warp // 8
     regs = MMQ_STOCK_MAX_REGS.get((plan.qtype, nt)) if max_regs == "default" else max_regs
     threads = 32 * plan.nwarps
-    min_blocks = 1 if regs is None else max(1, min(_MAX_BLOCKS_PER_SM, _REGISTERS_PER_SM // (threads * regs)))
+    min_blocks = blocks_for_register_cap(regs, threads)
     return {
         "HX_QTYPE": GGML_TYPE_ID[plan.qtype],
         "HX_BLOCK_BYTES": BLOCK_BYTES[plan.qtype],

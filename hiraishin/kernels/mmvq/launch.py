@@ -17,7 +17,7 @@ from ...order import ReductionOrder
 from ...plans import matvec_plan
 from ...plans.matvec import MatVecPlan, matvec_traits
 from ...quant import BLOCK_BYTES
-from ..compile import cupy_available, get_kernel
+from ..compile import BLOCKS_PER_SM, THREADS_PER_SM, blocks_for_register_cap, cupy_available, get_kernel
 from ..compile import precompile as compile_many
 from ..quantize.layout import LAYOUT_BYTES, layout_for
 
@@ -63,10 +63,6 @@ MMVQ_UNROLL_MULTI_COL = 2
 MMVQ_ONE_COL_MAX_REGS = {"Q4_K": ((16, 40),), "Q6_K": ((16, 40), (None, 32))}
 MMVQ_MULTI_COL_MAX_REGS = 128
 MMVQ_MULTI_COL_CAPPED_ACCUMULATORS = 18  # columns x rows up to which the cap holds without spills
-# Per-SM limits of the GPUs we compile for (sm_80 .. sm_90): registers, threads, resident blocks.
-_REGISTERS_PER_SM = 65536
-_THREADS_PER_SM = 2048
-_BLOCKS_PER_SM = 32
 
 
 def _min_blocks(qtype: str, ncols: int, rows: int, nwarps: int, nblocks: int) -> int:
@@ -80,7 +76,7 @@ def _min_blocks(qtype: str, ncols: int, rows: int, nwarps: int, nblocks: int) ->
         if regs is None:
             return 1
     threads = 32 * nwarps
-    return max(1, min(_REGISTERS_PER_SM // (threads * regs), _THREADS_PER_SM // threads, _BLOCKS_PER_SM))
+    return blocks_for_register_cap(regs, threads)
 
 
 # HX_PREFETCH_AHEAD: a CUDA block also asks L2 for the weight rows of the block this many indices
@@ -99,7 +95,7 @@ def prefetch_ahead(nwarps: int) -> int:
     import cupy
 
     sms = int(cupy.cuda.Device().attributes["MultiProcessorCount"])
-    return sms * min(_THREADS_PER_SM // (32 * nwarps), _BLOCKS_PER_SM)
+    return sms * min(THREADS_PER_SM // (32 * nwarps), BLOCKS_PER_SM)
 
 
 def kernel_defines(qtype: str, ncols: int, rows_per_block: int, nwarps: int, nblocks: int,
