@@ -99,6 +99,13 @@ def _gather_tile16(wh, t, tile):
 
 
 @njit(cache=True, inline="always")
+def _f32(i):
+    """A small int as float32, converted through int32 (AVX2 converts int32 vectors; Numba's ints
+    are int64)."""
+    return np.float32(np.int32(i))
+
+
+@njit(cache=True, inline="always")
 def _byte(tile, o, l):
     """Byte ``o`` of row l (an int)."""
     return np.int32((np.int64(tile[_ix((o >> 2) * _ROWS + l)]) >> ((o & 3) * 8)) & 255)
@@ -119,20 +126,20 @@ def _decode_q4_k(tile, kb, wv, ws, wd, h2f):
     _fp16_fields(tile, wo, 2, wd, h2f)
     for sb in range(4):
         for l in range(_ROWS):
-            ws[_ix(sb * _ROWS + l)] = np.float32(_byte(tile, wo + 4 + sb, l) & 63)
-            ws[_ix((8 + sb) * _ROWS + l)] = np.float32(_byte(tile, wo + 8 + sb, l) & 63)
+            ws[_ix(sb * _ROWS + l)] = _f32(_byte(tile, wo + 4 + sb, l) & 63)
+            ws[_ix((8 + sb) * _ROWS + l)] = _f32(_byte(tile, wo + 8 + sb, l) & 63)
     for sb in range(4, 8):
         for l in range(_ROWS):
             b = _byte(tile, wo + 8 + sb, l)
-            ws[_ix(sb * _ROWS + l)] = np.float32((b & 0x0F) | ((_byte(tile, wo + sb, l) >> 6) << 4))
-            ws[_ix((8 + sb) * _ROWS + l)] = np.float32((b >> 4) | ((_byte(tile, wo + 4 + sb, l) >> 6) << 4))
+            ws[_ix(sb * _ROWS + l)] = _f32((b & 0x0F) | ((_byte(tile, wo + sb, l) >> 6) << 4))
+            ws[_ix((8 + sb) * _ROWS + l)] = _f32((b >> 4) | ((_byte(tile, wo + 4 + sb, l) >> 6) << 4))
     # sub-block 2c: low nibbles of qs[32c .. 32c+31]; sub-block 2c+1: their high nibbles
     for c in range(4):
         for b in range(32):
             for l in range(_ROWS):
                 q = _byte(tile, wo + 16 + 32 * c + b, l)
-                wv[_ix((64 * c + b) * _ROWS + l)] = np.float32(q & 15)
-                wv[_ix((64 * c + 32 + b) * _ROWS + l)] = np.float32(q >> 4)
+                wv[_ix((64 * c + b) * _ROWS + l)] = _f32(q & 15)
+                wv[_ix((64 * c + 32 + b) * _ROWS + l)] = _f32(q >> 4)
 
 
 @njit(cache=True, inline="always")
@@ -143,7 +150,7 @@ def _decode_q6_k(tile, kb, wv, ws, wd, h2f):
     for t in range(16):
         for l in range(_ROWS):
             sc = _byte(tile, wo + 192 + t, l)
-            ws[_ix(t * _ROWS + l)] = np.float32(sc - ((sc >> 7) << 8))
+            ws[_ix(t * _ROWS + l)] = _f32(sc - ((sc >> 7) << 8))
     for h in range(2):  # 128 values per half: ql[64h ..], qh[32h ..]
         for m in range(32):
             for l in range(_ROWS):
@@ -151,10 +158,10 @@ def _decode_q6_k(tile, kb, wv, ws, wd, h2f):
                 b = _byte(tile, wo + 64 * h + 32 + m, l)
                 hb = _byte(tile, wo + 128 + 32 * h + m, l)
                 e = 128 * h + m
-                wv[_ix(e * _ROWS + l)] = np.float32(((a & 15) | ((hb & 3) << 4)) - 32)
-                wv[_ix((e + 32) * _ROWS + l)] = np.float32(((b & 15) | (((hb >> 2) & 3) << 4)) - 32)
-                wv[_ix((e + 64) * _ROWS + l)] = np.float32(((a >> 4) | (((hb >> 4) & 3) << 4)) - 32)
-                wv[_ix((e + 96) * _ROWS + l)] = np.float32(((b >> 4) | (((hb >> 6) & 3) << 4)) - 32)
+                wv[_ix(e * _ROWS + l)] = _f32(((a & 15) | ((hb & 3) << 4)) - 32)
+                wv[_ix((e + 32) * _ROWS + l)] = _f32(((b & 15) | (((hb >> 2) & 3) << 4)) - 32)
+                wv[_ix((e + 64) * _ROWS + l)] = _f32(((a >> 4) | (((hb >> 4) & 3) << 4)) - 32)
+                wv[_ix((e + 96) * _ROWS + l)] = _f32(((b >> 4) | (((hb >> 6) & 3) << 4)) - 32)
 
 
 @njit(cache=True, inline="always")
@@ -165,7 +172,7 @@ def _decode_q8_0(tile, kb, wv, wd, h2f):
     for e in range(_Q8_0_QK):
         for l in range(_ROWS):
             q = _byte(tile, wo + 2 + e, l)
-            wv[_ix(e * _ROWS + l)] = np.float32(q - ((q >> 7) << 8))
+            wv[_ix(e * _ROWS + l)] = _f32(q - ((q >> 7) << 8))
 
 
 # ---------------------------------------------------------------- one thread step, _ROWS rows at once
