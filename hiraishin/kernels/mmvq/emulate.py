@@ -19,7 +19,7 @@ against a plain one-output-at-a-time emulator):
   step is an integer of magnitude below 2**24 (``_EXACT``), so float32 holds each one exactly and
   every operation on them is exact: the same values as the kernel's int32 arithmetic, converted to
   float where the kernel converts them.
-* Small calls run on one thread: a parallel region costs more than they do (``_PARALLEL_MIN``).
+* Calls of more than about a million multiply-adds split their row tiles among threads (``_PARALLEL_MIN``).
 """
 
 from __future__ import annotations
@@ -49,11 +49,11 @@ _ROWS = 32
 # 8 products of two int8s. Below 2**24, so float32 holds it and every partial sum exactly.
 _EXACT = max(8 * 15 * 128 * 63, 4 * 32 * 128 * 128, 8 * 128 * 128)
 assert _EXACT < 2**24
-# Calls with fewer multiply-adds than this run on one thread. A parallel region waits until every
-# thread has been scheduled: ~10 us on an idle machine, measured up to ~8 ms when other processes
-# hold the cores, against ~0.5 ms for a 1024 x 1024 mat-vec and ~15 ms for the 0.6B head (151936 x
-# 1024) per column.
-_PARALLEL_MIN = 1 << 26
+# Calls with fewer multiply-adds than this run on one thread. Measured on 2 idle cores: a 1024 x 1024
+# mat-vec 0.48 ms on one thread, 0.33 ms on two; 3072 x 1024 1.42 -> 0.73 ms; the 64-position replay
+# 64 -> 40 s. A parallel region also waits until every thread has been scheduled: up to ~8 ms when
+# other processes hold the cores, so the smallest calls (the tiny test shapes) stay serial.
+_PARALLEL_MIN = 1 << 20
 _ZERO = np.float32(0.0)
 _QK = 256  # values per K-quant super-block
 _Q8_0_QK = 32  # values per Q8_0 block
