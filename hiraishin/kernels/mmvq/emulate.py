@@ -296,9 +296,6 @@ def _mmvq_emulate(type_id, qk, tpb, ww, nwords, yv, yd, nwarps, h2f, out, t0, t1
         else:
             _gather_tile16(ww, t, tile)
         acc[:] = _ZERO
-        # The kernel's kbx loop: thread tid (for tid in range(nthreads)) takes blocks tid // tpb,
-        # then + bpi, + 2 * bpi, ... in order. Walking the blocks in order and giving part u of
-        # block kb to thread (kb * tpb + u) % nthreads performs every thread's steps in that order.
         for kb in range(nb):
             if type_id == _Q4_K_ID:
                 _decode_q4_k(tile, kb, wv, ws, wd, h2f)
@@ -306,6 +303,9 @@ def _mmvq_emulate(type_id, qk, tpb, ww, nwords, yv, yd, nwarps, h2f, out, t0, t1
                 _decode_q6_k(tile, kb, wv, ws, wd, h2f)
             else:
                 _decode_q8_0(tile, kb, wv, wd, h2f)
+            # The kernel's kbx loop: thread tid (for tid in range(nthreads)) takes blocks tid // tpb,
+            # then + bpi, + 2 * bpi, ... in order. Walking the blocks in order and giving part u of
+            # block kb to thread (kb * tpb + u) % nthreads performs every thread's steps in that order.
             for j in range(ncols):
                 for u in range(tpb):
                     a = (j * nthreads + (kb * tpb + u) % nthreads) * R
