@@ -347,8 +347,10 @@ def emulate(w: np.ndarray, qtype: str, xq: np.ndarray, plan: MatVecPlan) -> np.n
     ``plan.nwarps`` is used. Inputs are not checked (the CPU backend checks them).
     """
     t = matvec_traits(qtype)
-    w = np.ascontiguousarray(w)
-    xq = np.ascontiguousarray(xq)
+    if not w.flags.c_contiguous:  # (ascontiguousarray of a memory-mapped weight costs ~6 us a call)
+        w = np.ascontiguousarray(w)
+    if not xq.flags.c_contiguous:
+        xq = np.ascontiguousarray(xq)
     ncols, n = xq.shape[0], w.shape[0]
     k = xq.shape[1] // _Q8_1 * 32
     out = np.empty((ncols, n), dtype=np.float32)
@@ -363,8 +365,8 @@ def emulate(w: np.ndarray, qtype: str, xq: np.ndarray, plan: MatVecPlan) -> np.n
     args = (t.type_id, t.qk, t.threads_per_block, ww, nwords, yv, yd, plan.nwarps, F16_TO_F32, out)
     nthreads = numba.get_num_threads()
     if nthreads > 1 and ntiles > 1 and n * k * ncols >= _PARALLEL_MIN:
-        # small chunks handed out as threads come free: a thread that other processes delay
-        # holds up the call by one chunk at most
+        # chunks handed out one at a time as threads come free: a thread that other processes
+        # delay holds up the call by one chunk at most (the setting is per thread; ~10 us)
         with numba.parallel_chunksize(1):
             _mmvq_parallel(*args, ntiles, min(ntiles, 8 * nthreads))
     else:
