@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# What the next GPU session owes (see bench/results/README.md), in two calls of under 10 minutes:
+# What the next GPU session owes (see bench/results/README.md), in calls of under 10 minutes:
 #   HIRAISHIN_COMMIT=<commit> bash bench/next_session.sh tests   # every GPU test (~6-8 min)
 #   HIRAISHIN_COMMIT=<commit> bash bench/next_session.sh perf    # bench, kernel times, sanitizers (~8 min)
+# and, if device time is left, stock llama.cpp on the same files (a third call, ~7 min; carry .whl with
+# llama.cpp-src.tar.xz from bench/make_llama_cpp_src.sh):  bash bench/llama_cpp_session.sh
 # "tests": pytest -m gpu over tests/ (no -x: every failure is listed), JUnit XML under $OUT.
 # "perf": hiraishin bench over every order and width (with the new fused kernels, PDL and the
 # stock MMQ path), the price-of-exactness table from it, per-kernel times under Nsight Compute and
