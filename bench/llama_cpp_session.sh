@@ -33,13 +33,13 @@ BIN="$SRC/build/bin"
 python3 -m hiraishin synth --shape qwen3-8b -o /tmp/qwen3-8b.gguf --quiet
 python3 -m hiraishin synth --shape qwen3-0.6b -o /tmp/qwen3-0.6b.gguf --quiet
 echo "== llama-bench, 8B: pp512, tg128"
-"$BIN/llama-bench" -m /tmp/qwen3-8b.gguf -ngl 99 -fa 1 -p 512 -n 128 -r 3 -o json > "$OUT/llama-bench-8b.json" 2> "$OUT/llama-bench-8b.err"
+"$BIN/llama-bench" -m /tmp/qwen3-8b.gguf -ngl 99 -fa on -p 512 -n 128 -r 3 -o json > "$OUT/llama-bench-8b.json" 2> "$OUT/llama-bench-8b.err"
 echo "exit $?"; python3 -c "import json,sys; [print(r.get('n_prompt'), r.get('n_gen'), round(r.get('avg_ts', 0), 1), 'tok/s') for r in json.load(open(sys.argv[1]))]" "$OUT/llama-bench-8b.json"
 echo "== llama-bench, 8B: passes of 1..16 tokens (prompt processing of p tokens = one pass)"
-"$BIN/llama-bench" -m /tmp/qwen3-8b.gguf -ngl 99 -fa 1 -p 1,2,3,4,5,8,9,12,16 -n 0 -r 5 -o json > "$OUT/llama-bench-8b-widths.json" 2> "$OUT/llama-bench-8b-widths.err"
+"$BIN/llama-bench" -m /tmp/qwen3-8b.gguf -ngl 99 -fa on -p 1,2,3,4,5,8,9,12,16 -n 0 -r 5 -o json > "$OUT/llama-bench-8b-widths.json" 2> "$OUT/llama-bench-8b-widths.err"
 echo "exit $?"; python3 -c "import json,sys; [print(r['n_prompt'], 'tokens:', round(1000 * r['n_prompt'] / r['avg_ts'], 3), 'ms') for r in json.load(open(sys.argv[1]))]" "$OUT/llama-bench-8b-widths.json"
 echo "== llama-bench, 0.6B draft: tg128"
-"$BIN/llama-bench" -m /tmp/qwen3-0.6b.gguf -ngl 99 -fa 1 -p 0 -n 128 -r 3 -o json > "$OUT/llama-bench-0.6b.json" 2> "$OUT/llama-bench-0.6b.err"
+"$BIN/llama-bench" -m /tmp/qwen3-0.6b.gguf -ngl 99 -fa on -p 0 -n 128 -r 3 -o json > "$OUT/llama-bench-0.6b.json" 2> "$OUT/llama-bench-0.6b.err"
 echo "exit $?"; python3 -c "import json,sys; [print('tg', r['n_gen'], round(1000 / r['avg_ts'], 3), 'ms/token') for r in json.load(open(sys.argv[1]))]" "$OUT/llama-bench-0.6b.json"
 echo "== llama-speculative (greedy), 8B target, 0.6B draft, 64 tokens"
 timeout 120 "$BIN/llama-speculative" -m /tmp/qwen3-8b.gguf -md /tmp/qwen3-0.6b.gguf -ngl 99 -ngld 99 -fa on \
