@@ -4,6 +4,8 @@
 #   HIRAISHIN_COMMIT=<commit> bash bench/next_session.sh perf    # bench, kernel times, sanitizers (~8 min)
 # and, if device time is left, stock llama.cpp on the same files (a third call, ~7 min; carry .whl with
 # llama.cpp-src.tar.xz from bench/make_llama_cpp_src.sh):  bash bench/llama_cpp_session.sh
+# Run that one before "perf" and commit its llama-bench JSON: LLAMA_BENCH_JSON="<paths>" then prints
+# llama.cpp's measured figures beside ours (hiraishin bench --llama-bench) instead of the recorded ones.
 # "tests": pytest -m gpu over tests/ (no -x: every failure is listed), JUnit XML under $OUT.
 # "perf": hiraishin bench over every order and width (with the new fused kernels, PDL and the
 # stock MMQ path), the price-of-exactness table from it, per-kernel times under Nsight Compute and
@@ -24,7 +26,8 @@ if [[ $WHAT == perf ]]; then
     echo "== hiraishin bench"; t0=$(date +%s)
     timeout ${BENCH_TIMEOUT:-240} python3 -m hiraishin bench /tmp/qwen3-8b.gguf --draft /tmp/qwen3-0.6b.gguf \
         --device cuda --orders variant,invariant,subblock,invariant16 --widths 1-16 --prefill 512 --tokens 64 \
-        --repetitions 3 --quiet --json "$OUT/hiraishin-bench.json" 2>&1 | tail -n 45
+        --repetitions 3 --quiet --json "$OUT/hiraishin-bench.json" ${LLAMA_BENCH_JSON:+$(printf -- '--llama-bench %s ' $LLAMA_BENCH_JSON)} \
+        2>&1 | tail -n 50
     echo "bench exit $?, $(( $(date +%s) - t0 )) s"
     python3 bench/price_of_exactness.py "$OUT/hiraishin-bench.json" \
         --matvec bench/results/2026-12-01-h200-mmq/run1/bench_mmq.json --out "$OUT" 2>&1 | tail -n 5

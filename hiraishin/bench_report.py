@@ -8,8 +8,9 @@ from pathlib import Path
 import numpy as np
 
 from .atomic import atomic_write
+from .errors import HiraishinError
 
-__all__ = ["format_report", "write_json"]
+__all__ = ["format_report", "write_json", "read_llama_bench"]
 
 # Stock llama.cpp on an H200 with the same synthetic files (llama-bench, sm_90 build, -fa on;
 # shared/reference/performance.md section 1): recorded figures, printed beside ours, not run here.
@@ -35,6 +36,57 @@ def write_json(result: dict, path) -> Path:
         json.dump(_json_ready(result), f, indent=2)
         f.write("\n")
     return Path(path)
+
+
+def read_llama_bench(paths) -> dict:
+    """Stock llama.cpp's figures from ``llama-bench -o json`` files (``bench/llama_cpp_session.sh``).
+
+    Per model file name: ``decode_ms`` (a token-generation test: 1000 / tokens per second),
+    ``prompt_tok_s`` by prompt length (``"512"`` is llama-bench's pp512) and ``pass_ms`` by prompt
+    length (one pass of that many tokens: 1000 * n / tokens per second). Raises
+    :class:`~hiraishin.errors.HiraishinError` naming the file that is not llama-bench's JSON.
+    """
+    models: dict = {}
+    for path in paths:
+        try:
+            records = json.loads(Path(path).read_text(encoding="utf-8"))
+            if not isinstance(records, list):
+                raise ValueError("not a list of llama-bench records")
+            for rec in records:
+                name = Path(str(rec["model_filename"])).name
+                n_prompt, n_gen, ts = int(rec["n_prompt"]), int(rec["n_gen"]), float(rec["avg_ts"])
+                if not ts > 0:
+                    raise ValueError(f"avg_ts {ts!r} is not positive")
+                m = models.setdefault(name, {"decode_ms": None, "prompt_tok_s": {}, "pass_ms": {}})
+                if n_gen > 0 and n_prompt == 0:
+                    m["decode_ms"] = 1e3 / ts
+                elif n_prompt > 0 and n_gen == 0:
+                    m["prompt_tok_s"][str(n_prompt)] = ts
+                    m["pass_ms"][str(n_prompt)] = 1e3 * n_prompt / ts
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise HiraishinError(f"{path}: not llama-bench JSON output ({type(exc).__name__}: {exc})") from None
+    return {"measured": True, "files": [Path(p).name for p in paths], "models": models}
+
+
+def _llama_lines(r: dict) -> list[str]:
+    ref = r.get("llama_cpp")
+    if not ref:
+        return [f"stock llama.cpp, same files on an H200 (recorded figures, not run by this command): 8B decode "
+                f"{LLAMA_CPP_H200['decode_ms_8b']:.2f} ms/token, 0.6B draft step "
+                f"{LLAMA_CPP_H200['draft_step_ms_0.6b']:.2f} ms, 8B pass of 9-16 tokens "
+                f"{LLAMA_CPP_H200['verify_9_16_ms_8b']:.1f} ms"]
+    lines = [f"stock llama.cpp, measured by llama-bench ({', '.join(ref['files'])}):"]
+    for name, m in ref["models"].items():
+        parts = []
+        if m["decode_ms"] is not None:
+            parts.append(f"decode {m['decode_ms']:.3f} ms/token")
+        if "512" in m["prompt_tok_s"]:
+            parts.append(f"pp512 {m['prompt_tok_s']['512']:,.1f} tok/s")
+        widths = sorted((int(n), ms) for n, ms in m["pass_ms"].items() if int(n) <= 16)
+        if widths:
+            parts.append("passes " + ", ".join(f"{n}: {ms:.3f} ms" for n, ms in widths))
+        lines.append(f"  {name}: " + ("; ".join(parts) if parts else "no test this table reads"))
+    return lines
 
 
 # ---- the table -------------------------------------------------------------------------------
@@ -109,8 +161,5 @@ def format_report(r: dict) -> str:
         if not s["schedule_reproduced"]:
             lines.append(f"note: under {name} the target's argmax departed from the oracle schedule "
                          "(acceptance decided by the target's own argmax, as always)")
-    lines.append(f"stock llama.cpp, same files on an H200 (recorded figures, not run by this command): 8B decode "
-                 f"{LLAMA_CPP_H200['decode_ms_8b']:.2f} ms/token, 0.6B draft step "
-                 f"{LLAMA_CPP_H200['draft_step_ms_0.6b']:.2f} ms, 8B pass of 9-16 tokens "
-                 f"{LLAMA_CPP_H200['verify_9_16_ms_8b']:.1f} ms")
+    lines += _llama_lines(r)
     return "\n".join(lines)

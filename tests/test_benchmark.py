@@ -95,3 +95,44 @@ def test_commit_falls_back_to_the_environment(monkeypatch):
     assert benchmark.git_commit() == "abc123"
     monkeypatch.delenv("HIRAISHIN_COMMIT")
     assert benchmark.git_commit() == "unknown"
+
+
+def _llama_bench_records(model="/tmp/qwen3-8b.gguf"):
+    # the fields llama-bench -o json writes that read_llama_bench reads (plus one it ignores)
+    return [{"model_filename": model, "n_prompt": 512, "n_gen": 0, "avg_ts": 10240.0, "build_commit": "x"},
+            {"model_filename": model, "n_prompt": 0, "n_gen": 128, "avg_ts": 250.0},
+            {"model_filename": model, "n_prompt": 16, "n_gen": 0, "avg_ts": 2000.0},
+            {"model_filename": model, "n_prompt": 1, "n_gen": 0, "avg_ts": 200.0}]
+
+
+def test_llama_bench_json_is_read_and_printed_beside_ours(micro_path, tmp_path, capsys):
+    from hiraishin.bench_report import read_llama_bench
+
+    f = tmp_path / "llama-bench-8b.json"
+    f.write_text(json.dumps(_llama_bench_records()))
+    got = read_llama_bench([f])
+    m = got["models"]["qwen3-8b.gguf"]
+    assert m["decode_ms"] == pytest.approx(4.0)
+    assert m["prompt_tok_s"]["512"] == 10240.0
+    assert m["pass_ms"]["16"] == pytest.approx(8.0) and m["pass_ms"]["1"] == pytest.approx(5.0)
+    out = tmp_path / "bench.json"
+    rc = _run_command([str(micro_path), "--device", "cpu", "--quick", "--orders", "invariant", "--widths", "1",
+                       "--json", str(out), "--quiet", "--llama-bench", str(f)])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "measured by llama-bench (llama-bench-8b.json)" in text
+    assert "decode 4.000 ms/token; pp512 10,240.0 tok/s; passes 1: 5.000 ms, 16: 8.000 ms" in text
+    assert json.loads(out.read_text())["llama_cpp"]["models"]["qwen3-8b.gguf"]["decode_ms"] == pytest.approx(4.0)
+
+
+@pytest.mark.parametrize("content", ["{}", "not json", json.dumps([{"n_prompt": 1}]),
+                                     json.dumps([{"model_filename": "m", "n_prompt": 1, "n_gen": 0, "avg_ts": 0}])])
+def test_bad_llama_bench_json_names_the_file(tmp_path, content):
+    from hiraishin.bench_report import read_llama_bench
+
+    f = tmp_path / "bad.json"
+    f.write_text(content)
+    with pytest.raises(HiraishinError, match="bad.json: not llama-bench JSON"):
+        read_llama_bench([f])
+    with pytest.raises(HiraishinError, match="missing.json"):
+        read_llama_bench([tmp_path / "missing.json"])

@@ -48,16 +48,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repetitions", type=int, default=None, help="timed repetitions (default 5; quick 1)")
     p.add_argument("--quick", action="store_true", help="a smoke run: one repetition, a few tokens")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    p.add_argument("--llama-bench", metavar="FILE", action="append", default=[],
+                   help="llama-bench -o json output(s) of stock llama.cpp on the same files and GPU "
+                        "(bench/llama_cpp_session.sh): printed beside ours and kept in the JSON under llama_cpp "
+                        "(default: recorded figures)")
 
 
 def run(args) -> int:
-    from ..bench_report import format_report, write_json
+    from ..bench_report import format_report, read_llama_bench, write_json
     from ..benchmark import BenchSettings, run_bench
 
+    llama = read_llama_bench(args.llama_bench) if args.llama_bench else None  # checked before the run
     settings = BenchSettings.make(quick=args.quick, orders=args.orders, widths=args.widths, prefill=args.prefill,
                                   spec_tokens=args.tokens, repetitions=args.repetitions)
     result = run_bench(args.model, draft_path=args.draft, device=args.device, settings=settings,
                        progress=not args.quiet, argv=["hiraishin", *sys.argv[1:]] if sys.argv else None)
+    if llama is not None:
+        result["llama_cpp"] = llama
     print(format_report(result))
     if args.json:
         print(f"wrote {write_json(result, args.json)}")
