@@ -237,8 +237,8 @@ class CudaOps:
     def norm_matvecs(self, x, norm_w, eps: float, weights, order, outs=None, residual=None, out_sum=None):
         """``rms_norm(x [+ residual])`` quantized straight into the layout the first weight's mat-vec
         reads, and into a second mat-vec layout (a Q6_K weight beside Q4_K ones) in the same launch,
-        then every mat-vec; any further layout quantizes the normed floats. Returns ``(results, s)``: the outputs and ``x + residual``
-        (``out_sum``; None without a residual)."""
+        then every mat-vec; any further layout quantizes the normed floats. Returns ``(results, s)``:
+        the outputs and ``x + residual`` (``out_sum``; None without a residual)."""
         T, n = x.shape
         mvs, layouts = self._layouts(weights, T, order)
         first = layouts[0]
@@ -302,8 +302,9 @@ class CudaOps:
         projection's q8_1 layout (``fattn_combine_q8_1``: one launch instead of two, the same bits)."""
         T, H, D = q.shape
         plan = self.backend.attention_plan(order, T, kv_len, H, k_cache.shape[1], D)
-        if plan.parallel_blocks == 1:
-            a = self.flash_attn(q, k_cache, v_cache, pos, plan, kv_from_positions=True)
+        if plan.parallel_blocks == 1:  # normalised inside the attention kernel: nothing to combine
+            a = self.flash_attn(q, k_cache, v_cache, pos, plan, self.scratch("attn", (T, H, D)),
+                                kv_from_positions=True)
             return self.mul_mat(weight[0], weight[1], a.reshape(T, H * D), order, out)
         mvs, (layout,) = self._layouts((weight,), T, order)
         parts, meta = self.attention_scratch(plan, T, H, D)
