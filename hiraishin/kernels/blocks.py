@@ -11,8 +11,8 @@ from numba import njit
 
 from ..quant import BLOCK_BYTES, BLOCK_ELEMS, GGML_TYPE_ID, QK_K
 
-__all__ = ["Q8_1_BYTES", "Q4_K_BYTES", "Q6_K_BYTES", "Q8_0_BYTES", "Q4_K_ID", "Q6_K_ID", "Q8_1_PER_SUPER",
-           "half_at", "int8_of"]
+__all__ = ["Q4_K_BYTES", "Q4_K_ID", "Q6_K_BYTES", "Q6_K_ID", "Q8_0_BYTES", "Q8_0_ELEMS", "Q8_1_BYTES",
+           "Q8_1_ELEMS", "Q8_1_PER_SUPER", "QK_K", "half_at", "int8_of"]
 
 Q8_1_BYTES = BLOCK_BYTES["Q8_1"]
 Q4_K_BYTES = BLOCK_BYTES["Q4_K"]
@@ -21,6 +21,8 @@ Q8_0_BYTES = BLOCK_BYTES["Q8_0"]
 Q4_K_ID = GGML_TYPE_ID["Q4_K"]
 Q6_K_ID = GGML_TYPE_ID["Q6_K"]
 Q8_1_PER_SUPER = QK_K // BLOCK_ELEMS["Q8_1"]  # q8_1 blocks of 32 values per 256-value super-block
+Q8_0_ELEMS = BLOCK_ELEMS["Q8_0"]  # values per block (QK_K: per K-quant super-block)
+Q8_1_ELEMS = BLOCK_ELEMS["Q8_1"]
 
 
 @njit(cache=True, inline="always")

@@ -35,8 +35,11 @@ from ..blocks import Q4_K_ID as _Q4_K_ID
 from ..blocks import Q6_K_BYTES as _Q6_K
 from ..blocks import Q6_K_ID as _Q6_K_ID
 from ..blocks import Q8_0_BYTES as _Q8_0
+from ..blocks import Q8_0_ELEMS as _Q8_0_QK
 from ..blocks import Q8_1_BYTES as _Q8_1
+from ..blocks import Q8_1_ELEMS as _Q8_1_QK
 from ..blocks import Q8_1_PER_SUPER as _Q8_1_PER_SUPER
+from ..blocks import QK_K as _QK
 
 __all__ = ["emulate"]
 
@@ -55,8 +58,6 @@ assert _EXACT < 2**24
 # other processes hold the cores, so the smallest calls (the tiny test shapes) stay serial.
 _PARALLEL_MIN = 1 << 20
 _ZERO = np.float32(0.0)
-_QK = 256  # values per K-quant super-block
-_Q8_0_QK = 32  # values per Q8_0 block
 
 
 @njit(cache=True, inline="always")
@@ -327,8 +328,8 @@ def _columns(y, ys, h2f, yv, yd):
     for j in range(y.shape[0]):
         for b in range(yd.shape[1]):
             yd[j, b] = h2f[u16le(y, j, b * _Q8_1)]
-            for e in range(32):
-                yv[j, 32 * b + e] = np.float32(ys[j, b * _Q8_1 + 4 + e])
+            for e in range(_Q8_1_QK):
+                yv[j, _Q8_1_QK * b + e] = np.float32(ys[j, b * _Q8_1 + 4 + e])
 
 
 @njit(cache=True, parallel=True)
@@ -352,12 +353,12 @@ def emulate(w: np.ndarray, qtype: str, xq: np.ndarray, plan: MatVecPlan) -> np.n
     if not xq.flags.c_contiguous:
         xq = np.ascontiguousarray(xq)
     ncols, n = xq.shape[0], w.shape[0]
-    k = xq.shape[1] // _Q8_1 * 32
+    k = xq.shape[1] // _Q8_1 * _Q8_1_QK
     out = np.empty((ncols, n), dtype=np.float32)
     if ncols == 0 or n == 0:
         return out
     yv = np.empty((ncols, k), dtype=np.float32)
-    yd = np.empty((ncols, k // 32), dtype=np.float32)
+    yd = np.empty((ncols, k // _Q8_1_QK), dtype=np.float32)
     _columns(xq, xq.view(np.int8), F16_TO_F32, yv, yd)
     ww = w.view(np.uint32 if w.shape[1] % 4 == 0 else np.uint16)  # a row's byte count is even
     nwords = (w.shape[1] + 3) // 4
