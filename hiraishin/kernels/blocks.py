@@ -36,3 +36,32 @@ def int8_of(b):
     """A uint8 byte read as int8."""
     v = np.int32(b)
     return v - 256 if v >= 128 else v
+
+
+@njit(cache=True, inline="always")
+def q4_k_dot32(w, r, o, sb, xq, j, xo):
+    """The exact integer dot of sub-block ``sb`` (32 values) of the Q4_K super-block at ``w[r, o]`` with the
+    q8_1 block at ``xq[j, xo]`` (its 32 int8 quants): what one m16n8k32 MMA computes per output."""
+    qo = o + 16 + 32 * (sb >> 1)
+    shift = 4 * (sb & 1)
+    c = np.int32(0)
+    for l in range(32):
+        c += ((np.int32(w[r, qo + l]) >> shift) & 0xF) * int8_of(xq[j, xo + 4 + l])
+    return c
+
+
+@njit(cache=True, inline="always")
+def q6_k_dot32(w, r, o, jj, xq, j, xo):
+    """The exact integer ``sc_0 * dot_0 + sc_1 * dot_1`` of the two 16-value sub-blocks of q8_1 block ``jj`` of the
+    Q6_K super-block at ``w[r, o]`` with the q8_1 block at ``xq[j, xo]`` (two m16n8k16 MMAs, scaled as ints)."""
+    n = jj >> 2
+    bb = jj & 3
+    c = np.int32(0)
+    for h in range(2):
+        ch = np.int32(0)
+        for l in range(16 * h, 16 * h + 16):
+            lo = (np.int32(w[r, o + 64 * n + 32 * (bb & 1) + l]) >> (4 * (bb >> 1))) & 0xF
+            hi = (np.int32(w[r, o + 128 + 32 * n + l]) >> (2 * bb)) & 3
+            ch += ((lo | (hi << 4)) - 32) * int8_of(xq[j, xo + 4 + l])
+        c += int8_of(w[r, o + 192 + 2 * jj + h]) * ch
+    return c

@@ -12,7 +12,7 @@ from numba import njit, prange
 
 from ...fp import F16_TO_F32, fmaf
 from ...quant import BLOCK_BYTES, BLOCK_ELEMS
-from ..blocks import half_at, int8_of
+from ..blocks import half_at, q4_k_dot32, q6_k_dot32
 
 __all__ = ["emulate", "segment_starts"]
 
@@ -51,11 +51,7 @@ def _mmq_q4_k(w, xq, starts, out, f16):
                         xo = b * 36
                         dx = half_at(xq[j, xo], xq[j, xo + 1], f16)
                         sx = half_at(xq[j, xo + 2], xq[j, xo + 3], f16)
-                        qo = o + 16 + 32 * (sb >> 1)
-                        shift = 4 * (sb & 1)
-                        c = np.int32(0)
-                        for l in range(32):
-                            c += ((np.int32(w[r, qo + l]) >> shift) & 0xF) * int8_of(xq[j, xo + 4 + l])
+                        c = q4_k_dot32(w, r, o, sb, xq, j, xo)
                         acc = fmaf(ws[sb] * dx, np.float32(c), acc)
                         acc = fmaf(-wm[sb], sx, acc)
                 part[s] = acc
@@ -82,16 +78,7 @@ def _mmq_q6_k(w, xq, starts, out, f16):
                         b = i * 8 + jj
                         xo = b * 36
                         dx = half_at(xq[j, xo], xq[j, xo + 1], f16)
-                        n = jj >> 2
-                        bb = jj & 3
-                        c = np.int32(0)
-                        for h in range(2):
-                            ch = np.int32(0)
-                            for l in range(16 * h, 16 * h + 16):
-                                lo = (np.int32(w[r, o + 64 * n + 32 * (bb & 1) + l]) >> (4 * (bb >> 1))) & 0xF
-                                hi = (np.int32(w[r, o + 128 + 32 * n + l]) >> (2 * bb)) & 3
-                                ch += ((lo | (hi << 4)) - 32) * int8_of(xq[j, xo + 4 + l])
-                            c += int8_of(w[r, o + 192 + 2 * jj + h]) * ch
+                        c = q6_k_dot32(w, r, o, jj, xq, j, xo)
                         acc = fmaf(d * dx, np.float32(c), acc)
                 part[s] = acc
             v = part[0]

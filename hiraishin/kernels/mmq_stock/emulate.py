@@ -13,7 +13,7 @@ from numba import njit, prange
 from ...fp import F16_TO_F32, f32_to_f16_bits, fmaf
 from ...plans.mmq_stock import MMQ_TILE_ROWS
 from ...quant import BLOCK_BYTES, BLOCK_ELEMS
-from ..blocks import half_at, int8_of
+from ..blocks import half_at, q4_k_dot32, q6_k_dot32
 
 __all__ = ["emulate", "piece_tables"]
 
@@ -32,11 +32,7 @@ def _piece_q4_k(w, r, xq, j, kb0, kb1, ws, wm):
             xo = b * 36
             dx = half_at(xq[j, xo], xq[j, xo + 1], F16_TO_F32)
             sx = half_at(xq[j, xo + 2], xq[j, xo + 3], F16_TO_F32)
-            qo = o + 16 + 32 * (sb >> 1)
-            shift = 4 * (sb & 1)
-            c = np.int32(0)
-            for l in range(32):
-                c += ((np.int32(w[r, qo + l]) >> shift) & 0xF) * int8_of(xq[j, xo + 4 + l])
+            c = q4_k_dot32(w, r, o, sb, xq, j, xo)
             acc = fmaf(ws[b] * dx, np.float32(c), acc)
             acc = fmaf(wm[b], sx, acc)
     return acc
@@ -54,14 +50,7 @@ def _piece_q6_k(w, r, xq, j, kb0, kb1):
                 jj = 4 * n + bb
                 xo = (i * 8 + jj) * 36
                 dx = half_at(xq[j, xo], xq[j, xo + 1], F16_TO_F32)
-                c = np.int32(0)
-                for h in range(2):
-                    ch = np.int32(0)
-                    for l in range(16 * h, 16 * h + 16):
-                        lo = (np.int32(w[r, o + 64 * n + 32 * (bb & 1) + l]) >> (4 * (bb >> 1))) & 0xF
-                        hi = (np.int32(w[r, o + 128 + 32 * n + l]) >> (2 * bb)) & 3
-                        ch += ((lo | (hi << 4)) - 32) * int8_of(xq[j, xo + 4 + l])
-                    c += int8_of(w[r, o + 192 + 2 * jj + h]) * ch
+                c = q6_k_dot32(w, r, o, jj, xq, j, xo)
                 tmp = fmaf(np.float32(c), dx, tmp)
             acc = fmaf(tmp, d, acc)
     return acc
