@@ -31,8 +31,7 @@ from benchlib import (
     git_commit,
     median_event_time,
     rotating_copies,
-    spin_cycles,
-    spin_kernel,
+    timing_setup,
 )
 
 SHAPES = QWEN3_8B_MATVECS
@@ -68,11 +67,7 @@ def main(argv=None) -> int:
     from hiraishin.plans.subblock import subblock_plan
     from hiraishin.quant import random_blocks
 
-    props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
-    dev_name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
-    l2 = int(props.get("l2CacheSize", 60 * 2**20)) or 60 * 2**20
-    spin = spin_kernel(cp)
-    cycles = spin_cycles(cp, 3e-3)
+    props, dev_name, l2, spin, cycles = timing_setup(cp)
     src = cp.ones(1 << 30, dtype=cp.uint8)
     dst = cp.empty_like(src)
     t_copy = median_event_time(cp, lambda i, d=dst, s=src: cp.copyto(d, s), 10, args.batches, spin, cycles)
