@@ -39,6 +39,18 @@ def int8_of(b):
 
 
 @njit(cache=True, inline="always")
+def q4_k_scale_min(w, r, o, sb):
+    """The 6-bit (scale, min) of sub-block ``sb`` of the Q4_K super-block at ``w[r, o]`` (llama.cpp's
+    get_scale_min_k4)."""
+    q = o + 4
+    if sb < 4:
+        return np.int32(w[r, q + sb]) & 63, np.int32(w[r, q + sb + 4]) & 63
+    sc = (np.int32(w[r, q + sb + 4]) & 0xF) | ((np.int32(w[r, q + sb - 4]) >> 6) << 4)
+    m = (np.int32(w[r, q + sb + 4]) >> 4) | ((np.int32(w[r, q + sb]) >> 6) << 4)
+    return sc, m
+
+
+@njit(cache=True, inline="always")
 def q4_k_dot32(w, r, o, sb, xq, j, xo):
     """The exact integer dot of sub-block ``sb`` (32 values) of the Q4_K super-block at ``w[r, o]`` with the
     q8_1 block at ``xq[j, xo]`` (its 32 int8 quants): what one m16n8k32 MMA computes per output."""

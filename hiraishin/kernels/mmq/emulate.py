@@ -12,7 +12,7 @@ from numba import njit, prange
 
 from ...fp import F16_TO_F32, fmaf
 from ...quant import BLOCK_BYTES, BLOCK_ELEMS
-from ..blocks import half_at, q4_k_dot32, q6_k_dot32
+from ..blocks import half_at, q4_k_dot32, q4_k_scale_min, q6_k_dot32
 
 __all__ = ["emulate", "segment_starts"]
 
@@ -37,13 +37,7 @@ def _mmq_q4_k(w, xq, starts, out, f16):
                     d = half_at(w[r, o], w[r, o + 1], f16)
                     dmin = half_at(w[r, o + 2], w[r, o + 3], f16)
                     for sb in range(8):
-                        q = o + 4
-                        if sb < 4:
-                            sc = np.int32(w[r, q + sb]) & 63
-                            m = np.int32(w[r, q + sb + 4]) & 63
-                        else:
-                            sc = (np.int32(w[r, q + sb + 4]) & 0xF) | ((np.int32(w[r, q + sb - 4]) >> 6) << 4)
-                            m = (np.int32(w[r, q + sb + 4]) >> 4) | ((np.int32(w[r, q + sb]) >> 6) << 4)
+                        sc, m = q4_k_scale_min(w, r, o, sb)
                         ws[sb] = d * np.float32(sc)
                         wm[sb] = dmin * np.float32(m)
                     for sb in range(8):

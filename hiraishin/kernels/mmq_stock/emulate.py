@@ -13,7 +13,7 @@ from numba import njit, prange
 from ...fp import F16_TO_F32, f32_to_f16_bits, fmaf
 from ...plans.mmq_stock import MMQ_TILE_ROWS
 from ...quant import BLOCK_BYTES, BLOCK_ELEMS
-from ..blocks import half_at, q4_k_dot32, q6_k_dot32
+from ..blocks import half_at, q4_k_dot32, q4_k_scale_min, q6_k_dot32
 
 __all__ = ["emulate", "piece_tables"]
 
@@ -79,13 +79,7 @@ def _mmq_stock(is_q4, w, xq, row0, tile_cols, ntx, first, count, bounds, out):
                 d = half_at(w[r, o], w[r, o + 1], F16_TO_F32)
                 dmin = half_at(w[r, o + 2], w[r, o + 3], F16_TO_F32)
                 for sb in range(8):
-                    q = o + 4
-                    if sb < 4:
-                        sc = np.int32(w[r, q + sb]) & 63
-                        m = np.int32(w[r, q + sb + 4]) & 63
-                    else:
-                        sc = (np.int32(w[r, q + sb + 4]) & 0xF) | ((np.int32(w[r, q + sb - 4]) >> 6) << 4)
-                        m = (np.int32(w[r, q + sb + 4]) >> 4) | ((np.int32(w[r, q + sb]) >> 6) << 4)
+                    sc, m = q4_k_scale_min(w, r, o, sb)
                     ws[i * 8 + sb] = _round_h(d * np.float32(sc))
                     wm[i * 8 + sb] = -_round_h(dmin * np.float32(m))
         it = (row0 + r) // MMQ_TILE_ROWS
