@@ -164,7 +164,7 @@ class CudaOps:
         if q is None:
             q = self._quantize[(T, K, layout)] = QuantizeLaunch(T, K, layout)
         if out is None:
-            out = self.scratch(f"q8_1 {layout}", q.shape, _U8)
+            out = self._q8_1_scratch(T, K, layout)
         return q(x, out) if T else out
 
     def mul_mat_q8_1(self, w, qtype: str, xq, plan):
@@ -242,10 +242,10 @@ class CudaOps:
         T, n = x.shape
         mvs, layouts = self._layouts(weights, T, order)
         first = layouts[0]
-        xq = self.scratch(f"q8_1 {first}", self._quantize_shape(T, n, first), _U8)
+        xq = self._q8_1_scratch(T, n, first)
         # a second layout comes from the same launch (yq2); any further one quantizes the normed floats
         second = layouts[1] if len(layouts) > 1 and layouts[1] is not None else None
-        xq2 = self.scratch(f"q8_1 {second}", self._quantize_shape(T, n, second), _U8) if second else None
+        xq2 = self._q8_1_scratch(T, n, second) if second else None
         rest = [layout for layout in layouts[1:] if layout != second]
         normed = self.scratch("normed", (T, n)) if rest else None
         s = None
@@ -266,7 +266,7 @@ class CudaOps:
         then its mat-vec."""
         T, k = g.shape
         mvs, (layout,) = self._layouts((weight,), T, order)
-        xq = self.scratch(f"q8_1 {layout}", self._quantize_shape(T, k, layout), _U8)
+        xq = self._q8_1_scratch(T, k, layout)
         launch_swiglu_q8_1(g, u, xq, None, layout)
         return self._run_matvecs((weight,), mvs, {layout: xq}, T, (out,))[0]
 
@@ -278,9 +278,9 @@ class CudaOps:
         return launch_qk_norm_rope_kv(q, k, v, q_norm_w, k_norm_w, eps, pos, cos_t, sin_t, q_out, cache.k(layer),
                                       cache.v(layer))
 
-    @staticmethod
-    def _quantize_shape(T: int, K: int, layout):
-        return quantize_output_shape(T, K, layout)  # (no kernel compiled for it)
+    def _q8_1_scratch(self, T: int, K: int, layout):
+        """The reused buffer of (T, K) activations' q8_1 bytes in ``layout`` (one per shape and layout)."""
+        return self.scratch(f"q8_1 {layout}", quantize_output_shape(T, K, layout), _U8)
 
     def flash_attn(self, q, k_cache, v_cache, q_pos, plan, out=None, kv_from_positions=False):
         T, H, D = q.shape
@@ -310,7 +310,7 @@ class CudaOps:
         parts, meta = self.attention_scratch(plan, T, H, D)
         # dst is not written when P > 1: the partials stand in for it
         launch_partials(q, k_cache, v_cache, pos, plan, parts, parts, meta, kv_from_positions=True)
-        xq = self.scratch(f"q8_1 {layout}", self._quantize_shape(T, H * D, layout), _U8)
+        xq = self._q8_1_scratch(T, H * D, layout)
         launch_combine_q8_1(parts, meta, xq, None, layout)
         return self._run_matvecs((weight,), mvs, {layout: xq}, T, (out,))[0]
 

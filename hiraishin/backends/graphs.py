@@ -60,13 +60,6 @@ class PassGraphs:
         self._graphs: dict = {}  # (order, T) -> OrderedDict plan signature -> cupy Graph (recent last)
         self.captures = 0  # graphs captured so far (for tests and benchmarks)
 
-    def reset(self, pdl: bool | None = None) -> None:
-        """Drop every captured graph (the next passes capture again), optionally switching PDL."""
-        if pdl is not None:
-            self.pdl = bool(pdl)
-        self._graphs.clear()
-        self._failed.clear()
-
     def graph_count(self) -> int:
         """Graphs held now (for tests and memory checks)."""
         return sum(len(g) for g in self._graphs.values())

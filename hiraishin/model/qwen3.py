@@ -115,7 +115,8 @@ class Qwen3:
 
     @property
     def pass_graphs(self):
-        """The :class:`~hiraishin.backends.graphs.PassGraphs` replaying this model's passes, or None."""
+        """The :class:`~hiraishin.backends.graphs.PassGraphs` replaying this model's passes (its ``captures``
+        count, ``graph_count()``), or None."""
         return self._graphs
 
     # ---- KV cache -------------------------------------------------------------------------------
