@@ -112,3 +112,30 @@ __device__ __forceinline__ int hx_q6_vals(const hx_row_sb& r, int n, int bb, int
     return (int)((((lo | hi) | 0x80808080u) - 0x20202020u) ^ 0x80808080u);
 }
 #endif
+
+// Where lane (g, t) of an MMA warp reads: its two weight rows (row0 + g and row0 + g + 8, clamped to
+// the last row), and per n-tile of 8 columns from col0 the activations of B column g and of C columns
+// 2t, 2t + 1 (clamped to the last column; clamped reads are never written back).
+struct hx_mma_ptrs {
+    const unsigned char* wA;
+    const unsigned char* wB;
+    const unsigned char* xb[HX_NT];
+    const unsigned char* xc[HX_NT][2];
+};
+
+__device__ __forceinline__ hx_mma_ptrs hx_mma_pointers(const unsigned char* w, const unsigned char* xq,
+                                                       const int nrows, const int ncols, const int row0,
+                                                       const int col0, const int g, const int t) {
+    const size_t row_bytes = (size_t)HX_NB * HX_BLOCK_BYTES;
+    const size_t x_bytes = (size_t)HX_NB * 8 * HX_Q8_BYTES;  // q8_1 bytes per column
+    hx_mma_ptrs p;
+    p.wA = w + (size_t)min(row0 + g, nrows - 1) * row_bytes;
+    p.wB = w + (size_t)min(row0 + g + 8, nrows - 1) * row_bytes;
+#pragma unroll
+    for (int nt = 0; nt < HX_NT; ++nt) {
+        p.xb[nt] = xq + (size_t)min(col0 + 8 * nt + g, ncols - 1) * x_bytes;
+        p.xc[nt][0] = xq + (size_t)min(col0 + 8 * nt + 2 * t, ncols - 1) * x_bytes;
+        p.xc[nt][1] = xq + (size_t)min(col0 + 8 * nt + 2 * t + 1, ncols - 1) * x_bytes;
+    }
+    return p;
+}

@@ -43,18 +43,9 @@ hx_mmq(const unsigned char* __restrict__ w, const unsigned char* __restrict__ xq
     const int g = lane >> 2, t = lane & 3;
     const int row0 = blockIdx.x * HX_TILE_ROWS;
     const int col0 = blockIdx.y * HX_COLS;
-    const size_t row_bytes = (size_t)HX_NB * HX_BLOCK_BYTES;
-    const size_t x_bytes = (size_t)HX_NB * 8 * HX_Q8_BYTES;  // q8_1 bytes per column
-    const unsigned char* wA = w + (size_t)min(row0 + g, nrows - 1) * row_bytes;
-    const unsigned char* wB = w + (size_t)min(row0 + g + 8, nrows - 1) * row_bytes;
-    const unsigned char* xb[HX_NT];   // B fragment column (g) of each n-tile
-    const unsigned char* xc[HX_NT][2]; // C columns (2t, 2t+1) of each n-tile
-#pragma unroll
-    for (int nt = 0; nt < HX_NT; ++nt) {
-        xb[nt] = xq + (size_t)min(col0 + 8 * nt + g, ncols - 1) * x_bytes;
-        xc[nt][0] = xq + (size_t)min(col0 + 8 * nt + 2 * t, ncols - 1) * x_bytes;
-        xc[nt][1] = xq + (size_t)min(col0 + 8 * nt + 2 * t + 1, ncols - 1) * x_bytes;
-    }
+    const hx_mma_ptrs ptr = hx_mma_pointers(w, xq, nrows, ncols, row0, col0, g, t);
+    const unsigned char* wA = ptr.wA;
+    const unsigned char* wB = ptr.wB;
 
     for (int s = warp; s < HX_NSEG; s += HX_NWARPS) {
         const int sb0 = s * HX_NB / HX_NSEG, sb1 = (s + 1) * HX_NB / HX_NSEG;
@@ -73,10 +64,10 @@ hx_mmq(const unsigned char* __restrict__ w, const unsigned char* __restrict__ xq
 #pragma unroll
             for (int jj = 0; jj < 8; ++jj) {
                 const size_t xo = (size_t)(8 * i + jj) * HX_Q8_BYTES;
-                bxp[jj][0] = hx_ld32(xb[0] + xo + 4 + 4 * t);
-                bxp[jj][1] = hx_ld32(xb[0] + xo + 20 + 4 * t);
-                dsp[jj][0] = *(const unsigned int*)(xc[0][0] + xo);
-                dsp[jj][1] = HX_ONECOL ? 0u : *(const unsigned int*)(xc[0][1] + xo);
+                bxp[jj][0] = hx_ld32(ptr.xb[0] + xo + 4 + 4 * t);
+                bxp[jj][1] = hx_ld32(ptr.xb[0] + xo + 20 + 4 * t);
+                dsp[jj][0] = *(const unsigned int*)(ptr.xc[0][0] + xo);
+                dsp[jj][1] = HX_ONECOL ? 0u : *(const unsigned int*)(ptr.xc[0][1] + xo);
             }
 #endif
             hx_row_sb rA, rB;
@@ -104,8 +95,8 @@ hx_mmq(const unsigned char* __restrict__ w, const unsigned char* __restrict__ xq
 #if HX_PREFETCH_X
                     const int b0 = bxp[jj][0], b1 = bxp[jj][1];
 #else
-                    const int b0 = hx_ld32(xb[nt] + xo + 4 + 4 * t);
-                    const int b1 = hx_ld32(xb[nt] + xo + 20 + 4 * t);
+                    const int b0 = hx_ld32(ptr.xb[nt] + xo + 4 + 4 * t);
+                    const int b1 = hx_ld32(ptr.xb[nt] + xo + 20 + 4 * t);
 #endif
                     int c[4];
 #if HX_QTYPE == 12
@@ -126,7 +117,7 @@ hx_mmq(const unsigned char* __restrict__ w, const unsigned char* __restrict__ xq
 #if HX_PREFETCH_X
                         const unsigned int ds = dsp[jj][e & 1];
 #else
-                        const unsigned int ds = *(const unsigned int*)(xc[nt][e & 1] + xo);
+                        const unsigned int ds = *(const unsigned int*)(ptr.xc[nt][e & 1] + xo);
 #endif
                         const float dx = hx_h2f((unsigned short)(ds & 0xFFFF));
 #if HX_QTYPE == 12

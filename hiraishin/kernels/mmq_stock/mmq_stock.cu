@@ -39,18 +39,9 @@ hx_mmq_stock(const unsigned char* __restrict__ w, const unsigned char* __restric
     const int col0 = jt * HX_J + tcol0;
     const int col_end = min(ncols, (jt + 1) * HX_J);
     if (row0 >= nrows || col0 >= col_end) return;  // warp-uniform
-    const size_t row_bytes = (size_t)HX_NB * HX_BLOCK_BYTES;
-    const size_t x_bytes = (size_t)HX_NB * 8 * HX_Q8_BYTES;
-    const unsigned char* wA = w + (size_t)min(row0 + g, nrows - 1) * row_bytes;
-    const unsigned char* wB = w + (size_t)min(row0 + g + 8, nrows - 1) * row_bytes;
-    const unsigned char* xb[HX_NT];     // B fragment column (g) of each n-tile
-    const unsigned char* xc[HX_NT][2];  // C columns (2t, 2t+1) of each n-tile
-#pragma unroll
-    for (int nt = 0; nt < HX_NT; ++nt) {
-        xb[nt] = xq + (size_t)min(col0 + 8 * nt + g, ncols - 1) * x_bytes;
-        xc[nt][0] = xq + (size_t)min(col0 + 8 * nt + 2 * t, ncols - 1) * x_bytes;
-        xc[nt][1] = xq + (size_t)min(col0 + 8 * nt + 2 * t + 1, ncols - 1) * x_bytes;
-    }
+    const hx_mma_ptrs ptr = hx_mma_pointers(w, xq, nrows, ncols, row0, col0, g, t);
+    const unsigned char* wA = ptr.wA;
+    const unsigned char* wB = ptr.wB;
 
     float acc[HX_NT][4];
 #pragma unroll
@@ -74,10 +65,10 @@ hx_mmq_stock(const unsigned char* __restrict__ w, const unsigned char* __restric
 #pragma unroll
             for (int nt = 0; nt < HX_NT; ++nt) {
                 int c[4];
-                hx_mma_k32(c, a0, a1, a2, a3, hx_ld32(xb[nt] + xo + 4 + 4 * t), hx_ld32(xb[nt] + xo + 20 + 4 * t));
+                hx_mma_k32(c, a0, a1, a2, a3, hx_ld32(ptr.xb[nt] + xo + 4 + 4 * t), hx_ld32(ptr.xb[nt] + xo + 20 + 4 * t));
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
-                    const unsigned int ds = *(const unsigned int*)(xc[nt][e & 1] + xo);
+                    const unsigned int ds = *(const unsigned int*)(ptr.xc[nt][e & 1] + xo);
                     const float dx = hx_h2f((unsigned short)(ds & 0xFFFF));
                     const float sx = hx_h2f((unsigned short)(ds >> 16));
                     const float ws = e < 2 ? rA.ws[jj] : rB.ws[jj];
@@ -108,12 +99,12 @@ hx_mmq_stock(const unsigned char* __restrict__ w, const unsigned char* __restric
 #pragma unroll
                 for (int nt = 0; nt < HX_NT; ++nt) {
                     int c0[4], c1[4];
-                    hx_mma_k16(c0, lA0, lB0, hx_ld32(xb[nt] + xo + 4 + 4 * t));
-                    hx_mma_k16(c1, lA1, lB1, hx_ld32(xb[nt] + xo + 20 + 4 * t));
+                    hx_mma_k16(c0, lA0, lB0, hx_ld32(ptr.xb[nt] + xo + 4 + 4 * t));
+                    hx_mma_k16(c1, lA1, lB1, hx_ld32(ptr.xb[nt] + xo + 20 + 4 * t));
 #pragma unroll
                     for (int e = 0; e < 4; ++e) {
                         const int ci = e < 2 ? scA0 * c0[e] + scA1 * c1[e] : scB0 * c0[e] + scB1 * c1[e];
-                        const float dx = hx_h2f(*(const unsigned short*)(xc[nt][e & 1] + xo));
+                        const float dx = hx_h2f(*(const unsigned short*)(ptr.xc[nt][e & 1] + xo));
                         // tmp += (C0*sc0 + C1*sc1)*dB (vec_dot_q6_K_q8_1_mma)
                         tmp[nt][e] = __fmaf_rn((float)ci, dx, tmp[nt][e]);
                     }
