@@ -46,20 +46,14 @@ def plot(poe: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(11, 3.8), layout="constrained")
-    for name in dict.fromkeys(r["order"] for r in poe["rows"]):
-        pts = [(r["width"], r["ms"], r["x_one_token"]) for r in poe["rows"] if r["order"] == name]
-        ax0.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
-        ax1.plot([p[0] for p in pts], [p[2] for p in pts], marker="o", label=name)
-    for ax in (ax0, ax1):
-        ax.axvline(8.5, color="k", ls=":", lw=1)
-        ax.set_xlabel("verify width (tokens)")
-        ax.set_xticks([1, 4, 8, 12, 16])
-    ax0.set_ylabel("ms per pass (synthetic Qwen3-8B)")
-    ax1.set_ylabel("÷ one-token pass")
-    ax1.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small", title="order")
-    fig.suptitle(f"price of exactness: a verify pass against its width ({poe['device']}, {poe['date'][:10]}, "
-                 f"commit {poe['commit']}); dotted: 8 tokens", fontsize=10)
+    from hiraishin.decode.plot import plot_verify_cost
+
+    verify = {}  # order -> {width: ms}, in the rows' order
+    for r in poe["rows"]:
+        verify.setdefault(r["order"], {})[r["width"]] = r["ms"]
+    fig = plot_verify_cost(verify, f"price of exactness: a verify pass against its width ({poe['device']}, "
+                                   f"{poe['date'][:10]}, commit {poe['commit']})",
+                           ylabel="ms per pass (synthetic Qwen3-8B)")
     with atomic_path(path) as tmp:
         fig.savefig(tmp, dpi=120, format="png")
     plt.close(fig)

@@ -42,6 +42,7 @@ from nbsupport import (
 
 from hiraishin import ReductionOrder
 from hiraishin.backends import get_backend
+from hiraishin.decode.plot import plot_verify_cost
 from hiraishin.plans import matvec_plan
 
 # the orders whose mat-vec plan depends on the width alone (SUBBLOCK's also needs the row length)
@@ -150,21 +151,7 @@ def style(order_name):
 
 
 if verify:
-    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(11, 3.6), layout="constrained")
-    for order_name, per_width in verify.items():
-        ws = sorted(per_width)
-        color, marker = style(order_name)
-        ax0.plot(ws, [per_width[w] for w in ws], marker=marker, color=color, label=order_name)
-        ax1.plot(ws, [per_width[w] / per_width[ws[0]] for w in ws], marker=marker, color=color, label=order_name)
-    for ax in (ax0, ax1):
-        ax.axvline(8.5, color="k", ls=":", lw=1)
-        ax.set_xlabel("verify width (tokens)")
-        ax.set_xticks([1, 4, 8, 12, 16])
-    ax0.set_ylabel("ms per verify pass")
-    ax1.set_ylabel("÷ one-token pass")
-    ax1.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small", title="order")
-    fig.suptitle(f"a whole verify pass against its width ({SOURCE})\ndotted: 8 tokens, the mat-vec's launch limit",
-                 fontsize=10)
+    plot_verify_cost(verify, f"a whole verify pass against its width ({SOURCE})", style=style)
     plt.show()
     print(f"{'order':<16}" + "".join(f"{w:>8}" for w in sorted(next(iter(verify.values())))))
     for order_name, per_width in verify.items():

@@ -1,4 +1,5 @@
-"""The replay figure: max |Δlogit| by position, one panel per batch size.
+"""The replay figure: max |Δlogit| by position, one panel per batch size; and the price-of-exactness
+figure: a verify pass's cost against its width, per order (:func:`plot_verify_cost`).
 
 One panel per batch size, so that equal curves (batches 2, 3 and 4 often agree exactly) do not
 hide each other. Each panel marks the prompt's end, the edges of the batched passes (ticks at
@@ -14,7 +15,7 @@ import numpy as np
 from ..order import ReductionOrder
 from .passes import pass_spans
 
-__all__ = ["plot_replay", "KV_MARKS"]
+__all__ = ["plot_replay", "plot_verify_cost", "KV_MARKS"]
 
 # KV lengths (cells) where attention's geometry can change: 256 is llama.cpp's KV padding
 # (FATTN_KQ_STRIDE; a pass crossing it changes the attended range), 384 is where the fourth
@@ -129,3 +130,28 @@ def _single_axes(report, ax, x, title) -> None:
                 va="center", color="tab:green")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", borderaxespad=0)
     ax.grid(alpha=0.3)
+
+
+def plot_verify_cost(verify: dict, title: str, style=None, ylabel: str = "ms per verify pass"):
+    """Two panels: ms of one verify pass against its width, and the same ÷ the narrowest width's pass.
+
+    ``verify``: order name -> {width: ms}. ``style(order name) -> (color, marker)`` (None: matplotlib's
+    cycle, marker "o"). Dotted at 8.5 tokens: the mat-vec's launch limit. Returns the figure.
+    """
+    import matplotlib.pyplot as plt
+
+    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(11, 3.8), layout="constrained")
+    for name, per_width in verify.items():
+        ws = sorted(per_width)
+        color, marker = style(name) if style is not None else (None, "o")
+        ax0.plot(ws, [per_width[w] for w in ws], marker=marker, color=color, label=name)
+        ax1.plot(ws, [per_width[w] / per_width[ws[0]] for w in ws], marker=marker, color=color, label=name)
+    for ax in (ax0, ax1):
+        ax.axvline(8.5, color="k", ls=":", lw=1)
+        ax.set_xlabel("verify width (tokens)")
+        ax.set_xticks([1, 4, 8, 12, 16])
+    ax0.set_ylabel(ylabel)
+    ax1.set_ylabel("÷ one-token pass")
+    ax1.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small", title="order")
+    fig.suptitle(title + "\ndotted: 8 tokens, the mat-vec's launch limit", fontsize=10)
+    return fig
