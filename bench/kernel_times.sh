@@ -4,7 +4,9 @@
 # Usage on the device (repo root): HIRAISHIN_COMMIT=<commit> bash bench/kernel_times.sh
 set -uo pipefail
 source bench/device_env.sh
-python3 -m hiraishin synth --shape qwen3-8b -o /tmp/qwen3-8b.gguf --quiet && python3 -m hiraishin synth --shape qwen3-0.6b -o /tmp/qwen3-0.6b.gguf --quiet
+for shape in qwen3-8b qwen3-0.6b; do  # (kept from an earlier step of the same call)
+    [ -f /tmp/$shape.gguf ] || python3 -m hiraishin synth --shape $shape -o /tmp/$shape.gguf --quiet
+done
 for spec in ${PROFILES:-"qwen3-0.6b invariant 1" "qwen3-8b invariant 1" "qwen3-8b subblock 3"}; do
     set -- $spec
     name="$1-$2-$3"

@@ -30,8 +30,9 @@ timeout ${BUILD_TIMEOUT:-420} ninja -C "$SRC/build" -j "$(nproc)" llama-bench ll
     > "$OUT/llama-build.log" 2>&1 || { tail -n 30 "$OUT/llama-build.log"; exit 1; }
 echo "built in $(( $(date +%s) - t0 )) s"
 BIN="$SRC/build/bin"
-python3 -m hiraishin synth --shape qwen3-8b -o /tmp/qwen3-8b.gguf --quiet
-python3 -m hiraishin synth --shape qwen3-0.6b -o /tmp/qwen3-0.6b.gguf --quiet
+for shape in qwen3-8b qwen3-0.6b; do
+    [ -f /tmp/$shape.gguf ] || python3 -m hiraishin synth --shape $shape -o /tmp/$shape.gguf --quiet
+done
 echo "== llama-bench, 8B: pp512, tg128"
 "$BIN/llama-bench" -m /tmp/qwen3-8b.gguf -ngl 99 -fa on -p 512 -n 128 -r 3 -o json > "$OUT/llama-bench-8b.json" 2> "$OUT/llama-bench-8b.err"
 echo "exit $?"; python3 -c "import json,sys; [print(r.get('n_prompt'), r.get('n_gen'), round(r.get('avg_ts', 0), 1), 'tok/s') for r in json.load(open(sys.argv[1]))]" "$OUT/llama-bench-8b.json"

@@ -21,8 +21,9 @@ if [[ $WHAT == tests ]]; then
     echo "gpu tests took $(( $(date +%s) - t0 )) s"
 fi
 if [[ $WHAT == perf ]]; then
-    python3 -m hiraishin synth --shape qwen3-8b -o /tmp/qwen3-8b.gguf --quiet
-    python3 -m hiraishin synth --shape qwen3-0.6b -o /tmp/qwen3-0.6b.gguf --quiet
+    for shape in qwen3-8b qwen3-0.6b; do
+        [ -f /tmp/$shape.gguf ] || python3 -m hiraishin synth --shape $shape -o /tmp/$shape.gguf --quiet
+    done
     echo "== hiraishin bench"; t0=$(date +%s)
     timeout ${BENCH_TIMEOUT:-240} python3 -m hiraishin bench /tmp/qwen3-8b.gguf --draft /tmp/qwen3-0.6b.gguf \
         --device cuda --orders variant,invariant,subblock,invariant16 --widths 1-16 --prefill 512 --tokens 64 \
