@@ -64,11 +64,21 @@ def summarize(csv_path: str, json_path: str | None) -> dict:
     table = sorted(({"kernel": k, "launches": n, "total_us": round(t, 2), "mean_us": round(t / n, 3),
                      "share": round(t / total, 4) if total else 0.0} for k, (n, t) in by.items()),
                    key=lambda r: -r["total_us"])
-    out = {"csv": Path(csv_path).name, "kernels": len(rows), "sum_us": round(total, 2), "by_kernel": table}
+    by_grid = defaultdict(lambda: [0, 0.0])  # one mat-vec name covers every shape: the grid tells them apart
+    for name, grid, us in rows:
+        by_grid[(name, grid)][0] += 1
+        by_grid[(name, grid)][1] += us
+    grids = sorted(({"kernel": k, "grid": g, "launches": n, "total_us": round(t, 2), "mean_us": round(t / n, 3)}
+                    for (k, g), (n, t) in by_grid.items()), key=lambda r: -r["total_us"])
+    out = {"csv": Path(csv_path).name, "kernels": len(rows), "sum_us": round(total, 2), "by_kernel": table,
+           "by_kernel_and_grid": grids, "launches": [{"kernel": k, "grid": g, "us": round(us, 3)} for k, g, us in rows]}
     print(f"{len(rows)} kernels, sum {total:.1f} us")
     for r in table:
         print(f"  {r['kernel']:<28} {r['launches']:>5} x {r['mean_us']:>8.3f} us = {r['total_us']:>9.1f} us "
               f"({100 * r['share']:.1f}%)")
+    print("by kernel and grid:")
+    for r in grids[:24]:
+        print(f"  {r['kernel']:<28} {r['grid']:<16} {r['launches']:>5} x {r['mean_us']:>8.3f} us = {r['total_us']:>9.1f} us")
     if json_path:
         Path(json_path).write_text(json.dumps(out, indent=1) + "\n")
     return out

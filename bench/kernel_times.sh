@@ -15,7 +15,7 @@ for spec in ${PROFILES:-"qwen3-0.6b invariant 1" "qwen3-8b invariant 1" "qwen3-8
         --metrics gpu__time_duration.sum --csv --log-file "$OUT/ncu-$name.csv" \
         python3 bench/kernel_times.py /tmp/$1.gguf --order $2 --tokens $3 > "$OUT/ncu-$name.log" 2>&1
     echo "exit $?"
-    python3 bench/kernel_times.py --summarize "$OUT/ncu-$name.csv" --json "$OUT/kernel-times-$name.json" | head -n 16
+    python3 bench/kernel_times.py --summarize "$OUT/ncu-$name.csv" --json "$OUT/kernel-times-$name.json" | head -n 48
 done
 for ahead in 1 0; do  # HIRAISHIN_PREFETCH_AHEAD=1 turns the opt-in prefetch on
     echo "== hiraishin bench, HIRAISHIN_PREFETCH_AHEAD=$ahead"
