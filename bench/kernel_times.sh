@@ -7,7 +7,9 @@ source bench/device_env.sh
 for shape in qwen3-8b qwen3-0.6b; do  # (kept from an earlier step of the same call)
     [ -f /tmp/$shape.gguf ] || python3 -m hiraishin synth --shape $shape -o /tmp/$shape.gguf --quiet
 done
-for spec in ${PROFILES:-"qwen3-0.6b invariant 1" "qwen3-8b invariant 1" "qwen3-8b subblock 3"}; do
+# PROFILES: "shape order tokens" items separated by ';'
+IFS=';' read -r -a specs <<< "${PROFILES:-qwen3-0.6b invariant 1;qwen3-8b invariant 1;qwen3-8b subblock 3}"
+for spec in "${specs[@]}"; do
     set -- $spec
     name="$1-$2-$3"
     echo "== ncu $name"

@@ -32,7 +32,7 @@ if [[ $WHAT == perf ]]; then
     echo "bench exit $?, $(( $(date +%s) - t0 )) s"
     python3 bench/price_of_exactness.py "$OUT/hiraishin-bench.json" \
         --matvec bench/results/2026-12-01-h200-mmq/run1/bench_mmq.json --out "$OUT" 2>&1 | tail -n 5
-    PROFILES=${PROFILES:-"qwen3-0.6b invariant 1" "qwen3-8b invariant 1"} bash bench/kernel_times.sh 2>&1 | tail -n 60
+    PROFILES=${PROFILES:-"qwen3-0.6b invariant 1;qwen3-8b invariant 1"} bash bench/kernel_times.sh 2>&1 | tail -n 60
     for tool in ${SANITIZERS:-racecheck initcheck memcheck}; do
         echo "== compute-sanitizer --tool $tool"; t0=$(date +%s)
         timeout ${SANITIZE_TIMEOUT:-120} compute-sanitizer --tool $tool --error-exitcode 3 python3 bench/sanitize_engine.py \
