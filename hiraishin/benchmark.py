@@ -207,13 +207,20 @@ def copy_bandwidth_gbs(backend, nbytes: int | None = None, repetitions: int = 5)
 # ---- timed passes ----------------------------------------------------------------------------
 
 def _timed(model, tokens, start_pos: int, order) -> tuple[np.ndarray, float]:
-    """One forward pass bracketed by synchronizations: (host logits, seconds)."""
+    """One forward pass bracketed by synchronizations: (each position's greedy token, seconds).
+
+    The tokens come from :meth:`~hiraishin.model.qwen3.Qwen3.forward_argmax` (argmax on the
+    device, T token ids to the host) where the model has it, as a decoding loop wants them; the
+    time covers the pass, the argmax and that copy. A model without it: argmax of the host logits.
+    """
     sync = model.backend.synchronize
+    step = getattr(model, "forward_argmax", None)
     sync()
     t0 = time.perf_counter()
-    logits = model.forward(tokens, start_pos, order)
+    best = step(tokens, start_pos, order) if step is not None else np.argmax(model.forward(tokens, start_pos, order),
+                                                                            axis=1)
     sync()
-    return logits, time.perf_counter() - t0
+    return best, time.perf_counter() - t0
 
 
 def _prompt(model, n: int, seed: int = 0) -> list[int]:
@@ -223,7 +230,8 @@ def _prompt(model, n: int, seed: int = 0) -> list[int]:
 
 
 def _feed(model, tokens, start_pos: int, order) -> tuple[np.ndarray, float]:
-    """Feed ``tokens`` in the passes plain decoding makes (cut at ``order.verify_limit``)."""
+    """Feed ``tokens`` in the passes plain decoding makes (cut at ``order.verify_limit``): (the last
+    pass's greedy tokens, seconds)."""
     total, pos, logits = 0.0, start_pos, None
     end = start_pos + len(tokens)
     while pos < end:
@@ -237,13 +245,13 @@ def _feed(model, tokens, start_pos: int, order) -> tuple[np.ndarray, float]:
 def measure_decode(model, order, settings: BenchSettings) -> list[float]:
     """Seconds of each timed one-token step (greedy, after a prompt of ``settings.context``)."""
     model.reset()
-    logits, _ = _feed(model, _prompt(model, settings.context), 0, order)
-    token = int(np.argmax(logits[-1]))
+    best, _ = _feed(model, _prompt(model, settings.context), 0, order)
+    token = int(best[-1])
     times = []
     for i in range(settings.warmup + settings.decode_steps):
         pos = model.kv_len
-        logits, dt = _timed(model, [token], pos, order)
-        token = int(np.argmax(logits[-1]))
+        best, dt = _timed(model, [token], pos, order)
+        token = int(best[-1])
         if i >= settings.warmup:
             times.append(dt)
     return times
@@ -290,13 +298,13 @@ def measure_verify(model, order, settings: BenchSettings) -> dict[str, float]:
 def plain_decode(model, prompt, n_tokens: int, order) -> tuple[list[int], list[float]]:
     """Greedy tokens after ``prompt`` (the prefill's token first) and the seconds of each one-token step."""
     model.reset()
-    logits, _ = _feed(model, prompt, 0, order)
-    tokens = [int(np.argmax(logits[-1]))]
+    best, _ = _feed(model, prompt, 0, order)
+    tokens = [int(best[-1])]
     times = []
     while len(tokens) < n_tokens:
-        logits, dt = _timed(model, [tokens[-1]], model.kv_len, order)
+        best, dt = _timed(model, [tokens[-1]], model.kv_len, order)
         times.append(dt)
-        tokens.append(int(np.argmax(logits[-1])))
+        tokens.append(int(best[-1]))
     return tokens, times
 
 
@@ -334,9 +342,9 @@ def speculative_decode(target, draft, prompt, n_tokens: int, order, draft_order,
     n_vocab = target.config.n_vocab
     target.reset()
     draft.reset()
-    logits, _ = _feed(target, prompt, 0, order)
+    best, _ = _feed(target, prompt, 0, order)
     _feed(draft, prompt, 0, draft_order)
-    seq = list(prompt) + [int(np.argmax(logits[-1]))]  # the last token is not in either cache yet
+    seq = list(prompt) + [int(best[-1])]  # the last token is not in either cache yet
     base = len(prompt)  # position of reference[0]
     run = SpecRun(tokens=[seq[-1]])
     sync = target.backend.synchronize
@@ -366,9 +374,8 @@ def speculative_decode(target, draft, prompt, n_tokens: int, order, draft_order,
             t_draft += dt
         # verifying: one pass of the pending token and the k guesses
         batch = [seq[-1]] + guesses
-        vlogits, t_verify = _timed(target, batch, p, order)
+        best, t_verify = _timed(target, batch, p, order)
         # bookkeeping: acceptance against the target's own argmax, emit, roll both caches back
-        best = np.argmax(vlogits, axis=1)
         n_acc = 0
         while n_acc < k and int(best[n_acc]) == guesses[n_acc]:
             n_acc += 1

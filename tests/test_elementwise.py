@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -164,3 +166,58 @@ def test_get_rows_rejects_bad_ids_and_types():
         CPU.get_rows(table, "Q8_0", [4])
     with pytest.raises(BackendError, match="unsupported"):
         CPU.get_rows(table, "Q5_K", [0])
+
+
+# ---- hx_argmax_rows (the device argmax of Qwen3.forward_argmax), through the g++ shim -------------
+
+MAIN_ARGMAX = r'''
+int main(int argc, char** argv) {
+    // argv: x, rows, n, threads, out
+    int rows = atoi(argv[2]), n = atoi(argv[3]), nt = atoi(argv[4]);
+    auto x = hx_read(argv[1]);
+    std::vector<int> out(rows, -7);
+    hx_launch({(unsigned)rows, 1, 1}, {(unsigned)nt, 1, 1}, 0,
+              [&] { hx_argmax_rows((const float*)x.data(), out.data(), n); });
+    hx_write(argv[5], out.data(), out.size() * 4);
+}'''
+
+
+def _argmax_rows_cases(n: int) -> np.ndarray:
+    """Rows that test the rule: ties (first index wins, across threads and warps), NaN (largest,
+    first of several), -0.0 beside +0.0, all -inf, the maximum in the last element, and noise."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((9, n)).astype(np.float32)
+    x[0, [5, 700, 1500]] = 9.0  # a tie between three threads of different warps
+    x[1, [3, n - 1]] = np.nan
+    x[1, 10] = np.inf
+    x[2, :] = -1.0
+    x[2, 40] = -0.0  # -0.0 == +0.0: index 40 comes first
+    x[2, 1029] = 0.0
+    x[3, :] = -np.inf
+    x[4, n - 1] = 50.0
+    x[5, :] = 0.0
+    x[6, 1023] = x[6, 1024] = 8.0  # the tie straddles two passes of thread 1023 / thread 0
+    x[7, ::2] = 3.0
+    return x
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not on PATH")
+@pytest.mark.parametrize("n,threads", [(3000, 1024), (3000, 96), (17, 64)])
+def test_argmax_rows_source_equals_numpy(tmp_path, n, threads):
+    from cuda_shim import ShimBuilder, run
+
+    from hiraishin.kernels.elementwise import emulate_argmax_rows
+
+    if n >= 1600:
+        x = _argmax_rows_cases(n)
+    else:  # a row shorter than the block: most threads see nothing
+        x = np.array([[1, 3, 3, -0.0] + [0] * (n - 4), [np.nan] * n, [-np.inf] * (n - 1) + [-1]], np.float32)
+    (tmp_path / "x.bin").write_bytes(np.ascontiguousarray(x).tobytes())
+    exe = ShimBuilder(tmp_path).build("elementwise/elementwise.cu", {}, MAIN_ARGMAX, "argmax")
+    run(exe, tmp_path / "x.bin", x.shape[0], n, threads, tmp_path / "out.bin")
+    got = np.fromfile(tmp_path / "out.bin", np.int32)
+    want = np.argmax(x, axis=1)
+    assert got.tolist() == want.tolist()
+    assert emulate_argmax_rows(x).tolist() == want.tolist()
+    if n > 40:
+        assert want[1] == 3 and want[2] == 40 and want[3] == 0 and want[0] == 5

@@ -71,3 +71,19 @@ def test_get_rows_kernel_equals_emulator(qtype):
     ids = np.array([32, 0, 5, 5, 17], np.int32)
     got = cp.asnumpy(_cuda().get_rows(cp.asarray(table), qtype, ids))
     assert np.array_equal(_bits(got), _bits(CPU.get_rows(table, qtype, ids)))
+
+
+@pytest.mark.parametrize("n", [151936, 3000, 17])
+def test_argmax_rows_kernel_equals_numpy(n):
+    import cupy as cp
+
+    rng = np.random.default_rng(n)
+    x = rng.standard_normal((6, n)).astype(np.float32)
+    x[0, [n // 3, n // 2, n - 1]] = 40.0  # a tie: the first index
+    x[1, [2, n - 2]] = np.nan  # NaN counts as the largest
+    x[2, :] = -np.inf
+    x[3, :] = 0.0
+    x[3, 1] = -0.0
+    x[4, n - 1] = 1e30
+    got = cp.asnumpy(_cuda().argmax_rows(cp.asarray(x)))
+    assert got.tolist() == np.argmax(x, axis=1).tolist() == CPU.argmax_rows(x).tolist()

@@ -48,6 +48,10 @@ def test_every_width_graph_equals_eager_recorded_and_cpu(models, order):
         ref = cpu.forward(tokens, start, order)
         for got in outs + [recorded, ref]:
             np.testing.assert_array_equal(_bits(got), _bits(want), err_msg=f"width {width}")
+        # the greedy tokens of the device argmax (in the replayed graph, eager, on the CPU)
+        best = np.argmax(want, axis=1).tolist()
+        for m in models:
+            assert m.forward_argmax(tokens, start, order).tolist() == best, f"width {width}"
     assert graphs._graphs.captures >= 16
 
 

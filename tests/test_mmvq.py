@@ -20,6 +20,7 @@ from hiraishin.backends import get_backend
 from hiraishin.kernels import mmvq, tiled
 from hiraishin.order import ReductionOrder
 from hiraishin.plans import MatVecPlan, matvec_plan
+from hiraishin.plans.matvec import SHORT_ROW_ROWS
 from hiraishin.quant import dequantize
 from hiraishin.quant import random_blocks as random_weights
 
@@ -182,6 +183,18 @@ def test_invariant_plans_split_wide_batches():
     assert matvec_plan(INVARIANT, 1, "Q6_K").rows_per_block == 1
     assert matvec_plan(INVARIANT, 1, "Q4_K").rows_per_block == 2  # faster on the H200, same bits
     assert matvec_plan(VARIANT, 1, "Q4_K").rows_per_block == 1  # llama.cpp's choice
+    # short rows (the row length given): llama.cpp's small_k puts nwarps rows in a block (Q4_K K=1024:
+    # 4 super-blocks < 8 per kbx step), under every policy; the exact policies also for one block per
+    # thread (Q6_K K=1024: 4 super-blocks, 4 per step), which llama.cpp leaves at one row
+    assert matvec_plan(VARIANT, 1, "Q4_K", k=1024).rows_per_block == 4
+    assert matvec_plan(VARIANT, 1, "Q6_K", k=1024).rows_per_block == 1
+    assert matvec_plan(VARIANT, 2, "Q4_K", k=1024).rows_per_block == 2  # small_k is one column only
+    assert matvec_plan(INVARIANT, 1, "Q4_K", k=1024).rows_per_block == 4
+    assert matvec_plan(INVARIANT, 1, "Q6_K", k=1024).rows_per_block == SHORT_ROW_ROWS
+    assert matvec_plan(INVARIANT, 1, "Q4_K", k=2048).rows_per_block == SHORT_ROW_ROWS  # 8 blocks, 8 per step
+    assert matvec_plan(INVARIANT, 1, "Q4_K", k=4096).rows_per_block == 2
+    assert matvec_plan(INVARIANT, 1, "Q6_K", k=4096).rows_per_block == 1
+    assert matvec_plan(INVARIANT, 3, "Q4_K", k=1024).rows_per_block == 2
     assert {matvec_plan(INVARIANT, b, "Q6_K").nwarps for b in range(1, 40)} == {4}
 
 

@@ -128,6 +128,14 @@ class Backend:
         a, b = self._arr(a), self._arr(b)
         return self.ops.add(a, b, self._out(out, a.shape))
 
+    def argmax_rows(self, x):
+        """int32 (T,): the first index of each row's largest value of float32 ``x`` (T, n) (NaN
+        counts as largest, as numpy's argmax): greedy decoding's tokens, computed where ``x`` is."""
+        x = self._arr(x)
+        if x.ndim != 2 or x.dtype != np.float32:
+            raise BackendError(f"argmax_rows needs a float32 (T, n) array, got {x.dtype} {x.shape}")
+        return self.ops.argmax_rows(x)
+
     def quantize_q8_1(self, x, layout: str | None = None):
         """q8_1 bytes (ncols, K/32*36) of float32 ``x`` (ncols, K); ``layout`` ``"Q4_K"``/``"Q6_K"``:
         the mat-vec kernel's own layout for that weight type (K a multiple of 256)."""

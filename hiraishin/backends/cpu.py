@@ -39,6 +39,9 @@ class CpuOps:
     def add(self, a, b, out=None):
         return elementwise.emulate_add(a, b)
 
+    def argmax_rows(self, x, out=None):
+        return elementwise.emulate_argmax_rows(x)
+
     def quantize(self, x, layout: str | None = None):
         return quantize.emulate(x, layout)
 

@@ -143,6 +143,9 @@ class CudaOps:
     def add(self, a, b, out=None):
         return elementwise.launch_add(a, b, self._empty(a.shape, _F32) if out is None else out)
 
+    def argmax_rows(self, x, out=None):
+        return elementwise.launch_argmax_rows(x, self._empty((x.shape[0],), np.int32) if out is None else out)
+
     def matvec(self, order, ncols: int, qtype: str, w) -> _MatVec:
         """The prepared mat-vec for ``ncols`` columns times weight ``w`` under ``order`` (cached)."""
         n, row_bytes = w.shape

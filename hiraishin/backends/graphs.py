@@ -76,9 +76,10 @@ class PassGraphs:
         c = self.model.config
         return self.model.backend.attention_plan(order, T, start_pos + T, c.n_head, c.n_head_kv, c.head_dim)
 
-    def run(self, tokens: np.ndarray, start_pos: int, order) -> np.ndarray | None:
+    def run(self, tokens: np.ndarray, start_pos: int, order, want: str = "logits") -> np.ndarray | None:
         """Logits (T, n_vocab) of ``tokens`` (int32, T <= max_tokens) at ``start_pos`` (the cache is
-        not committed), or None when this (order, width) has no graphs: run an eager pass instead."""
+        not committed), or None when this (order, width) has no graphs: run an eager pass instead.
+        ``want="argmax"``: each position's greedy token instead (int32 (T,), computed in the pass)."""
         T = int(tokens.size)
         if (order, T) in self._failed:
             return None
@@ -108,7 +109,7 @@ class PassGraphs:
                 while len(width_graphs) > GRAPHS_PER_WIDTH:
                     width_graphs.popitem(last=False)
                 graph.launch(self.stream)
-            return m.backend.to_host(buf["logits"])
+            return m.backend.to_host(buf[want])
 
     def _capture(self, ids, pos, start_pos: int, order, buf: dict, plan):
         m = self.model

@@ -99,6 +99,15 @@ def _draft_guesses(draft, pending, start, n, order, gap_min, p_min=0.0):
     return guesses, pos
 
 
+def _greedy_tokens(model, tokens, pos: int, order) -> np.ndarray:
+    """Each position's argmax: on the device where the model can (``forward_argmax``: no logits
+    copied to the host), else from the host logits. The same pass either way."""
+    step = getattr(model, "forward_argmax", None)
+    if step is not None:
+        return step(tokens, pos, order=order)
+    return np.asarray(model.forward(tokens, pos, order=order)).argmax(axis=1)
+
+
 def speculative_decode(target, draft, prompt_tokens, max_new_tokens: int, *, n_draft: int = 8,
                        order: ReductionOrder = ReductionOrder.BATCH_INVARIANT,
                        p_min_gap: float = DEFAULT_P_MIN_GAP, eos_ids=(), on_cycle=None,
@@ -138,7 +147,7 @@ def speculative_decode(target, draft, prompt_tokens, max_new_tokens: int, *, n_d
             if len(guesses) < draft_min:
                 guesses = []
         t1 = time.perf_counter()
-        best = np.asarray(target.forward([seq[-1]] + guesses, pos, order=order)).argmax(axis=1)
+        best = _greedy_tokens(target, [seq[-1]] + guesses, pos, order)
         t2 = time.perf_counter()
         k = 0
         while k < len(guesses) and guesses[k] == best[k]:

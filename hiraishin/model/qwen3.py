@@ -144,6 +144,17 @@ class Qwen3:
         ``(name, array)``) receives a host copy of every intermediate tensor, named like
         ``"blk.3.ffn_down"``, first axis = token (such passes never replay a CUDA graph).
         """
+        return self._forward(tokens, start_pos, order, record, "logits")
+
+    def forward_argmax(self, tokens, start_pos: int,
+                       order: ReductionOrder = ReductionOrder.BATCH_INVARIANT) -> np.ndarray:
+        """:meth:`forward`, returning only each position's greedy token: int64 (T,), the argmax of
+        its logits (first index of the largest; numpy's rule), computed on the device, so the
+        logits (600 KB per token for Qwen3's vocabulary) never travel to the host. The same pass,
+        hence the same tokens as ``forward(...).argmax(axis=1)``."""
+        return self._forward(tokens, start_pos, order, None, "argmax").astype(np.int64)
+
+    def _forward(self, tokens, start_pos: int, order, record, want: str) -> np.ndarray:
         if not isinstance(order, ReductionOrder):
             raise HiraishinError(f"order must be a ReductionOrder (e.g. ReductionOrder.BATCH_INVARIANT), "
                                  f"got {type(order).__name__}")
@@ -153,14 +164,19 @@ class Qwen3:
         if start_pos < self.kv_len:
             self.cache.rollback(start_pos)
         if record is None and self._graphs is not None and T <= self._graphs.max_tokens:
-            logits = self._graphs.run(tokens.astype(np.int32), start_pos, order)
-            if logits is not None:
+            out = self._graphs.run(tokens.astype(np.int32), start_pos, order, want)
+            if out is not None:
                 self.cache.commit(start_pos + T)
-                return logits
+                return out
         ids = self.backend.to_device(tokens.astype(np.int32))                      # int32 (T,)
         pos = self.ops.positions(start_pos, T)                                      # int32 (T,)
-        logits = self.run_pass(ids, pos, start_pos, order, self.pass_buffers(T), _recorder(record, self.backend))
+        # record=None runs the fused pass (what a graph captures); a recording pass runs the unfused ops
+        rec = None if record is None else _recorder(record, self.backend)
+        buf = self.pass_buffers(T)
+        logits = self.run_pass(ids, pos, start_pos, order, buf, rec)
         self.cache.commit(start_pos + T)
+        if want == "argmax":
+            return self.backend.to_host(buf["argmax"] if "argmax" in buf else self.ops.argmax_rows(logits))
         return self.backend.to_host(logits)
 
     def run_pass(self, ids, pos, start_pos: int, order, buf: dict, rec=None):
@@ -169,7 +185,10 @@ class Qwen3:
         ``pos``; does not commit them (see :meth:`forward`). What a CUDA graph of the pass captures."""
         x = self.embed(ids, out=buf.get("embd"))                                    # (T, n_embd)
         if rec is None:
-            return self._fused_pass(x, pos, start_pos, order, buf)
+            logits = self._fused_pass(x, pos, start_pos, order, buf)
+            if "argmax" in buf:  # each position's greedy token, on the device (forward_argmax)
+                self.ops.argmax_rows(logits, out=buf["argmax"])
+            return logits
         rec("token_embd", x)
         for il in range(self.config.n_layer):
             q, k, v = self.attention_inputs(il, x, pos, order, buf, rec)
@@ -231,6 +250,7 @@ class Qwen3:
                       "embd": (T, c.n_embd), "logits": (T, c.n_vocab)}
             xp = self.backend.xp
             buf = self._pass_buffers[T] = {name: xp.empty(shape, np.float32) for name, shape in shapes.items()}
+            buf["argmax"] = xp.empty((T,), np.int32)  # the greedy token of each position
         return buf
 
     def _fused_pass(self, x, pos, start_pos: int, order, buf: dict):

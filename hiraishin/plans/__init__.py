@@ -82,11 +82,12 @@ def matvec_plan(order, ncols: int, qtype: str, device=None, k: int | None = None
     (``order.device``, else the default profile); it picks llama.cpp's nwarps table. ``k`` (values
     per row) and ``n`` (rows) of the weight: the sub-block order needs ``k`` (its K split) and
     uses ``n`` for a launch fact; the variant order's Q4_K/Q6_K plans past 8 columns need both (the
-    stock MMQ K split); the other plans ignore them.
+    stock MMQ K split); the mat-vec plans use ``k`` for the rows per CUDA block of short rows (no
+    bit depends on it).
     """
     _check_device(device)
     if order.matvec != "subblock" and not (order.matvec == "variant" and ncols > MMVQ_MAX_BATCH_SIZE):
-        k = n = None  # one cached plan per (order, ncols, qtype, device), whatever the weight
+        n = None  # one cached plan per (order, ncols, qtype, device, k), whatever the number of rows
     return _matvec_cached(order, ncols, qtype, order.device if device is None else device, k, n)
 
 

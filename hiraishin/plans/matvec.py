@@ -311,8 +311,37 @@ def _nwarps_from_table(profile: DeviceProfile, qtype: str, ncols: int) -> int:
 
 def _default_rows_per_block(cols_per_launch: int) -> int:
     # llama.cpp calc_rows_per_block (GENERIC/TURING/GCN): 1 row for one column, else 2.
-    # (Its small_k case, rows = nwarps for short rows, changes no per-row arithmetic.)
+    # (Its small_k case, rows = nwarps for short rows, is _small_k below.)
     return 1 if cols_per_launch == 1 else 2
+
+
+def _small_k(qtype: str, nwarps: int, k: int | None) -> bool:
+    """llama.cpp's ``small_k`` (mmvq.cu, PR #20635; one column only): more than one warp and fewer
+    weight blocks per row than one kbx step covers (``blocks_per_row < nwarps * vdr * 32 / qi``),
+    so some threads have nothing to sum. It then puts ``nwarps`` rows in a CUDA block, which
+    changes no per-row arithmetic. Example: Qwen3-0.6B's K = 1024 Q4_K rows (4 < 8 super-blocks).
+    ``k`` None (row length unknown): False."""
+    if k is None or nwarps <= 1:
+        return False
+    t = MATVEC_TRAITS[qtype]
+    return k // t.qk < nwarps * t.vdr * 32 // t.qi
+
+
+# Short rows under the exact policies: where every thread sums at most ONE weight block of a row
+# (blocks per row <= blocks per kbx step, e.g. Qwen3-0.6B's K = 1024 Q6_K output, 4 super-blocks
+# for 4 warps), a CUDA block of one row is all set-up and hand-over; this many rows per block
+# share them (threads issue that many independent row loads). Rows per block change no bits.
+# Not yet timed on a GPU (the small_k case above is llama.cpp's own choice for the same reason).
+SHORT_ROW_ROWS = 4
+
+
+def _one_col_rows(qtype: str, nwarps: int, k: int | None) -> int:
+    """Rows per CUDA block of a one-column launch under the invariant and sub-block policies."""
+    if _small_k(qtype, nwarps, k):
+        return nwarps
+    if k is not None and k // MATVEC_TRAITS[qtype].qk <= 32 * nwarps // MATVEC_TRAITS[qtype].threads_per_block:
+        return SHORT_ROW_ROWS
+    return INVARIANT_ONE_COL_ROWS.get(qtype, 1)
 
 
 # Rows per CUDA block for ONE column under the invariant policy, where it differs from
@@ -334,8 +363,9 @@ def matvec_plan(order, ncols: int, qtype: str, device=None, k: int | None = None
 
     ``device`` is None (the default profile), a profile name or a
     :class:`~hiraishin.devices.DeviceProfile`; it picks the nwarps table (and the SM count of the
-    stock MMQ split). ``k``, ``n``: the weight's row length and rows, which only the variant
-    order's Q4_K/Q6_K plans past 8 columns use (:mod:`.mmq_stock`).
+    stock MMQ split). ``k``, ``n``: the weight's row length and rows: the variant order's Q4_K/Q6_K
+    plans past 8 columns need them (:mod:`.mmq_stock`); one-column plans of short rows put more rows
+    in a CUDA block with them (:func:`_small_k`, :data:`SHORT_ROW_ROWS`; no bit changes).
     """
     if isinstance(ncols, bool) or not isinstance(ncols, int) and not hasattr(ncols, "__index__") or ncols < 1:
         raise PlanError(f"matvec_plan needs ncols >= 1, got {ncols!r}")
@@ -349,17 +379,18 @@ def matvec_plan(order, ncols: int, qtype: str, device=None, k: int | None = None
                 return mmq_stock_plan(ncols, qtype, k, n, profile)
             return MatVecPlan(kernel="tiled", qtype=qtype, nwarps=TILE_THREADS // 32,
                               rows_per_block=TILE_ROWS, cols_per_launch=ncols, ncols=ncols)
-        return MatVecPlan(kernel="mmvq", qtype=qtype, nwarps=_nwarps_from_table(profile, qtype, ncols),
-                          rows_per_block=_default_rows_per_block(ncols), cols_per_launch=ncols, ncols=ncols)
+        nwarps = _nwarps_from_table(profile, qtype, ncols)
+        rows = nwarps if ncols == 1 and _small_k(qtype, nwarps, k) else _default_rows_per_block(ncols)
+        return MatVecPlan(kernel="mmvq", qtype=qtype, nwarps=nwarps, rows_per_block=rows, cols_per_launch=ncols,
+                          ncols=ncols)
     if policy in ("invariant", "subblock"):
         # (the sub-block order covers Q4_K/Q6_K; its other weight types, e.g. Q8_0, walk the
         # invariant one-column geometry: exact at every width as well)
+        nwarps = _nwarps_from_table(profile, qtype, 1)
         cols = _balanced(ncols, order.max_cols_per_launch)
-        rows = _default_rows_per_block(cols)
-        if cols == 1:
-            rows = INVARIANT_ONE_COL_ROWS.get(qtype, rows)
-        return MatVecPlan(kernel="mmvq", qtype=qtype, nwarps=_nwarps_from_table(profile, qtype, 1),
-                          rows_per_block=rows, cols_per_launch=cols, ncols=ncols)
+        rows = _one_col_rows(qtype, nwarps, k) if cols == 1 else _default_rows_per_block(cols)
+        return MatVecPlan(kernel="mmvq", qtype=qtype, nwarps=nwarps, rows_per_block=rows, cols_per_launch=cols,
+                          ncols=ncols)
     if policy == "custom":
         nwarps = order.nwarps if order.nwarps is not None else _nwarps_from_table(profile, qtype, 1)
         max_cols = order.max_cols_per_launch

@@ -52,6 +52,23 @@ __device__ __forceinline__ void fv_load8(const unsigned short* __restrict__ p, f
     }
 }
 
+// Thread r's dims of cell n of one KV head (K or V rows from `head`), 0.0f past the filled cells.
+// Branch-free: a cell past kv_len loads the last filled cell instead and selects zeros, so the
+// loads of a step's 8 cells carry no branch between them and are issued together (with a branch
+// per cell, nvcc sm_90 put each load in its own reconvergence region: 16 dependent memory round
+// trips per 128-cell step). The values are those of a guarded load: no float operation changes.
+__device__ __forceinline__ void fv_load_cell(const unsigned short* __restrict__ head, const int n, const int kv_len,
+                                             const size_t cell_stride, const int r, float* __restrict__ out) {
+    const bool live = n < kv_len;
+    const size_t cell = (size_t)(live ? n : kv_len - 1);
+#pragma unroll
+    for (int b = 0; b < FV_DIM_SLICES; ++b) {
+        fv_load8(head + cell * cell_stride + 64 * b + 8 * r, out + 8 * b);
+    }
+#pragma unroll
+    for (int i = 0; i < FV_DIMS; ++i) out[i] = live ? out[i] : 0.0f;
+}
+
 // fattn_vec_shared's queries per block and cell-loop unroll (launch.py passes both)
 #ifndef FV_SHARED_Q
 #define FV_SHARED_Q 4
@@ -166,15 +183,7 @@ __device__ __forceinline__ void fattn_vec_impl(
             for (int t = 0; t < 8; ++t) {
                 const int n = k0 + 32 * w + 8 * g + t;
                 float kf[FV_DIMS];
-                if (n < kv_len) {
-#pragma unroll
-                    for (int b = 0; b < FV_DIM_SLICES; ++b) {
-                        fv_load8(Kh + (size_t)n * cell_stride + 64 * b + 8 * r, kf + 8 * b);
-                    }
-                } else {
-#pragma unroll
-                    for (int i = 0; i < FV_DIMS; ++i) kf[i] = 0.0f;
-                }
+                fv_load_cell(Kh, n, kv_len, cell_stride, r, kf);
 #pragma unroll
                 for (int j = 0; j < NCOLS; ++j) {
                     float qj[FV_DIMS];
@@ -226,15 +235,7 @@ __device__ __forceinline__ void fattn_vec_impl(
                 const int k = 32 * w + g + 4 * t;
                 const int n = k0 + k;
                 float vf[FV_DIMS];
-                if (n < kv_len) {
-#pragma unroll
-                    for (int b = 0; b < FV_DIM_SLICES; ++b) {
-                        fv_load8(Vh + (size_t)n * cell_stride + 64 * b + 8 * r, vf + 8 * b);
-                    }
-                } else {
-#pragma unroll
-                    for (int i = 0; i < FV_DIMS; ++i) vf[i] = 0.0f;
-                }
+                fv_load_cell(Vh, n, kv_len, cell_stride, r, vf);
 #pragma unroll
                 for (int j = 0; j < NCOLS; ++j) {
                     const float p = KQ[j * FV_NTHREADS + k];

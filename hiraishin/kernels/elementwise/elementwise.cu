@@ -123,3 +123,61 @@ extern "C" __global__ void hx_kv_store(const float* __restrict__ k, const float*
     k_cache[dst] = hx_f2h(k[src]);
     v_cache[dst] = hx_f2h(v[src]);
 }
+
+// ---- argmax of each row (greedy decoding's token, without copying the logits to the host) ------
+// out[t] = the first index of the largest value of row t, NaN counting as larger than any number
+// (numpy's argmax; -0.0 == +0.0). A comparison is no float operation, so how the row is split
+// among threads changes no result: each thread scans i = tid, tid + blockDim.x, ... keeping its
+// best, then warps and the block merge by the same rule. Grid (T,), block HX_ARGMAX_THREADS.
+__device__ __forceinline__ bool hx_argmax_better(const float v, const int i, const float bv, const int bi) {
+    const bool nv = v != v;
+    const bool nb = bv != bv;
+    if (nv != nb) return nv;
+    if (!nv && v != bv) return v > bv;
+    return i < bi;  // equal values (or both NaN): the first index
+}
+
+extern "C" __global__ void hx_argmax_rows(const float* __restrict__ x, int* __restrict__ out, const int n) {
+    HX_PDL_ENTRY();
+    __shared__ float best_v[32];
+    __shared__ int best_i[32];
+    const float* row = x + (long long)blockIdx.x * n;
+    float bv = __int_as_float(0xff800000);  // -inf: an all -inf row gives index 0 by the index rule
+    int bi = 0x7fffffff;
+#pragma unroll 4
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const float v = row[i];
+        if (hx_argmax_better(v, i, bv, bi)) {
+            bv = v;
+            bi = i;
+        }
+    }
+    for (int off = 16; off > 0; off >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, off, 32);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, off, 32);
+        if (hx_argmax_better(ov, oi, bv, bi)) {
+            bv = ov;
+            bi = oi;
+        }
+    }
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (lane == 0) {
+        best_v[warp] = bv;
+        best_i[warp] = bi;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        const int nwarps = blockDim.x / 32;
+        bv = lane < nwarps ? best_v[lane] : __int_as_float(0xff800000);
+        bi = lane < nwarps ? best_i[lane] : 0x7fffffff;
+        for (int off = 16; off > 0; off >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, off, 32);
+            const int oi = __shfl_xor_sync(0xffffffffu, bi, off, 32);
+            if (hx_argmax_better(ov, oi, bv, bi)) {
+                bv = ov;
+                bi = oi;
+            }
+        }
+        if (lane == 0) out[blockIdx.x] = bi < n ? bi : 0;
+    }
+}

@@ -8,7 +8,7 @@ from numba import njit
 from ...fp import expf
 from ...quant import dequantize
 
-__all__ = ["emulate_swiglu", "emulate_add", "emulate_get_rows"]
+__all__ = ["emulate_swiglu", "emulate_add", "emulate_get_rows", "emulate_argmax_rows"]
 
 
 @njit(cache=True)
@@ -41,3 +41,9 @@ def emulate_get_rows(table: np.ndarray, qtype: str, ids: np.ndarray) -> np.ndarr
     """
     rows = np.ascontiguousarray(table[np.asarray(ids, dtype=np.int64)])
     return dequantize(rows, qtype).reshape(len(ids), -1)
+
+
+def emulate_argmax_rows(x: np.ndarray) -> np.ndarray:
+    """``hx_argmax_rows``: int32 (T,) first index of each row's largest value of float32 (T, n);
+    numpy's argmax has the kernel's rule (a NaN counts as the largest; -0.0 == +0.0)."""
+    return np.argmax(np.asarray(x, dtype=np.float32), axis=1).astype(np.int32)

@@ -8,10 +8,14 @@ import numpy as np
 
 from ..compile import get_kernel
 
-__all__ = ["launch_swiglu", "launch_add", "launch_get_rows", "launch_kv_store", "GET_ROWS_KERNELS"]
+__all__ = ["launch_swiglu", "launch_add", "launch_get_rows", "launch_kv_store", "launch_argmax_rows",
+           "GET_ROWS_KERNELS"]
 
 ELEMENTWISE_THREADS = 256  # block size of the 1-D elementwise launches (no reduction: any size is exact)
 GET_ROWS_THREADS = 256
+# hx_argmax_rows: one block per row; 1024 threads read a 151,936-logit row (Qwen3's vocabulary) in
+# about 150 coalesced steps (comparisons only: any block size gives the same index)
+ARGMAX_THREADS = 1024
 SOURCE = "elementwise/elementwise.cu"
 # The get_rows kernel of each table type (one kernel body, per-type element functions).
 GET_ROWS_KERNELS = {"Q4_K": "hx_get_rows_q4_K", "Q6_K": "hx_get_rows_q6_K", "Q8_0": "hx_get_rows_q8_0",
@@ -64,3 +68,12 @@ def launch_kv_store(k, v, pos, k_cache, v_cache):
     if T:
         _kernel("hx_kv_store")((T, (row + ELEMENTWISE_THREADS - 1) // ELEMENTWISE_THREADS), (ELEMENTWISE_THREADS,),
                                (k, v, pos, k_cache, v_cache, np.int32(row)))
+
+
+def launch_argmax_rows(x, out):
+    """``hx_argmax_rows``: the first index of each row's largest value (NaN largest, as numpy's
+    argmax) of float32 C-contiguous ``x`` (T, n) into int32 ``out`` (T,), unchecked."""
+    T, n = x.shape
+    if T:
+        _kernel("hx_argmax_rows")((T,), (ARGMAX_THREADS,), (x, out, np.int32(n)))
+    return out

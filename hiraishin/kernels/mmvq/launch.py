@@ -249,7 +249,7 @@ def preset_kernel_defines(qtype: str, k: int, widths=range(1, 17)) -> dict:
     out = {}
     for order in (ReductionOrder.BATCH_VARIANT, ReductionOrder.BATCH_INVARIANT):
         for width in widths:
-            for d in plan_kernel_defines(qtype, k, matvec_plan(order, width, qtype)):
+            for d in plan_kernel_defines(qtype, k, matvec_plan(order, width, qtype, k=k)):
                 out[f"mmvq {qtype} ncols={d['HX_NCOLS']} rows={d['HX_RPB']} nwarps={d['HX_NWARPS']} k={k}"] = d
     return out
 
