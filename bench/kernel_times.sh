@@ -19,7 +19,7 @@ for spec in "${specs[@]}"; do
     echo "exit $?"
     python3 bench/kernel_times.py --summarize "$OUT/ncu-$name.csv" --json "$OUT/kernel-times-$name.json" | head -n 48
 done
-for ahead in 1 0; do  # HIRAISHIN_PREFETCH_AHEAD=1 turns the opt-in prefetch on
+for ahead in ${AHEAD_AB:-1 0}; do  # HIRAISHIN_PREFETCH_AHEAD=1 turns the opt-in prefetch on (AHEAD_AB=" ": skip)
     echo "== hiraishin bench, HIRAISHIN_PREFETCH_AHEAD=$ahead"
     HIRAISHIN_PREFETCH_AHEAD=$ahead timeout ${BENCH_TIMEOUT:-120} python3 -m hiraishin bench /tmp/qwen3-8b.gguf \
         --draft /tmp/qwen3-0.6b.gguf --device cuda --orders ${BENCH_ORDERS:-invariant} --widths 1,3 --prefill 16 \

@@ -16,7 +16,8 @@ source bench/device_env.sh
 WHAT=${1:-tests}
 if [[ $WHAT == tests ]]; then
     echo "== every GPU test"; t0=$(date +%s)
-    timeout ${TEST_TIMEOUT:-560} python3 -m pytest -q -m gpu -p no:cacheprovider --durations=15 \
+    # PYTEST_ARGS: e.g. "-n 4" (pytest-xdist, carried in .whl): compiles and emulators run side by side
+    timeout ${TEST_TIMEOUT:-560} python3 -m pytest -q -m gpu -p no:cacheprovider --durations=15 ${PYTEST_ARGS:-} \
         --junitxml="$OUT/gpu-tests.xml" tests 2>&1 | tail -n 80
     echo "gpu tests took $(( $(date +%s) - t0 )) s"
 fi
