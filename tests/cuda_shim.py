@@ -95,6 +95,10 @@ inline float __fdiv_rn(float a, float b) { return a / b; }
 inline float __fsqrt_rn(float a) { return std::sqrt(a); }
 inline float __int2float_rn(int a) { return (float)a; }
 inline float __int_as_float(int a) { float f; std::memcpy(&f, &a, 4); return f; }
+inline unsigned __float_as_uint(float a) { unsigned u; std::memcpy(&u, &a, 4); return u; }
+// CUDA blocks run one at a time here, and only one thread per block calls these
+inline unsigned atomicAdd(unsigned* p, unsigned v) { unsigned old = *p; *p = old + v; return old; }
+inline void __threadfence() {}
 #define HX_HALF_PTX
 inline float hx_h2f(unsigned short h) { _Float16 v; std::memcpy(&v, &h, 2); return (float)v; }
 inline unsigned short hx_f2h(float f) { _Float16 v = (_Float16)f; unsigned short h; std::memcpy(&h, &v, 2); return h; }

@@ -172,13 +172,17 @@ def test_get_rows_rejects_bad_ids_and_types():
 
 MAIN_ARGMAX = r'''
 int main(int argc, char** argv) {
-    // argv: x, rows, n, threads, out
-    int rows = atoi(argv[2]), n = atoi(argv[3]), nt = atoi(argv[4]);
+    // argv: x, rows, n, threads, blocks per row, out; launched twice (the counters must come back to 0)
+    int rows = atoi(argv[2]), n = atoi(argv[3]), nt = atoi(argv[4]), nblk = atoi(argv[5]);
     auto x = hx_read(argv[1]);
-    std::vector<int> out(rows, -7);
-    hx_launch({(unsigned)rows, 1, 1}, {(unsigned)nt, 1, 1}, 0,
-              [&] { hx_argmax_rows((const float*)x.data(), out.data(), n); });
-    hx_write(argv[5], out.data(), out.size() * 4);
+    std::vector<int> out(rows, -7), again(rows, -9);
+    std::vector<unsigned long long> partials((size_t)rows * nblk, 0xdeadbeefull);
+    std::vector<unsigned> counters(rows, 0);
+    for (int* o : {out.data(), again.data()})
+        hx_launch({(unsigned)nblk, (unsigned)rows, 1}, {(unsigned)nt, 1, 1}, 0,
+                  [&] { hx_argmax_rows((const float*)x.data(), o, partials.data(), counters.data(), n); });
+    for (int t = 0; t < rows; ++t) if (again[t] != out[t] || counters[t] != 0) return 3;
+    hx_write(argv[6], out.data(), out.size() * 4);
 }'''
 
 
@@ -196,14 +200,15 @@ def _argmax_rows_cases(n: int) -> np.ndarray:
     x[3, :] = -np.inf
     x[4, n - 1] = 50.0
     x[5, :] = 0.0
-    x[6, 1023] = x[6, 1024] = 8.0  # the tie straddles two passes of thread 1023 / thread 0
+    x[6, 1023] = x[6, 1024] = 8.0  # a tie across threads, passes and CUDA blocks
+    x[6, 2999] = 8.0
     x[7, ::2] = 3.0
     return x
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not on PATH")
-@pytest.mark.parametrize("n,threads", [(3000, 1024), (3000, 96), (17, 64)])
-def test_argmax_rows_source_equals_numpy(tmp_path, n, threads):
+@pytest.mark.parametrize("n,threads,blocks", [(3000, 256, 2), (3000, 96, 5), (3000, 64, 1), (17, 64, 3)])
+def test_argmax_rows_source_equals_numpy(tmp_path, n, threads, blocks):
     from cuda_shim import ShimBuilder, run
 
     from hiraishin.kernels.elementwise import emulate_argmax_rows
@@ -214,7 +219,7 @@ def test_argmax_rows_source_equals_numpy(tmp_path, n, threads):
         x = np.array([[1, 3, 3, -0.0] + [0] * (n - 4), [np.nan] * n, [-np.inf] * (n - 1) + [-1]], np.float32)
     (tmp_path / "x.bin").write_bytes(np.ascontiguousarray(x).tobytes())
     exe = ShimBuilder(tmp_path).build("elementwise/elementwise.cu", {}, MAIN_ARGMAX, "argmax")
-    run(exe, tmp_path / "x.bin", x.shape[0], n, threads, tmp_path / "out.bin")
+    run(exe, tmp_path / "x.bin", x.shape[0], n, threads, blocks, tmp_path / "out.bin")
     got = np.fromfile(tmp_path / "out.bin", np.int32)
     want = np.argmax(x, axis=1)
     assert got.tolist() == want.tolist()

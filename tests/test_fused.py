@@ -21,7 +21,7 @@ from hiraishin.kernels.fused.emulate import (
     emulate_rms_norm_q8_1,
     emulate_swiglu_q8_1,
 )
-from hiraishin.kernels.fused.launch import SOURCE
+from hiraishin.kernels.fused.launch import SOURCE, norm_slices
 from hiraishin.kernels.quantize.launch import output_shape, quantize_defines
 from hiraishin.kernels.rmsnorm.emulate import block_threads
 from hiraishin.kernels.rope.emulate import rope_tables
@@ -45,27 +45,29 @@ static void hx_q2_write(const char* a, std::vector<unsigned char>& v) { if (a[0]
 
 MAIN_RMS_Q8 = _OPT + _OPT_WRITE + _Q2 + r'''
 int main(int argc, char** argv) {
-    // argv: x, w, rows, n, eps, q bytes, out q, out y ("-": none), threads, q2 bytes, out q2 ("-": none)
+    // argv: x, w, rows, n, eps, q bytes, out q, out y ("-": none), threads, q2 bytes, out q2 ("-": none)[, slices]
     int rows = atoi(argv[3]), n = atoi(argv[4]), nt = atoi(argv[9]); float eps = strtof(argv[5], nullptr);
+    unsigned slices = argc > 12 ? (unsigned)atoi(argv[12]) : 1;
     auto x = hx_read(argv[1]); auto w = hx_read(argv[2]);
     std::vector<unsigned char> q((size_t)atoll(argv[6]), 0xAB), q2; std::vector<float> y((size_t)rows * n, -12345.0f);
     float* yp = hx_opt(argv[8], y);
     unsigned char* q2p = hx_q2(argv[10], q2);
-    hx_launch({(unsigned)rows, 1, 1}, {(unsigned)nt, 1, 1}, 0,
+    hx_launch({slices, (unsigned)rows, 1}, {(unsigned)nt, 1, 1}, 0,
               [&] { hx_rms_norm_q8_1((const float*)x.data(), (const float*)w.data(), q.data(), yp, q2p, n, eps); });
     hx_write(argv[7], q.data(), q.size()); hx_opt_write(argv[8], y); hx_q2_write(argv[11], q2);
 }'''
 
 MAIN_ADD_RMS_Q8 = _OPT + _OPT_WRITE + _Q2 + r'''
 int main(int argc, char** argv) {
-    // argv: a, b, w, rows, n, eps, q bytes, out s, out q, out y ("-": none), threads, q2 bytes, out q2 ("-": none)
+    // argv: a, b, w, rows, n, eps, q bytes, out s, out q, out y ("-": none), threads, q2 bytes, out q2 ("-": none)[, slices]
     int rows = atoi(argv[4]), n = atoi(argv[5]), nt = atoi(argv[11]); float eps = strtof(argv[6], nullptr);
+    unsigned slices = argc > 14 ? (unsigned)atoi(argv[14]) : 1;
     auto a = hx_read(argv[1]); auto b = hx_read(argv[2]); auto w = hx_read(argv[3]);
     std::vector<unsigned char> q((size_t)atoll(argv[7]), 0xAB), q2;
     std::vector<float> s((size_t)rows * n, -12345.0f), y((size_t)rows * n, -12345.0f);
     float* yp = hx_opt(argv[10], y);
     unsigned char* q2p = hx_q2(argv[12], q2);
-    hx_launch({(unsigned)rows, 1, 1}, {(unsigned)nt, 1, 1}, 0,
+    hx_launch({slices, (unsigned)rows, 1}, {(unsigned)nt, 1, 1}, 0,
               [&] { hx_add_rms_norm_q8_1((const float*)a.data(), (const float*)b.data(), (const float*)w.data(),
                                          s.data(), q.data(), yp, q2p, n, eps); });
     hx_write(argv[8], s.data(), s.size() * 4); hx_write(argv[9], q.data(), q.size()); hx_opt_write(argv[10], y);
@@ -202,9 +204,11 @@ def test_rms_norm_q8_1_source_equals_unfused_and_emulator(shim, tmp_path, rows, 
         uq, uy = _unfused_rms_q8(shim, f, x, w, layout, "u")
         eq, ey = emulate_rms_norm_q8_1(x, w, EPS, layout)
         exe = shim.build(SOURCE, quantize_defines(layout), MAIN_RMS_Q8, "rms_q8")
-        for with_y in (True, False) if layout is None else (True,):  # the null pointer once
+        # the null pointer once; CUDA blocks per row: the launcher's, one, and three (no bit depends on it)
+        for with_y, slices in [(True, norm_slices(n)), (False, 1), (True, 3)] if layout is None else \
+                [(True, norm_slices(n)), (True, 1), (True, 3)]:
             run(exe, f.put("x.bin", x), f.put("w.bin", w), rows, n, EPS_ARG, uq.size, f.path("q.bin"),
-                f.path("y.bin") if with_y else "-", block_threads(n), 0, "-")
+                f.path("y.bin") if with_y else "-", block_threads(n), 0, "-", slices)
             got_q = f.get("q.bin", np.uint8, uq.shape)
             np.testing.assert_array_equal(got_q, uq, err_msg=f"fused vs unfused q8_1, layout {layout}")
             np.testing.assert_array_equal(got_q, eq, err_msg=f"fused vs emulator q8_1, layout {layout}")
@@ -228,15 +232,16 @@ def test_add_rms_norm_q8_1_source_equals_unfused_and_emulator(shim, tmp_path, ro
     us = f.get("us.bin", np.float32, (rows, n))
     uq, uy = _unfused_rms_q8(shim, f, us, w, layout, "u")
     es, eq, ey = emulate_add_rms_norm_q8_1(a, b, w, EPS, layout)
-    run(shim.build(SOURCE, quantize_defines(layout), MAIN_ADD_RMS_Q8, "add_rms_q8"), f.path("a.bin"),
-        f.path("b.bin"), f.put("w.bin", w), rows, n, EPS_ARG, uq.size, f.path("s.bin"), f.path("q.bin"),
-        f.path("y.bin"), block_threads(n), 0, "-")
-    got_s, got_q = f.get("s.bin", np.float32, (rows, n)), f.get("q.bin", np.uint8, uq.shape)
-    got_y = f.get("y.bin", np.float32, (rows, n))
-    for want_s, want_q, want_y in ((us, uq, uy), (es, eq, ey)):
-        np.testing.assert_array_equal(bits(got_s), bits(want_s))
-        np.testing.assert_array_equal(got_q, want_q)
-        np.testing.assert_array_equal(bits(got_y), bits(want_y))
+    for slices in sorted({1, 3, norm_slices(n)}):  # CUDA blocks per row: no bit depends on it
+        run(shim.build(SOURCE, quantize_defines(layout), MAIN_ADD_RMS_Q8, "add_rms_q8"), f.path("a.bin"),
+            f.path("b.bin"), f.put("w.bin", w), rows, n, EPS_ARG, uq.size, f.path("s.bin"), f.path("q.bin"),
+            f.path("y.bin"), block_threads(n), 0, "-", slices)
+        got_s, got_q = f.get("s.bin", np.float32, (rows, n)), f.get("q.bin", np.uint8, uq.shape)
+        got_y = f.get("y.bin", np.float32, (rows, n))
+        for want_s, want_q, want_y in ((us, uq, uy), (es, eq, ey)):
+            np.testing.assert_array_equal(bits(got_s), bits(want_s), err_msg=f"{slices} blocks per row")
+            np.testing.assert_array_equal(got_q, want_q, err_msg=f"{slices} blocks per row")
+            np.testing.assert_array_equal(bits(got_y), bits(want_y), err_msg=f"{slices} blocks per row")
 
 
 def _second_layout_defines(layout, layout2):
@@ -260,7 +265,7 @@ def test_norm_kernels_write_a_second_layout_equal_to_its_own_quantize(shim, tmp_
     uq, _ = _unfused_rms_q8(shim, f, a, w, layout, "u")
     uq2, _ = _unfused_rms_q8(shim, f, a, w, layout2, "v")
     run(shim.build(SOURCE, defines, MAIN_RMS_Q8, "rms_q8_two"), f.put("x.bin", a), f.put("w.bin", w), rows, n,
-        EPS_ARG, q1_bytes, f.path("q.bin"), "-", block_threads(n), uq2.size, f.path("q2.bin"))
+        EPS_ARG, q1_bytes, f.path("q.bin"), "-", block_threads(n), uq2.size, f.path("q2.bin"), norm_slices(n))
     eq2, _ = emulate_rms_norm_q8_1(a, w, EPS, layout2)
     np.testing.assert_array_equal(f.get("q.bin", np.uint8, uq.shape), uq, err_msg="first layout")
     np.testing.assert_array_equal(f.get("q2.bin", np.uint8, q2_shape), uq2, err_msg="second layout vs quantize")
@@ -270,7 +275,7 @@ def test_norm_kernels_write_a_second_layout_equal_to_its_own_quantize(shim, tmp_
     _, eq2, _ = emulate_add_rms_norm_q8_1(a, b, w, EPS, layout2)
     run(shim.build(SOURCE, defines, MAIN_ADD_RMS_Q8, "add_rms_q8_two"), f.path("x.bin"), f.put("b.bin", b),
         f.path("w.bin"), rows, n, EPS_ARG, q1_bytes, f.path("s.bin"), f.path("q.bin"), "-", block_threads(n),
-        uq2.size, f.path("q2.bin"))
+        uq2.size, f.path("q2.bin"), norm_slices(n))
     np.testing.assert_array_equal(bits(f.get("s.bin", np.float32, (rows, n))), bits(es))
     np.testing.assert_array_equal(f.get("q.bin", np.uint8, eq.shape), eq)
     np.testing.assert_array_equal(f.get("q2.bin", np.uint8, q2_shape), eq2)
@@ -400,7 +405,7 @@ def _combine_inputs(T, H, P, D, seed):
 @pytest.mark.parametrize("T,H,P,D", [(1, 16, 6, 128), (5, 2, 2, 128), (3, 8, 3, 64)])
 def test_combine_q8_1_equals_combine_then_quantize_and_emulator(shim, tmp_path, layout, T, H, P, D):
     from hiraishin.kernels.fused.emulate import emulate_combine_q8_1
-    from hiraishin.kernels.fused.launch import SOURCE_COMBINE
+    from hiraishin.kernels.fused.launch import SOURCE, SOURCE_COMBINE
 
     if layout is not None and (H * D) % 256:
         pytest.skip("the mat-vec layouts hold whole super-blocks of 256 values")

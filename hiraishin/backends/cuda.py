@@ -111,6 +111,7 @@ class CudaOps:
         self._matvecs: dict = {}
         self._multis: dict = {}
         self._quantize: dict = {}
+        self._argmax: dict = {}  # (T, n) -> hx_argmax_rows scratch (partials, counters)
         self._scratch: dict = {}
 
     def scratch(self, name: str, shape: tuple, dtype=_F32):
@@ -144,7 +145,11 @@ class CudaOps:
         return elementwise.launch_add(a, b, self._empty(a.shape, _F32) if out is None else out)
 
     def argmax_rows(self, x, out=None):
-        return elementwise.launch_argmax_rows(x, self._empty((x.shape[0],), np.int32) if out is None else out)
+        T, n = x.shape
+        state = self._argmax.get((T, n))
+        if state is None:  # made by a pass's eager warm-up, before any capture of it
+            state = self._argmax[(T, n)] = elementwise.argmax_scratch(self.xp, T, n)
+        return elementwise.launch_argmax_rows(x, self._empty((T,), np.int32) if out is None else out, *state)
 
     def matvec(self, order, ncols: int, qtype: str, w) -> _MatVec:
         """The prepared mat-vec for ``ncols`` columns times weight ``w`` under ``order`` (cached)."""

@@ -40,6 +40,18 @@ __device__ __forceinline__ unsigned short hx_f2h(float f) {
 #endif
 #define HX_L2_LINE 128  // bytes per L2 cache line (Hopper)
 
+// Ask L2 for `bytes` bytes at p, the block's threads one line each. For weights (never written) a
+// kernel may call it before HX_PDL_ENTRY, so their DRAM latency overlaps the previous kernel.
+// A cache hint only: no value changes.
+// `threads` 1: the calling thread alone asks for every line.
+__device__ __forceinline__ void hx_prefetch_bytes(const void* p, const long long bytes, const int threads = 0) {
+    const int tid = threads == 1 ? 0 : threadIdx.x + threadIdx.y * blockDim.x;
+    const int nthreads = threads == 1 ? 1 : blockDim.x * blockDim.y;
+    for (long long off = (long long)tid * HX_L2_LINE; off < bytes; off += (long long)HX_L2_LINE * nthreads) {
+        HX_PREFETCH_L2((const unsigned char*)p + off);
+    }
+}
+
 // e**x from explicit correctly-rounded operations; the same sequence as
 // hiraishin.fp.expf. Below HX_EXP_LO the result is 0, above HX_EXP_HI +inf.
 #define HX_EXP_LO (-87.0f)

@@ -171,6 +171,15 @@ __device__ __forceinline__ void fattn_vec_impl(
     const int n_chunks = kv_attended / chunk_cells;
     for (int c = y; c < n_chunks; c += P) {
         for (int k0 = c * chunk_cells; k0 < (c + 1) * chunk_cells; k0 += FV_NTHREADS) {
+            // Ask L2 for the V rows this group reads after the K phase (thread r = 0 of each group,
+            // one request per 128-byte line), so they arrive while K.Q and the softmax run.
+            if (r == 0) {
+#pragma unroll
+                for (int t = 0; t < 8; ++t) {
+                    const int n = k0 + 32 * w + g + 4 * t;
+                    if (n < kv_len) hx_prefetch_bytes(Vh + (size_t)n * cell_stride, 2LL * D, 1);
+                }
+            }
             // K.Q: group g of warp w computes cells k0 + 32w + 8g + t, t = 0..7.
             float kq_own[NCOLS];
             float mx[NCOLS];

@@ -127,57 +127,73 @@ extern "C" __global__ void hx_kv_store(const float* __restrict__ k, const float*
 // ---- argmax of each row (greedy decoding's token, without copying the logits to the host) ------
 // out[t] = the first index of the largest value of row t, NaN counting as larger than any number
 // (numpy's argmax; -0.0 == +0.0). A comparison is no float operation, so how the row is split
-// among threads changes no result: each thread scans i = tid, tid + blockDim.x, ... keeping its
-// best, then warps and the block merge by the same rule. Grid (T,), block HX_ARGMAX_THREADS.
-__device__ __forceinline__ bool hx_argmax_better(const float v, const int i, const float bv, const int bi) {
-    const bool nv = v != v;
-    const bool nb = bv != bv;
-    if (nv != nb) return nv;
-    if (!nv && v != bv) return v > bv;
-    return i < bi;  // equal values (or both NaN): the first index
+// among threads and CUDA blocks changes no result. Each candidate is one 64-bit key whose unsigned
+// order is that rule: high word the value's bits mapped to an unsigned order (every NaN above +inf,
+// -0.0 as +0.0), low word 0xffffffff - index (the first index wins a tie), so the answer is the
+// largest key. Grid (B, T): block b of row t takes i = b*blockDim.x + tid, then + B*blockDim.x, ...,
+// writes its block's largest key to partials[t*B + b]; the last block of row t to finish (a counter
+// per row, reset to 0 by that block for the next launch) takes the largest of the B keys.
+__device__ __forceinline__ unsigned long long hx_argmax_key(const float v, const int i) {
+    unsigned int u = __float_as_uint(v);
+    if (v != v) {
+        u = 0xffffffffu;  // every NaN: above +inf (0xff800000 once mapped)
+    } else if (v == 0.0f) {
+        u = 0x80000000u;  // -0.0 and +0.0 alike
+    } else {
+        u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+    }
+    return ((unsigned long long)u << 32) | (unsigned long long)(0xffffffffu - (unsigned int)i);
 }
 
-extern "C" __global__ void hx_argmax_rows(const float* __restrict__ x, int* __restrict__ out, const int n) {
-    HX_PDL_ENTRY();
-    __shared__ float best_v[32];
-    __shared__ int best_i[32];
-    const float* row = x + (long long)blockIdx.x * n;
-    float bv = __int_as_float(0xff800000);  // -inf: an all -inf row gives index 0 by the index rule
-    int bi = 0x7fffffff;
-#pragma unroll 4
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        const float v = row[i];
-        if (hx_argmax_better(v, i, bv, bi)) {
-            bv = v;
-            bi = i;
-        }
-    }
+__device__ __forceinline__ unsigned long long hx_key_max(const unsigned long long a, const unsigned long long b) {
+    return a > b ? a : b;
+}
+
+// The largest key of the block (valid in thread 0). Every thread must call it.
+__device__ __forceinline__ unsigned long long hx_block_key_max(unsigned long long key, unsigned long long* warp_keys) {
     for (int off = 16; off > 0; off >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, bv, off, 32);
-        const int oi = __shfl_xor_sync(0xffffffffu, bi, off, 32);
-        if (hx_argmax_better(ov, oi, bv, bi)) {
-            bv = ov;
-            bi = oi;
-        }
+        const unsigned int hi = __shfl_xor_sync(0xffffffffu, (unsigned int)(key >> 32), off, 32);
+        const unsigned int lo = __shfl_xor_sync(0xffffffffu, (unsigned int)key, off, 32);
+        key = hx_key_max(key, ((unsigned long long)hi << 32) | lo);
     }
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (lane == 0) {
-        best_v[warp] = bv;
-        best_i[warp] = bi;
+    if (lane == 0) warp_keys[warp] = key;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int k = 1; k < (int)blockDim.x / 32; ++k) key = hx_key_max(key, warp_keys[k]);
+    }
+    return key;
+}
+
+extern "C" __global__ void hx_argmax_rows(const float* __restrict__ x, int* __restrict__ out,
+                                          unsigned long long* partials, unsigned int* counters, const int n) {
+    HX_PDL_ENTRY();
+    __shared__ unsigned long long warp_keys[32];
+    __shared__ bool last;
+    const int t = blockIdx.y, B = gridDim.x;
+    const float* row = x + (long long)t * n;
+    unsigned long long key = 0;  // below every value's key
+#pragma unroll 4
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += B * blockDim.x) {
+        key = hx_key_max(key, hx_argmax_key(row[i], i));
+    }
+    key = hx_block_key_max(key, warp_keys);
+    if (threadIdx.x == 0) {
+        partials[(long long)t * B + blockIdx.x] = key;
+        __threadfence();  // the key is visible before the counter says so
+        last = atomicAdd(&counters[t], 1u) == (unsigned int)(B - 1);
     }
     __syncthreads();
-    if (warp == 0) {
-        const int nwarps = blockDim.x / 32;
-        bv = lane < nwarps ? best_v[lane] : __int_as_float(0xff800000);
-        bi = lane < nwarps ? best_i[lane] : 0x7fffffff;
-        for (int off = 16; off > 0; off >>= 1) {
-            const float ov = __shfl_xor_sync(0xffffffffu, bv, off, 32);
-            const int oi = __shfl_xor_sync(0xffffffffu, bi, off, 32);
-            if (hx_argmax_better(ov, oi, bv, bi)) {
-                bv = ov;
-                bi = oi;
-            }
-        }
-        if (lane == 0) out[blockIdx.x] = bi < n ? bi : 0;
+    if (!last) return;  // uniform per block
+    __threadfence();
+    key = 0;
+    for (int b = threadIdx.x; b < B; b += blockDim.x) {
+        key = hx_key_max(key, ((volatile unsigned long long*)partials)[(long long)t * B + b]);
+    }
+    key = hx_block_key_max(key, warp_keys);
+    if (threadIdx.x == 0) {
+        const unsigned int index = 0xffffffffu - (unsigned int)key;
+        out[t] = key == 0 || (int)index >= n ? 0 : (int)index;
+        counters[t] = 0;  // ready for the next launch (a CUDA graph replays this one)
     }
 }

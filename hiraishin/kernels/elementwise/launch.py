@@ -9,13 +9,17 @@ import numpy as np
 from ..compile import get_kernel
 
 __all__ = ["launch_swiglu", "launch_add", "launch_get_rows", "launch_kv_store", "launch_argmax_rows",
-           "GET_ROWS_KERNELS"]
+           "argmax_scratch", "argmax_blocks", "GET_ROWS_KERNELS"]
 
 ELEMENTWISE_THREADS = 256  # block size of the 1-D elementwise launches (no reduction: any size is exact)
 GET_ROWS_THREADS = 256
-# hx_argmax_rows: one block per row; 1024 threads read a 151,936-logit row (Qwen3's vocabulary) in
-# about 150 coalesced steps (comparisons only: any block size gives the same index)
-ARGMAX_THREADS = 1024
+# hx_argmax_rows (comparisons only: no launch geometry changes the index): threads per CUDA block,
+# and CUDA blocks per row, about ARGMAX_VALUES_PER_THREAD values per thread, at most
+# ARGMAX_MAX_BLOCKS. A 151,936-logit row (Qwen3) gets 64 blocks; one 1024-thread block per row
+# took 53-60 us on the H200 (bench/results/2026-12-01-h200-session3), about 2% of an 8B step.
+ARGMAX_THREADS = 256
+ARGMAX_VALUES_PER_THREAD = 8
+ARGMAX_MAX_BLOCKS = 64
 SOURCE = "elementwise/elementwise.cu"
 # The get_rows kernel of each table type (one kernel body, per-type element functions).
 GET_ROWS_KERNELS = {"Q4_K": "hx_get_rows_q4_K", "Q6_K": "hx_get_rows_q6_K", "Q8_0": "hx_get_rows_q8_0",
@@ -70,10 +74,22 @@ def launch_kv_store(k, v, pos, k_cache, v_cache):
                                (k, v, pos, k_cache, v_cache, np.int32(row)))
 
 
-def launch_argmax_rows(x, out):
+def argmax_blocks(n: int) -> int:
+    """CUDA blocks per row of ``hx_argmax_rows`` for rows of ``n`` values."""
+    return max(1, min(ARGMAX_MAX_BLOCKS, -(-n // (ARGMAX_THREADS * ARGMAX_VALUES_PER_THREAD))))
+
+
+def argmax_scratch(xp, T: int, n: int):
+    """``(partials, counters)`` for :func:`launch_argmax_rows` of (T, n): uint64 (T, blocks) and
+    uint32 (T,) zeros; the kernel leaves the counters at zero, so the pair is reused launch after launch."""
+    return xp.empty((T, argmax_blocks(n)), np.uint64), xp.zeros((T,), np.uint32)
+
+
+def launch_argmax_rows(x, out, partials, counters):
     """``hx_argmax_rows``: the first index of each row's largest value (NaN largest, as numpy's
-    argmax) of float32 C-contiguous ``x`` (T, n) into int32 ``out`` (T,), unchecked."""
+    argmax) of float32 C-contiguous ``x`` (T, n) into int32 ``out`` (T,), unchecked; scratch from
+    :func:`argmax_scratch` (T, n), not shared with a launch running at the same time."""
     T, n = x.shape
     if T:
-        _kernel("hx_argmax_rows")((T,), (ARGMAX_THREADS,), (x, out, np.int32(n)))
+        _kernel("hx_argmax_rows")((partials.shape[1], T), (ARGMAX_THREADS,), (x, out, partials, counters, np.int32(n)))
     return out

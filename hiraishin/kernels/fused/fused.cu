@@ -16,7 +16,7 @@
 // CUDA graph replays these launches unchanged across steps.
 
 // Compiled after rmsnorm/rmsnorm.cu and quantize/quantize_q8_1.cu (hiraishin/kernels/fused/launch.py
-// SOURCES): their device functions hx_rms_scale and hx_q8_1_store are the very code the unfused
+// SOURCES): their device functions hx_rms_scale(_of) and hx_q8_1_store are the very code the unfused
 // kernels run, not a copy; HX_LAYOUT and HX_Q8_1_BYTES come with them.
 
 // A second q8_1 layout the norm kernels may write beside HX_LAYOUT (yq2): when a Q6_K weight's
@@ -28,18 +28,23 @@
 #endif
 
 // y = (scale * x) * w of row `row` (rmsnorm.cu's last loop), quantized block by block: warp w of
-// the block takes q8_1 blocks w, w + nwarps, ... (lane = value within the block). Value i is then
-// handled by thread i % nthreads, the thread that read it in hx_rms_scale. n % 32 == 0. yq2 (or
-// NULL): the same values in HX_LAYOUT2.
-__device__ __forceinline__ void hx_norm_store(const float* xr, const float* __restrict__ w, const float scale,
+// CUDA block g (of gridDim.x per row) takes q8_1 blocks g*nwarps + w, then + gridDim.x*nwarps, ...
+// (lane = value within the block). n % 32 == 0. load(i): value i of the row; yq2 (or NULL): the
+// same values in HX_LAYOUT2; s (or NULL): load(i) stored (the add kernel's next residual: each
+// value by the one block that quantizes it).
+template <class Load>
+__device__ __forceinline__ void hx_norm_store(Load load, const float* __restrict__ w, const float scale,
                                               unsigned char* __restrict__ yq, float* __restrict__ y,
-                                              unsigned char* __restrict__ yq2, const int row, const int n) {
+                                              unsigned char* __restrict__ yq2, float* s, const int row,
+                                              const int n) {
     const int lane = threadIdx.x % 32;
     const int nwarps = blockDim.x / 32;
     const int nb = n / 32;
-    for (int ib = threadIdx.x / 32; ib < nb; ib += nwarps) {  // uniform per warp
+    for (int ib = blockIdx.x * nwarps + threadIdx.x / 32; ib < nb; ib += gridDim.x * nwarps) {  // uniform per warp
         const int i = ib * 32 + lane;
-        const float v = __fmul_rn(__fmul_rn(scale, xr[i]), w[i]);
+        const float x = load(i);
+        if (s) s[(size_t)row * n + i] = x;
+        const float v = __fmul_rn(__fmul_rn(scale, x), w[i]);
         if (y) y[(size_t)row * n + i] = v;
         hx_q8_1_store(yq, row, nb, ib, lane, v);
         if constexpr (HX_LAYOUT2 >= 0) {
@@ -48,37 +53,41 @@ __device__ __forceinline__ void hx_norm_store(const float* xr, const float* __re
     }
 }
 
-// rms_norm then quantize_q8_1. Grid (rows), block (rmsnorm's block_threads(n)).
+// rms_norm then quantize_q8_1. Grid (slices, rows), block (rmsnorm's block_threads(n)): every CUDA
+// block of a row computes the row's scale by rmsnorm's one tree (the same bits in each), then
+// quantizes its slice of the q8_1 blocks (launch.py norm_slices: one q8_1 block per warp, so a
+// long row is not quantized by one CUDA block alone).
 // yq: q8_1 bytes of the normed rows in HX_LAYOUT; y: the float32 normed rows, or NULL; yq2: the
 // q8_1 bytes in HX_LAYOUT2, or NULL.
 extern "C" __global__ void hx_rms_norm_q8_1(const float* __restrict__ x, const float* __restrict__ w,
                                             unsigned char* __restrict__ yq, float* __restrict__ y,
                                             unsigned char* __restrict__ yq2, const int n, const float eps) {
+    hx_prefetch_bytes(w, 4LL * n);  // the norm weight (read after the reduction) into L2
     HX_PDL_ENTRY();
     __shared__ float warp_partial[32];
-    const int row = blockIdx.x;
+    const int row = blockIdx.y;
     const float* xr = x + (size_t)row * n;
-    const float scale = hx_rms_scale(xr, n, eps, warp_partial);
-    hx_norm_store(xr, w, scale, yq, y, yq2, row, n);
+    const auto load = [&](const int i) { return xr[i]; };
+    const float scale = hx_rms_scale_of(load, n, eps, warp_partial);
+    hx_norm_store(load, w, scale, yq, y, yq2, nullptr, row, n);
 }
 
 // s = a + b (the next residual, written to s), then rms_norm of s, then quantize_q8_1.
-// Grid (rows), block (block_threads(n)). Thread t writes s[i] for i = t, t + nthreads, ... and later
-// reads back only those values (its own writes). s must not overlap a or b.
+// Grid (slices, rows), block (block_threads(n)), as hx_rms_norm_q8_1: every CUDA block of a row
+// forms each a + b itself (one __fadd_rn, the same value in each), so no block reads another's
+// writes; each value of s is written once, by the block that quantizes it. s must not overlap a or b.
 extern "C" __global__ void hx_add_rms_norm_q8_1(const float* __restrict__ a, const float* __restrict__ b,
                                                 const float* __restrict__ w, float* s,
                                                 unsigned char* __restrict__ yq, float* __restrict__ y,
                                                 unsigned char* __restrict__ yq2, const int n, const float eps) {
+    hx_prefetch_bytes(w, 4LL * n);  // the norm weight (read after the reduction) into L2
     HX_PDL_ENTRY();
     __shared__ float warp_partial[32];
-    const int row = blockIdx.x;
+    const int row = blockIdx.y;
     const size_t base = (size_t)row * n;
-    float* sr = s + base;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        sr[i] = __fadd_rn(a[base + i], b[base + i]);
-    }
-    const float scale = hx_rms_scale(sr, n, eps, warp_partial);
-    hx_norm_store(sr, w, scale, yq, y, yq2, row, n);
+    const auto load = [&](const int i) { return __fadd_rn(a[base + i], b[base + i]); };
+    const float scale = hx_rms_scale_of(load, n, eps, warp_partial);
+    hx_norm_store(load, w, scale, yq, y, yq2, s, row, n);
 }
 
 // m = silu(g) * u (elementwise.cu's hx_swiglu_f32), then quantize_q8_1.

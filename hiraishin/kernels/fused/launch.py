@@ -16,7 +16,7 @@ from ..compile import get_kernel
 from ..quantize.launch import QUANTIZE_WARPS_PER_BLOCK, output_shape, quantize_defines
 from ..rmsnorm.emulate import block_threads
 
-__all__ = ["SOURCE", "NULL", "fused_kernel", "RmsNormQ8_1Launch", "AddRmsNormQ8_1Launch", "SwigluQ8_1Launch",
+__all__ = ["SOURCE", "NULL", "fused_kernel", "norm_slices", "RmsNormQ8_1Launch", "AddRmsNormQ8_1Launch", "SwigluQ8_1Launch",
            "QkNormRopeKvLaunch", "launch_rms_norm_q8_1", "launch_add_rms_norm_q8_1", "launch_swiglu_q8_1",
            "launch_qk_norm_rope_kv", "SOURCE_COMBINE", "CombineQ8_1Launch", "launch_combine_q8_1"]
 
@@ -45,14 +45,24 @@ def _ptr(a):
     return NULL if a is None else a
 
 
+def norm_slices(n: int) -> int:
+    """CUDA blocks per row of the fused norm kernels: enough for one q8_1 block per warp. Each of
+    them computes the row's scale by rmsnorm's one tree (the same bits), so the count changes no
+    bit; it only spares one CUDA block from quantizing a long row alone (Qwen3-8B's 4096 values:
+    4 blocks of 32 warps; on the H200 one block took 7.5 us per launch, 16% of a decode step,
+    bench/results/2026-12-01-h200-session3)."""
+    warps = block_threads(n) // _Q8_1_VALUES
+    return max(1, -(-(n // _Q8_1_VALUES) // warps))
+
+
 class RmsNormQ8_1Launch:
     """``rms_norm`` of float32 (rows, n) then q8_1 in ``layout``: call ``(x, w, out_q, out_norm=None,
     out_q2=None)``.
 
     ``w`` float32 (n,); ``out_q`` uint8 :func:`~hiraishin.kernels.quantize.launch.output_shape`
     ``(rows, n, layout)``; ``out_norm`` float32 (rows, n) or None; ``out_q2`` (with ``layout2``) the
-    same q8_1 values in ``layout2``, or None. n % 32 == 0 (% 256 with a layout). Grid (rows,),
-    block rmsnorm's ``block_threads(n)``: the rmsnorm launch.
+    same q8_1 values in ``layout2``, or None. n % 32 == 0 (% 256 with a layout). Grid
+    (:func:`norm_slices` ``(n)``, rows), block rmsnorm's ``block_threads(n)``: the rmsnorm tree.
     """
 
     __slots__ = ("kernel", "grid", "block", "scalars", "shape", "rows")
@@ -60,7 +70,7 @@ class RmsNormQ8_1Launch:
     def __init__(self, rows: int, n: int, eps: float, layout: str | None = None, layout2: str | None = None):
         self.kernel = fused_kernel("hx_rms_norm_q8_1", layout, layout2)
         self.rows = rows
-        self.grid = (rows, 1, 1)
+        self.grid = (norm_slices(n), rows, 1)
         self.block = (block_threads(n), 1, 1)
         self.scalars = (np.int32(n), np.float32(eps))
         self.shape = output_shape(rows, n, layout)
@@ -83,7 +93,7 @@ class AddRmsNormQ8_1Launch:
     def __init__(self, rows: int, n: int, eps: float, layout: str | None = None, layout2: str | None = None):
         self.kernel = fused_kernel("hx_add_rms_norm_q8_1", layout, layout2)
         self.rows = rows
-        self.grid = (rows, 1, 1)
+        self.grid = (norm_slices(n), rows, 1)
         self.block = (block_threads(n), 1, 1)
         self.scalars = (np.int32(n), np.float32(eps))
         self.shape = output_shape(rows, n, layout)

@@ -13,15 +13,15 @@
 // The scale of a row xr of n floats by the tree above (also fused/fused.cu's); IEEE division and
 // square root (no rsqrtf: the CPU cannot reproduce its bits).
 // Every thread of the block must call it (one __syncthreads).
-__device__ __forceinline__ float hx_rms_scale(const float* xr, const int n, const float eps,
-                                              float* warp_partial) {
+template <class Load>  // load(i): value i of the row (a read, or fused/fused.cu's a[i] + b[i])
+__device__ __forceinline__ float hx_rms_scale_of(Load load, const int n, const float eps, float* warp_partial) {
     const int tid = threadIdx.x;
     const int nthreads = blockDim.x;
     const int lane = tid % 32;
     const int warp = tid / 32;
     float s = 0.0f;
     for (int i = tid; i < n; i += nthreads) {
-        const float xi = xr[i];
+        const float xi = load(i);
         s = __fmaf_rn(xi, xi, s);
     }
     s = hx_warp_sum(s);
@@ -31,6 +31,11 @@ __device__ __forceinline__ float hx_rms_scale(const float* xr, const int n, cons
     total = hx_warp_sum(total);
     const float mean = __fdiv_rn(total, (float)n);
     return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, eps)));
+}
+
+__device__ __forceinline__ float hx_rms_scale(const float* xr, const int n, const float eps,
+                                              float* warp_partial) {
+    return hx_rms_scale_of([&](const int i) { return xr[i]; }, n, eps, warp_partial);
 }
 
 extern "C" __global__ void hx_rms_norm_f32(const float* __restrict__ x,

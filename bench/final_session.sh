@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# One GPU call of under 10 minutes that measures a commit and checks it, most important first, each
+# step cut to the time left before a deadline (BUDGET seconds after the start, default 585):
+#   1. hiraishin bench of every order, widths 1..16, prefill 512, the draft, exact speculation
+#      (the issue figures), then the price-of-exactness table made from that JSON;
+#   2. the GPU tests of the given files (TESTS; pytest-xdist's -n 4 when carried in .whl);
+#   3. compute-sanitizer racecheck, initcheck and memcheck over whole passes (bench/sanitize_engine.py);
+#   4. per-kernel times under Nsight Compute (bench/kernel_times.sh), if time is left.
+# Usage on the device (repo root): HIRAISHIN_COMMIT=<commit> bash bench/final_session.sh
+# Everything lands in $OUT (session.log with it).
+set -uo pipefail
+T0=$(date +%s)
+BUDGET=${BUDGET:-585}
+left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
+source bench/device_env.sh
+for shape in qwen3-8b qwen3-0.6b; do
+    [ -f /tmp/$shape.gguf ] || python3 -m hiraishin synth --shape $shape -o /tmp/$shape.gguf --quiet
+done
+
+echo "== hiraishin bench ($(left) s left)"
+timeout $(( $(left) < 260 ? $(left) : 260 )) python3 -m hiraishin bench /tmp/qwen3-8b.gguf --draft /tmp/qwen3-0.6b.gguf \
+    --device cuda --orders ${ORDERS:-variant,invariant,fixed_split,subblock,invariant16} --widths 1-16 --prefill 512 \
+    --tokens 64 --repetitions 3 --quiet --json "$OUT/hiraishin-bench.json" 2>&1 | tail -n 60
+echo "bench exit ${PIPESTATUS[0]}"
+python3 bench/price_of_exactness.py "$OUT/hiraishin-bench.json" \
+    --matvec bench/results/2026-12-01-h200-mmq/run1/bench_mmq.json --out "$OUT" 2>&1 | tail -n 5
+
+echo "== GPU tests ($(left) s left)"
+XDIST=$(python3 -c "import xdist" 2>/dev/null && echo "-n 4")
+timeout $(( $(left) < 170 ? $(left) : 170 )) python3 -m pytest -q -m gpu -p no:cacheprovider $XDIST \
+    --junitxml="$OUT/gpu-tests.xml" ${TESTS:-tests} 2>&1 | tail -n 25
+
+for tool in ${SANITIZERS:-racecheck initcheck memcheck}; do
+    t=$(( $(left) - 20 )); (( t > 100 )) && t=100
+    (( t < 20 )) && { echo "== compute-sanitizer --tool $tool: no time left"; continue; }
+    echo "== compute-sanitizer --tool $tool (up to $t s)"
+    timeout $t compute-sanitizer --tool $tool --error-exitcode 3 python3 bench/sanitize_engine.py \
+        > "$OUT/sanitizer-$tool.txt" 2>&1
+    echo "exit $?"; tail -n 4 "$OUT/sanitizer-$tool.txt"
+done
+
+if (( $(left) > 50 )); then
+    AHEAD_AB=" " NCU_TIMEOUT=$(( ($(left) - 10) / 2 )) PROFILES=${PROFILES:-"qwen3-0.6b invariant 1;qwen3-8b invariant 1"} \
+        bash bench/kernel_times.sh 2>&1 | grep -v "^by kernel and grid" | head -n 50
+fi
+echo "== done after $(( $(date +%s) - T0 )) s"; date -u
