@@ -18,7 +18,7 @@ each row's argmax, greedy decoding's token without the logits' copy to the host)
 """
 
 from .emulate import emulate_add, emulate_argmax_rows, emulate_get_rows, emulate_swiglu
-from .launch import launch_add, launch_argmax_rows, launch_get_rows, launch_kv_store, launch_swiglu
+from .launch import argmax_scratch, launch_add, launch_argmax_rows, launch_get_rows, launch_kv_store, launch_swiglu
 
 __all__ = ["emulate_swiglu", "emulate_add", "emulate_get_rows", "emulate_argmax_rows", "launch_swiglu", "launch_add",
-           "launch_get_rows", "launch_kv_store", "launch_argmax_rows"]
+           "launch_get_rows", "launch_kv_store", "launch_argmax_rows", "argmax_scratch"]
