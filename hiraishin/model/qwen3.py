@@ -2,6 +2,7 @@
 
 >>> model = Qwen3.from_gguf("Qwen3-0.6B-Q4_K_M.gguf", device="cpu")
 >>> logits = model.forward(model.tokenizer.encode("Hello"), start_pos=0)   # (T, n_vocab) float32
+>>> model.forward_argmax([model.tokenizer.encode("!")[0]], start_pos=model.kv_len)  # greedy ids, (T,)
 >>> model.generate("Hello", max_new_tokens=16).text
 
 Graph order per layer (reference section 8.3, llama.cpp src/models/qwen3.cpp): RMSNorm, Q/K/V
