@@ -34,8 +34,11 @@ reproduced, and the emitted tokens equal plain greedy decoding's; under ``BATCH_
 divergence is reported); then both KV caches roll back to the accepted length.
 
 Timing: passes are bracketed by ``backend.synchronize()``; warm-up passes first (JIT, kernel
-compilation, CUDA-graph capture are excluded); medians of several repetitions. Only the model
-API is used (``from_gguf``, ``forward``, ``rollback``, ``reset``, ``kv_len``, ``backend``).
+compilation, CUDA-graph capture are excluded); medians of several repetitions. A timed pass is
+``forward_argmax`` (each position's greedy token, argmax on the device; what a decoding loop
+needs, for plain and speculative decoding alike), so its time covers the pass, that argmax and
+the copy of T token ids, not a copy of the logits. Only the model API is used (``from_gguf``,
+``forward_argmax`` or else ``forward``, ``rollback``, ``reset``, ``kv_len``, ``backend``).
 """
 
 from __future__ import annotations
@@ -232,14 +235,14 @@ def _prompt(model, n: int, seed: int = 0) -> list[int]:
 def _feed(model, tokens, start_pos: int, order) -> tuple[np.ndarray, float]:
     """Feed ``tokens`` in the passes plain decoding makes (cut at ``order.verify_limit``): (the last
     pass's greedy tokens, seconds)."""
-    total, pos, logits = 0.0, start_pos, None
+    total, pos, best = 0.0, start_pos, None
     end = start_pos + len(tokens)
     while pos < end:
         n = order.verify_limit(pos, end - pos)
-        logits, dt = _timed(model, tokens[pos - start_pos:pos - start_pos + n], pos, order)
+        best, dt = _timed(model, tokens[pos - start_pos:pos - start_pos + n], pos, order)
         total += dt
         pos += n
-    return logits, total
+    return best, total
 
 
 def measure_decode(model, order, settings: BenchSettings) -> list[float]:
