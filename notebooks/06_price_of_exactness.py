@@ -52,8 +52,8 @@ WIDTHS = list(range(1, 17))
 RESULTS = REPO / "bench" / "results"  # the committed GPU results of this checkout
 # colour and marker per order, the same in every figure (benchmark files name the orders shortly)
 STYLES = {"variant": ("tab:red", "o"), "batch_variant": ("tab:red", "o"), "invariant": ("tab:blue", "s"),
-          "batch_invariant": ("tab:blue", "s"), "invariant16": ("tab:green", "^"), "fixed_split": ("tab:green", "^"),
-          "subblock": ("tab:purple", "D")}
+          "batch_invariant": ("tab:blue", "s"), "invariant16": ("tab:cyan", "v"),
+          "batch_invariant_16": ("tab:cyan", "v"), "fixed_split": ("tab:green", "^"), "subblock": ("tab:purple", "D")}
 clock = Stopwatch()
 be = get_backend("auto")
 LIVE = be.name == "cuda"
@@ -153,9 +153,9 @@ def style(order_name):
 if verify:
     plot_verify_cost(verify, f"a whole verify pass against its width ({SOURCE})", style=style)
     plt.show()
-    print(f"{'order':<16}" + "".join(f"{w:>8}" for w in sorted(next(iter(verify.values())))))
+    print(f"{'order':<19}" + "".join(f"{w:>8}" for w in sorted(next(iter(verify.values())))))
     for order_name, per_width in verify.items():
-        print(f"{order_name:<16}" + "".join(f"{per_width[w]:>8.2f}" for w in sorted(per_width)))
+        print(f"{order_name:<19}" + "".join(f"{per_width[w]:>8.2f}" for w in sorted(per_width)))
 
 # %% [markdown]
 # Where the price comes from, kernel by kernel: the mat-vec benchmark times each of Qwen3-8B's five
@@ -248,10 +248,10 @@ if bench is not None and "speculative" in bench:
           f"{bench['device']['name']})")
     if bench.get("oracle"):
         print("note:", bench["oracle"].get("description", ""))
-    print(f"{'order':<16} {'plain ms/token':>14} {'speculative':>12} {'speed-up':>9} {'= plain?':>9} {'acceptance':>11}")
+    print(f"{'order':<19} {'plain ms/token':>14} {'speculative':>12} {'speed-up':>9} {'= plain?':>9} {'acceptance':>11}")
     for order_name, r in bench["speculative"].items():
         MEASURED[order_name] = r
-        print(f"{order_name:<16} {r['plain_ms_per_token']:>14.2f} {r['speculative_ms_per_token']:>12.2f} "
+        print(f"{order_name:<19} {r['plain_ms_per_token']:>14.2f} {r['speculative_ms_per_token']:>12.2f} "
               f"{r['speedup']:>8.2f}x {r['matches_plain']!s:>9} {r['acceptance']:>11.1%}")
 else:
     print("No hiraishin-bench.json is committed under bench/results/ yet, so there is no measured end-to-end "
@@ -278,9 +278,9 @@ def best_speedup(per_width, alpha):
 speedup = {(o, a): best_speedup(pw, a) for o, pw in verify.items() for a in ALPHAS}
 if speedup:
     print(f"estimated speed-up over plain decoding, best k (draft cost {DRAFT_COST} of a target token):")
-    print(f"{'order':<16}" + "".join(f"{'α = ' + str(a):>18}" for a in ALPHAS))
+    print(f"{'order':<19}" + "".join(f"{'α = ' + str(a):>18}" for a in ALPHAS))
     for order_name in verify:
-        print(f"{order_name:<16}" + "".join(f"{speedup[order_name, a][0]:>11.2f}x (k={speedup[order_name, a][1]:>2})"
+        print(f"{order_name:<19}" + "".join(f"{speedup[order_name, a][0]:>11.2f}x (k={speedup[order_name, a][1]:>2})"
                                             for a in ALPHAS))
     print("(the variant order's figure is not an exact speed-up: its output need not be plain decoding's)")
 
