@@ -1,4 +1,9 @@
 #!/usr/bin/env bash
+# After session 3 (bench/results/2026-12-01-h200-session3/) the one-call pattern is bench/final_session.sh
+# (bench, price table, tests, sanitizers by deadline). Still owed on a GPU: racecheck and initcheck over
+# bench/sanitize_engine.py run to the end (racecheck needed over 70 s for two of its three orders: give each
+# ~200 s, e.g. SANITIZE_TIMEOUT=200 bash bench/next_session.sh perf with BENCH_TIMEOUT small), and stock
+# llama.cpp side by side (bench/llama_cpp_session.sh).
 # What the next GPU session owes (see bench/results/README.md), in calls of under 10 minutes:
 #   HIRAISHIN_COMMIT=<commit> bash bench/next_session.sh tests   # every GPU test (~6-8 min)
 #   HIRAISHIN_COMMIT=<commit> bash bench/next_session.sh perf    # bench, kernel times, sanitizers (~8 min)
