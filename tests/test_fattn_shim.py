@@ -129,3 +129,24 @@ def test_shared_kernel_equals_one_query_kernel_and_emulator(shim, tmp_path, case
         for got, want, what in ((shared[1], one[1], "partials vs one-query"), (shared[2], one[2], "meta vs one-query"),
                                 (shared[1], parts, "partials vs emulator"), (shared[2], meta, "meta vs emulator")):
             assert np.array_equal(bits(got), bits(want)), what
+
+
+@pytest.mark.parametrize("P", [1, 2])
+def test_non_finite_scores_give_the_kernels_nan_not_an_error(shim, tmp_path, P):
+    """Scores of -inf for every cell of a query (a -inf query value times positive keys): the kernel's
+    sum is 0 and its IEEE division gives NaN; the emulator must give the same bits, not raise
+    ZeroDivisionError (it did: Numba's default error model raises on a float division by zero).
+    Synthetic timing models with random blocks reach such values; so does a diverging real one."""
+    H, Hkv, T, kv_len, D = 4, 2, 3, 40, 64
+    plan = AttentionPlan("vec", 1, P, kv_attended=256, kv_len=kv_len, n_head=H, n_head_kv=Hkv, n_queries=T,
+                         head_dim=D)
+    q, k, v = make_inputs(seed=5, n_ctx=kv_len, n_head=H, n_head_kv=Hkv, head_dim=D, n_q=T)
+    k = np.abs(k.astype(np.float32)).astype(np.float16) + np.float16(0.5)
+    q[1, 2, :] = 0.0
+    q[1, 2, 0] = -np.inf  # every score of this query: -inf
+    q[2, 0, 3] = np.nan  # and a NaN query
+    q_pos = np.arange(kv_len - T, kv_len, dtype=np.int32)
+    got = launch(shim, tmp_path, 4, 0, q, k, v, q_pos, plan, False, False)[0]
+    want = emulate(q, k, v, q_pos, plan)
+    assert np.isnan(want[1, 2]).all() and np.isnan(want[2, 0]).all()
+    assert np.array_equal(bits(got), bits(want))

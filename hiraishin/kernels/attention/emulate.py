@@ -37,7 +37,7 @@ def _butterfly8(x):
     return (a0 + a2) + (a1 + a3)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")  # IEEE division (0/0 = NaN), as the kernels
 def _vec_block(q, k, v, kvh, pos, kv_len, y, n_blocks, chunk_cells, kv_attended, o):
     """One (query, head, block y) of fattn_vec: fills ``o`` (D,), returns (block max, block sum)."""
     D = q.shape[0]
@@ -119,7 +119,7 @@ def _vec_block(q, k, v, kvh, pos, kv_len, y, n_blocks, chunk_cells, kv_attended,
     return Mb, S
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")  # IEEE division (0/0 = NaN), as the kernels
 def _vec_partials(q, k, v, q_pos, kv_len, n_blocks, chunk_cells, kv_attended, scale, parts, meta):
     T, H, D = q.shape
     ratio = H // k.shape[1]
@@ -135,7 +135,7 @@ def _vec_partials(q, k, v, q_pos, kv_len, n_blocks, chunk_cells, kv_attended, sc
                 meta[t, h, y, 1] = S
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")  # IEEE division (0/0 = NaN), as the kernels
 def _combine_rows(parts, meta, out):
     """fattn_combine for every (token, head): merge the P partials in block order."""
     T, H, P, D = parts.shape
@@ -155,7 +155,7 @@ def _combine_rows(parts, meta, out):
                 out[t, h, d] = num / den
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")  # IEEE division (0/0 = NaN), as the kernels
 def _finish(parts, meta, out):
     """What the launch writes: P == 1 -> o / S (in the kernel); P > 1 -> fattn_combine."""
     T, H, P, D = parts.shape

@@ -45,7 +45,7 @@ def _exp_ftz(x):
     return _ZERO
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")  # IEEE division (0/0 = NaN), as the kernels
 def _tile_block(q, k, v, kvh, pos, kv_len, begin, end, o):
     """One (query, head, block y) of fattn_tile: fills ``o`` (D,), returns (max, sum)."""
     D = q.shape[0]
@@ -91,7 +91,7 @@ def _tile_block(q, k, v, kvh, pos, kv_len, begin, end, o):
     return M, S
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")  # IEEE division (0/0 = NaN), as the kernels
 def _tile_partials(q, k, v, q_pos, kv_len, n_blocks, split_cells, kv_attended, scale, parts, meta):
     T, H, D = q.shape
     ratio = H // k.shape[1]
