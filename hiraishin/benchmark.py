@@ -57,6 +57,7 @@ import numpy as np
 
 from .errors import HiraishinError
 from .decode.oracle import ORACLE_SEED, REPORT, OracleSchedule
+from .decode.passes import greedy_tokens, pass_spans
 from .order import ReductionOrder
 
 __all__ = ["ORDERS", "REPORT", "BenchSettings", "OracleSchedule", "run_bench",
@@ -217,11 +218,9 @@ def _timed(model, tokens, start_pos: int, order) -> tuple[np.ndarray, float]:
     time covers the pass, the argmax and that copy. A model without it: argmax of the host logits.
     """
     sync = model.backend.synchronize
-    step = getattr(model, "forward_argmax", None)
     sync()
     t0 = time.perf_counter()
-    best = step(tokens, start_pos, order) if step is not None else np.argmax(model.forward(tokens, start_pos, order),
-                                                                            axis=1)
+    best = greedy_tokens(model, tokens, start_pos, order)
     sync()
     return best, time.perf_counter() - t0
 
@@ -235,13 +234,10 @@ def _prompt(model, n: int, seed: int = 0) -> list[int]:
 def _feed(model, tokens, start_pos: int, order) -> tuple[np.ndarray, float]:
     """Feed ``tokens`` in the passes plain decoding makes (cut at ``order.verify_limit``): (the last
     pass's greedy tokens, seconds)."""
-    total, pos, best = 0.0, start_pos, None
-    end = start_pos + len(tokens)
-    while pos < end:
-        n = order.verify_limit(pos, end - pos)
+    total, best = 0.0, None
+    for pos, n in pass_spans(start_pos, start_pos + len(tokens), len(tokens), order):
         best, dt = _timed(model, tokens[pos - start_pos:pos - start_pos + n], pos, order)
         total += dt
-        pos += n
     return best, total
 
 

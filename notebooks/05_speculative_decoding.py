@@ -57,12 +57,12 @@ print("drafts: 'self' = a second instance of the target (own KV cache); "
 # ## The loop
 #
 # The verify step of `speculative_decode`: one target pass over the last accepted token and the
-# guesses (`_greedy_tokens`: each position's argmax, taken on the GPU where the model can, so no logits
+# guesses (`greedy_tokens`: each position's argmax, taken on the GPU where the model can, so no logits
 # travel to the host), the longest prefix of guesses that equals the target's argmaxes, then a rollback
 # of the rejected KV cells:
 
 # %%
-show_function(speculative_decode, marker="best = _greedy_tokens(target,", before=1, after=6)
+show_function(speculative_decode, marker="best = greedy_tokens(target,", before=1, after=6)
 
 # %% [markdown]
 # The verify pass is a pass of up to 9 tokens: under `BATCH_VARIANT` its mat-vecs run 2 warps (5 to 8

@@ -16,7 +16,7 @@ import numpy as np
 from ..errors import HiraishinError
 from ..order import ReductionOrder
 
-__all__ = ["pass_spans", "feed", "progress_bar"]
+__all__ = ["pass_spans", "feed", "greedy_tokens", "progress_bar"]
 
 
 def pass_spans(start: int, stop: int, batch_size: int, order: ReductionOrder) -> Iterator[tuple[int, int]]:
@@ -48,6 +48,16 @@ def feed(model, tokens: Sequence[int], start_pos: int, order: ReductionOrder,
     for pos, n in pass_spans(start_pos, start_pos + len(tokens), batch_size or len(tokens), order):
         logits = model.forward(tokens[pos - start_pos:pos - start_pos + n], pos, order=order)
     return np.asarray(logits[-1])
+
+
+def greedy_tokens(model, tokens: Sequence[int], start_pos: int, order: ReductionOrder) -> np.ndarray:
+    """One pass of ``tokens`` at ``start_pos``; each position's argmax (T,). On the device where the
+    model can (``forward_argmax``: no logits copied to the host), else from the host logits: the
+    same pass either way."""
+    step = getattr(model, "forward_argmax", None)
+    if step is not None:
+        return step(tokens, start_pos, order=order)
+    return np.asarray(model.forward(tokens, start_pos, order=order)).argmax(axis=1)
 
 
 def progress_bar(total: int, desc: str, enabled: bool, unit: str = "tok"):

@@ -30,7 +30,7 @@ from ..errors import HiraishinError
 from ..order import ReductionOrder
 from .inputs import (ArgumentTypeError, backend_name, check_int, check_order, eos_ids, model_name,
                      prompt_tokens)
-from .passes import feed, progress_bar
+from .passes import feed, greedy_tokens, progress_bar
 from .report import POSITION_NOTE, dump_json, top_two
 
 __all__ = [
@@ -99,15 +99,6 @@ def _draft_guesses(draft, pending, start, n, order, gap_min, p_min=0.0):
     return guesses, pos
 
 
-def _greedy_tokens(model, tokens, pos: int, order) -> np.ndarray:
-    """Each position's argmax: on the device where the model can (``forward_argmax``: no logits
-    copied to the host), else from the host logits. The same pass either way."""
-    step = getattr(model, "forward_argmax", None)
-    if step is not None:
-        return step(tokens, pos, order=order)
-    return np.asarray(model.forward(tokens, pos, order=order)).argmax(axis=1)
-
-
 def speculative_decode(target, draft, prompt_tokens, max_new_tokens: int, *, n_draft: int = 8,
                        order: ReductionOrder = ReductionOrder.BATCH_INVARIANT,
                        p_min_gap: float = DEFAULT_P_MIN_GAP, eos_ids=(), on_cycle=None,
@@ -147,7 +138,7 @@ def speculative_decode(target, draft, prompt_tokens, max_new_tokens: int, *, n_d
             if len(guesses) < draft_min:
                 guesses = []
         t1 = time.perf_counter()
-        best = _greedy_tokens(target, [seq[-1]] + guesses, pos, order)
+        best = greedy_tokens(target, [seq[-1]] + guesses, pos, order)
         t2 = time.perf_counter()
         k = 0
         while k < len(guesses) and guesses[k] == best[k]:
