@@ -59,7 +59,7 @@ def test_kernel_waits_before_touching_shared_memory(path, name, body):
     before = body.split("HX_PDL_ENTRY", 1)[0]
     # Before the wait only weight prefetches (read-only bytes) and index arithmetic may run: no
     # array access, no store, no shared memory, no barrier.
-    before = re.sub(r"hx_prefetch_(rows|bytes)\([^;]*\);", "", before)
+    before = re.sub(r"hx_prefetch_(rows|lines)\([^;]*\);", "", before)
     for token in ("[", "__shared__", "__syncthreads", "->", "atomic"):
         assert token not in before, f"{path}: kernel {name} uses {token!r} before HX_PDL_ENTRY"
 

@@ -40,15 +40,19 @@ __device__ __forceinline__ unsigned short hx_f2h(float f) {
 #endif
 #define HX_L2_LINE 128  // bytes per L2 cache line (Hopper)
 
-// Ask L2 for `bytes` bytes at p, the block's threads one line each. For weights (never written) a
-// kernel may call it before HX_PDL_ENTRY, so their DRAM latency overlaps the previous kernel.
-// A cache hint only: no value changes.
-// `threads` 1: the calling thread alone asks for every line.
-__device__ __forceinline__ void hx_prefetch_bytes(const void* p, const long long bytes, const int threads = 0) {
-    const int tid = threads == 1 ? 0 : threadIdx.x + threadIdx.y * blockDim.x;
-    const int nthreads = threads == 1 ? 1 : blockDim.x * blockDim.y;
-    for (long long off = (long long)tid * HX_L2_LINE; off < bytes; off += (long long)HX_L2_LINE * nthreads) {
-        HX_PREFETCH_L2((const unsigned char*)p + off);
+// Ask L2 for the lines of [p, p + bytes): thread `first` of `step` threads takes lines first,
+// first + step, ..., and thread 0 also the line of the last byte when the span is not line-aligned.
+// For weights (never written) a kernel may call it before HX_PDL_ENTRY, so their DRAM latency
+// overlaps the previous kernel. A cache hint only: no value changes.
+__device__ __forceinline__ void hx_prefetch_lines(const void* p, const long long bytes, const int first,
+                                                  const int step) {
+    const unsigned char* b = (const unsigned char*)p;
+    for (long long off = (long long)first * HX_L2_LINE; off < bytes; off += (long long)HX_L2_LINE * step) {
+        HX_PREFETCH_L2(b + off);
+    }
+    // a span that starts or ends inside a line has one more line than bytes / HX_L2_LINE rounded up
+    if (first == 0 && bytes > 0 && (((unsigned long long)b | (unsigned long long)bytes) % HX_L2_LINE) != 0) {
+        HX_PREFETCH_L2(b + bytes - 1);
     }
 }
 

@@ -177,7 +177,7 @@ __device__ __forceinline__ void fattn_vec_impl(
 #pragma unroll
                 for (int t = 0; t < 8; ++t) {
                     const int n = k0 + 32 * w + g + 4 * t;
-                    if (n < kv_len) hx_prefetch_bytes(Vh + (size_t)n * cell_stride, 2LL * D, 1);
+                    if (n < kv_len) hx_prefetch_lines(Vh + (size_t)n * cell_stride, 2LL * D, 0, 1);
                 }
             }
             // K.Q: group g of warp w computes cells k0 + 32w + 8g + t, t = 0..7.

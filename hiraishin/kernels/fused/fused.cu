@@ -62,7 +62,7 @@ __device__ __forceinline__ void hx_norm_store(Load load, const float* __restrict
 extern "C" __global__ void hx_rms_norm_q8_1(const float* __restrict__ x, const float* __restrict__ w,
                                             unsigned char* __restrict__ yq, float* __restrict__ y,
                                             unsigned char* __restrict__ yq2, const int n, const float eps) {
-    hx_prefetch_bytes(w, 4LL * n);  // the norm weight (read after the reduction) into L2
+    hx_prefetch_lines(w, 4LL * n, threadIdx.x, blockDim.x);  // the norm weight (read after the reduction) into L2
     HX_PDL_ENTRY();
     __shared__ float warp_partial[32];
     const int row = blockIdx.y;
@@ -80,7 +80,7 @@ extern "C" __global__ void hx_add_rms_norm_q8_1(const float* __restrict__ a, con
                                                 const float* __restrict__ w, float* s,
                                                 unsigned char* __restrict__ yq, float* __restrict__ y,
                                                 unsigned char* __restrict__ yq2, const int n, const float eps) {
-    hx_prefetch_bytes(w, 4LL * n);  // the norm weight (read after the reduction) into L2
+    hx_prefetch_lines(w, 4LL * n, threadIdx.x, blockDim.x);  // the norm weight (read after the reduction) into L2
     HX_PDL_ENTRY();
     __shared__ float warp_partial[32];
     const int row = blockIdx.y;

@@ -358,15 +358,9 @@ __device__ __forceinline__ void hx_accumulate(float (&tmp)[HX_NCOLS][HX_RPB], co
 #define HX_PREFETCH_AHEAD 0
 #endif
 __device__ __forceinline__ void hx_prefetch_rows(const u8* __restrict__ w, const int nrows, const int row0) {
-    const int tid = 32 * threadIdx.y + threadIdx.x;
     const long long first = (long long)min(row0, nrows - 1) * HX_ROW_BYTES;
     const long long bytes = (long long)(min(row0 + HX_RPB, nrows) - min(row0, nrows - 1)) * HX_ROW_BYTES;
-    for (long long off = (long long)tid * HX_L2_LINE; off < bytes; off += (long long)HX_L2_LINE * 32 * HX_NWARPS) {
-        HX_PREFETCH_L2(w + first + off);
-    }
-    if (tid == 0 && bytes > 0) {
-        HX_PREFETCH_L2(w + first + bytes - 1);  // the line holding the last byte
-    }
+    hx_prefetch_lines(w + first, bytes, 32 * threadIdx.y + threadIdx.x, 32 * HX_NWARPS);
 }
 
 // The rows row0 .. row0+HX_RPB-1 of one weight for every column: one CUDA block's work.
