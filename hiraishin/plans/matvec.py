@@ -315,16 +315,18 @@ def _default_rows_per_block(cols_per_launch: int) -> int:
     return 1 if cols_per_launch == 1 else 2
 
 
+def _blocks_per_step(qtype: str, nwarps: int) -> int:
+    """Weight blocks one kbx step of ``nwarps`` warps covers (``vdr * nwarps * 32 / qi``)."""
+    return 32 * nwarps // MATVEC_TRAITS[qtype].threads_per_block
+
+
 def _small_k(qtype: str, nwarps: int, k: int | None) -> bool:
     """llama.cpp's ``small_k`` (mmvq.cu, PR #20635; one column only): more than one warp and fewer
     weight blocks per row than one kbx step covers (``blocks_per_row < nwarps * vdr * 32 / qi``),
     so some threads have nothing to sum. It then puts ``nwarps`` rows in a CUDA block, which
     changes no per-row arithmetic. Example: Qwen3-0.6B's K = 1024 Q4_K rows (4 < 8 super-blocks).
     ``k`` None (row length unknown): False."""
-    if k is None or nwarps <= 1:
-        return False
-    t = MATVEC_TRAITS[qtype]
-    return k // t.qk < nwarps * t.vdr * 32 // t.qi
+    return k is not None and nwarps > 1 and k // MATVEC_TRAITS[qtype].qk < _blocks_per_step(qtype, nwarps)
 
 
 # Short rows under the exact policies: where every thread sums at most ONE weight block of a row
@@ -340,7 +342,7 @@ def _one_col_rows(qtype: str, nwarps: int, k: int | None) -> int:
     """Rows per CUDA block of a one-column launch under the invariant and sub-block policies."""
     if _small_k(qtype, nwarps, k):
         return nwarps
-    if k is not None and k // MATVEC_TRAITS[qtype].qk <= 32 * nwarps // MATVEC_TRAITS[qtype].threads_per_block:
+    if k is not None and k // MATVEC_TRAITS[qtype].qk <= _blocks_per_step(qtype, nwarps):
         return SHORT_ROW_ROWS
     return INVARIANT_ONE_COL_ROWS.get(qtype, 1)
 
