@@ -1,7 +1,7 @@
 # Sourced by the bench/*_session.sh scripts on the device machine (repo root): $OUT, a session log,
 # the carried wheels (.whl, see ../.library/device/README.md) on PYTHONPATH, the cache and commit
 # variables, and the device line. Usage: source bench/device_env.sh
-# A script started by another one that already did this (next_session.sh -> kernel_times.sh) skips it.
+# A script started by another one that already did this (final_session.sh -> kernel_times.sh) skips it.
 OUT=${OUT:-/tmp/hiraishin-out}
 mkdir -p "$OUT"
 if [[ -z ${HIRAISHIN_DEVICE_ENV:-} ]]; then

@@ -1,37 +1,50 @@
 #!/usr/bin/env bash
-# One GPU call of under 10 minutes that measures a commit and checks it, most important first, each
-# step cut to the time left before a deadline (BUDGET seconds after the start, default 585):
-#   1. hiraishin bench of every order, widths 1..16, prefill 512, the draft, exact speculation
-#      (the issue figures), then the price-of-exactness table made from that JSON;
-#   2. the GPU tests of the given files (TESTS; pytest-xdist's -n 4 when carried in .whl);
-#   3. compute-sanitizer racecheck, initcheck and memcheck over whole passes (bench/sanitize_engine.py);
-#   4. per-kernel times under Nsight Compute (bench/kernel_times.sh), if time is left.
-# Usage on the device (repo root): HIRAISHIN_COMMIT=<commit> bash bench/final_session.sh
-# Everything lands in $OUT (session.log with it).
+# The session's GPU work in one call of under 10 minutes, most important first, each step cut to the
+# time left before a deadline (BUDGET seconds after the start, default 585). STEPS picks them
+# (default "bench tests sanitize kernels"):
+#   bench     hiraishin bench of every order (ORDERS), widths 1..16, prefill 512, the draft, exact
+#             speculation (the issue figures), then the price-of-exactness table made from that JSON;
+#   tests     the GPU tests of TESTS (default all of tests/), up to TEST_TIMEOUT s (default 170;
+#             pytest-xdist's -n 4 when carried in .whl: every GPU test took ~4 min on the H200);
+#   sanitize  compute-sanitizer racecheck, initcheck and memcheck (SANITIZERS) over whole passes
+#             (bench/sanitize_engine.py), each up to SANITIZE_TIMEOUT s (default 100; racecheck needed
+#             more than 70 s for two of its three orders: give it ~200 with the other steps off);
+#   kernels   per-kernel times under Nsight Compute (bench/kernel_times.sh), if time is left.
+# Usage on the device (repo root): HIRAISHIN_COMMIT=<commit> [STEPS=tests] bash bench/final_session.sh
+# Everything lands in $OUT (session.log with it). Also owed after session 3: stock llama.cpp side by
+# side (bench/llama_cpp_session.sh, a call of its own).
 set -uo pipefail
 T0=$(date +%s)
 BUDGET=${BUDGET:-585}
 left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
+STEPS=" ${STEPS:-bench tests sanitize kernels} "
+want() { [[ $STEPS == *" $1 "* ]]; }
 source bench/device_env.sh
 for shape in qwen3-8b qwen3-0.6b; do
     [ -f /tmp/$shape.gguf ] || python3 -m hiraishin synth --shape $shape -o /tmp/$shape.gguf --quiet
 done
 
-echo "== hiraishin bench ($(left) s left)"
-timeout $(( $(left) < 260 ? $(left) : 260 )) python3 -m hiraishin bench /tmp/qwen3-8b.gguf --draft /tmp/qwen3-0.6b.gguf \
-    --device cuda --orders ${ORDERS:-variant,invariant,fixed_split,subblock,invariant16} --widths 1-16 --prefill 512 \
-    --tokens 64 --repetitions 3 --quiet --json "$OUT/hiraishin-bench.json" 2>&1 | tail -n 60
-echo "bench exit ${PIPESTATUS[0]}"
-python3 bench/price_of_exactness.py "$OUT/hiraishin-bench.json" \
-    --matvec bench/results/2026-12-01-h200-mmq/run1/bench_mmq.json --out "$OUT" 2>&1 | tail -n 5
+if want bench; then
+    echo "== hiraishin bench ($(left) s left)"
+    timeout $(( $(left) < 260 ? $(left) : 260 )) python3 -m hiraishin bench /tmp/qwen3-8b.gguf --draft /tmp/qwen3-0.6b.gguf \
+        --device cuda --orders ${ORDERS:-variant,invariant,fixed_split,subblock,invariant16} --widths 1-16 --prefill 512 \
+        --tokens 64 --repetitions 3 --quiet --json "$OUT/hiraishin-bench.json" 2>&1 | tail -n 60
+    echo "bench exit ${PIPESTATUS[0]}"
+    python3 bench/price_of_exactness.py "$OUT/hiraishin-bench.json" \
+        --matvec bench/results/2026-12-01-h200-mmq/run1/bench_mmq.json --out "$OUT" 2>&1 | tail -n 5
+fi
 
-echo "== GPU tests ($(left) s left)"
-XDIST=$(python3 -c "import xdist" 2>/dev/null && echo "-n 4")
-timeout $(( $(left) < 170 ? $(left) : 170 )) python3 -m pytest -q -m gpu -p no:cacheprovider $XDIST \
-    --junitxml="$OUT/gpu-tests.xml" ${TESTS:-tests} 2>&1 | tail -n 25
+if want tests; then
+    echo "== GPU tests ($(left) s left)"
+    XDIST=$(python3 -c "import xdist" 2>/dev/null && echo "-n 4")
+    t=$(( $(left) - 10 )); (( t > ${TEST_TIMEOUT:-170} )) && t=${TEST_TIMEOUT:-170}
+    timeout $t python3 -m pytest -q -m gpu -p no:cacheprovider --durations=15 $XDIST \
+        --junitxml="$OUT/gpu-tests.xml" ${TESTS:-tests} 2>&1 | tail -n 40
+fi
 
 for tool in ${SANITIZERS:-racecheck initcheck memcheck}; do
-    t=$(( $(left) - 20 )); (( t > 100 )) && t=100
+    want sanitize || break
+    t=$(( $(left) - 20 )); (( t > ${SANITIZE_TIMEOUT:-100} )) && t=${SANITIZE_TIMEOUT:-100}
     (( t < 20 )) && { echo "== compute-sanitizer --tool $tool: no time left"; continue; }
     echo "== compute-sanitizer --tool $tool (up to $t s)"
     timeout $t compute-sanitizer --tool $tool --error-exitcode 3 python3 bench/sanitize_engine.py \
@@ -39,7 +52,7 @@ for tool in ${SANITIZERS:-racecheck initcheck memcheck}; do
     echo "exit $?"; tail -n 4 "$OUT/sanitizer-$tool.txt"
 done
 
-if (( $(left) > 50 )); then
+if want kernels && (( $(left) > 50 )); then
     AHEAD_AB=" " NCU_TIMEOUT=$(( ($(left) - 10) / 2 )) PROFILES=${PROFILES:-"qwen3-0.6b invariant 1;qwen3-8b invariant 1"} \
         bash bench/kernel_times.sh 2>&1 | grep -v "^by kernel and grid" | head -n 50
 fi
