@@ -222,3 +222,64 @@ def test_fused_launches_replay_in_a_cuda_graph_with_new_positions():
             stream.synchronize()
             _same(got_q, cp.asnumpy(want_q), f"graph replay q at {p}")
             _same(got_k.view(np.uint16), cp.asnumpy(want_kc[p[0]:p[1] + 1]).view(np.uint16), f"graph replay K at {p}")
+
+
+@pytest.mark.parametrize("kind, P, H, Hkv, T, kv_len, D, layout", [
+    ("vec_q1", 1, 32, 8, 1, 100, 128, "Q4_K"),       # 8B decode step, P == 1
+    ("vec_q1", 6, 32, 8, 1, 3000, 128, "Q4_K"),      # 8B decode step, 6 partials merged by the last block
+    ("vec_q1", 40, 16, 8, 3, 20000, 128, "Q6_K"),    # many partials per row, 3 tokens
+    ("vec_qn", 2, 4, 2, 5, 300, 64, None),           # 2 queries per block, one missing
+    ("shared", 3, 32, 8, 16, 700, 128, "Q4_K"),      # a 16-token verify pass, 4 queries of a KV head per block
+    ("shared", 1, 16, 8, 9, 200, 128, "Q4_K"),       # P == 1, the 0.6B's GQA 2
+])
+def test_attention_q8_1_equals_attention_combine_quantize(kind, P, H, Hkv, T, kv_len, D, layout):
+    """fattn_vec_*_q8_1 (the last CUDA block of each row set merges and quantizes) == the attention
+    launch, the combine and quantize_q8_1, byte for byte, over repeated launches (every block can
+    be the last one on a GPU) and in a CUDA graph; the merge counters end at zero."""
+    import cupy as cp
+
+    from fattn_inputs import make_inputs
+
+    from hiraishin.kernels import attention, quantize
+    from hiraishin.kernels.attention.emulate import emulate
+    from hiraishin.kernels.fused.launch import attention_q8_1_counters, attention_q8_1_fits, launch_attention_q8_1
+    from hiraishin.kernels.quantize.emulate import emulate as emulate_quantize
+    from hiraishin.kernels.quantize.launch import output_shape
+    from hiraishin.plans import AttentionPlan
+
+    queries = {"vec_q1": 1, "vec_qn": 2, "shared": 4}[kind]
+    plan = AttentionPlan("vec", queries, P, kv_attended=-(-kv_len // 256) * 256, kv_len=kv_len, n_head=H,
+                         n_head_kv=Hkv, n_queries=T, head_dim=D, shared_kv=kind == "shared")
+    assert attention_q8_1_fits(plan)
+    q, k, v = make_inputs(seed=kv_len + T + P, n_ctx=kv_len, n_head=H, n_head_kv=Hkv, head_dim=D, n_q=T)
+    q_pos = np.arange(kv_len - T, kv_len, dtype=np.int32)
+    dq, dk, dv, dpos = cp.asarray(q), cp.asarray(k), cp.asarray(v), cp.asarray(q_pos)
+    parts = cp.full((T, H, P, D), np.nan, cp.float32) if P > 1 else None
+    meta = cp.full((T, H, P, 2), np.nan, cp.float32) if P > 1 else None
+    want_rows = cp.empty((T, H, D), cp.float32)
+    attention.launch(dq, dk, dv, dpos, plan, want_rows, parts, meta, kv_from_positions=True)
+    want = cp.empty(output_shape(T, H * D, layout), cp.uint8)
+    quantize.launch(want_rows.reshape(T, H * D), want, layout)
+    want = cp.asnumpy(want)
+    emulated = np.asarray(emulate_quantize(emulate(q, k, v, q_pos, plan).reshape(T, H * D), layout))
+    _same(want, emulated.reshape(want.shape), "unfused launches vs emulators")
+    counters = attention_q8_1_counters(plan, T, H, Hkv)
+    got = cp.empty_like(cp.asarray(want))
+    for rep in range(20):
+        got.fill(0xAB)
+        if P > 1:
+            parts.fill(np.nan)
+            meta.fill(np.nan)
+        launch_attention_q8_1(dq, dk, dv, dpos, plan, parts, meta, got, counters, layout)
+        _same(cp.asnumpy(got), want, f"q8_1-ending attention, launch {rep}")
+    assert not cp.asnumpy(counters).any(), "a merge counter was left non-zero"
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        launch_attention_q8_1(dq, dk, dv, dpos, plan, parts, meta, got, counters, layout)
+        graph = stream.end_capture()
+        for rep in range(5):
+            got.fill(0xCD)
+            graph.launch(stream)
+            stream.synchronize()
+            _same(cp.asnumpy(got), want, f"q8_1-ending attention, graph replay {rep}")
