@@ -9,6 +9,8 @@
 #   sanitize  compute-sanitizer racecheck, initcheck and memcheck (SANITIZERS) over whole passes
 #             (bench/sanitize_engine.py), each up to SANITIZE_TIMEOUT s (default 100; racecheck needed
 #             more than 70 s for two of its three orders: give it ~200 with the other steps off);
+#   host      bench/host_overhead.py on both shapes: a decode step as a loop makes it against
+#             back-to-back replays of its graph (what the host adds per step);
 #   kernels   per-kernel times under Nsight Compute (bench/kernel_times.sh), if time is left.
 # Usage on the device (repo root): HIRAISHIN_COMMIT=<commit> [STEPS=tests] bash bench/final_session.sh
 # Everything lands in $OUT (session.log with it). Also owed after session 3: stock llama.cpp side by
@@ -28,10 +30,16 @@ if want bench; then
     echo "== hiraishin bench ($(left) s left)"
     timeout $(( $(left) < 260 ? $(left) : 260 )) python3 -m hiraishin bench /tmp/qwen3-8b.gguf --draft /tmp/qwen3-0.6b.gguf \
         --device cuda --orders ${ORDERS:-variant,invariant,fixed_split,subblock,invariant16} --widths 1-16 --prefill 512 \
-        --tokens 64 --repetitions 3 --quiet --json "$OUT/hiraishin-bench.json" 2>&1 | tail -n 60
+        --tokens ${TOKENS:-64} --repetitions ${REPS:-3} --quiet --json "$OUT/hiraishin-bench.json" 2>&1 | tail -n 60
     echo "bench exit ${PIPESTATUS[0]}"
     python3 bench/price_of_exactness.py "$OUT/hiraishin-bench.json" \
         --matvec bench/results/2026-12-01-h200-mmq/run1/bench_mmq.json --out "$OUT" 2>&1 | tail -n 5
+fi
+
+if want host; then
+    echo "== host overhead ($(left) s left)"
+    timeout $(( $(left) < 120 ? $(left) : 120 )) python3 bench/host_overhead.py /tmp/qwen3-0.6b.gguf /tmp/qwen3-8b.gguf \
+        --json "$OUT/host-overhead.json" 2>&1 | tail -n 4
 fi
 
 if want tests; then

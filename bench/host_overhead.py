@@ -1,0 +1,81 @@
+"""How much of a graph-replayed decode step is host work: a step as a decoding loop makes it
+(``forward_argmax``: inputs to the device, graph launch, argmax back, synchronize) against the same
+captured graph launched back to back with one synchronization at the end (the GPU's own time).
+
+    python3 bench/host_overhead.py MODEL.gguf [MODEL.gguf ...] [--order invariant] [--steps 40] [--json F]
+
+The difference per step is what the host adds between two passes (the GPU idles while Python
+prepares the next one): the most that chaining passes on the device could save. Prints one line
+per model and writes the raw times as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from hiraishin.atomic import atomic_write  # noqa: E402
+from hiraishin.benchmark import ORDERS, git_commit  # noqa: E402
+from hiraishin.model.qwen3 import Qwen3  # noqa: E402
+
+
+def measure(path: str, order_name: str, steps: int) -> dict:
+    order = ORDERS[order_name]
+    model = Qwen3.from_gguf(path, device="cuda", n_ctx=512, progress=False)
+    sync = model.backend.synchronize
+    model.forward_argmax(list(range(32)), 0, order=order)
+    token = 1
+    for _ in range(4):  # eager pass, capture, replays
+        token = int(model.forward_argmax([token], model.kv_len, order=order)[-1])
+    loop = []
+    for _ in range(steps):
+        sync()
+        t0 = time.perf_counter()
+        token = int(model.forward_argmax([token], model.kv_len, order=order)[-1])
+        loop.append(time.perf_counter() - t0)
+    graphs = model.pass_graphs
+    graph = next(reversed(graphs._graphs[(order, 1)].values()))  # the graph the last steps replayed
+    stream = graphs.stream
+    replay = []
+    for _ in range(3):
+        sync()
+        stream.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            graph.launch(stream)
+        stream.synchronize()
+        replay.append((time.perf_counter() - t0) / steps)
+    step_ms, gpu_ms = 1e3 * statistics.median(loop), 1e3 * min(replay)
+    return {"model": Path(path).name, "order": order.name, "steps": steps, "loop_step_ms": step_ms,
+            "back_to_back_replay_ms": gpu_ms, "host_ms_per_step": step_ms - gpu_ms,
+            "loop_s": loop, "replay_s_per_step": replay}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("models", nargs="+")
+    ap.add_argument("--order", default="invariant", choices=sorted(ORDERS))
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+    rows = []
+    for path in args.models:
+        r = measure(path, args.order, args.steps)
+        rows.append(r)
+        print(f"{r['model']}: loop step {r['loop_step_ms']:.3f} ms, back-to-back replay {r['back_to_back_replay_ms']:.3f} ms, "
+              f"host {r['host_ms_per_step'] * 1e3:.0f} us per step", flush=True)
+    if args.json:
+        out = {"commit": git_commit(), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "rows": rows}
+        with atomic_write(args.json) as f:
+            json.dump(out, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
