@@ -68,25 +68,3 @@ def test_combine_q8_1_compiles_without_spills(tmp_path):
     assert "fattn_combine_q8_1" in re.findall(r"Compiling entry function '(\w+)'", log)
     spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
     assert spills and all(s == ("0", "0") for s in spills), log
-
-
-@pytest.mark.skipif(NVCC is None, reason="nvcc not on PATH")
-@pytest.mark.parametrize("head_dim", [128, 64])
-@pytest.mark.parametrize("queries", SHARED_QUERIES)
-def test_attention_q8_1_builds_compile_without_spills(tmp_path, head_dim, queries):
-    """The attention builds ending with q8_1 rows (HX_ATTN_Q8_1, as fused/launch.py compiles them):
-    all three entry points, no spills, static shared memory within 48 KiB."""
-    from hiraishin.kernels.fused.launch import ATTENTION_Q8_1_KERNELS
-    from hiraishin.kernels.quantize.launch import quantize_defines
-
-    src = tmp_path / "attention_q8_1.cu"
-    src.write_text(defines_text({"HX_D": head_dim, "HX_ATTN_Q8_1": 1, **quantize_defines("Q4_K"),
-                                 **shared_defines(queries, None)})
-                   + load_source("quantize/quantize_q8_1.cu", SOURCE_VEC))
-    proc = subprocess.run([NVCC, *FLAGS, str(src), "-o", str(tmp_path / "out.o")], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-    log = proc.stderr + proc.stdout
-    assert set(ATTENTION_Q8_1_KERNELS.values()) <= set(re.findall(r"Compiling entry function '(\w+)'", log))
-    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
-    assert spills and all(s == ("0", "0") for s in spills), log
-    assert all(int(b) <= STATIC_SHARED_LIMIT for b in re.findall(r"(\d+) bytes smem", log)), log

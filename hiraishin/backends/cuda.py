@@ -21,10 +21,7 @@ from ..kernels import attention, elementwise, rmsnorm, rope, tiled
 from ..kernels.attention.launch import current_profile, launch_combine, launch_partials
 from ..kernels.compile import cupy_available, require_cupy
 from ..kernels.fused.launch import (
-    attention_q8_1_counters,
-    attention_q8_1_fits,
     launch_add_rms_norm_q8_1,
-    launch_attention_q8_1,
     launch_combine_q8_1,
     launch_qk_norm_rope_kv,
     launch_rms_norm_q8_1,
@@ -309,26 +306,20 @@ class CudaOps:
 
     def attention_matvec(self, q, k_cache, v_cache, pos, kv_len: int, order, weight, out=None):
         """:meth:`causal_attention`, then the output projection ``weight`` (data, qtype) of its rows
-        (T, H*D). A vector-kernel plan runs the attention build that ends with the rows quantized
-        into the projection's q8_1 layout, its last CUDA block per rows merging the P partials
-        (``fattn_vec_*_q8_1``: one launch instead of attention, combine and quantize; the same bits).
-        The tile kernel's plans keep the combine, quantizing as they merge (``fattn_combine_q8_1``)."""
+        (T, H*D). With more than one parallel block the combine quantizes straight into the
+        projection's q8_1 layout (``fattn_combine_q8_1``: one launch instead of two, the same bits)."""
         T, H, D = q.shape
         plan = self.backend.attention_plan(order, T, kv_len, H, k_cache.shape[1], D)
-        mvs, (layout,) = self._layouts((weight,), T, order)
-        xq = self._q8_1_scratch(T, H * D, layout)
-        parts, meta = self.attention_scratch(plan, T, H, D)
-        if attention_q8_1_fits(plan):
-            counters = attention_q8_1_counters(plan, T, H, k_cache.shape[1])
-            launch_attention_q8_1(q, k_cache, v_cache, pos, plan, parts, meta, xq, counters, layout)
-        elif plan.parallel_blocks == 1:  # normalised inside the attention kernel: nothing to combine
+        if plan.parallel_blocks == 1:  # normalised inside the attention kernel: nothing to combine
             a = self.flash_attn(q, k_cache, v_cache, pos, plan, self.scratch("attn", (T, H, D)),
                                 kv_from_positions=True)
             return self.mul_mat(weight[0], weight[1], a.reshape(T, H * D), order, out)
-        else:
-            # dst is not written when P > 1: the partials stand in for it
-            launch_partials(q, k_cache, v_cache, pos, plan, parts, parts, meta, kv_from_positions=True)
-            launch_combine_q8_1(parts, meta, xq, None, layout)
+        mvs, (layout,) = self._layouts((weight,), T, order)
+        parts, meta = self.attention_scratch(plan, T, H, D)
+        # dst is not written when P > 1: the partials stand in for it
+        launch_partials(q, k_cache, v_cache, pos, plan, parts, parts, meta, kv_from_positions=True)
+        xq = self._q8_1_scratch(T, H * D, layout)
+        launch_combine_q8_1(parts, meta, xq, None, layout)
         return self._run_matvecs((weight,), mvs, {layout: xq}, T, (out,))[0]
 
     def store_kv(self, cache, layer: int, pos, k, v) -> None:

@@ -23,15 +23,6 @@
 // live in shared memory (or, FV_SHARED_QREG, in registers), which changes no value. The queries'
 // accumulator state (16 x D partials each, in registers) is what bounds FV_SHARED_Q.
 //
-// HX_ATTN_Q8_1 (compiled after quantize/quantize_q8_1.cu, whose hx_q8_1_store it calls): the *_q8_1
-// kernels end with the q8_1 quantization of the attention rows (T, H*D) into the layout the output
-// projection's mat-vec reads (HX_LAYOUT), so no combine or quantize launch follows. P == 1: each
-// normalised row is quantized where it is formed. P > 1: each block writes its partials as above,
-// then the last of the P blocks of its rows to finish (a counter per rows, reset by that block)
-// merges them (fv_combine_value, the combine kernel's code) and quantizes. Either way the float
-// operations and their order are those of this kernel, fattn_combine and quantize_q8_1 run one
-// after the other, so the bits are theirs; only which CUDA block runs the merge differs.
-//
 // Every rounding-relevant float op is an explicit intrinsic; exp is hx_expf (fp.cuh). The Numba
 // emulator (emulate.py) performs the same operations in the same order, for every kernel here.
 // Needs fp.cuh prepended and HX_D (64 or 128) defined.
@@ -89,37 +80,7 @@ __device__ __forceinline__ void fv_load_cell(const unsigned short* __restrict__ 
 #define FV_SHARED_QREG 0
 #endif
 
-// Merge the P partials of one (token, head) in block order (llama.cpp flash_attn_combine_results,
-// reference section 6.4). The merged value of output dimension tid of row (token, head) `row`: the
-// P partials weighted in block order. meta_sh: the row's (P, 2) meta, loaded by fv_load_meta (shared,
-// after a barrier). Partials are read through L2 (__ldcg): under HX_ATTN_Q8_1 other CUDA blocks of
-// the same launch wrote them, so no L1 copy may be used; the values are the same either way.
-__device__ __forceinline__ float fv_combine_value(const float* __restrict__ parts, const float* meta_sh,
-                                                  const int P, const size_t row, const int tid) {
-    constexpr int D = HX_D;
-    float kqmax = meta_sh[0];
-    for (int l = 1; l < P; ++l) kqmax = fmaxf(kqmax, meta_sh[2 * l]);
-    float num = 0.0f;
-    float den = 0.0f;
-    for (int l = 0; l < P; ++l) {
-        const float s = hx_expf(__fsub_rn(meta_sh[2 * l], kqmax));
-        num = __fmaf_rn(s, __ldcg(parts + (row * P + l) * D + tid), num);
-        den = __fmaf_rn(s, meta_sh[2 * l + 1], den);
-    }
-    return __fdiv_rn(num, den);
-}
-
-// The (P, 2) meta of row `row` into shared memory by threads tid of nthreads, then a barrier.
-__device__ __forceinline__ void fv_load_meta(const float* __restrict__ meta, float* meta_sh, const int P,
-                                             const size_t row, const int tid, const int nthreads) {
-    for (int l = tid; l < 2 * P; l += nthreads) meta_sh[l] = __ldcg(meta + row * 2 * P + l);
-    __syncthreads();
-}
-
-// Largest P the fused merge takes: its meta lives in the kernel's KQ buffer (16 * D floats).
-#define FV_FUSED_MAX_P (8 * HX_D)
-
-template <int NCOLS, bool SHARE_KV, bool Q8 = false>
+template <int NCOLS, bool SHARE_KV>
 __device__ __forceinline__ void fattn_vec_impl(
     const float* __restrict__ Q,            // (n_tokens, n_head, D) float32
     const unsigned short* __restrict__ K,   // (n_ctx, n_head_kv, D) f16 bits
@@ -129,9 +90,7 @@ __device__ __forceinline__ void fattn_vec_impl(
     float* __restrict__ parts,              // (n_tokens, n_head, P, D), written when P > 1
     float* __restrict__ meta,               // (n_tokens, n_head, P, 2), written when P > 1
     const int n_tokens, const int n_head, const int n_head_kv, const int kv_len_arg,
-    const int kv_attended, const int chunk_cells, const float scale,
-    unsigned char* __restrict__ yq = nullptr,  // Q8: the rows' q8_1 bytes (HX_LAYOUT)
-    unsigned int* __restrict__ counters = nullptr) {  // Q8, P > 1: one per (blockIdx.x, blockIdx.z), zero
+    const int kv_attended, const int chunk_cells, const float scale) {
     constexpr int D = HX_D;
     // kv_len_arg < 0: the KV length is the last query's position + 1, read from q_pos (a forward
     // pass's queries are the cache's last cells), so a CUDA graph of the pass replays at any position.
@@ -332,11 +291,7 @@ __device__ __forceinline__ void fattn_vec_impl(
             for (int wg = 0; wg < 16; ++wg) o = __fadd_rn(o, KQ[wg * D + tid]);
             const size_t row = (size_t)t * n_head + head_of(j);
             if (P == 1) {
-                const float out = __fdiv_rn(o, S);
-                if (!Q8 || dst != nullptr) dst[row * D + tid] = out;
-#ifdef HX_ATTN_Q8_1
-                if constexpr (Q8) hx_q8_1_store(yq, t, n_head * D / 32, (head_of(j) * D + tid) / 32, tid % 32, out);
-#endif
+                dst[row * D + tid] = __fdiv_rn(o, S);
             } else {
                 parts[(row * P + y) * D + tid] = o;
                 if (tid == 0) {
@@ -347,35 +302,6 @@ __device__ __forceinline__ void fattn_vec_impl(
         }
         __syncthreads();  // KQ is reused by the next query of the block
     }
-#ifdef HX_ATTN_Q8_1
-    if constexpr (Q8) {
-        if (P == 1) return;
-        // The last of the P blocks of these rows merges them: every thread's partials are visible
-        // device-wide before thread 0 counts this block in (the threadFenceReduction pattern).
-        __shared__ unsigned int is_last;
-        __threadfence();
-        __syncthreads();
-        const unsigned int c = blockIdx.z * gridDim.x + blockIdx.x;
-        if (tid == 0) is_last = atomicAdd(&counters[c], 1u) == (unsigned int)(P - 1);
-        __syncthreads();
-        if (!is_last) return;
-        if (tid == 0) counters[c] = 0u;  // zero again for the next launch
-        __threadfence();
-        float* meta_sh = KQ;  // free after the loop above; P <= FV_FUSED_MAX_P (launch.py checks)
-#pragma unroll 1
-        for (int j = 0; j < NCOLS; ++j) {
-            const int t = token_of(j);
-            if (t >= n_tokens) break;  // the same for the whole block; later queries are missing too
-            const size_t row = (size_t)t * n_head + head_of(j);
-            fv_load_meta(meta, meta_sh, P, row, tid, FV_NTHREADS);
-            if (tid < D) {
-                const float o = fv_combine_value(parts, meta_sh, P, row, tid);
-                hx_q8_1_store(yq, t, n_head * D / 32, (head_of(j) * D + tid) / 32, tid % 32, o);
-            }
-            __syncthreads();  // meta_sh is reused by the next query
-        }
-    }
-#endif
 }
 
 // One query per block (llama.cpp's ncols = 1 instance).
@@ -416,32 +342,37 @@ fattn_vec_shared(const float* __restrict__ Q, const unsigned short* __restrict__
                                       kv_attended, chunk_cells, scale);
 }
 
-#ifdef HX_ATTN_Q8_1
-// The three kernels above ending with the q8_1 rows (see the top): yq gets the attention rows'
-// q8_1 bytes in HX_LAYOUT; counters (zero, one per blockIdx.x, blockIdx.z) order the merge when
-// P > 1; dst may be null (not written; P == 1 only writes it).
-#define FV_Q8_KERNEL(name, NCOLS, SHARE_KV)                                                                   \
-    extern "C" __global__ void __launch_bounds__(FV_NTHREADS, 1)                                              \
-    name(const float* __restrict__ Q, const unsigned short* __restrict__ K, const unsigned short* __restrict__ V, \
-         const int* __restrict__ q_pos, float* __restrict__ dst, float* __restrict__ parts,                   \
-         float* __restrict__ meta, const int n_tokens, const int n_head, const int n_head_kv,                 \
-         const int kv_len, const int kv_attended, const int chunk_cells, const float scale,                   \
-         unsigned char* __restrict__ yq, unsigned int* __restrict__ counters) {                               \
-        HX_PDL_ENTRY();                                                                                       \
-        fattn_vec_impl<NCOLS, SHARE_KV, true>(Q, K, V, q_pos, dst, parts, meta, n_tokens, n_head, n_head_kv,  \
-                                              kv_len, kv_attended, chunk_cells, scale, yq, counters);         \
+// Merge the P partials of one (token, head) in block order (llama.cpp flash_attn_combine_results,
+// reference section 6.4). Grid (n_tokens, n_head), block D threads, dynamic shared 8*P bytes.
+// The merged value of output dimension tid of row (token, head) `row`: the P partials weighted
+// in block order. meta_sh: the row's (P, 2) meta, loaded by the caller (shared, after a barrier).
+__device__ __forceinline__ float fv_combine_value(const float* __restrict__ parts, const float* meta_sh,
+                                                  const int P, const size_t row, const int tid) {
+    constexpr int D = HX_D;
+    float kqmax = meta_sh[0];
+    for (int l = 1; l < P; ++l) kqmax = fmaxf(kqmax, meta_sh[2 * l]);
+    float num = 0.0f;
+    float den = 0.0f;
+    for (int l = 0; l < P; ++l) {
+        const float s = hx_expf(__fsub_rn(meta_sh[2 * l], kqmax));
+        num = __fmaf_rn(s, parts[(row * P + l) * D + tid], num);
+        den = __fmaf_rn(s, meta_sh[2 * l + 1], den);
     }
-FV_Q8_KERNEL(fattn_vec_q1_q8_1, 1, false)
-FV_Q8_KERNEL(fattn_vec_qn_q8_1, 2, false)
-FV_Q8_KERNEL(fattn_vec_shared_q8_1, FV_SHARED_Q, true)
-#endif
+    return __fdiv_rn(num, den);
+}
+
+__device__ __forceinline__ void fv_load_meta(const float* __restrict__ meta, float* meta_sh, const int P,
+                                             const size_t row) {
+    for (int l = threadIdx.x; l < 2 * P; l += blockDim.x) meta_sh[l] = meta[row * 2 * P + l];
+    __syncthreads();
+}
 
 extern "C" __global__ void fattn_combine(const float* __restrict__ parts, const float* __restrict__ meta,
                                          float* __restrict__ dst, const int P) {
     HX_PDL_ENTRY();
     extern __shared__ float meta_sh[];  // (P, 2): block max, block sum
     const size_t row = (size_t)blockIdx.x * gridDim.y + blockIdx.y;
-    fv_load_meta(meta, meta_sh, P, row, threadIdx.x, blockDim.x);
+    fv_load_meta(meta, meta_sh, P, row);
     dst[row * HX_D + threadIdx.x] = fv_combine_value(parts, meta_sh, P, row, threadIdx.x);
 }
 
@@ -455,7 +386,7 @@ extern "C" __global__ void fattn_combine_q8_1(const float* __restrict__ parts, c
     HX_PDL_ENTRY();
     extern __shared__ float meta_sh[];
     const size_t row = (size_t)blockIdx.x * gridDim.y + blockIdx.y;
-    fv_load_meta(meta, meta_sh, P, row, threadIdx.x, blockDim.x);
+    fv_load_meta(meta, meta_sh, P, row);
     const int tid = threadIdx.x;
     const float o = fv_combine_value(parts, meta_sh, P, row, tid);
     if (dst != nullptr) dst[row * HX_D + tid] = o;

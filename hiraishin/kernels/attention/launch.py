@@ -18,8 +18,8 @@ from ...plans.attention import (KERNEL_COMBINE, KERNEL_Q1, KERNEL_QN, KERNEL_SHA
 from ..compile import get_kernel, kernel_attributes, require_cupy
 from .emulate import attention_scale
 
-__all__ = ["launch", "launch_partials", "launch_combine", "launch_geometry", "kernel_kv_len", "attention_scale_of",
-           "shared_defines", "SOURCE_VEC", "measure_occupancy", "current_profile", "kernel_report"]
+__all__ = ["launch", "launch_partials", "launch_combine", "measure_occupancy", "current_profile",
+           "kernel_report"]
 
 SOURCE_VEC = "attention/fattn_vec.cu"
 SOURCE_TILE = "attention/fattn_tile.cu"
@@ -56,35 +56,12 @@ def _scale(head_dim: int) -> np.float32:
     return attention_scale(head_dim)
 
 
-def attention_scale_of(head_dim: int) -> np.float32:
-    """The kernels' ``scale`` argument for ``head_dim`` (1/sqrt(D) as float32; cached)."""
-    return _scale(head_dim)
-
-
 def _kv_len(plan: AttentionPlan) -> int:
     return plan.kv_len if plan.kv_len is not None else plan.kv_attended
 
 
 # The kernels' kv_len argument meaning "the last query's position + 1, read from q_pos".
 KV_LEN_FROM_POSITIONS = -1
-
-
-def launch_geometry(plan: AttentionPlan, T: int, H: int, n_head_kv: int):
-    """``(kernel name, queries per block or 0, grid, extent)`` of one attention launch of ``plan``
-    for T queries of H heads: what :func:`launch_partials` and the fused launch
-    (:mod:`hiraishin.kernels.fused`) both launch. ``extent`` is the kernel's ``chunk_cells`` argument."""
-    P = plan.parallel_blocks
-    if plan.kernel == "tile":
-        return KERNEL_TILE, 0, ((T + TILE_QUERIES - 1) // TILE_QUERIES, P, H), plan.split_cells
-    if plan.shared_kv:  # the T * G queries of each KV head, queries_per_block per block
-        return (KERNEL_SHARED, plan.queries_per_block,
-                (-(-T * (H // n_head_kv) // plan.queries_per_block), P, n_head_kv), plan.chunk_cells)
-    return plan.kernel_name, 0, (-(-T // plan.queries_per_block), P, H), plan.chunk_cells
-
-
-def kernel_kv_len(plan: AttentionPlan, kv_from_positions: bool) -> int:
-    """The kernels' ``kv_len`` argument: :data:`KV_LEN_FROM_POSITIONS` or the plan's KV length."""
-    return KV_LEN_FROM_POSITIONS if kv_from_positions else _kv_len(plan)
 
 
 def launch_partials(q, k_cache, v_cache, q_pos, plan: AttentionPlan, out, parts, meta, kv_from_positions=False,
@@ -99,16 +76,23 @@ def launch_partials(q, k_cache, v_cache, q_pos, plan: AttentionPlan, out, parts,
     depends on it).
     """
     T, H, D = q.shape
-    if plan.parallel_blocks == 1:
+    P = plan.parallel_blocks
+    if P == 1:
         parts = meta = out  # not written by the kernel when P == 1
+    kv_len = KV_LEN_FROM_POSITIONS if kv_from_positions else _kv_len(plan)
+    scale = _scale(D)
     n_head_kv = k_cache.shape[1]
-    name, queries, grid, extent = launch_geometry(plan, T, H, n_head_kv)
-    kernel = _kernel(name, D, queries, build)
+    if plan.kernel == "tile":
+        kernel, grid, extent = _kernel(KERNEL_TILE, D), ((T + TILE_QUERIES - 1) // TILE_QUERIES, P, H), plan.split_cells
+    elif plan.shared_kv:  # the T * G queries of each KV head, queries_per_block per block
+        kernel = _kernel(KERNEL_SHARED, D, plan.queries_per_block, build)
+        grid, extent = (-(-T * (H // n_head_kv) // plan.queries_per_block), P, n_head_kv), plan.chunk_cells
+    else:
+        kernel, grid, extent = _kernel(plan.kernel_name, D), (-(-T // plan.queries_per_block), P, H), plan.chunk_cells
     kernel(
         grid, (NTHREADS, 1, 1) if plan.kernel == "tile" else (32, NTHREADS // 32, 1),
         (q, k_cache, v_cache, q_pos, out, parts, meta, np.int32(T), np.int32(H), np.int32(n_head_kv),
-         np.int32(kernel_kv_len(plan, kv_from_positions)), np.int32(plan.kv_attended), np.int32(extent),
-         np.float32(_scale(D))))
+         np.int32(kv_len), np.int32(plan.kv_attended), np.int32(extent), np.float32(scale)))
     return out
 
 

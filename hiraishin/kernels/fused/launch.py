@@ -12,17 +12,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...plans.attention import AttentionPlan
-from ..attention.launch import (SOURCE_VEC, attention_scale_of, kernel_kv_len, launch_geometry,
-                                shared_defines)
-from ..compile import get_kernel, require_cupy
+from ..compile import get_kernel
 from ..quantize.launch import QUANTIZE_WARPS_PER_BLOCK, output_shape, quantize_defines
 from ..rmsnorm.emulate import block_threads
 
 __all__ = ["SOURCE", "NULL", "fused_kernel", "norm_slices", "RmsNormQ8_1Launch", "AddRmsNormQ8_1Launch", "SwigluQ8_1Launch",
            "QkNormRopeKvLaunch", "launch_rms_norm_q8_1", "launch_add_rms_norm_q8_1", "launch_swiglu_q8_1",
-           "launch_qk_norm_rope_kv", "SOURCE_COMBINE", "CombineQ8_1Launch", "launch_combine_q8_1",
-           "ATTENTION_Q8_1_KERNELS", "attention_q8_1_fits", "attention_q8_1_counters", "launch_attention_q8_1"]
+           "launch_qk_norm_rope_kv", "SOURCE_COMBINE", "CombineQ8_1Launch", "launch_combine_q8_1"]
 
 # fused.cu is compiled after the unfused sources whose device functions it calls (hx_rms_scale,
 # hx_q8_1_store): one copy of that code for the fused and the unfused kernels.
@@ -231,65 +227,3 @@ def launch_combine_q8_1(parts, meta, out_q, out=None, layout: str | None = None)
     """:class:`CombineQ8_1Launch` for ``parts``' shape (cached), unchecked. Returns ``out_q``."""
     T, H, P, D = parts.shape
     return _cached(CombineQ8_1Launch, T, H, P, D, layout)(parts, meta, out_q, out)
-
-
-# ---- attention whose last CUDA block per rows merges and quantizes (fattn_vec.cu, HX_ATTN_Q8_1)
-
-# the vector kernels and their q8_1-ending builds (the tile kernel has none: it keeps its combine)
-ATTENTION_Q8_1_KERNELS = {"fattn_vec_q1": "fattn_vec_q1_q8_1", "fattn_vec_qn": "fattn_vec_qn_q8_1",
-                          "fattn_vec_shared": "fattn_vec_shared_q8_1"}
-_ATTN_THREADS = 128  # fattn_vec's block (32, 4)
-_MERGE_META_FLOATS_PER_D = 16  # the fused merge keeps a row's (P, 2) meta in KQ: 16 * D floats
-
-
-def attention_q8_1_fits(plan: AttentionPlan) -> bool:
-    """Whether ``plan``'s launch has a q8_1-ending build: a vector kernel with at most 8 * D
-    parallel blocks (their meta must fit the kernel's KQ buffer)."""
-    return (plan.kernel == "vec" and 2 * plan.parallel_blocks <= _MERGE_META_FLOATS_PER_D * plan.head_dim)
-
-
-def _attention_q8_1_kernel(name: str, head_dim: int, queries: int, layout: str | None):
-    defines = {**quantize_defines(layout), "HX_D": head_dim, "HX_ATTN_Q8_1": 1}
-    if name == "fattn_vec_shared":
-        defines.update(shared_defines(queries))
-    return get_kernel(("quantize/quantize_q8_1.cu", SOURCE_VEC), ATTENTION_Q8_1_KERNELS[name], defines)
-
-
-_counters: dict = {}
-
-
-def attention_q8_1_counters(plan: AttentionPlan, T: int, H: int, n_head_kv: int):
-    """The zeroed merge counters a :func:`launch_attention_q8_1` of ``plan`` for T queries of H heads
-    (``n_head_kv`` KV heads) needs (one
-    per CUDA block column; the last block of each sets its counter back to zero, so one buffer per
-    device serves every launch). Allocated on first use: call once before a CUDA-graph capture."""
-    cp = require_cupy()
-    _, _, grid, _ = launch_geometry(plan, T, H, n_head_kv)
-    need = grid[0] * grid[2]
-    dev = cp.cuda.Device().id
-    have = _counters.get(dev)
-    if have is None or have.size < need:
-        have = _counters[dev] = cp.zeros(max(need, 1024), np.uint32)
-    return have
-
-
-def launch_attention_q8_1(q, k_cache, v_cache, q_pos, plan: AttentionPlan, parts, meta, out_q, counters,
-                          layout: str | None = None, kv_from_positions: bool = True, out=None):
-    """Attention of ``plan`` ending with its rows (T, H*D) quantized to q8_1 in ``layout`` (``out_q``,
-    uint8 :func:`~hiraishin.kernels.quantize.launch.output_shape` ``(T, H*D, layout)``): the bits of
-    the attention launch, ``fattn_combine`` (P > 1) and ``quantize_q8_1`` in one launch, the merge done
-    by the last CUDA block of each row set. ``parts``/``meta``: the P > 1 scratch (else None);
-    ``counters``: :func:`attention_q8_1_counters`; ``out`` float32 (T, H, D) is written only when
-    P == 1 (None: not written). Needs :func:`attention_q8_1_fits` (plan); unchecked otherwise."""
-    T, H, D = q.shape
-    n_head_kv = k_cache.shape[1]
-    name, queries, grid, extent = launch_geometry(plan, T, H, n_head_kv)
-    kernel = _attention_q8_1_kernel(name, D, queries, layout)
-    o = _ptr(out)
-    parts = o if parts is None else parts
-    meta = o if meta is None else meta
-    kernel(grid, (32, _ATTN_THREADS // 32, 1),
-           (q, k_cache, v_cache, q_pos, o, parts, meta, np.int32(T), np.int32(H), np.int32(n_head_kv),
-            np.int32(kernel_kv_len(plan, kv_from_positions)), np.int32(plan.kv_attended), np.int32(extent),
-            np.float32(attention_scale_of(D)), out_q, counters))
-    return out_q
