@@ -18,6 +18,8 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hiraishin.atomic import atomic_write  # noqa: E402
@@ -42,6 +44,21 @@ def measure(path: str, order_name: str, steps: int) -> dict:
     graphs = model.pass_graphs
     graph = next(reversed(graphs._graphs[(order, 1)].values()))  # the graph the last steps replayed
     stream = graphs.stream
+    argmax = model.pass_buffers(1)["argmax"]
+    parts = {"launch_sync": [], "launch_download": [], "upload_launch_download": []}
+    for _ in range(steps):  # the step's pieces: launch + synchronize; + the argmax copy; + the inputs' copy
+        for name in parts:
+            stream.synchronize()
+            t0 = time.perf_counter()
+            with stream:
+                if name == "upload_launch_download":
+                    graphs._upload(1, np.array([token], np.int32), model.kv_len - 1)
+                graph.launch(stream)
+                if name == "launch_sync":
+                    stream.synchronize()
+                else:
+                    graphs._download(1, argmax)
+            parts[name].append(time.perf_counter() - t0)
     replay = []
     for _ in range(3):
         sync()
@@ -54,6 +71,7 @@ def measure(path: str, order_name: str, steps: int) -> dict:
     step_ms, gpu_ms = 1e3 * statistics.median(loop), 1e3 * min(replay)
     return {"model": Path(path).name, "order": order.name, "steps": steps, "loop_step_ms": step_ms,
             "back_to_back_replay_ms": gpu_ms, "host_ms_per_step": step_ms - gpu_ms,
+            "pieces_ms": {k: 1e3 * statistics.median(v) for k, v in parts.items()},
             "loop_s": loop, "replay_s_per_step": replay}
 
 
@@ -69,7 +87,7 @@ def main(argv=None) -> int:
         r = measure(path, args.order, args.steps)
         rows.append(r)
         print(f"{r['model']}: loop step {r['loop_step_ms']:.3f} ms, back-to-back replay {r['back_to_back_replay_ms']:.3f} ms, "
-              f"host {r['host_ms_per_step'] * 1e3:.0f} us per step", flush=True)
+              f"host {r['host_ms_per_step'] * 1e3:.0f} us per step; pieces (ms) {r['pieces_ms']}", flush=True)
     if args.json:
         out = {"commit": git_commit(), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "rows": rows}
         with atomic_write(args.json) as f:

@@ -19,6 +19,11 @@ Inside a capture the kernels launch with programmatic dependent launch where the
 it (``hiraishin/kernels/pdl.py``): each kernel's blocks may start while the previous one finishes
 and wait in ``HX_PDL_ENTRY`` for its results, which hides part of the gap between nodes and
 changes no bit. ``PassGraphs(..., pdl=False)`` or ``HIRAISHIN_PDL=0`` captures plain launches.
+
+Host work per replay is kept small, since the GPU idles while the host prepares the next pass
+(bench/host_overhead.py measures it): a width's token ids and positions live in ONE device buffer
+filled by one asynchronous copy from a page-locked staging buffer, and the greedy tokens of an
+argmax pass come back the same way (a pageable copy is staged by the driver, synchronously).
 """
 
 from __future__ import annotations
@@ -53,8 +58,9 @@ class PassGraphs:
         self.max_tokens = int(max_tokens)
         self.pdl = bool(pdl)  # capture with programmatic dependent launches (see the module docstring)
         self.stream = cp.cuda.Stream(non_blocking=True)
-        self._ids: dict = {}  # T -> int32 (T,) device token ids
-        self._pos: dict = {}  # T -> int32 (T,) device positions
+        self._io: dict = {}  # T -> int32 (2T,) device: token ids, then positions (the captured inputs)
+        self._stage: dict = {}  # T -> page-locked int32 (2T,): what the next replay's inputs are
+        self._out: dict = {}  # T -> page-locked int32 (T,): an argmax pass's tokens
         self._warm: set = set()  # (order, T) that ran once eagerly
         self._failed: set = set()  # (order, T) whose capture failed
         self._graphs: dict = {}  # (order, T) -> OrderedDict plan signature -> cupy Graph (recent last)
@@ -65,12 +71,35 @@ class PassGraphs:
         return sum(len(g) for g in self._graphs.values())
 
     def _inputs(self, T: int):
-        ids = self._ids.get(T)
-        if ids is None:
+        """The device ids and positions (views of one (2T,) buffer) a T-token graph reads."""
+        io = self._io.get(T)
+        if io is None:
+            import cupyx
+
             cp = self.model.backend.xp
-            ids = self._ids[T] = cp.zeros((T,), np.int32)
-            self._pos[T] = cp.zeros((T,), np.int32)
-        return ids, self._pos[T]
+            io = self._io[T] = cp.zeros((2 * T,), np.int32)
+            self._stage[T] = cupyx.empty_pinned((2 * T,), np.int32)
+            self._out[T] = cupyx.empty_pinned((T,), np.int32)
+        return io[:T], io[T:]
+
+    def _upload(self, T: int, tokens: np.ndarray, start_pos: int) -> None:
+        """Token ids and positions into the width's device buffer: one asynchronous copy on the stream."""
+        cp = self.model.backend.xp
+        stage = self._stage[T]
+        stage[:T] = tokens
+        stage[T:] = np.arange(start_pos, start_pos + T, dtype=np.int32)
+        io = self._io[T]
+        cp.cuda.runtime.memcpyAsync(io.data.ptr, stage.ctypes.data, stage.nbytes,
+                                    cp.cuda.runtime.memcpyHostToDevice, self.stream.ptr)
+
+    def _download(self, T: int, a) -> np.ndarray:
+        """A (T,) int32 device result to the host through the page-locked buffer (then synchronized)."""
+        cp = self.model.backend.xp
+        out = self._out[T]
+        cp.cuda.runtime.memcpyAsync(out.ctypes.data, a.data.ptr, out.nbytes, cp.cuda.runtime.memcpyDeviceToHost,
+                                    self.stream.ptr)
+        self.stream.synchronize()
+        return out.copy()  # the buffer is reused by the next pass
 
     def _plan(self, order, T: int, start_pos: int):
         c = self.model.config
@@ -92,8 +121,7 @@ class PassGraphs:
                plan.split_cells, plan.shared_kv)
         width_graphs = self._graphs.setdefault((order, T), OrderedDict())
         with self.stream:
-            ids.set(tokens)  # host -> device on this stream, before the launches that read it
-            pos.set(np.arange(start_pos, start_pos + T, dtype=np.int32))
+            self._upload(T, tokens, start_pos)  # on this stream, before the launches that read them
             graph = width_graphs.get(sig)
             if graph is not None:
                 width_graphs.move_to_end(sig)
@@ -109,6 +137,8 @@ class PassGraphs:
                 while len(width_graphs) > GRAPHS_PER_WIDTH:
                     width_graphs.popitem(last=False)
                 graph.launch(self.stream)
+            if want == "argmax":
+                return self._download(T, buf[want])
             return m.backend.to_host(buf[want])
 
     def _capture(self, ids, pos, start_pos: int, order, buf: dict, plan):

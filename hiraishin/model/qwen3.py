@@ -202,7 +202,11 @@ class Qwen3:
         if isinstance(tokens, (str, bytes, bytearray)):
             raise HiraishinError(f"forward takes token ids, not {type(tokens).__name__}; encode text with "
                                  "model.tokenizer.encode first")
-        if isinstance(tokens, np.ndarray) and tokens.dtype.kind in "iu":
+        if isinstance(tokens, list) and tokens and all(type(t) is int for t in tokens):
+            ids = np.asarray(tokens)  # the common case (a decoding loop's ids), without the object path
+            if ids.dtype.kind not in "iu":  # beyond 64 bits: numpy made objects
+                ids = np.array(tokens, dtype=object)
+        elif isinstance(tokens, np.ndarray) and tokens.dtype.kind in "iu":
             ids = tokens.reshape(-1)
         else:  # Python ints of any size (2**63 must be an error, not an OverflowError)
             flat = np.asarray(tokens, dtype=object).reshape(-1)
