@@ -4,6 +4,7 @@
 # build of llama-bench and the speculative examples does not read. Run here, in the repo root.
 set -euo pipefail
 VERSION=${LLAMA_CPP_PYTHON_VERSION:-0.3.36}
+REPO=$PWD
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 python3 -m pip download -q --no-deps --no-binary :all: "llama-cpp-python==$VERSION" -d "$TMP"
@@ -15,6 +16,7 @@ for d in ggml/src/ggml-*/; do
     case "$d" in ggml/src/ggml-cuda/|ggml/src/ggml-cpu/) ;; *) rm -rf "$d" ;; esac
 done
 cd ..
-mkdir -p "$OLDPWD/.whl"
-tar -cJf "$OLDPWD/.whl/llama.cpp-src.tar.xz" llama.cpp
-ls -la "$OLDPWD/.whl/llama.cpp-src.tar.xz"
+mkdir -p "$REPO/.whl"
+tar -cJf "$TMP/src.tar.xz" llama.cpp
+mv "$TMP/src.tar.xz" "$REPO/.whl/llama.cpp-src.tar.xz"
+ls -la "$REPO/.whl/llama.cpp-src.tar.xz"
