@@ -39,7 +39,7 @@ fi
 if want host; then
     echo "== host overhead ($(left) s left)"
     timeout $(( $(left) < 120 ? $(left) : 120 )) python3 bench/host_overhead.py /tmp/qwen3-0.6b.gguf /tmp/qwen3-8b.gguf \
-        --json "$OUT/host-overhead.json" 2>&1 | tail -n 4
+        --json "$OUT/host-overhead.json" ${HOST_ARGS:-} 2>&1 | tail -n ${HOST_TAIL:-4}
 fi
 
 if want tests; then

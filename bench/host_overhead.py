@@ -27,7 +27,7 @@ from hiraishin.benchmark import ORDERS, git_commit  # noqa: E402
 from hiraishin.model.qwen3 import Qwen3  # noqa: E402
 
 
-def measure(path: str, order_name: str, steps: int) -> dict:
+def measure(path: str, order_name: str, steps: int, profile: bool = False) -> dict:
     order = ORDERS[order_name]
     model = Qwen3.from_gguf(path, device="cuda", n_ctx=512, progress=False)
     sync = model.backend.synchronize
@@ -35,13 +35,29 @@ def measure(path: str, order_name: str, steps: int) -> dict:
     token = 1
     for _ in range(4):  # eager pass, capture, replays
         token = int(model.forward_argmax([token], model.kv_len, order=order)[-1])
+    graphs = model.pass_graphs
+    captures = graphs.captures
     loop = []
     for _ in range(steps):
         sync()
         t0 = time.perf_counter()
         token = int(model.forward_argmax([token], model.kv_len, order=order)[-1])
         loop.append(time.perf_counter() - t0)
-    graphs = model.pass_graphs
+    captures = graphs.captures - captures
+    top = None
+    if profile:  # where the host time of a step goes (cProfile over more steps, by own time)
+        import cProfile
+        import io
+        import pstats
+
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(steps):
+            token = int(model.forward_argmax([token], model.kv_len, order=order)[-1])
+        prof.disable()
+        text = io.StringIO()
+        pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(18)
+        top = text.getvalue()
     graph = next(reversed(graphs._graphs[(order, 1)].values()))  # the graph the last steps replayed
     stream = graphs.stream
     argmax = model.pass_buffers(1)["argmax"]
@@ -72,6 +88,7 @@ def measure(path: str, order_name: str, steps: int) -> dict:
     return {"model": Path(path).name, "order": order.name, "steps": steps, "loop_step_ms": step_ms,
             "back_to_back_replay_ms": gpu_ms, "host_ms_per_step": step_ms - gpu_ms,
             "pieces_ms": {k: 1e3 * statistics.median(v) for k, v in parts.items()},
+            "captures_during_loop": captures, "profile": top,
             "loop_s": loop, "replay_s_per_step": replay}
 
 
@@ -81,13 +98,17 @@ def main(argv=None) -> int:
     ap.add_argument("--order", default="invariant", choices=sorted(ORDERS))
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--json")
+    ap.add_argument("--profile", action="store_true", help="also cProfile the loop and print the top functions")
     args = ap.parse_args(argv)
     rows = []
     for path in args.models:
-        r = measure(path, args.order, args.steps)
+        r = measure(path, args.order, args.steps, args.profile)
         rows.append(r)
         print(f"{r['model']}: loop step {r['loop_step_ms']:.3f} ms, back-to-back replay {r['back_to_back_replay_ms']:.3f} ms, "
-              f"host {r['host_ms_per_step'] * 1e3:.0f} us per step; pieces (ms) {r['pieces_ms']}", flush=True)
+              f"host {r['host_ms_per_step'] * 1e3:.0f} us per step; pieces (ms) {r['pieces_ms']}; "
+              f"captures in the loop {r['captures_during_loop']}", flush=True)
+        if r["profile"]:
+            print(r["profile"], flush=True)
     if args.json:
         out = {"commit": git_commit(), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "rows": rows}
         with atomic_write(args.json) as f:
