@@ -12,9 +12,11 @@ from .errors import HiraishinError
 
 __all__ = ["format_report", "write_json", "read_llama_bench"]
 
-# Stock llama.cpp on an H200 with the same synthetic files (llama-bench, sm_90 build, -fa on;
-# shared/reference/performance.md section 1): recorded figures, printed beside ours, not run here.
-LLAMA_CPP_H200 = {"decode_ms_8b": 4.00, "draft_step_ms_0.6b": 1.40, "verify_9_16_ms_8b": 8.5}
+# Stock llama.cpp on an H200 with the same synthetic files (llama-bench -fa on, an sm_90 build of the
+# sources llama-cpp-python 0.3.36 vendors; medians of its runs, 2026-12-02,
+# bench/results/2026-12-02-h200-session4/c-host-profile-llama-cpp): tg128 3.90 ms/token (8B) and
+# 1.38 (0.6B); one pass of 9 / 12 / 16 tokens 7.7 / 8.2 / 8.3 ms. Printed beside ours, not run here.
+LLAMA_CPP_H200 = {"decode_ms_8b": 3.90, "draft_step_ms_0.6b": 1.38, "verify_9_16_ms_8b": 8.2}
 
 
 def _json_ready(x):
