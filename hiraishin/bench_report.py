@@ -159,6 +159,14 @@ def format_report(r: dict) -> str:
                  f"{1e3 / rep['speculative_tok_s']:>11.3f} | {rep['speedup']:>6.2f}x | {rc['drafting']:>8.3f} | "
                  f"{rc['verifying']:>9.3f} | {rc['bookkeeping']:>11.3f} | {rep['tokens_per_cycle']:>9.2f} | "
                  f"{rep['acceptance']:>6.1%} | {rep['mean_verify_batch']:>12.2f} | {'yes':>8} |")
+    lines.append("where each speedup comes from: tokens per cycle / (a cycle's drafting + verifying + bookkeeping, "
+                 "each in plain decoding steps)")
+    for name, s in r["speculative"].items():
+        c, p = s["cycle_ms"], s["plain_ms_per_token"]
+        if p and p > 0:
+            d, v, b = c["drafting"] / p, c["verifying"] / p, c["bookkeeping"] / p
+            lines.append(f"  {name}: {s['tokens_per_cycle']:.2f} / ({d:.2f} + {v:.2f} + {b:.2f}) = "
+                         f"{s['tokens_per_cycle'] / (d + v + b):.2f}x")
     for name, s in r["speculative"].items():
         if not s["schedule_reproduced"]:
             lines.append(f"note: under {name} the target's argmax departed from the oracle schedule "

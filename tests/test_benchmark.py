@@ -60,6 +60,9 @@ def test_quick_cpu_bench_writes_every_key_and_speculation_is_exact(micro_path, t
     assert s["matches_plain"] is True and s["first_divergence"] is None
     assert s["schedule_reproduced"] is True
     assert r["oracle"]["report"] == json.loads(json.dumps(REPORT))
+    # the printed decomposition (tokens per cycle / a cycle in plain steps) is the speedup itself
+    line = next(ln for ln in text.splitlines() if ln.startswith("  batch_invariant: "))
+    assert line.endswith(f"= {s['speedup']:.2f}x"), line
 
 
 def test_oracle_schedule_has_the_report_profile_and_is_seeded():
