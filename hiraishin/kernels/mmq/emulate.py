@@ -3,6 +3,8 @@
 The integers (dot products of a q8_1 block with a weight sub-block) are computed here in plain
 k order: they are exact, so any order gives the kernel's (tensor-core) values. Every float
 operation is the kernel's, in the kernel's order: ``fmaf`` where it writes ``__fmaf_rn``.
+For speed on the CPU the activations are decoded to integers once per call and each weight row
+once (not once per row and column); that changes which integers are formed when, not a value.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ from numba import njit, prange
 
 from ...fp import F16_TO_F32, fmaf
 from ...quant import BLOCK_BYTES, BLOCK_ELEMS
-from ..blocks import half_at, q4_k_dot32, q4_k_scale_min, q6_k_dot32
+from ..blocks import (Q4_K_BYTES, Q6_K_BYTES, QK_K, half_at, q4_k_dot32, q4_k_row_values, q4_k_scale_min, q6_k_dot32, q6_k_row_values,
+                      q8_1_ints)
 
 __all__ = ["emulate", "segment_starts"]
 
@@ -21,33 +24,35 @@ _Q8_ELEMS = BLOCK_ELEMS["Q8_1"]
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
-def _mmq_q4_k(w, xq, starts, out, f16):
+def _mmq_q4_k(w, xi, xd, xs, starts, out, f16):
     nrows = w.shape[0]
-    ncols = xq.shape[0]
+    ncols = xi.shape[0]
     nseg = starts.shape[0] - 1
+    nsb = w.shape[1] // Q4_K_BYTES
     for r in prange(nrows):
-        ws = np.empty(8, dtype=np.float32)
-        wm = np.empty(8, dtype=np.float32)
+        # the row once: its 4-bit values in k order and each sub-block's d*sc, dmin*m (float32 products)
+        qv = np.empty(nsb * QK_K, dtype=np.int32)
+        q4_k_row_values(w, r, qv)
+        ws = np.empty(nsb * 8, dtype=np.float32)
+        wm = np.empty(nsb * 8, dtype=np.float32)
+        for i in range(nsb):
+            o = i * Q4_K_BYTES
+            d = half_at(w[r, o], w[r, o + 1], f16)
+            dmin = half_at(w[r, o + 2], w[r, o + 3], f16)
+            for sb in range(8):
+                sc, m = q4_k_scale_min(w, r, o, sb)
+                ws[i * 8 + sb] = d * np.float32(sc)
+                wm[i * 8 + sb] = dmin * np.float32(m)
         part = np.empty(nseg, dtype=np.float32)
         for j in range(ncols):
             for s in range(nseg):
                 acc = np.float32(0.0)
                 for i in range(starts[s], starts[s + 1]):
-                    o = i * 144
-                    d = half_at(w[r, o], w[r, o + 1], f16)
-                    dmin = half_at(w[r, o + 2], w[r, o + 3], f16)
-                    for sb in range(8):
-                        sc, m = q4_k_scale_min(w, r, o, sb)
-                        ws[sb] = d * np.float32(sc)
-                        wm[sb] = dmin * np.float32(m)
                     for sb in range(8):
                         b = i * 8 + sb
-                        xo = b * 36
-                        dx = half_at(xq[j, xo], xq[j, xo + 1], f16)
-                        sx = half_at(xq[j, xo + 2], xq[j, xo + 3], f16)
-                        c = q4_k_dot32(w, r, o, sb, xq, j, xo)
-                        acc = fmaf(ws[sb] * dx, np.float32(c), acc)
-                        acc = fmaf(-wm[sb], sx, acc)
+                        c = q4_k_dot32(qv, xi, j, b)
+                        acc = fmaf(ws[b] * xd[j, b], np.float32(c), acc)
+                        acc = fmaf(-wm[b], xs[j, b], acc)
                 part[s] = acc
             v = part[0]
             for s in range(1, nseg):
@@ -56,24 +61,28 @@ def _mmq_q4_k(w, xq, starts, out, f16):
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
-def _mmq_q6_k(w, xq, starts, out, f16):
+def _mmq_q6_k(w, xi, xd, starts, out, f16):
     nrows = w.shape[0]
-    ncols = xq.shape[0]
+    ncols = xi.shape[0]
     nseg = starts.shape[0] - 1
+    nsb = w.shape[1] // Q6_K_BYTES
     for r in prange(nrows):
+        # the row once: its values minus 32 in k order, its 16-value scales and the super-blocks' d
+        qv = np.empty(nsb * QK_K, dtype=np.int32)
+        sc = np.empty(nsb * 16, dtype=np.int32)
+        q6_k_row_values(w, r, qv, sc)
+        dw = np.empty(nsb, dtype=np.float32)
+        for i in range(nsb):
+            dw[i] = half_at(w[r, i * Q6_K_BYTES + 208], w[r, i * Q6_K_BYTES + 209], f16)
         part = np.empty(nseg, dtype=np.float32)
         for j in range(ncols):
             for s in range(nseg):
                 acc = np.float32(0.0)
                 for i in range(starts[s], starts[s + 1]):
-                    o = i * 210
-                    d = half_at(w[r, o + 208], w[r, o + 209], f16)
                     for jj in range(8):
                         b = i * 8 + jj
-                        xo = b * 36
-                        dx = half_at(xq[j, xo], xq[j, xo + 1], f16)
-                        c = q6_k_dot32(w, r, o, jj, xq, j, xo)
-                        acc = fmaf(d * dx, np.float32(c), acc)
+                        c = q6_k_dot32(qv, sc, xi, j, b)  # sc_0 * dot_0 + sc_1 * dot_1 (the MMAs)
+                        acc = fmaf(dw[i] * xd[j, b], np.float32(c), acc)
                 part[s] = acc
             v = part[0]
             for s in range(1, nseg):
@@ -111,10 +120,11 @@ def emulate(w: np.ndarray, qtype: str, xq: np.ndarray, plan) -> np.ndarray:
     if out.size == 0:
         return out
     starts = segment_starts(k, plan.nseg)
-    if qtype == "Q4_K":
-        _mmq_q4_k(w, xq, starts, out, F16_TO_F32)
-    elif qtype == "Q6_K":
-        _mmq_q6_k(w, xq, starts, out, F16_TO_F32)
-    else:
+    if qtype not in ("Q4_K", "Q6_K"):
         raise ValueError(f"sub-block order covers Q4_K and Q6_K, not {qtype!r}")
+    xi, xd, xs = q8_1_ints(xq, F16_TO_F32)
+    if qtype == "Q4_K":
+        _mmq_q4_k(w, xi, xd, xs, starts, out, F16_TO_F32)
+    else:
+        _mmq_q6_k(w, xi, xd, starts, out, F16_TO_F32)
     return out

@@ -2,7 +2,8 @@
 package docstring and :mod:`hiraishin.plans.mmq_stock`).
 
 The integer dot products of a q8_1 block with a weight sub-block are exact in any order, so they
-are computed here in plain k order; every float operation is the kernel's, in its order.
+are computed here in plain k order (each weight row and the activations decoded to integers once);
+every float operation is the kernel's, in its order.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from numba import njit, prange
 from ...fp import F16_TO_F32, f32_to_f16_bits, fmaf
 from ...plans.mmq_stock import MMQ_TILE_ROWS
 from ...quant import BLOCK_BYTES, BLOCK_ELEMS
-from ..blocks import half_at, q4_k_dot32, q4_k_scale_min, q6_k_dot32
+from ..blocks import (Q4_K_BYTES, Q6_K_BYTES, QK_K, half_at, q4_k_dot32, q4_k_row_values, q4_k_scale_min,
+                      q6_k_dot32, q6_k_row_values, q8_1_ints)
 
 __all__ = ["emulate", "piece_tables"]
 
@@ -22,37 +24,29 @@ _Q8_ELEMS = BLOCK_ELEMS["Q8_1"]
 
 
 @njit(cache=True, inline="always")
-def _piece_q4_k(w, r, xq, j, kb0, kb1, ws, wm):
-    """One piece of Q4_K row r (local index) times column j: sum from 0 over super-blocks kb0..kb1-1."""
+def _piece_q4_k(qv, xi, xd, xs, j, kb0, kb1, ws, wm):
+    """One piece of a Q4_K row (values ``qv``) times column j: sum from 0 over super-blocks kb0..kb1-1."""
     acc = np.float32(0.0)
     for i in range(kb0, kb1):
-        o = i * 144
         for sb in range(8):
             b = i * 8 + sb
-            xo = b * 36
-            dx = half_at(xq[j, xo], xq[j, xo + 1], F16_TO_F32)
-            sx = half_at(xq[j, xo + 2], xq[j, xo + 3], F16_TO_F32)
-            c = q4_k_dot32(w, r, o, sb, xq, j, xo)
-            acc = fmaf(ws[b] * dx, np.float32(c), acc)
-            acc = fmaf(wm[b], sx, acc)
+            c = q4_k_dot32(qv, xi, j, b)
+            acc = fmaf(ws[b] * xd[j, b], np.float32(c), acc)
+            acc = fmaf(wm[b], xs[j, b], acc)
     return acc
 
 
 @njit(cache=True, inline="always")
-def _piece_q6_k(w, r, xq, j, kb0, kb1):
+def _piece_q6_k(qv, sc, dw, xi, xd, j, kb0, kb1):
     acc = np.float32(0.0)
     for i in range(kb0, kb1):
-        o = i * 210
-        d = half_at(w[r, o + 208], w[r, o + 209], F16_TO_F32)
         for n in range(2):
             tmp = np.float32(0.0)
             for bb in range(4):
-                jj = 4 * n + bb
-                xo = (i * 8 + jj) * 36
-                dx = half_at(xq[j, xo], xq[j, xo + 1], F16_TO_F32)
-                c = q6_k_dot32(w, r, o, jj, xq, j, xo)
-                tmp = fmaf(np.float32(c), dx, tmp)
-            acc = fmaf(tmp, d, acc)
+                b = i * 8 + 4 * n + bb
+                c = q6_k_dot32(qv, sc, xi, j, b)
+                tmp = fmaf(np.float32(c), xd[j, b], tmp)
+            acc = fmaf(tmp, dw[i], acc)
     return acc
 
 
@@ -62,26 +56,34 @@ def _round_h(v):
 
 
 @njit(cache=True, parallel=True, error_model="numpy")
-def _mmq_stock(is_q4, w, xq, row0, tile_cols, ntx, first, count, bounds, out):
+def _mmq_stock(is_q4, w, xi, xd, xs, row0, tile_cols, ntx, first, count, bounds, out):
     nrows = w.shape[0]
-    ncols = xq.shape[0]
-    nb = w.shape[1] // (144 if is_q4 else 210)
+    ncols = xi.shape[0]
+    nb = w.shape[1] // (Q4_K_BYTES if is_q4 else Q6_K_BYTES)
     maxp = 1
     for t in range(count.shape[0]):
         maxp = max(maxp, count[t])
     for r in prange(nrows):
         ws = np.empty(nb * 8, dtype=np.float32)
         wm = np.empty(nb * 8, dtype=np.float32)
+        qv = np.empty(nb * QK_K, dtype=np.int32)  # the row's values, decoded once (not per column)
+        sc6 = np.empty(nb * 16, dtype=np.int32)
+        dw = np.empty(nb, dtype=np.float32)
         part = np.empty(maxp, dtype=np.float32)
         if is_q4:  # load_tiles_q4_K: half2(d, -dmin) * half2(sc, m), one fp16 rounding each
+            q4_k_row_values(w, r, qv)
             for i in range(nb):
-                o = i * 144
+                o = i * Q4_K_BYTES
                 d = half_at(w[r, o], w[r, o + 1], F16_TO_F32)
                 dmin = half_at(w[r, o + 2], w[r, o + 3], F16_TO_F32)
                 for sb in range(8):
                     sc, m = q4_k_scale_min(w, r, o, sb)
                     ws[i * 8 + sb] = _round_h(d * np.float32(sc))
                     wm[i * 8 + sb] = -_round_h(dmin * np.float32(m))
+        else:
+            q6_k_row_values(w, r, qv, sc6)
+            for i in range(nb):
+                dw[i] = half_at(w[r, i * Q6_K_BYTES + 208], w[r, i * Q6_K_BYTES + 209], F16_TO_F32)
         it = (row0 + r) // MMQ_TILE_ROWS
         for j in range(ncols):
             t = it * ntx + j // tile_cols
@@ -90,9 +92,9 @@ def _mmq_stock(is_q4, w, xq, row0, tile_cols, ntx, first, count, bounds, out):
                 kb0 = bounds[first[t] + p, 0]
                 kb1 = bounds[first[t] + p, 1]
                 if is_q4:
-                    part[p] = _piece_q4_k(w, r, xq, j, kb0, kb1, ws, wm)
+                    part[p] = _piece_q4_k(qv, xi, xd, xs, j, kb0, kb1, ws, wm)
                 else:
-                    part[p] = _piece_q6_k(w, r, xq, j, kb0, kb1)
+                    part[p] = _piece_q6_k(qv, sc6, dw, xi, xd, j, kb0, kb1)
             if m == 1:
                 out[j, r] = part[0]
             else:  # mul_mat_q_stream_k_fixup: sum = 0, += P_{m-2} .. P_0; out = P_{m-1} + sum
@@ -142,5 +144,6 @@ def emulate(w: np.ndarray, qtype: str, xq: np.ndarray, plan, row0: int = 0) -> n
         return out
     first, count, bounds = piece_tables(plan)
     _, ntx = plan.tiles
-    _mmq_stock(qtype == "Q4_K", w, xq, row0, plan.tile_cols, ntx, first, count, bounds, out)
+    xi, xd, xs = q8_1_ints(xq, F16_TO_F32)
+    _mmq_stock(qtype == "Q4_K", w, xi, xd, xs, row0, plan.tile_cols, ntx, first, count, bounds, out)
     return out
