@@ -14,7 +14,7 @@ from ..quant import BLOCK_BYTES, BLOCK_ELEMS, GGML_TYPE_ID, QK_K
 
 __all__ = ["Q4_K_BYTES", "Q4_K_ID", "Q6_K_BYTES", "Q6_K_ID", "Q8_0_BYTES", "Q8_0_ELEMS", "Q8_1_BYTES",
            "Q8_1_ELEMS", "Q8_1_PER_SUPER", "QK_K", "half_at", "int8_of", "q4_k_scale_min", "q8_1_ints",
-           "q4_k_row_values", "q6_k_row_values", "q4_k_dot32", "q6_k_dot32"]
+           "q4_k_row_values", "q4_k_row_scales", "q6_k_row_values", "q4_k_dot32", "q6_k_dot32"]
 
 Q8_1_BYTES = BLOCK_BYTES["Q8_1"]
 Q4_K_BYTES = BLOCK_BYTES["Q4_K"]
@@ -83,6 +83,20 @@ def q4_k_row_values(w, r, qv):
             shift = 4 * (sb & 1)
             for l in range(32):
                 qv[i * QK_K + sb * 32 + l] = (np.int32(w[r, qo + l]) >> shift) & 0xF
+
+
+@njit(cache=True, inline="always")
+def q4_k_row_scales(w, r, ws, wm, f16):
+    """The float32 products d * sc and dmin * m of every sub-block of Q4_K row ``r`` into ``ws``, ``wm``
+    (K/32 each, in k order): one RN product each, as the kernels form them before any rounding."""
+    for i in range(w.shape[1] // Q4_K_BYTES):
+        o = i * Q4_K_BYTES
+        d = half_at(w[r, o], w[r, o + 1], f16)
+        dmin = half_at(w[r, o + 2], w[r, o + 3], f16)
+        for sb in range(8):
+            sc, m = q4_k_scale_min(w, r, o, sb)
+            ws[i * 8 + sb] = d * np.float32(sc)
+            wm[i * 8 + sb] = dmin * np.float32(m)
 
 
 @njit(cache=True, inline="always")

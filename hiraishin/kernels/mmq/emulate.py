@@ -14,8 +14,8 @@ from numba import njit, prange
 
 from ...fp import F16_TO_F32, fmaf
 from ...quant import BLOCK_BYTES, BLOCK_ELEMS
-from ..blocks import (Q4_K_BYTES, Q6_K_BYTES, QK_K, half_at, q4_k_dot32, q4_k_row_values, q4_k_scale_min, q6_k_dot32, q6_k_row_values,
-                      q8_1_ints)
+from ..blocks import (Q4_K_BYTES, Q6_K_BYTES, QK_K, half_at, q4_k_dot32, q4_k_row_scales, q4_k_row_values,
+                      q6_k_dot32, q6_k_row_values, q8_1_ints)
 
 __all__ = ["emulate", "segment_starts"]
 
@@ -35,14 +35,7 @@ def _mmq_q4_k(w, xi, xd, xs, starts, out, f16):
         q4_k_row_values(w, r, qv)
         ws = np.empty(nsb * 8, dtype=np.float32)
         wm = np.empty(nsb * 8, dtype=np.float32)
-        for i in range(nsb):
-            o = i * Q4_K_BYTES
-            d = half_at(w[r, o], w[r, o + 1], f16)
-            dmin = half_at(w[r, o + 2], w[r, o + 3], f16)
-            for sb in range(8):
-                sc, m = q4_k_scale_min(w, r, o, sb)
-                ws[i * 8 + sb] = d * np.float32(sc)
-                wm[i * 8 + sb] = dmin * np.float32(m)
+        q4_k_row_scales(w, r, ws, wm, f16)
         part = np.empty(nseg, dtype=np.float32)
         for j in range(ncols):
             for s in range(nseg):

@@ -14,7 +14,7 @@ from numba import njit, prange
 from ...fp import F16_TO_F32, f32_to_f16_bits, fmaf
 from ...plans.mmq_stock import MMQ_TILE_ROWS
 from ...quant import BLOCK_BYTES, BLOCK_ELEMS
-from ..blocks import (Q4_K_BYTES, Q6_K_BYTES, QK_K, half_at, q4_k_dot32, q4_k_row_values, q4_k_scale_min,
+from ..blocks import (Q4_K_BYTES, Q6_K_BYTES, QK_K, half_at, q4_k_dot32, q4_k_row_scales, q4_k_row_values,
                       q6_k_dot32, q6_k_row_values, q8_1_ints)
 
 __all__ = ["emulate", "piece_tables"]
@@ -72,14 +72,10 @@ def _mmq_stock(is_q4, w, xi, xd, xs, row0, tile_cols, ntx, first, count, bounds,
         part = np.empty(maxp, dtype=np.float32)
         if is_q4:  # load_tiles_q4_K: half2(d, -dmin) * half2(sc, m), one fp16 rounding each
             q4_k_row_values(w, r, qv)
-            for i in range(nb):
-                o = i * Q4_K_BYTES
-                d = half_at(w[r, o], w[r, o + 1], F16_TO_F32)
-                dmin = half_at(w[r, o + 2], w[r, o + 3], F16_TO_F32)
-                for sb in range(8):
-                    sc, m = q4_k_scale_min(w, r, o, sb)
-                    ws[i * 8 + sb] = _round_h(d * np.float32(sc))
-                    wm[i * 8 + sb] = -_round_h(dmin * np.float32(m))
+            q4_k_row_scales(w, r, ws, wm, F16_TO_F32)
+            for b in range(nb * 8):
+                ws[b] = _round_h(ws[b])
+                wm[b] = -_round_h(wm[b])
         else:
             q6_k_row_values(w, r, qv, sc6)
             for i in range(nb):
