@@ -11,6 +11,9 @@
 #             more than 70 s for two of its three orders: give it ~200 with the other steps off);
 #   host      bench/host_overhead.py on both shapes: a decode step as a loop makes it against
 #             back-to-back replays of its graph (what the host adds per step);
+#   sweep     bench/sweep_mmvq.py over the launch variants of 2-4 columns (rows per CUDA block, unroll;
+#             SWEEP_MULTI): the verify pass of k+1 ~ 3 tokens in plain steps is what sets the exact
+#             speculative ratio (session 4: 1.34 of 2.0 plain steps per cycle under BATCH_INVARIANT);
 #   kernels   per-kernel times under Nsight Compute (bench/kernel_times.sh), if time is left.
 # Usage on the device (repo root): HIRAISHIN_COMMIT=<commit> [STEPS=tests] bash bench/final_session.sh
 # Everything lands in $OUT (session.log with it). Also owed after session 3: stock llama.cpp side by
@@ -40,6 +43,12 @@ if want host; then
     echo "== host overhead ($(left) s left)"
     timeout $(( $(left) < 120 ? $(left) : 120 )) python3 bench/host_overhead.py /tmp/qwen3-0.6b.gguf /tmp/qwen3-8b.gguf \
         --json "$OUT/host-overhead.json" ${HOST_ARGS:-} 2>&1 | tail -n ${HOST_TAIL:-4}
+fi
+
+if want sweep; then
+    echo "== mat-vec sweep, 2-4 columns ($(left) s left)"
+    timeout $(( $(left) < 200 ? $(left) : 200 )) python3 bench/sweep_mmvq.py --out "$OUT" --one-col 2:4 \
+        --multi ${SWEEP_MULTI:-2:2:2:2,2:2:1:1,2:2:1:2,3:3:2:2,3:3:1:1,3:3:1:2,3:3:4:1,4:4:2:2,4:4:1:1,4:4:1:2} 2>&1 | tail -n 60
 fi
 
 if want tests; then
