@@ -100,11 +100,12 @@ def q4_k_row_scales(w, r, ws, wm, f16):
 
 
 @njit(cache=True, inline="always")
-def q6_k_row_values(w, r, qv, sc):
-    """The 6-bit values minus 32 of Q6_K row ``r`` into ``qv`` (int32, K) in k order, and its int8
-    scales (one per 16 values) into ``sc`` (int32, K/16)."""
+def q6_k_row_values(w, r, qv, sc, dw, f16):
+    """The 6-bit values minus 32 of Q6_K row ``r`` into ``qv`` (int32, K) in k order, its int8
+    scales (one per 16 values) into ``sc`` (int32, K/16) and each super-block's d into ``dw`` (float32)."""
     for i in range(w.shape[1] // Q6_K_BYTES):
         o = i * Q6_K_BYTES
+        dw[i] = half_at(w[r, o + 208], w[r, o + 209], f16)
         for t in range(16):
             sc[i * 16 + t] = int8_of(w[r, o + 192 + t])
         for jj in range(8):

@@ -14,7 +14,7 @@ from numba import njit, prange
 
 from ...fp import F16_TO_F32, fmaf
 from ...quant import BLOCK_BYTES, BLOCK_ELEMS
-from ..blocks import (Q4_K_BYTES, Q6_K_BYTES, QK_K, half_at, q4_k_dot32, q4_k_row_scales, q4_k_row_values,
+from ..blocks import (Q4_K_BYTES, Q6_K_BYTES, QK_K, q4_k_dot32, q4_k_row_scales, q4_k_row_values,
                       q6_k_dot32, q6_k_row_values, q8_1_ints)
 
 __all__ = ["emulate", "segment_starts"]
@@ -63,10 +63,8 @@ def _mmq_q6_k(w, xi, xd, starts, out, f16):
         # the row once: its values minus 32 in k order, its 16-value scales and the super-blocks' d
         qv = np.empty(nsb * QK_K, dtype=np.int32)
         sc = np.empty(nsb * 16, dtype=np.int32)
-        q6_k_row_values(w, r, qv, sc)
         dw = np.empty(nsb, dtype=np.float32)
-        for i in range(nsb):
-            dw[i] = half_at(w[r, i * Q6_K_BYTES + 208], w[r, i * Q6_K_BYTES + 209], f16)
+        q6_k_row_values(w, r, qv, sc, dw, f16)
         part = np.empty(nseg, dtype=np.float32)
         for j in range(ncols):
             for s in range(nseg):

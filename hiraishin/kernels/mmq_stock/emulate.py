@@ -14,7 +14,7 @@ from numba import njit, prange
 from ...fp import F16_TO_F32, f32_to_f16_bits, fmaf
 from ...plans.mmq_stock import MMQ_TILE_ROWS
 from ...quant import BLOCK_BYTES, BLOCK_ELEMS
-from ..blocks import (Q4_K_BYTES, Q6_K_BYTES, QK_K, half_at, q4_k_dot32, q4_k_row_scales, q4_k_row_values,
+from ..blocks import (Q4_K_BYTES, Q6_K_BYTES, QK_K, q4_k_dot32, q4_k_row_scales, q4_k_row_values,
                       q6_k_dot32, q6_k_row_values, q8_1_ints)
 
 __all__ = ["emulate", "piece_tables"]
@@ -77,9 +77,7 @@ def _mmq_stock(is_q4, w, xi, xd, xs, row0, tile_cols, ntx, first, count, bounds,
                 ws[b] = _round_h(ws[b])
                 wm[b] = -_round_h(wm[b])
         else:
-            q6_k_row_values(w, r, qv, sc6)
-            for i in range(nb):
-                dw[i] = half_at(w[r, i * Q6_K_BYTES + 208], w[r, i * Q6_K_BYTES + 209], F16_TO_F32)
+            q6_k_row_values(w, r, qv, sc6, dw, F16_TO_F32)
         it = (row0 + r) // MMQ_TILE_ROWS
         for j in range(ncols):
             t = it * ntx + j // tile_cols
