@@ -16,12 +16,13 @@
 #             speculative ratio (session 4: 1.34 of 2.0 plain steps per cycle under BATCH_INVARIANT);
 #   kernels   per-kernel times under Nsight Compute (bench/kernel_times.sh), if time is left.
 # Usage on the device (repo root): HIRAISHIN_COMMIT=<commit> [STEPS=tests] bash bench/final_session.sh
-# Everything lands in $OUT (session.log with it). Also owed after session 3: stock llama.cpp side by
-# side (bench/llama_cpp_session.sh, a call of its own).
+# Everything lands in $OUT (session.log with it). Stock llama.cpp beside us is bench/llama_cpp_session.sh,
+# a call of its own (its speculative example, with the renamed --spec-draft-n-max, is still to be run).
 set -uo pipefail
 T0=$(date +%s)
 BUDGET=${BUDGET:-585}
 left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
+cap() { local t=$(( $(left) - ${2:-0} )); echo $(( t < $1 ? t : $1 )); }  # seconds for a step: at most $1, $2 kept back
 STEPS=" ${STEPS:-bench tests sanitize kernels} "
 want() { [[ $STEPS == *" $1 "* ]]; }
 source bench/device_env.sh
@@ -31,7 +32,7 @@ done
 
 if want bench; then
     echo "== hiraishin bench ($(left) s left)"
-    timeout $(( $(left) < 260 ? $(left) : 260 )) python3 -m hiraishin bench /tmp/qwen3-8b.gguf --draft /tmp/qwen3-0.6b.gguf \
+    timeout $(cap 260) python3 -m hiraishin bench /tmp/qwen3-8b.gguf --draft /tmp/qwen3-0.6b.gguf \
         --device cuda --orders ${ORDERS:-variant,invariant,fixed_split,subblock,invariant16} --widths 1-16 --prefill 512 \
         --tokens ${TOKENS:-64} --repetitions ${REPS:-3} --quiet --json "$OUT/hiraishin-bench.json" 2>&1 | tail -n 60
     echo "bench exit ${PIPESTATUS[0]}"
@@ -41,27 +42,26 @@ fi
 
 if want host; then
     echo "== host overhead ($(left) s left)"
-    timeout $(( $(left) < 120 ? $(left) : 120 )) python3 bench/host_overhead.py /tmp/qwen3-0.6b.gguf /tmp/qwen3-8b.gguf \
+    timeout $(cap 120) python3 bench/host_overhead.py /tmp/qwen3-0.6b.gguf /tmp/qwen3-8b.gguf \
         --json "$OUT/host-overhead.json" ${HOST_ARGS:-} 2>&1 | tail -n ${HOST_TAIL:-4}
 fi
 
 if want sweep; then
     echo "== mat-vec sweep, 2-4 columns ($(left) s left)"
-    timeout $(( $(left) < 200 ? $(left) : 200 )) python3 bench/sweep_mmvq.py --out "$OUT" --one-col 2:4 \
+    timeout $(cap 200) python3 bench/sweep_mmvq.py --out "$OUT" --one-col 2:4 \
         --multi ${SWEEP_MULTI:-2:2:2:2,2:2:1:1,2:2:1:2,3:3:2:2,3:3:1:1,3:3:1:2,3:3:4:1,4:4:2:2,4:4:1:1,4:4:1:2} 2>&1 | tail -n 60
 fi
 
 if want tests; then
     echo "== GPU tests ($(left) s left)"
     XDIST=$(python3 -c "import xdist" 2>/dev/null && echo "-n 4")
-    t=$(( $(left) - 10 )); (( t > ${TEST_TIMEOUT:-170} )) && t=${TEST_TIMEOUT:-170}
-    timeout $t python3 -m pytest -q -m gpu -p no:cacheprovider --durations=15 $XDIST \
+    timeout $(cap ${TEST_TIMEOUT:-170} 10) python3 -m pytest -q -m gpu -p no:cacheprovider --durations=15 $XDIST \
         --junitxml="$OUT/gpu-tests.xml" ${TESTS:-tests} 2>&1 | tail -n 40
 fi
 
 for tool in ${SANITIZERS:-racecheck initcheck memcheck}; do
     want sanitize || break
-    t=$(( $(left) - 20 )); (( t > ${SANITIZE_TIMEOUT:-100} )) && t=${SANITIZE_TIMEOUT:-100}
+    t=$(cap ${SANITIZE_TIMEOUT:-100} 20)
     (( t < 20 )) && { echo "== compute-sanitizer --tool $tool: no time left"; continue; }
     echo "== compute-sanitizer --tool $tool (up to $t s)"
     timeout $t compute-sanitizer --tool $tool --error-exitcode 3 python3 bench/sanitize_engine.py \
