@@ -14,6 +14,8 @@
 #   sweep     bench/sweep_mmvq.py over the launch variants of 2-4 columns (rows per CUDA block, unroll;
 #             SWEEP_MULTI): the verify pass of k+1 ~ 3 tokens in plain steps is what sets the exact
 #             speculative ratio (session 4: 1.34 of 2.0 plain steps per cycle under BATCH_INVARIANT);
+#   ablate    bench/ablate_pass.py on both shapes: a one-token pass with each kind of small launch left
+#             out of its graph (what fusing it away could save at most);
 #   kernels   per-kernel times under Nsight Compute (bench/kernel_times.sh), if time is left.
 # Usage on the device (repo root): HIRAISHIN_COMMIT=<commit> [STEPS=tests] bash bench/final_session.sh
 # Everything lands in $OUT (session.log with it). Stock llama.cpp beside us is bench/llama_cpp_session.sh,
@@ -44,6 +46,12 @@ if want host; then
     echo "== host overhead ($(left) s left)"
     timeout $(cap 120) python3 bench/host_overhead.py /tmp/qwen3-0.6b.gguf /tmp/qwen3-8b.gguf \
         --json "$OUT/host-overhead.json" ${HOST_ARGS:-} 2>&1 | tail -n ${HOST_TAIL:-4}
+fi
+
+if want ablate; then
+    echo "== ablation of small launches ($(left) s left)"
+    timeout $(cap 200) python3 bench/ablate_pass.py /tmp/qwen3-0.6b.gguf /tmp/qwen3-8b.gguf \
+        --order ${ABLATE_ORDER:-invariant} --json "$OUT/ablate-pass.json" 2>&1 | tail -n 20
 fi
 
 if want sweep; then

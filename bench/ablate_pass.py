@@ -1,0 +1,83 @@
+"""What each kind of small launch costs a graph-replayed one-token pass: the pass timed whole, then
+with one kind of launch left out of the captured graph (the outputs are garbage; only the time is
+read). The difference is the most that fusing that launch away could save, the figure to weigh a
+fusion by before writing it.
+
+    python3 bench/ablate_pass.py MODEL.gguf [MODEL.gguf ...] [--order invariant] [--steps 40] [--json F]
+
+Each variant loads the model afresh with some launchers of ``hiraishin.backends.cuda`` replaced by
+no-ops, captures its graph, and times back-to-back replays (``bench/host_overhead.py``'s measure).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import host_overhead  # noqa: E402
+
+from hiraishin.atomic import atomic_write  # noqa: E402
+from hiraishin.backends import cuda as cuda_backend  # noqa: E402
+from hiraishin.benchmark import ORDERS, git_commit  # noqa: E402
+
+
+def _skip(*args, **kwargs):
+    return None
+
+
+def _skip_qk(q, k, v, q_norm_w, k_norm_w, eps, pos, cos_t, sin_t, q_out, k_cache, v_cache, k_out=None):
+    return q_out
+
+
+# variant name -> launchers of hiraishin.backends.cuda left out of the pass
+VARIANTS = {
+    "whole pass": {},
+    "no add+norm": {"launch_add_rms_norm_q8_1": _skip},
+    "no swiglu": {"launch_swiglu_q8_1": _skip},
+    "no qk norm+rope+kv": {"launch_qk_norm_rope_kv": _skip_qk},
+    "no combine": {"launch_combine_q8_1": _skip},
+    "no attention partials": {"launch_partials": _skip},
+    "mat-vecs only": {"launch_add_rms_norm_q8_1": _skip, "launch_swiglu_q8_1": _skip,
+                      "launch_qk_norm_rope_kv": _skip_qk, "launch_combine_q8_1": _skip, "launch_partials": _skip},
+}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("models", nargs="+")
+    ap.add_argument("--order", default="invariant", choices=sorted(ORDERS))
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+    rows = []
+    for path in args.models:
+        base = None
+        for name, patches in VARIANTS.items():
+            saved = {k: getattr(cuda_backend, k) for k in patches}
+            try:
+                for k, fn in patches.items():
+                    setattr(cuda_backend, k, fn)
+                r = host_overhead.measure(path, args.order, args.steps)
+            finally:
+                for k, fn in saved.items():
+                    setattr(cuda_backend, k, fn)
+            ms = r["back_to_back_replay_ms"]
+            base = ms if base is None else base
+            rows.append({"model": r["model"], "order": r["order"], "variant": name, "replay_ms": ms,
+                         "saved_ms": base - ms, "replay_s_per_step": r["replay_s_per_step"]})
+            print(f"{r['model']} {name:24s} {ms:.3f} ms  (saves {1e3 * (base - ms):6.1f} us)", flush=True)
+    if args.json:
+        out = {"commit": git_commit(), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "rows": rows}
+        with atomic_write(args.json) as f:
+            json.dump(out, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
