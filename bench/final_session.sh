@@ -16,6 +16,10 @@
 #             speculative ratio (session 4: 1.34 of 2.0 plain steps per cycle under BATCH_INVARIANT);
 #   ablate    bench/ablate_pass.py on both shapes: a one-token pass with each kind of small launch left
 #             out of its graph (what fusing it away could save at most);
+#   pdl       bench/replay_widths.py under HIRAISHIN_PDL_TRIGGER=after_wait and =early (PDL_ORDERS, widths
+#             1 and 3): replay times and logits digests of one scheduling change, which must keep every bit;
+#   norm      bench/sweep_norm.py: the fused norm kernels' threads per block and q8_1 blocks per warp
+#             (NORM_VARIANTS), replay times of both shapes and logits digests (no bit may change);
 #   kernels   per-kernel times under Nsight Compute (bench/kernel_times.sh), if time is left.
 # Usage on the device (repo root): HIRAISHIN_COMMIT=<commit> [STEPS=tests] bash bench/final_session.sh
 # Everything lands in $OUT (session.log with it). Stock llama.cpp beside us is bench/llama_cpp_session.sh,
@@ -52,6 +56,28 @@ if want ablate; then
     echo "== ablation of small launches ($(left) s left)"
     timeout $(cap 200) python3 bench/ablate_pass.py /tmp/qwen3-0.6b.gguf /tmp/qwen3-8b.gguf \
         --order ${ABLATE_ORDER:-invariant} --json "$OUT/ablate-pass.json" 2>&1 | tail -n 20
+fi
+
+if want pdl; then
+    for trig in after_wait early; do
+        echo "== replays under HIRAISHIN_PDL_TRIGGER=$trig ($(left) s left)"
+        HIRAISHIN_PDL_TRIGGER=$trig timeout $(cap 170) python3 bench/replay_widths.py /tmp/qwen3-0.6b.gguf \
+            /tmp/qwen3-8b.gguf --orders ${PDL_ORDERS:-invariant,subblock} --widths 1,3 --json "$OUT/replay-$trig.json" 2>&1 | tail -n 12
+    done
+    python3 - "$OUT" <<'PY'
+import json, sys
+a, b = (json.load(open(f"{sys.argv[1]}/replay-{t}.json"))["rows"] for t in ("after_wait", "early"))
+for x, y in zip(a, b):
+    same = "same bits" if x["logits_sha256"] == y["logits_sha256"] else "BITS DIFFER"
+    print(f"{x['model']} {x['order']} width {x['width']}: {x['replay_ms']:.3f} -> {y['replay_ms']:.3f} ms ({same})")
+PY
+fi
+
+if want norm; then
+    echo "== norm launch geometry ($(left) s left)"
+    timeout $(cap 240) python3 bench/sweep_norm.py /tmp/qwen3-0.6b.gguf /tmp/qwen3-8b.gguf \
+        ${NORM_VARIANTS:+--variants $NORM_VARIANTS} --json "$OUT/sweep-norm.json" 2>&1 | tail -n 70
+    echo "sweep_norm exit ${PIPESTATUS[0]}"
 fi
 
 if want sweep; then

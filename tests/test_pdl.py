@@ -126,3 +126,24 @@ def test_scope_nests_and_restores(monkeypatch):
             assert not pdl.pdl_enabled()
         assert pdl.pdl_enabled()
     assert not pdl.pdl_enabled()
+
+
+def test_trigger_defines_follow_the_environment(monkeypatch):
+    monkeypatch.delenv(pdl.ENV_PDL_TRIGGER, raising=False)
+    assert pdl.trigger_defines() == {"HX_PDL_EARLY": 0}
+    monkeypatch.setenv(pdl.ENV_PDL_TRIGGER, "early")
+    assert pdl.trigger_defines() == {"HX_PDL_EARLY": 1}
+    monkeypatch.setenv(pdl.ENV_PDL_TRIGGER, "after_wait")
+    assert pdl.trigger_defines() == {"HX_PDL_EARLY": 0}
+    monkeypatch.setenv(pdl.ENV_PDL_TRIGGER, "soon")
+    with pytest.raises(BackendError, match="HIRAISHIN_PDL_TRIGGER.*'soon'"):
+        pdl.trigger_defines()
+
+
+def test_every_source_gets_the_trigger_define(monkeypatch):
+    from hiraishin.kernels.compile import load_source
+
+    monkeypatch.setenv(pdl.ENV_PDL_TRIGGER, "early")
+    assert "#define HX_PDL_EARLY 1" in load_source("mmvq/mmvq.cu")
+    monkeypatch.delenv(pdl.ENV_PDL_TRIGGER)
+    assert "#define HX_PDL_EARLY 0" in load_source("mmvq/mmvq.cu")

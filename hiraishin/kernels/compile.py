@@ -26,7 +26,7 @@ from importlib import resources
 from typing import Iterable, Mapping
 
 from ..errors import BackendError
-from .pdl import PdlKernel, body_has_entry
+from .pdl import PdlKernel, body_has_entry, trigger_defines
 
 __all__ = [
     "BLOCKS_PER_SM",
@@ -141,8 +141,8 @@ def format_defines() -> dict:
 
 
 def load_source(*names: str) -> str:
-    """The block-format defines, ``fp.cuh``, then the named ``.cu``/``.cuh`` files of this package."""
-    parts = [defines_text(format_defines()) + _read(_PRELUDE)]
+    """The block-format and PDL-trigger defines, ``fp.cuh``, then the named ``.cu``/``.cuh`` files of this package."""
+    parts = [defines_text({**format_defines(), **trigger_defines()}) + _read(_PRELUDE)]
     for name in names:
         if name == _PRELUDE:
             continue

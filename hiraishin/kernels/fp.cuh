@@ -31,7 +31,17 @@ __device__ __forceinline__ unsigned short hx_f2h(float f) {
 // (they wait in their own HX_PDL_ENTRY). Launched without the attribute both are no-ops. Scheduling
 // only: no value and no float operation changes. compile.py launches a kernel this way only if its
 // body names HX_PDL_ENTRY (tests/test_pdl.py checks every kernel does).
-#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
+// HX_PDL_EARLY (hiraishin/kernels/pdl.py, HIRAISHIN_PDL_TRIGGER=early) lets the next kernel launch
+// before the wait: its blocks then become resident while this one still waits on its predecessor,
+// two kernels of a chain in flight instead of one. Correct either way: a kernel completes only
+// after its own wait returned, so waiting on it is waiting on every earlier one.
+#ifndef HX_PDL_EARLY
+#define HX_PDL_EARLY 0
+#endif
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && HX_PDL_EARLY
+#define HX_PDL_ENTRY() asm volatile("griddepcontrol.launch_dependents;\n\tgriddepcontrol.wait;" ::: "memory")
+#define HX_PREFETCH_L2(p) asm volatile("prefetch.global.L2 [%0];" :: "l"(p))
+#elif defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900)
 #define HX_PDL_ENTRY() asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory")
 #define HX_PREFETCH_L2(p) asm volatile("prefetch.global.L2 [%0];" :: "l"(p))
 #else

@@ -16,6 +16,11 @@ launches on only around a graph capture (``hiraishin.backends.graphs``). A kerne
 this way only when its body names ``HX_PDL_ENTRY`` (:func:`body_has_entry`; every kernel of the
 package does, ``tests/test_pdl.py``), and only on a device of compute capability 9.0 or later.
 ``HIRAISHIN_PDL=0`` turns it off.
+
+Where a kernel lets its successor launch is ``HIRAISHIN_PDL_TRIGGER``: ``after_wait`` (the default:
+``griddepcontrol.wait`` then ``launch_dependents``) or ``early`` (``launch_dependents`` first, so
+the next kernel's blocks become resident while this one still waits): :func:`trigger_defines`,
+which every compiled source gets. Scheduling either way; the bits are the same.
 """
 
 from __future__ import annotations
@@ -30,9 +35,11 @@ import numpy as np
 
 from ..errors import BackendError
 
-__all__ = ["ENV_PDL", "PDL_MIN_CC", "PdlKernel", "body_has_entry", "pdl_enabled", "pdl_scope", "pdl_supported"]
+__all__ = ["ENV_PDL", "ENV_PDL_TRIGGER", "PDL_TRIGGERS", "trigger_defines", "PDL_MIN_CC", "PdlKernel", "body_has_entry", "pdl_enabled", "pdl_scope", "pdl_supported"]
 
 ENV_PDL = "HIRAISHIN_PDL"
+ENV_PDL_TRIGGER = "HIRAISHIN_PDL_TRIGGER"
+PDL_TRIGGERS = ("after_wait", "early")
 PDL_MIN_CC = 90  # griddepcontrol is PTX ISA 7.8, sm_90 and later
 # cuda.h: CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
 _ATTR_PROGRAMMATIC_STREAM_SERIALIZATION = 6
@@ -71,6 +78,14 @@ def _launch_ex():
 
 
 _SUPPORTED: bool | None = None
+
+
+def trigger_defines() -> dict:
+    """``{"HX_PDL_EARLY": 0 or 1}`` from ``HIRAISHIN_PDL_TRIGGER`` (fp.cuh's HX_PDL_ENTRY)."""
+    value = os.environ.get(ENV_PDL_TRIGGER, PDL_TRIGGERS[0]).strip() or PDL_TRIGGERS[0]
+    if value not in PDL_TRIGGERS:
+        raise BackendError(f"{ENV_PDL_TRIGGER} must be one of {', '.join(PDL_TRIGGERS)}, got {value!r}")
+    return {"HX_PDL_EARLY": int(value == "early")}
 
 
 def pdl_supported() -> bool:

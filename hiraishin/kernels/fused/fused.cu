@@ -53,40 +53,43 @@ __device__ __forceinline__ void hx_norm_store(Load load, const float* __restrict
     }
 }
 
-// rms_norm then quantize_q8_1. Grid (slices, rows), block (rmsnorm's block_threads(n)): every CUDA
-// block of a row computes the row's scale by rmsnorm's one tree (the same bits in each), then
-// quantizes its slice of the q8_1 blocks (launch.py norm_slices: one q8_1 block per warp, so a
-// long row is not quantized by one CUDA block alone).
+// rms_norm then quantize_q8_1. Grid (slices, rows), block (launch.py norm_block_threads(n), which
+// divides tree_threads, rmsnorm's block_threads(n)): every CUDA block of a row computes the row's
+// scale by rmsnorm's one tree of tree_threads threads (hx_rms_scale_tree: the same bits in each, at
+// any block size), then quantizes its slice of the q8_1 blocks (launch.py norm_slices: a few q8_1
+// blocks per warp, so a long row is not quantized by one CUDA block alone).
 // yq: q8_1 bytes of the normed rows in HX_LAYOUT; y: the float32 normed rows, or NULL; yq2: the
 // q8_1 bytes in HX_LAYOUT2, or NULL.
 extern "C" __global__ void hx_rms_norm_q8_1(const float* __restrict__ x, const float* __restrict__ w,
                                             unsigned char* __restrict__ yq, float* __restrict__ y,
-                                            unsigned char* __restrict__ yq2, const int n, const float eps) {
+                                            unsigned char* __restrict__ yq2, const int n, const float eps,
+                                            const int tree_threads) {
     hx_prefetch_lines(w, 4LL * n, threadIdx.x, blockDim.x);  // the norm weight (read after the reduction) into L2
     HX_PDL_ENTRY();
     __shared__ float warp_partial[32];
     const int row = blockIdx.y;
     const float* xr = x + (size_t)row * n;
     const auto load = [&](const int i) { return xr[i]; };
-    const float scale = hx_rms_scale_of(load, n, eps, warp_partial);
+    const float scale = hx_rms_scale_tree(load, n, eps, warp_partial, tree_threads);
     hx_norm_store(load, w, scale, yq, y, yq2, nullptr, row, n);
 }
 
 // s = a + b (the next residual, written to s), then rms_norm of s, then quantize_q8_1.
-// Grid (slices, rows), block (block_threads(n)), as hx_rms_norm_q8_1: every CUDA block of a row
+// Grid, block and tree_threads as hx_rms_norm_q8_1: every CUDA block of a row
 // forms each a + b itself (one __fadd_rn, the same value in each), so no block reads another's
 // writes; each value of s is written once, by the block that quantizes it. s must not overlap a or b.
 extern "C" __global__ void hx_add_rms_norm_q8_1(const float* __restrict__ a, const float* __restrict__ b,
                                                 const float* __restrict__ w, float* s,
                                                 unsigned char* __restrict__ yq, float* __restrict__ y,
-                                                unsigned char* __restrict__ yq2, const int n, const float eps) {
+                                                unsigned char* __restrict__ yq2, const int n, const float eps,
+                                                const int tree_threads) {
     hx_prefetch_lines(w, 4LL * n, threadIdx.x, blockDim.x);  // the norm weight (read after the reduction) into L2
     HX_PDL_ENTRY();
     __shared__ float warp_partial[32];
     const int row = blockIdx.y;
     const size_t base = (size_t)row * n;
     const auto load = [&](const int i) { return __fadd_rn(a[base + i], b[base + i]); };
-    const float scale = hx_rms_scale_of(load, n, eps, warp_partial);
+    const float scale = hx_rms_scale_tree(load, n, eps, warp_partial, tree_threads);
     hx_norm_store(load, w, scale, yq, y, yq2, s, row, n);
 }
 

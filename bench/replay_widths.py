@@ -1,0 +1,87 @@
+"""GPU time of graph-replayed passes of a few widths, back to back, with a digest of their logits:
+the quick A/B of a scheduling change (``HIRAISHIN_PDL_TRIGGER``, ``HIRAISHIN_PDL``) that must not
+change a bit. Run it once per setting and compare the digests and the times.
+
+    HIRAISHIN_PDL_TRIGGER=early python3 bench/replay_widths.py MODEL.gguf [...] \
+        [--orders invariant,subblock] [--widths 1,3] [--steps 40] [--json F]
+
+Per (model, order, width): one eager pass and two captured replays at the same position, then
+``--steps`` back-to-back replays of that width's graph, three times (the least per pass is kept);
+the digest is SHA-256 of the last replay's float32 logits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from hiraishin.atomic import atomic_write  # noqa: E402
+from hiraishin.benchmark import ORDERS, git_commit, parse_widths  # noqa: E402
+from hiraishin.model.qwen3 import Qwen3  # noqa: E402
+
+PROMPT = 32  # tokens prefilled before the timed passes
+
+
+def measure(path: str, order_names, widths, steps: int) -> list[dict]:
+    model = Qwen3.from_gguf(path, device="cuda", n_ctx=512, progress=False)
+    rows = []
+    for name in order_names:
+        order = ORDERS[name]
+        for T in widths:
+            model.reset()
+            model.forward(list(range(100, 100 + PROMPT)), 0, order=order)
+            tokens = [7 + i for i in range(T)]
+            for _ in range(3):  # eager, capture, replay: every pass at the same position
+                logits = model.forward(tokens, PROMPT, order=order)
+                model.rollback(PROMPT)
+            digest = hashlib.sha256(np.ascontiguousarray(np.asarray(logits, np.float32)).tobytes()).hexdigest()
+            graph = next(reversed(model.pass_graphs._graphs[(order, T)].values()))
+            stream = model.pass_graphs.stream
+            per_pass = []
+            for _ in range(3):
+                stream.synchronize()
+                t0 = time.perf_counter()
+                for _ in range(steps):
+                    graph.launch(stream)
+                stream.synchronize()
+                per_pass.append((time.perf_counter() - t0) / steps)
+            rows.append({"model": Path(path).name, "order": order.name, "width": T, "replay_ms": 1e3 * min(per_pass),
+                         "replay_s": per_pass, "logits_sha256": digest})
+            print(f"{Path(path).name} {order.name:16s} width {T:2d}: {1e3 * min(per_pass):.3f} ms  {digest[:16]}",
+                  flush=True)
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("models", nargs="+")
+    ap.add_argument("--orders", default="invariant")
+    ap.add_argument("--widths", default="1,3")
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+    orders = [o.strip() for o in args.orders.split(",") if o.strip()]
+    bad = [o for o in orders if o not in ORDERS]
+    if bad:
+        ap.error(f"unknown order(s) {', '.join(bad)}; known: {', '.join(sorted(ORDERS))}")
+    rows = [r for path in args.models for r in measure(path, orders, parse_widths(args.widths), args.steps)]
+    if args.json:
+        env = {k: os.environ.get(k) for k in ("HIRAISHIN_PDL", "HIRAISHIN_PDL_TRIGGER")}
+        out = {"commit": git_commit(), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "env": env,
+               "rows": rows}
+        with atomic_write(args.json) as f:
+            json.dump(out, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
