@@ -1,10 +1,12 @@
-"""Sweep the launch geometry of the fused norm kernels, which changes no bit: real threads per CUDA
-block (playing rmsnorm's tree of ``block_threads(n)`` threads) and q8_1 blocks per warp (hence CUDA
-blocks per row). Per variant, graph-replayed passes of both models (``bench/replay_widths.py``),
-their logits digests checked against the first variant's.
+"""Time the fused norm kernels with and without their values kept in registers (``fused/launch.py``
+NORM_CACHE_VALUES, which changes no bit): per variant, graph-replayed passes of both models
+(``bench/replay_widths.py``), their logits digests checked against the first variant's.
 
-    python3 bench/sweep_norm.py MODEL.gguf [...] [--variants 1024:1,256:1,128:1] [--orders invariant]
-        [--widths 1,3] [--json F]
+    python3 bench/sweep_norm.py MODEL.gguf [...] [--variants 0,8] [--orders invariant] [--widths 1,3] [--json F]
+
+(Session 5 also swept real threads per CUDA block below the tree's, 1024 down to 64, with the same
+bits: every smaller block was slower, 2.65 -> 3.22 ms a Qwen3-8B step at 128 threads;
+bench/results/2026-12-02-h200-session5/b-norm-pdl. That code was dropped.)
 """
 
 from __future__ import annotations
@@ -28,8 +30,8 @@ from hiraishin.kernels.fused import launch as fused_launch  # noqa: E402
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("models", nargs="+")
-    ap.add_argument("--variants", default="1024:1,512:1,256:1,128:1,128:2,256:2,128:4",
-                    help="threads:q8_1 blocks per warp, the first the reference of the bits")
+    ap.add_argument("--variants", default="0,8",
+                    help="values kept in registers per thread, the first the reference of the bits")
     ap.add_argument("--orders", default="invariant")
     ap.add_argument("--widths", default="1,3")
     ap.add_argument("--steps", type=int, default=40)
@@ -37,24 +39,23 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     orders = [o.strip() for o in args.orders.split(",") if o.strip()]
     widths = parse_widths(args.widths)
-    saved = fused_launch.NORM_BLOCK_THREADS, fused_launch.NORM_WARP_BLOCKS
+    saved = fused_launch.NORM_CACHE_VALUES
     rows, ref = [], {}
     try:
         for v in args.variants.split(","):
-            threads, warp_blocks = (int(p) for p in v.split(":"))
-            fused_launch.NORM_BLOCK_THREADS, fused_launch.NORM_WARP_BLOCKS = threads, warp_blocks
-            fused_launch._launches.clear()  # launch geometry is fixed when a launch is first built
-            print(f"== norm kernels: {threads} threads per block, {warp_blocks} q8_1 blocks per warp", flush=True)
+            fused_launch.NORM_CACHE_VALUES = cache = int(v)
+            fused_launch._launches.clear()  # a launch compiles its kernel when first built
+            print(f"== norm kernels: {cache} values per thread kept in registers", flush=True)
             for path in args.models:
                 for r in replay_widths.measure(path, orders, widths, args.steps):
                     key = (r["model"], r["order"], r["width"])
                     ref.setdefault(key, r["logits_sha256"])
-                    r.update(threads=threads, warp_blocks=warp_blocks, same_bits=ref[key] == r["logits_sha256"])
+                    r.update(norm_cache_values=cache, same_bits=ref[key] == r["logits_sha256"])
                     rows.append(r)
                     if not r["same_bits"]:
                         print(f"   BITS DIFFER from the first variant: {key}", flush=True)
     finally:
-        fused_launch.NORM_BLOCK_THREADS, fused_launch.NORM_WARP_BLOCKS = saved
+        fused_launch.NORM_CACHE_VALUES = saved
     if args.json:
         out = {"commit": git_commit(), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "rows": rows}
         with atomic_write(args.json) as f:

@@ -21,7 +21,7 @@ from hiraishin.kernels.fused.emulate import (
     emulate_rms_norm_q8_1,
     emulate_swiglu_q8_1,
 )
-from hiraishin.kernels.fused.launch import SOURCE, norm_block_threads, norm_slices
+from hiraishin.kernels.fused.launch import NORM_CACHE_VALUES, SOURCE, norm_slices
 from hiraishin.kernels.quantize.launch import output_shape, quantize_defines
 from hiraishin.kernels.rmsnorm.emulate import block_threads
 from hiraishin.kernels.rope.emulate import rope_tables
@@ -45,27 +45,23 @@ static void hx_q2_write(const char* a, std::vector<unsigned char>& v) { if (a[0]
 
 MAIN_RMS_Q8 = _OPT + _OPT_WRITE + _Q2 + r'''
 int main(int argc, char** argv) {
-    // argv: x, w, rows, n, eps, q bytes, out q, out y ("-": none), threads, q2 bytes, out q2 ("-": none)
-    //       [, slices[, tree threads (default: threads)]]
+    // argv: x, w, rows, n, eps, q bytes, out q, out y ("-": none), threads, q2 bytes, out q2 ("-": none)[, slices]
     int rows = atoi(argv[3]), n = atoi(argv[4]), nt = atoi(argv[9]); float eps = strtof(argv[5], nullptr);
     unsigned slices = argc > 12 ? (unsigned)atoi(argv[12]) : 1;
-    int tree = argc > 13 ? atoi(argv[13]) : nt;
     auto x = hx_read(argv[1]); auto w = hx_read(argv[2]);
     std::vector<unsigned char> q((size_t)atoll(argv[6]), 0xAB), q2; std::vector<float> y((size_t)rows * n, -12345.0f);
     float* yp = hx_opt(argv[8], y);
     unsigned char* q2p = hx_q2(argv[10], q2);
     hx_launch({slices, (unsigned)rows, 1}, {(unsigned)nt, 1, 1}, 0,
-              [&] { hx_rms_norm_q8_1((const float*)x.data(), (const float*)w.data(), q.data(), yp, q2p, n, eps, tree); });
+              [&] { hx_rms_norm_q8_1((const float*)x.data(), (const float*)w.data(), q.data(), yp, q2p, n, eps); });
     hx_write(argv[7], q.data(), q.size()); hx_opt_write(argv[8], y); hx_q2_write(argv[11], q2);
 }'''
 
 MAIN_ADD_RMS_Q8 = _OPT + _OPT_WRITE + _Q2 + r'''
 int main(int argc, char** argv) {
-    // argv: a, b, w, rows, n, eps, q bytes, out s, out q, out y ("-": none), threads, q2 bytes, out q2 ("-": none)
-    //       [, slices[, tree threads (default: threads)]]
+    // argv: a, b, w, rows, n, eps, q bytes, out s, out q, out y ("-": none), threads, q2 bytes, out q2 ("-": none)[, slices]
     int rows = atoi(argv[4]), n = atoi(argv[5]), nt = atoi(argv[11]); float eps = strtof(argv[6], nullptr);
     unsigned slices = argc > 14 ? (unsigned)atoi(argv[14]) : 1;
-    int tree = argc > 15 ? atoi(argv[15]) : nt;
     auto a = hx_read(argv[1]); auto b = hx_read(argv[2]); auto w = hx_read(argv[3]);
     std::vector<unsigned char> q((size_t)atoll(argv[7]), 0xAB), q2;
     std::vector<float> s((size_t)rows * n, -12345.0f), y((size_t)rows * n, -12345.0f);
@@ -73,7 +69,7 @@ int main(int argc, char** argv) {
     unsigned char* q2p = hx_q2(argv[12], q2);
     hx_launch({slices, (unsigned)rows, 1}, {(unsigned)nt, 1, 1}, 0,
               [&] { hx_add_rms_norm_q8_1((const float*)a.data(), (const float*)b.data(), (const float*)w.data(),
-                                         s.data(), q.data(), yp, q2p, n, eps, tree); });
+                                         s.data(), q.data(), yp, q2p, n, eps); });
     hx_write(argv[8], s.data(), s.size() * 4); hx_write(argv[9], q.data(), q.size()); hx_opt_write(argv[10], y);
     hx_q2_write(argv[13], q2);
 }'''
@@ -207,16 +203,14 @@ def test_rms_norm_q8_1_source_equals_unfused_and_emulator(shim, tmp_path, rows, 
     for layout in layouts:
         uq, uy = _unfused_rms_q8(shim, f, x, w, layout, "u")
         eq, ey = emulate_rms_norm_q8_1(x, w, EPS, layout)
-        exe = shim.build(SOURCE, quantize_defines(layout), MAIN_RMS_Q8, "rms_q8")
-        # the null pointer once; CUDA blocks per row: the launcher's, one, and three; real threads per
-        # block: the launcher's, the tree's own, and an eighth of it (no bit depends on either)
-        tree = block_threads(n)
-        for with_y, slices, nt in ([(True, norm_slices(n), norm_block_threads(n)), (False, 1, tree),
-                                    (True, 3, tree // 8)] if layout is None else
-                                   [(True, norm_slices(n), norm_block_threads(n)), (True, 1, tree),
-                                    (True, 3, tree // 8), (True, 2, tree // 2)]):
+        # the null pointer once; CUDA blocks per row: the launcher's, one, and three; values kept in
+        # registers: none and the launcher's (no bit depends on either)
+        for cache, with_y, slices in [(c, *v) for c in (0, NORM_CACHE_VALUES) for v in
+                                      ([(True, norm_slices(n)), (False, 1), (True, 3)] if layout is None else
+                                       [(True, norm_slices(n)), (True, 1), (True, 3)])]:
+            exe = shim.build(SOURCE, {**quantize_defines(layout), "HX_NORM_CACHE": cache}, MAIN_RMS_Q8, "rms_q8")
             run(exe, f.put("x.bin", x), f.put("w.bin", w), rows, n, EPS_ARG, uq.size, f.path("q.bin"),
-                f.path("y.bin") if with_y else "-", nt, 0, "-", slices, tree)
+                f.path("y.bin") if with_y else "-", block_threads(n), 0, "-", slices)
             got_q = f.get("q.bin", np.uint8, uq.shape)
             np.testing.assert_array_equal(got_q, uq, err_msg=f"fused vs unfused q8_1, layout {layout}")
             np.testing.assert_array_equal(got_q, eq, err_msg=f"fused vs emulator q8_1, layout {layout}")
@@ -240,24 +234,26 @@ def test_add_rms_norm_q8_1_source_equals_unfused_and_emulator(shim, tmp_path, ro
     us = f.get("us.bin", np.float32, (rows, n))
     uq, uy = _unfused_rms_q8(shim, f, us, w, layout, "u")
     es, eq, ey = emulate_add_rms_norm_q8_1(a, b, w, EPS, layout)
-    tree = block_threads(n)
-    # CUDA blocks per row and real threads per block (the tree's own, the launcher's, an eighth):
-    # no bit depends on either
-    for slices, nt in [(1, tree), (3, tree // 8), (norm_slices(n), norm_block_threads(n))]:
-        run(shim.build(SOURCE, quantize_defines(layout), MAIN_ADD_RMS_Q8, "add_rms_q8"), f.path("a.bin"),
+    # CUDA blocks per row and values kept in registers (none, too few for the row: the reading path,
+    # the launcher's): no bit depends on either
+    for cache, slices in [(c, v) for c in (0, 2, NORM_CACHE_VALUES) for v in sorted({1, 3, norm_slices(n)})]:
+        defines = {**quantize_defines(layout), "HX_NORM_CACHE": cache}
+        run(shim.build(SOURCE, defines, MAIN_ADD_RMS_Q8, "add_rms_q8"), f.path("a.bin"),
             f.path("b.bin"), f.put("w.bin", w), rows, n, EPS_ARG, uq.size, f.path("s.bin"), f.path("q.bin"),
-            f.path("y.bin"), nt, 0, "-", slices, tree)
+            f.path("y.bin"), block_threads(n), 0, "-", slices)
         got_s, got_q = f.get("s.bin", np.float32, (rows, n)), f.get("q.bin", np.uint8, uq.shape)
         got_y = f.get("y.bin", np.float32, (rows, n))
         for want_s, want_q, want_y in ((us, uq, uy), (es, eq, ey)):
-            np.testing.assert_array_equal(bits(got_s), bits(want_s), err_msg=f"{slices} blocks per row of {nt}")
-            np.testing.assert_array_equal(got_q, want_q, err_msg=f"{slices} blocks per row of {nt}")
-            np.testing.assert_array_equal(bits(got_y), bits(want_y), err_msg=f"{slices} blocks per row of {nt}")
+            msg = f"{slices} blocks per row, {cache} values cached"
+            np.testing.assert_array_equal(bits(got_s), bits(want_s), err_msg=msg)
+            np.testing.assert_array_equal(got_q, want_q, err_msg=msg)
+            np.testing.assert_array_equal(bits(got_y), bits(want_y), err_msg=msg)
 
 
 def _second_layout_defines(layout, layout2):
     second = quantize_defines(layout2)
-    return {**quantize_defines(layout), "HX_LAYOUT2": second["HX_LAYOUT"], "HX_LAYOUT2_BYTES": second["HX_LAYOUT_BYTES"]}
+    return {**quantize_defines(layout), "HX_LAYOUT2": second["HX_LAYOUT"], "HX_LAYOUT2_BYTES": second["HX_LAYOUT_BYTES"],
+            "HX_NORM_CACHE": NORM_CACHE_VALUES}  # the launcher's
 
 
 # (rows, n, first layout, second layout): Q/K's layout with V's (Qwen3 Q4_K_M), and the reverse
@@ -276,8 +272,7 @@ def test_norm_kernels_write_a_second_layout_equal_to_its_own_quantize(shim, tmp_
     uq, _ = _unfused_rms_q8(shim, f, a, w, layout, "u")
     uq2, _ = _unfused_rms_q8(shim, f, a, w, layout2, "v")
     run(shim.build(SOURCE, defines, MAIN_RMS_Q8, "rms_q8_two"), f.put("x.bin", a), f.put("w.bin", w), rows, n,
-        EPS_ARG, q1_bytes, f.path("q.bin"), "-", norm_block_threads(n), uq2.size, f.path("q2.bin"), norm_slices(n),
-        block_threads(n))
+        EPS_ARG, q1_bytes, f.path("q.bin"), "-", block_threads(n), uq2.size, f.path("q2.bin"), norm_slices(n))
     eq2, _ = emulate_rms_norm_q8_1(a, w, EPS, layout2)
     np.testing.assert_array_equal(f.get("q.bin", np.uint8, uq.shape), uq, err_msg="first layout")
     np.testing.assert_array_equal(f.get("q2.bin", np.uint8, q2_shape), uq2, err_msg="second layout vs quantize")

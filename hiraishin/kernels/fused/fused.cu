@@ -27,11 +27,27 @@
 #define HX_LAYOUT2_BYTES 0
 #endif
 
-// y = (scale * x) * w of row `row` (rmsnorm.cu's last loop), quantized block by block: warp w of
-// CUDA block g (of gridDim.x per row) takes q8_1 blocks g*nwarps + w, then + gridDim.x*nwarps, ...
-// (lane = value within the block). n % 32 == 0. load(i): value i of the row; yq2 (or NULL): the
-// same values in HX_LAYOUT2; s (or NULL): load(i) stored (the add kernel's next residual: each
-// value by the one block that quantizes it).
+// One value of a normed row: y = (scale * x) * w (rmsnorm.cu's last loop), stored (s: x, the add
+// kernel's next residual; y: the normed float) and quantized as value `lane` of q8_1 block ib.
+// Every lane of the warp must call it (hx_q8_1_store's butterflies).
+__device__ __forceinline__ void hx_norm_value(const float x, const float wi, const float scale,
+                                              unsigned char* __restrict__ yq, float* __restrict__ y,
+                                              unsigned char* __restrict__ yq2, float* s, const int row, const int n,
+                                              const int ib, const int lane) {
+    const int nb = n / 32;
+    const size_t at = (size_t)row * n + ib * 32 + lane;
+    if (s) s[at] = x;
+    const float v = __fmul_rn(__fmul_rn(scale, x), wi);
+    if (y) y[at] = v;
+    hx_q8_1_store(yq, row, nb, ib, lane, v);
+    if constexpr (HX_LAYOUT2 >= 0) {
+        if (yq2) hx_q8_1_store_as<(HX_LAYOUT2 < 0 ? 0 : HX_LAYOUT2), HX_LAYOUT2_BYTES>(yq2, row, nb, ib, lane, v);
+    }
+}
+
+// The normed row quantized block by block: warp w of CUDA block g (of gridDim.x per row) takes
+// q8_1 blocks g*nwarps + w, then + gridDim.x*nwarps, ... (lane = value within the block). n % 32 == 0.
+// load(i): value i of the row, read again here.
 template <class Load>
 __device__ __forceinline__ void hx_norm_store(Load load, const float* __restrict__ w, const float scale,
                                               unsigned char* __restrict__ yq, float* __restrict__ y,
@@ -39,57 +55,119 @@ __device__ __forceinline__ void hx_norm_store(Load load, const float* __restrict
                                               const int n) {
     const int lane = threadIdx.x % 32;
     const int nwarps = blockDim.x / 32;
-    const int nb = n / 32;
-    for (int ib = blockIdx.x * nwarps + threadIdx.x / 32; ib < nb; ib += gridDim.x * nwarps) {  // uniform per warp
+    for (int ib = blockIdx.x * nwarps + threadIdx.x / 32; ib < n / 32; ib += gridDim.x * nwarps) {  // uniform per warp
         const int i = ib * 32 + lane;
-        const float x = load(i);
-        if (s) s[(size_t)row * n + i] = x;
-        const float v = __fmul_rn(__fmul_rn(scale, x), w[i]);
-        if (y) y[(size_t)row * n + i] = v;
-        hx_q8_1_store(yq, row, nb, ib, lane, v);
-        if constexpr (HX_LAYOUT2 >= 0) {
-            if (yq2) hx_q8_1_store_as<(HX_LAYOUT2 < 0 ? 0 : HX_LAYOUT2), HX_LAYOUT2_BYTES>(yq2, row, nb, ib, lane, v);
-        }
+        hx_norm_value(load(i), w[i], scale, yq, y, yq2, s, row, n, ib, lane);
     }
 }
 
-// rms_norm then quantize_q8_1. Grid (slices, rows), block (launch.py norm_block_threads(n), which
-// divides tree_threads, rmsnorm's block_threads(n)): every CUDA block of a row computes the row's
-// scale by rmsnorm's one tree of tree_threads threads (hx_rms_scale_tree: the same bits in each, at
-// any block size), then quantizes its slice of the q8_1 blocks (launch.py norm_slices: a few q8_1
-// blocks per warp, so a long row is not quantized by one CUDA block alone).
+// Values of a row each thread keeps in registers from the scale to the store (launch.py
+// NORM_CACHE_VALUES; 0: none, the row is read twice). Thread t holds values t + k * blockDim.x,
+// k < HX_NORM_CACHE: the ones it sums in rmsnorm's step 1, in that order, and the same ones the
+// store's walk gives CUDA block k % gridDim.x (value i is in q8_1 block i / 32 = warp + k * nwarps,
+// at lane t % 32), so the row's second read and the weight's read after the reduction go (the
+// weight is read before the PDL wait: it is never written). Same operations, same order, same bits.
+#ifndef HX_NORM_CACHE
+#define HX_NORM_CACHE 0
+#endif
+#if HX_NORM_CACHE > 0
+struct hx_norm_regs {
+    float x[HX_NORM_CACHE];
+    float w[HX_NORM_CACHE];
+};
+
+// The weights of this thread's values (before HX_PDL_ENTRY).
+__device__ __forceinline__ void hx_norm_weights(hx_norm_regs& r, const float* __restrict__ w, const int n) {
+#pragma unroll
+    for (int k = 0; k < HX_NORM_CACHE; ++k) {
+        const int i = threadIdx.x + k * blockDim.x;
+        r.w[k] = i < n ? w[i] : 0.0f;
+    }
+}
+
+// rms_norm of the row and its store, from registers. Needs n <= HX_NORM_CACHE * blockDim.x.
+template <class Load>
+__device__ __forceinline__ void hx_norm_cached(Load load, hx_norm_regs& r, const float eps, float* warp_partial,
+                                               unsigned char* __restrict__ yq, float* __restrict__ y,
+                                               unsigned char* __restrict__ yq2, float* s, const int row,
+                                               const int n) {
+    const int tid = threadIdx.x;
+    const int nthreads = blockDim.x;
+#pragma unroll
+    for (int k = 0; k < HX_NORM_CACHE; ++k) {  // every load first, then the sum in rmsnorm's order
+        const int i = tid + k * nthreads;
+        r.x[k] = i < n ? load(i) : 0.0f;
+    }
+    float sq = 0.0f;
+#pragma unroll
+    for (int k = 0; k < HX_NORM_CACHE; ++k) {
+        if (tid + k * nthreads < n) sq = __fmaf_rn(r.x[k], r.x[k], sq);
+    }
+    const float scale = hx_rms_scale_finish(sq, n, eps, warp_partial);
+    const int nwarps = nthreads / 32;
+#pragma unroll
+    for (int k = 0; k < HX_NORM_CACHE; ++k) {
+        if (k % (int)gridDim.x == (int)blockIdx.x && tid + k * nthreads < n) {  // uniform per warp (n % 32 == 0)
+            hx_norm_value(r.x[k], r.w[k], scale, yq, y, yq2, s, row, n, tid / 32 + k * nwarps, tid % 32);
+        }
+    }
+}
+#endif
+
+// rms_norm then quantize_q8_1. Grid (slices, rows), block (rmsnorm's block_threads(n)): every CUDA
+// block of a row computes the row's scale by rmsnorm's one tree (the same bits in each), then
+// quantizes its slice of the q8_1 blocks (launch.py norm_slices: one q8_1 block per warp, so a
+// long row is not quantized by one CUDA block alone).
 // yq: q8_1 bytes of the normed rows in HX_LAYOUT; y: the float32 normed rows, or NULL; yq2: the
 // q8_1 bytes in HX_LAYOUT2, or NULL.
 extern "C" __global__ void hx_rms_norm_q8_1(const float* __restrict__ x, const float* __restrict__ w,
                                             unsigned char* __restrict__ yq, float* __restrict__ y,
-                                            unsigned char* __restrict__ yq2, const int n, const float eps,
-                                            const int tree_threads) {
+                                            unsigned char* __restrict__ yq2, const int n, const float eps) {
     hx_prefetch_lines(w, 4LL * n, threadIdx.x, blockDim.x);  // the norm weight (read after the reduction) into L2
+#if HX_NORM_CACHE > 0
+    hx_norm_regs r;
+    hx_norm_weights(r, w, n);
+#endif
     HX_PDL_ENTRY();
     __shared__ float warp_partial[32];
     const int row = blockIdx.y;
     const float* xr = x + (size_t)row * n;
     const auto load = [&](const int i) { return xr[i]; };
-    const float scale = hx_rms_scale_tree(load, n, eps, warp_partial, tree_threads);
+#if HX_NORM_CACHE > 0
+    if (n <= HX_NORM_CACHE * (int)blockDim.x) {
+        hx_norm_cached(load, r, eps, warp_partial, yq, y, yq2, nullptr, row, n);
+        return;
+    }
+#endif
+    const float scale = hx_rms_scale_of(load, n, eps, warp_partial);
     hx_norm_store(load, w, scale, yq, y, yq2, nullptr, row, n);
 }
 
 // s = a + b (the next residual, written to s), then rms_norm of s, then quantize_q8_1.
-// Grid, block and tree_threads as hx_rms_norm_q8_1: every CUDA block of a row
+// Grid (slices, rows), block (block_threads(n)), as hx_rms_norm_q8_1: every CUDA block of a row
 // forms each a + b itself (one __fadd_rn, the same value in each), so no block reads another's
 // writes; each value of s is written once, by the block that quantizes it. s must not overlap a or b.
 extern "C" __global__ void hx_add_rms_norm_q8_1(const float* __restrict__ a, const float* __restrict__ b,
                                                 const float* __restrict__ w, float* s,
                                                 unsigned char* __restrict__ yq, float* __restrict__ y,
-                                                unsigned char* __restrict__ yq2, const int n, const float eps,
-                                                const int tree_threads) {
+                                                unsigned char* __restrict__ yq2, const int n, const float eps) {
     hx_prefetch_lines(w, 4LL * n, threadIdx.x, blockDim.x);  // the norm weight (read after the reduction) into L2
+#if HX_NORM_CACHE > 0
+    hx_norm_regs r;
+    hx_norm_weights(r, w, n);
+#endif
     HX_PDL_ENTRY();
     __shared__ float warp_partial[32];
     const int row = blockIdx.y;
     const size_t base = (size_t)row * n;
     const auto load = [&](const int i) { return __fadd_rn(a[base + i], b[base + i]); };
-    const float scale = hx_rms_scale_tree(load, n, eps, warp_partial, tree_threads);
+#if HX_NORM_CACHE > 0
+    if (n <= HX_NORM_CACHE * (int)blockDim.x) {
+        hx_norm_cached(load, r, eps, warp_partial, yq, y, yq2, s, row, n);
+        return;
+    }
+#endif
+    const float scale = hx_rms_scale_of(load, n, eps, warp_partial);
     hx_norm_store(load, w, scale, yq, y, yq2, s, row, n);
 }
 

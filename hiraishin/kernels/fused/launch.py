@@ -16,8 +16,8 @@ from ..compile import get_kernel
 from ..quantize.launch import QUANTIZE_WARPS_PER_BLOCK, output_shape, quantize_defines
 from ..rmsnorm.emulate import block_threads
 
-__all__ = ["SOURCE", "NULL", "fused_kernel", "norm_slices", "norm_block_threads", "NORM_BLOCK_THREADS",
-           "NORM_WARP_BLOCKS", "RmsNormQ8_1Launch", "AddRmsNormQ8_1Launch", "SwigluQ8_1Launch", "QkNormRopeKvLaunch", "launch_rms_norm_q8_1", "launch_add_rms_norm_q8_1", "launch_swiglu_q8_1",
+__all__ = ["SOURCE", "NULL", "NORM_CACHE_VALUES", "fused_kernel", "norm_slices", "RmsNormQ8_1Launch", "AddRmsNormQ8_1Launch", "SwigluQ8_1Launch",
+           "QkNormRopeKvLaunch", "launch_rms_norm_q8_1", "launch_add_rms_norm_q8_1", "launch_swiglu_q8_1",
            "launch_qk_norm_rope_kv", "SOURCE_COMBINE", "CombineQ8_1Launch", "launch_combine_q8_1"]
 
 # fused.cu is compiled after the unfused sources whose device functions it calls (hx_rms_scale,
@@ -29,13 +29,20 @@ SOURCE_COMBINE = ("quantize/quantize_q8_1.cu", "attention/fattn_vec.cu")
 # A null device pointer: the optional float outputs are skipped when given this.
 NULL = np.uint64(0)
 _Q8_1_VALUES = 32  # values per q8_1 block (one warp's lanes)
-_TREE_MAX_PER_THREAD = 8  # rmsnorm.cu HX_TREE_MAX_PER_THREAD: tree threads one real thread plays
+
+
+# Values of a row each thread of the norm kernels keeps in registers from the sum of squares to the
+# store (fused.cu HX_NORM_CACHE; rows up to this many times block_threads(n) values, Qwen3-8B's 4096
+# in 1024 threads take 4, 14B's and 32B's 5120 take 5): the second read of the row and the read of
+# the norm weight after the reduction go. 0: both reads as before. Changes no bit (tests/test_fused.py);
+# timed by bench/sweep_norm.py (bench/results/2026-12-02-h200-session5).
+NORM_CACHE_VALUES = 8
 
 
 def fused_kernel(name: str, layout: str | None = None, layout2: str | None = None):
     """The compiled kernel ``name`` of fused.cu writing q8_1 ``layout`` (None: llama.cpp's blocks) and,
     for the norm kernels, optionally a second layout ``layout2`` (their ``yq2`` output)."""
-    defines = quantize_defines(layout)
+    defines = {**quantize_defines(layout), "HX_NORM_CACHE": NORM_CACHE_VALUES}
     if layout2 is not None:
         second = quantize_defines(layout2)
         defines = {**defines, "HX_LAYOUT2": second["HX_LAYOUT"], "HX_LAYOUT2_BYTES": second["HX_LAYOUT_BYTES"]}
@@ -46,32 +53,14 @@ def _ptr(a):
     return NULL if a is None else a
 
 
-# Real threads per CUDA block of the fused norm kernels, which play rmsnorm's tree of
-# block_threads(n) threads (hx_rms_scale_tree: the same bits at any of these sizes), and q8_1
-# blocks each warp quantizes. A 1024-thread block cannot start beside a running mat-vec's blocks
-# under PDL; on the H200 the two norm launches of a layer cost 137 us of a 0.75 ms Qwen3-0.6B pass
-# with 1024 threads (bench/ablate_pass.py, bench/results/2026-12-02-h200-session5/a-ablate-sweep).
-# Chosen by bench/sweep_norm.py (bench/results/2026-12-02-h200-session5).
-NORM_BLOCK_THREADS = 128
-NORM_WARP_BLOCKS = 1
-
-
-def norm_block_threads(n: int) -> int:
-    """Real threads per CUDA block of the fused norm kernels for rows of ``n`` floats: at most
-    :data:`NORM_BLOCK_THREADS`, a divisor of rmsnorm's ``block_threads(n)`` (the tree they play),
-    at most ``HX_TREE_MAX_PER_THREAD`` (8) times fewer."""
-    tree = block_threads(n)
-    return max(min(tree, NORM_BLOCK_THREADS), tree // _TREE_MAX_PER_THREAD)
-
-
 def norm_slices(n: int) -> int:
-    """CUDA blocks per row of the fused norm kernels: :data:`NORM_WARP_BLOCKS` q8_1 blocks per warp.
-    Each of them computes the row's scale by rmsnorm's one tree (the same bits), so the count changes
-    no bit; it only spares one CUDA block from quantizing a long row alone (Qwen3-8B's 4096 values
-    in one block took 7.5 us per launch on the H200, 16% of a decode step,
+    """CUDA blocks per row of the fused norm kernels: enough for one q8_1 block per warp. Each of
+    them computes the row's scale by rmsnorm's one tree (the same bits), so the count changes no
+    bit; it only spares one CUDA block from quantizing a long row alone (Qwen3-8B's 4096 values:
+    4 blocks of 32 warps; on the H200 one block took 7.5 us per launch, 16% of a decode step,
     bench/results/2026-12-01-h200-session3)."""
-    per_block = norm_block_threads(n) // _Q8_1_VALUES * NORM_WARP_BLOCKS
-    return max(1, -(-(n // _Q8_1_VALUES) // per_block))
+    warps = block_threads(n) // _Q8_1_VALUES
+    return max(1, -(-(n // _Q8_1_VALUES) // warps))
 
 
 class RmsNormQ8_1Launch:
@@ -81,8 +70,7 @@ class RmsNormQ8_1Launch:
     ``w`` float32 (n,); ``out_q`` uint8 :func:`~hiraishin.kernels.quantize.launch.output_shape`
     ``(rows, n, layout)``; ``out_norm`` float32 (rows, n) or None; ``out_q2`` (with ``layout2``) the
     same q8_1 values in ``layout2``, or None. n % 32 == 0 (% 256 with a layout). Grid
-    (:func:`norm_slices` ``(n)``, rows), block :func:`norm_block_threads` ``(n)`` threads playing
-    rmsnorm's tree of ``block_threads(n)``.
+    (:func:`norm_slices` ``(n)``, rows), block rmsnorm's ``block_threads(n)``: the rmsnorm tree.
     """
 
     __slots__ = ("kernel", "grid", "block", "scalars", "shape", "rows")
@@ -91,8 +79,8 @@ class RmsNormQ8_1Launch:
         self.kernel = fused_kernel("hx_rms_norm_q8_1", layout, layout2)
         self.rows = rows
         self.grid = (norm_slices(n), rows, 1)
-        self.block = (norm_block_threads(n), 1, 1)
-        self.scalars = (np.int32(n), np.float32(eps), np.int32(block_threads(n)))
+        self.block = (block_threads(n), 1, 1)
+        self.scalars = (np.int32(n), np.float32(eps))
         self.shape = output_shape(rows, n, layout)
 
     def __call__(self, x, w, out_q, out_norm=None, out_q2=None):
@@ -114,8 +102,8 @@ class AddRmsNormQ8_1Launch:
         self.kernel = fused_kernel("hx_add_rms_norm_q8_1", layout, layout2)
         self.rows = rows
         self.grid = (norm_slices(n), rows, 1)
-        self.block = (norm_block_threads(n), 1, 1)
-        self.scalars = (np.int32(n), np.float32(eps), np.int32(block_threads(n)))
+        self.block = (block_threads(n), 1, 1)
+        self.scalars = (np.int32(n), np.float32(eps))
         self.shape = output_shape(rows, n, layout)
 
     def __call__(self, a, b, w, out_sum, out_q, out_norm=None, out_q2=None):
