@@ -18,7 +18,7 @@
 #             out of its graph (what fusing it away could save at most);
 #   pdl       bench/replay_widths.py under HIRAISHIN_PDL_TRIGGER=after_wait and =early (PDL_ORDERS, widths
 #             1 and 3): replay times and logits digests of one scheduling change, which must keep every bit;
-#   norm      bench/sweep_norm.py: the fused norm kernels with and without their values in registers
+#   norm      bench/sweep_norm.py: the fused norm kernels in blocks of other sizes than their tree
 #             (NORM_VARIANTS), replay times of both shapes and logits digests (no bit may change);
 #   kernels   per-kernel times under Nsight Compute (bench/kernel_times.sh), if time is left.
 # Usage on the device (repo root): HIRAISHIN_COMMIT=<commit> [STEPS=tests] bash bench/final_session.sh

@@ -1,12 +1,14 @@
-"""Time the fused norm kernels with and without their values kept in registers (``fused/launch.py``
-NORM_CACHE_VALUES, which changes no bit): per variant, graph-replayed passes of both models
-(``bench/replay_widths.py``), their logits digests checked against the first variant's.
+"""Time the fused norm kernels in CUDA blocks of other sizes than rmsnorm's tree (``fused/launch.py``
+NORM_BLOCK_THREADS; the block plays the tree, which changes no bit): per variant, graph-replayed
+passes of both models (``bench/replay_widths.py``), their logits digests checked against the first
+variant's ("tree": the tree's own thread count).
 
-    python3 bench/sweep_norm.py MODEL.gguf [...] [--variants 0,8] [--orders invariant] [--widths 1,3] [--json F]
+    python3 bench/sweep_norm.py MODEL.gguf [...] [--variants tree,256,128] [--orders invariant] [--widths 1,3]
+        [--json F]
 
-(Session 5 also swept real threads per CUDA block below the tree's, 1024 down to 64, with the same
-bits: every smaller block was slower, 2.65 -> 3.22 ms a Qwen3-8B step at 128 threads;
-bench/results/2026-12-02-h200-session5/b-norm-pdl. That code was dropped.)
+Session 5 measured two earlier forms, both slower and dropped (bench/results/2026-12-02-h200-session5):
+smaller blocks whose threads read their tree threads' values one loop step at a time (b-norm-pdl), and
+the tree's own block keeping its values and weights in registers (c-bench-tests).
 """
 
 from __future__ import annotations
@@ -30,8 +32,8 @@ from hiraishin.kernels.fused import launch as fused_launch  # noqa: E402
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("models", nargs="+")
-    ap.add_argument("--variants", default="0,8",
-                    help="values kept in registers per thread, the first the reference of the bits")
+    ap.add_argument("--variants", default="tree,256,128",
+                    help="real threads per CUDA block ('tree': the tree's own), the first the reference of the bits")
     ap.add_argument("--orders", default="invariant")
     ap.add_argument("--widths", default="1,3")
     ap.add_argument("--steps", type=int, default=40)
@@ -39,23 +41,24 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     orders = [o.strip() for o in args.orders.split(",") if o.strip()]
     widths = parse_widths(args.widths)
-    saved = fused_launch.NORM_CACHE_VALUES
+    saved = fused_launch.NORM_BLOCK_THREADS
     rows, ref = [], {}
     try:
         for v in args.variants.split(","):
-            fused_launch.NORM_CACHE_VALUES = cache = int(v)
-            fused_launch._launches.clear()  # a launch compiles its kernel when first built
-            print(f"== norm kernels: {cache} values per thread kept in registers", flush=True)
+            threads = None if v.strip() == "tree" else int(v)
+            fused_launch.NORM_BLOCK_THREADS = threads
+            fused_launch._launches.clear()  # a launch compiles its kernel and fixes its geometry when first built
+            print(f"== norm kernels: {v.strip()} threads per CUDA block", flush=True)
             for path in args.models:
                 for r in replay_widths.measure(path, orders, widths, args.steps):
                     key = (r["model"], r["order"], r["width"])
                     ref.setdefault(key, r["logits_sha256"])
-                    r.update(norm_cache_values=cache, same_bits=ref[key] == r["logits_sha256"])
+                    r.update(norm_block_threads=threads, same_bits=ref[key] == r["logits_sha256"])
                     rows.append(r)
                     if not r["same_bits"]:
                         print(f"   BITS DIFFER from the first variant: {key}", flush=True)
     finally:
-        fused_launch.NORM_CACHE_VALUES = saved
+        fused_launch.NORM_BLOCK_THREADS = saved
     if args.json:
         out = {"commit": git_commit(), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "rows": rows}
         with atomic_write(args.json) as f:

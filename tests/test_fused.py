@@ -21,7 +21,7 @@ from hiraishin.kernels.fused.emulate import (
     emulate_rms_norm_q8_1,
     emulate_swiglu_q8_1,
 )
-from hiraishin.kernels.fused.launch import NORM_CACHE_VALUES, SOURCE, norm_slices
+from hiraishin.kernels.fused.launch import SOURCE, norm_slices
 from hiraishin.kernels.quantize.launch import output_shape, quantize_defines
 from hiraishin.kernels.rmsnorm.emulate import block_threads
 from hiraishin.kernels.rope.emulate import rope_tables
@@ -203,12 +203,10 @@ def test_rms_norm_q8_1_source_equals_unfused_and_emulator(shim, tmp_path, rows, 
     for layout in layouts:
         uq, uy = _unfused_rms_q8(shim, f, x, w, layout, "u")
         eq, ey = emulate_rms_norm_q8_1(x, w, EPS, layout)
-        # the null pointer once; CUDA blocks per row: the launcher's, one, and three; values kept in
-        # registers: none and the launcher's (no bit depends on either)
-        for cache, with_y, slices in [(c, *v) for c in (0, NORM_CACHE_VALUES) for v in
-                                      ([(True, norm_slices(n)), (False, 1), (True, 3)] if layout is None else
-                                       [(True, norm_slices(n)), (True, 1), (True, 3)])]:
-            exe = shim.build(SOURCE, {**quantize_defines(layout), "HX_NORM_CACHE": cache}, MAIN_RMS_Q8, "rms_q8")
+        exe = shim.build(SOURCE, quantize_defines(layout), MAIN_RMS_Q8, "rms_q8")
+        # the null pointer once; CUDA blocks per row: the launcher's, one, and three (no bit depends on it)
+        for with_y, slices in [(True, norm_slices(n)), (False, 1), (True, 3)] if layout is None else \
+                [(True, norm_slices(n)), (True, 1), (True, 3)]:
             run(exe, f.put("x.bin", x), f.put("w.bin", w), rows, n, EPS_ARG, uq.size, f.path("q.bin"),
                 f.path("y.bin") if with_y else "-", block_threads(n), 0, "-", slices)
             got_q = f.get("q.bin", np.uint8, uq.shape)
@@ -234,26 +232,50 @@ def test_add_rms_norm_q8_1_source_equals_unfused_and_emulator(shim, tmp_path, ro
     us = f.get("us.bin", np.float32, (rows, n))
     uq, uy = _unfused_rms_q8(shim, f, us, w, layout, "u")
     es, eq, ey = emulate_add_rms_norm_q8_1(a, b, w, EPS, layout)
-    # CUDA blocks per row and values kept in registers (none, too few for the row: the reading path,
-    # the launcher's): no bit depends on either
-    for cache, slices in [(c, v) for c in (0, 2, NORM_CACHE_VALUES) for v in sorted({1, 3, norm_slices(n)})]:
-        defines = {**quantize_defines(layout), "HX_NORM_CACHE": cache}
-        run(shim.build(SOURCE, defines, MAIN_ADD_RMS_Q8, "add_rms_q8"), f.path("a.bin"),
+    for slices in sorted({1, 3, norm_slices(n)}):  # CUDA blocks per row: no bit depends on it
+        run(shim.build(SOURCE, quantize_defines(layout), MAIN_ADD_RMS_Q8, "add_rms_q8"), f.path("a.bin"),
             f.path("b.bin"), f.put("w.bin", w), rows, n, EPS_ARG, uq.size, f.path("s.bin"), f.path("q.bin"),
             f.path("y.bin"), block_threads(n), 0, "-", slices)
         got_s, got_q = f.get("s.bin", np.float32, (rows, n)), f.get("q.bin", np.uint8, uq.shape)
         got_y = f.get("y.bin", np.float32, (rows, n))
         for want_s, want_q, want_y in ((us, uq, uy), (es, eq, ey)):
-            msg = f"{slices} blocks per row, {cache} values cached"
-            np.testing.assert_array_equal(bits(got_s), bits(want_s), err_msg=msg)
-            np.testing.assert_array_equal(got_q, want_q, err_msg=msg)
-            np.testing.assert_array_equal(bits(got_y), bits(want_y), err_msg=msg)
+            np.testing.assert_array_equal(bits(got_s), bits(want_s), err_msg=f"{slices} blocks per row")
+            np.testing.assert_array_equal(got_q, want_q, err_msg=f"{slices} blocks per row")
+            np.testing.assert_array_equal(bits(got_y), bits(want_y), err_msg=f"{slices} blocks per row")
+
+
+@pytest.mark.parametrize("rows,n,layout", [(3, 1024, "Q4_K"), (1, 4096, "Q6_K"), (2, 800, None)])
+def test_norm_kernels_in_blocks_smaller_than_their_tree(shim, tmp_path, rows, n, layout):
+    """hx_norm_played (HX_NORM_PER real-thread blocks of rmsnorm's tree): the unfused bits at every
+    block size and slice count."""
+    f = Files(tmp_path)
+    rng = np.random.default_rng(7 * n + rows)
+    a = _activations(rng, rows, n)
+    b = (rng.standard_normal((rows, n)) * 2).astype(np.float32)
+    w = (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+    es, eq, ey = emulate_add_rms_norm_q8_1(a, b, w, EPS, layout)
+    rq, ry = emulate_rms_norm_q8_1(a, w, EPS, layout)
+    tree = block_threads(n)
+    vals = -(-n // tree)
+    for per in (2, 8):
+        defines = {**quantize_defines(layout), "HX_NORM_PER": per, "HX_NORM_VALS": vals}
+        for slices in sorted({1, 3, per * vals}):
+            msg = f"{tree // per} threads playing {tree}, {slices} blocks per row"
+            run(shim.build(SOURCE, defines, MAIN_ADD_RMS_Q8, "add_rms_q8_played"), f.put("a.bin", a),
+                f.put("b.bin", b), f.put("w.bin", w), rows, n, EPS_ARG, eq.size, f.path("s.bin"), f.path("q.bin"),
+                f.path("y.bin"), tree // per, 0, "-", slices)
+            np.testing.assert_array_equal(bits(f.get("s.bin", np.float32, (rows, n))), bits(es), err_msg=msg)
+            np.testing.assert_array_equal(f.get("q.bin", np.uint8, eq.shape), eq, err_msg=msg)
+            np.testing.assert_array_equal(bits(f.get("y.bin", np.float32, (rows, n))), bits(ey), err_msg=msg)
+            run(shim.build(SOURCE, defines, MAIN_RMS_Q8, "rms_q8_played"), f.path("a.bin"), f.path("w.bin"), rows, n,
+                EPS_ARG, rq.size, f.path("q.bin"), f.path("y.bin"), tree // per, 0, "-", slices)
+            np.testing.assert_array_equal(f.get("q.bin", np.uint8, rq.shape), rq, err_msg=msg)
+            np.testing.assert_array_equal(bits(f.get("y.bin", np.float32, (rows, n))), bits(ry), err_msg=msg)
 
 
 def _second_layout_defines(layout, layout2):
     second = quantize_defines(layout2)
-    return {**quantize_defines(layout), "HX_LAYOUT2": second["HX_LAYOUT"], "HX_LAYOUT2_BYTES": second["HX_LAYOUT_BYTES"],
-            "HX_NORM_CACHE": NORM_CACHE_VALUES}  # the launcher's
+    return {**quantize_defines(layout), "HX_LAYOUT2": second["HX_LAYOUT"], "HX_LAYOUT2_BYTES": second["HX_LAYOUT_BYTES"]}
 
 
 # (rows, n, first layout, second layout): Q/K's layout with V's (Qwen3 Q4_K_M), and the reverse

@@ -27,27 +27,11 @@
 #define HX_LAYOUT2_BYTES 0
 #endif
 
-// One value of a normed row: y = (scale * x) * w (rmsnorm.cu's last loop), stored (s: x, the add
-// kernel's next residual; y: the normed float) and quantized as value `lane` of q8_1 block ib.
-// Every lane of the warp must call it (hx_q8_1_store's butterflies).
-__device__ __forceinline__ void hx_norm_value(const float x, const float wi, const float scale,
-                                              unsigned char* __restrict__ yq, float* __restrict__ y,
-                                              unsigned char* __restrict__ yq2, float* s, const int row, const int n,
-                                              const int ib, const int lane) {
-    const int nb = n / 32;
-    const size_t at = (size_t)row * n + ib * 32 + lane;
-    if (s) s[at] = x;
-    const float v = __fmul_rn(__fmul_rn(scale, x), wi);
-    if (y) y[at] = v;
-    hx_q8_1_store(yq, row, nb, ib, lane, v);
-    if constexpr (HX_LAYOUT2 >= 0) {
-        if (yq2) hx_q8_1_store_as<(HX_LAYOUT2 < 0 ? 0 : HX_LAYOUT2), HX_LAYOUT2_BYTES>(yq2, row, nb, ib, lane, v);
-    }
-}
-
-// The normed row quantized block by block: warp w of CUDA block g (of gridDim.x per row) takes
-// q8_1 blocks g*nwarps + w, then + gridDim.x*nwarps, ... (lane = value within the block). n % 32 == 0.
-// load(i): value i of the row, read again here.
+// y = (scale * x) * w of row `row` (rmsnorm.cu's last loop), quantized block by block: warp w of
+// CUDA block g (of gridDim.x per row) takes q8_1 blocks g*nwarps + w, then + gridDim.x*nwarps, ...
+// (lane = value within the block). n % 32 == 0. load(i): value i of the row; yq2 (or NULL): the
+// same values in HX_LAYOUT2; s (or NULL): load(i) stored (the add kernel's next residual: each
+// value by the one block that quantizes it).
 template <class Load>
 __device__ __forceinline__ void hx_norm_store(Load load, const float* __restrict__ w, const float scale,
                                               unsigned char* __restrict__ yq, float* __restrict__ y,
@@ -55,60 +39,76 @@ __device__ __forceinline__ void hx_norm_store(Load load, const float* __restrict
                                               const int n) {
     const int lane = threadIdx.x % 32;
     const int nwarps = blockDim.x / 32;
-    for (int ib = blockIdx.x * nwarps + threadIdx.x / 32; ib < n / 32; ib += gridDim.x * nwarps) {  // uniform per warp
+    const int nb = n / 32;
+    for (int ib = blockIdx.x * nwarps + threadIdx.x / 32; ib < nb; ib += gridDim.x * nwarps) {  // uniform per warp
         const int i = ib * 32 + lane;
-        hx_norm_value(load(i), w[i], scale, yq, y, yq2, s, row, n, ib, lane);
+        const float x = load(i);
+        if (s) s[(size_t)row * n + i] = x;
+        const float v = __fmul_rn(__fmul_rn(scale, x), w[i]);
+        if (y) y[(size_t)row * n + i] = v;
+        hx_q8_1_store(yq, row, nb, ib, lane, v);
+        if constexpr (HX_LAYOUT2 >= 0) {
+            if (yq2) hx_q8_1_store_as<(HX_LAYOUT2 < 0 ? 0 : HX_LAYOUT2), HX_LAYOUT2_BYTES>(yq2, row, nb, ib, lane, v);
+        }
     }
 }
 
-// Values of a row each thread keeps in registers from the scale to the store (launch.py
-// NORM_CACHE_VALUES; 0: none, the row is read twice). Thread t holds values t + k * blockDim.x,
-// k < HX_NORM_CACHE: the ones it sums in rmsnorm's step 1, in that order, and the same ones the
-// store's walk gives CUDA block k % gridDim.x (value i is in q8_1 block i / 32 = warp + k * nwarps,
-// at lane t % 32), so the row's second read and the weight's read after the reduction go (the
-// weight is read before the PDL wait: it is never written). Same operations, same order, same bits.
-#ifndef HX_NORM_CACHE
-#define HX_NORM_CACHE 0
-#endif
-#if HX_NORM_CACHE > 0
-struct hx_norm_regs {
-    float x[HX_NORM_CACHE];
-    float w[HX_NORM_CACHE];
-};
-
-// The weights of this thread's values (before HX_PDL_ENTRY).
-__device__ __forceinline__ void hx_norm_weights(hx_norm_regs& r, const float* __restrict__ w, const int n) {
-#pragma unroll
-    for (int k = 0; k < HX_NORM_CACHE; ++k) {
-        const int i = threadIdx.x + k * blockDim.x;
-        r.w[k] = i < n ? w[i] : 0.0f;
-    }
-}
-
-// rms_norm of the row and its store, from registers. Needs n <= HX_NORM_CACHE * blockDim.x.
+// A block smaller than rmsnorm's tree (launch.py NORM_BLOCK_THREADS; HX_NORM_PER defined): each real
+// thread plays HX_NORM_PER tree threads, 32 * (warp + j * nwarps) + lane for j < HX_NORM_PER (every
+// tree warp's 32 lanes at the same lanes of one real warp, so its butterfly is that warp's
+// butterfly), and holds their HX_NORM_VALS values each (tree thread t's m-th value is t + m *
+// tree_threads), all loaded before the first add. Step 1 of rmsnorm's tree per tree thread in m
+// order, step 2 per tree warp, step 3 as there: the same adds in the same order, so the same bits.
+// Slot (j, m) of every thread is stored by CUDA block (j * HX_NORM_VALS + m) % gridDim.x of the
+// row (each value once; the q8_1 block of a slot is warp + j * nwarps + m * tree_threads / 32).
+#ifdef HX_NORM_PER
 template <class Load>
-__device__ __forceinline__ void hx_norm_cached(Load load, hx_norm_regs& r, const float eps, float* warp_partial,
-                                               unsigned char* __restrict__ yq, float* __restrict__ y,
-                                               unsigned char* __restrict__ yq2, float* s, const int row,
-                                               const int n) {
-    const int tid = threadIdx.x;
-    const int nthreads = blockDim.x;
+__device__ __forceinline__ void hx_norm_played(Load load, const float* __restrict__ w, const float eps,
+                                               float* warp_partial, unsigned char* __restrict__ yq,
+                                               float* __restrict__ y, unsigned char* __restrict__ yq2, float* s,
+                                               const int row, const int n) {
+    const int lane = threadIdx.x % 32;
+    const int warp = threadIdx.x / 32;
+    const int nwarps = blockDim.x / 32;
+    const int tree = HX_NORM_PER * blockDim.x;
+    float x[HX_NORM_PER][HX_NORM_VALS];
 #pragma unroll
-    for (int k = 0; k < HX_NORM_CACHE; ++k) {  // every load first, then the sum in rmsnorm's order
-        const int i = tid + k * nthreads;
-        r.x[k] = i < n ? load(i) : 0.0f;
+    for (int j = 0; j < HX_NORM_PER; ++j) {
+#pragma unroll
+        for (int m = 0; m < HX_NORM_VALS; ++m) {
+            const int i = 32 * (warp + j * nwarps) + lane + m * tree;
+            x[j][m] = i < n ? load(i) : 0.0f;
+        }
     }
-    float sq = 0.0f;
 #pragma unroll
-    for (int k = 0; k < HX_NORM_CACHE; ++k) {
-        if (tid + k * nthreads < n) sq = __fmaf_rn(r.x[k], r.x[k], sq);
+    for (int j = 0; j < HX_NORM_PER; ++j) {
+        float sj = 0.0f;
+#pragma unroll
+        for (int m = 0; m < HX_NORM_VALS; ++m) {
+            if (32 * (warp + j * nwarps) + lane + m * tree < n) sj = __fmaf_rn(x[j][m], x[j][m], sj);
+        }
+        sj = hx_warp_sum(sj);
+        if (lane == 0) warp_partial[warp + j * nwarps] = sj;
     }
-    const float scale = hx_rms_scale_finish(sq, n, eps, warp_partial);
-    const int nwarps = nthreads / 32;
+    __syncthreads();
+    float total = lane < tree / 32 ? warp_partial[lane] : 0.0f;
+    total = hx_warp_sum(total);
+    const float scale = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(total, (float)n), eps)));
+    const int nb = n / 32;
 #pragma unroll
-    for (int k = 0; k < HX_NORM_CACHE; ++k) {
-        if (k % (int)gridDim.x == (int)blockIdx.x && tid + k * nthreads < n) {  // uniform per warp (n % 32 == 0)
-            hx_norm_value(r.x[k], r.w[k], scale, yq, y, yq2, s, row, n, tid / 32 + k * nwarps, tid % 32);
+    for (int j = 0; j < HX_NORM_PER; ++j) {
+#pragma unroll
+        for (int m = 0; m < HX_NORM_VALS; ++m) {
+            const int i = 32 * (warp + j * nwarps) + lane + m * tree;
+            if ((j * HX_NORM_VALS + m) % (int)gridDim.x != (int)blockIdx.x || i >= n) continue;  // uniform per warp
+            if (s) s[(size_t)row * n + i] = x[j][m];
+            const float v = __fmul_rn(__fmul_rn(scale, x[j][m]), w[i]);
+            if (y) y[(size_t)row * n + i] = v;
+            const int ib = i / 32;
+            hx_q8_1_store(yq, row, nb, ib, lane, v);
+            if constexpr (HX_LAYOUT2 >= 0) {
+                if (yq2) hx_q8_1_store_as<(HX_LAYOUT2 < 0 ? 0 : HX_LAYOUT2), HX_LAYOUT2_BYTES>(yq2, row, nb, ib, lane, v);
+            }
         }
     }
 }
@@ -124,20 +124,14 @@ extern "C" __global__ void hx_rms_norm_q8_1(const float* __restrict__ x, const f
                                             unsigned char* __restrict__ yq, float* __restrict__ y,
                                             unsigned char* __restrict__ yq2, const int n, const float eps) {
     hx_prefetch_lines(w, 4LL * n, threadIdx.x, blockDim.x);  // the norm weight (read after the reduction) into L2
-#if HX_NORM_CACHE > 0
-    hx_norm_regs r;
-    hx_norm_weights(r, w, n);
-#endif
     HX_PDL_ENTRY();
     __shared__ float warp_partial[32];
     const int row = blockIdx.y;
     const float* xr = x + (size_t)row * n;
     const auto load = [&](const int i) { return xr[i]; };
-#if HX_NORM_CACHE > 0
-    if (n <= HX_NORM_CACHE * (int)blockDim.x) {
-        hx_norm_cached(load, r, eps, warp_partial, yq, y, yq2, nullptr, row, n);
-        return;
-    }
+#ifdef HX_NORM_PER
+    hx_norm_played(load, w, eps, warp_partial, yq, y, yq2, nullptr, row, n);
+    return;
 #endif
     const float scale = hx_rms_scale_of(load, n, eps, warp_partial);
     hx_norm_store(load, w, scale, yq, y, yq2, nullptr, row, n);
@@ -152,20 +146,14 @@ extern "C" __global__ void hx_add_rms_norm_q8_1(const float* __restrict__ a, con
                                                 unsigned char* __restrict__ yq, float* __restrict__ y,
                                                 unsigned char* __restrict__ yq2, const int n, const float eps) {
     hx_prefetch_lines(w, 4LL * n, threadIdx.x, blockDim.x);  // the norm weight (read after the reduction) into L2
-#if HX_NORM_CACHE > 0
-    hx_norm_regs r;
-    hx_norm_weights(r, w, n);
-#endif
     HX_PDL_ENTRY();
     __shared__ float warp_partial[32];
     const int row = blockIdx.y;
     const size_t base = (size_t)row * n;
     const auto load = [&](const int i) { return __fadd_rn(a[base + i], b[base + i]); };
-#if HX_NORM_CACHE > 0
-    if (n <= HX_NORM_CACHE * (int)blockDim.x) {
-        hx_norm_cached(load, r, eps, warp_partial, yq, y, yq2, s, row, n);
-        return;
-    }
+#ifdef HX_NORM_PER
+    hx_norm_played(load, w, eps, warp_partial, yq, y, yq2, s, row, n);
+    return;
 #endif
     const float scale = hx_rms_scale_of(load, n, eps, warp_partial);
     hx_norm_store(load, w, scale, yq, y, yq2, s, row, n);

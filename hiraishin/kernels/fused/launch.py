@@ -16,8 +16,8 @@ from ..compile import get_kernel
 from ..quantize.launch import QUANTIZE_WARPS_PER_BLOCK, output_shape, quantize_defines
 from ..rmsnorm.emulate import block_threads
 
-__all__ = ["SOURCE", "NULL", "NORM_CACHE_VALUES", "fused_kernel", "norm_slices", "RmsNormQ8_1Launch", "AddRmsNormQ8_1Launch", "SwigluQ8_1Launch",
-           "QkNormRopeKvLaunch", "launch_rms_norm_q8_1", "launch_add_rms_norm_q8_1", "launch_swiglu_q8_1",
+__all__ = ["SOURCE", "NULL", "NORM_BLOCK_THREADS", "fused_kernel", "norm_geometry", "norm_slices",
+           "RmsNormQ8_1Launch", "AddRmsNormQ8_1Launch", "SwigluQ8_1Launch", "QkNormRopeKvLaunch", "launch_rms_norm_q8_1", "launch_add_rms_norm_q8_1", "launch_swiglu_q8_1",
            "launch_qk_norm_rope_kv", "SOURCE_COMBINE", "CombineQ8_1Launch", "launch_combine_q8_1"]
 
 # fused.cu is compiled after the unfused sources whose device functions it calls (hx_rms_scale,
@@ -31,18 +31,32 @@ NULL = np.uint64(0)
 _Q8_1_VALUES = 32  # values per q8_1 block (one warp's lanes)
 
 
-# Values of a row each thread of the norm kernels keeps in registers from the sum of squares to the
-# store (fused.cu HX_NORM_CACHE; rows up to this many times block_threads(n) values, Qwen3-8B's 4096
-# in 1024 threads take 4, 14B's and 32B's 5120 take 5): the second read of the row and the read of
-# the norm weight after the reduction go. 0: both reads as before. Changes no bit (tests/test_fused.py);
-# timed by bench/sweep_norm.py (bench/results/2026-12-02-h200-session5).
-NORM_CACHE_VALUES = 8
+# Real threads per CUDA block of the norm kernels, which play rmsnorm's tree of block_threads(n)
+# threads (fused.cu hx_norm_played: the same adds, so the same bits) when it has more. None: the
+# tree's own count, one thread per tree thread. Timed by bench/sweep_norm.py
+# (bench/results/2026-12-02-h200-session5).
+NORM_BLOCK_THREADS: int | None = None
 
 
-def fused_kernel(name: str, layout: str | None = None, layout2: str | None = None):
+def norm_geometry(n: int) -> tuple[int, int, int]:
+    """(real threads per CUDA block, tree threads each plays, values each tree thread holds) of the
+    norm kernels for rows of ``n`` floats; (block_threads(n), 1, 0) when the tree plays itself."""
+    tree = block_threads(n)
+    threads = tree if NORM_BLOCK_THREADS is None else max(32, min(tree, NORM_BLOCK_THREADS))
+    if threads == tree or tree % threads:
+        return tree, 1, 0
+    return threads, tree // threads, -(-n // tree)
+
+
+def fused_kernel(name: str, layout: str | None = None, layout2: str | None = None, norm_n: int | None = None):
     """The compiled kernel ``name`` of fused.cu writing q8_1 ``layout`` (None: llama.cpp's blocks) and,
-    for the norm kernels, optionally a second layout ``layout2`` (their ``yq2`` output)."""
-    defines = {**quantize_defines(layout), "HX_NORM_CACHE": NORM_CACHE_VALUES}
+    for the norm kernels, optionally a second layout ``layout2`` (their ``yq2`` output); ``norm_n``:
+    the norm kernels' row length (their played tree, :func:`norm_geometry`)."""
+    defines = quantize_defines(layout)
+    if norm_n is not None:
+        _, per, vals = norm_geometry(norm_n)
+        if vals:
+            defines = {**defines, "HX_NORM_PER": per, "HX_NORM_VALS": vals}
     if layout2 is not None:
         second = quantize_defines(layout2)
         defines = {**defines, "HX_LAYOUT2": second["HX_LAYOUT"], "HX_LAYOUT2_BYTES": second["HX_LAYOUT_BYTES"]}
@@ -59,7 +73,7 @@ def norm_slices(n: int) -> int:
     bit; it only spares one CUDA block from quantizing a long row alone (Qwen3-8B's 4096 values:
     4 blocks of 32 warps; on the H200 one block took 7.5 us per launch, 16% of a decode step,
     bench/results/2026-12-01-h200-session3)."""
-    warps = block_threads(n) // _Q8_1_VALUES
+    warps = norm_geometry(n)[0] // _Q8_1_VALUES
     return max(1, -(-(n // _Q8_1_VALUES) // warps))
 
 
@@ -76,10 +90,10 @@ class RmsNormQ8_1Launch:
     __slots__ = ("kernel", "grid", "block", "scalars", "shape", "rows")
 
     def __init__(self, rows: int, n: int, eps: float, layout: str | None = None, layout2: str | None = None):
-        self.kernel = fused_kernel("hx_rms_norm_q8_1", layout, layout2)
+        self.kernel = fused_kernel("hx_rms_norm_q8_1", layout, layout2, n)
         self.rows = rows
         self.grid = (norm_slices(n), rows, 1)
-        self.block = (block_threads(n), 1, 1)
+        self.block = (norm_geometry(n)[0], 1, 1)
         self.scalars = (np.int32(n), np.float32(eps))
         self.shape = output_shape(rows, n, layout)
 
@@ -99,10 +113,10 @@ class AddRmsNormQ8_1Launch:
     __slots__ = ("kernel", "grid", "block", "scalars", "shape", "rows")
 
     def __init__(self, rows: int, n: int, eps: float, layout: str | None = None, layout2: str | None = None):
-        self.kernel = fused_kernel("hx_add_rms_norm_q8_1", layout, layout2)
+        self.kernel = fused_kernel("hx_add_rms_norm_q8_1", layout, layout2, n)
         self.rows = rows
         self.grid = (norm_slices(n), rows, 1)
-        self.block = (block_threads(n), 1, 1)
+        self.block = (norm_geometry(n)[0], 1, 1)
         self.scalars = (np.int32(n), np.float32(eps))
         self.shape = output_shape(rows, n, layout)
 

@@ -10,31 +10,27 @@
 // The emulator in rmsnorm.py performs the same operations in the same order.
 // Requires fp.cuh prepended (hx_warp_sum).
 
-// Steps 2 and 3 of the tree and the scale, from a thread's step-1 sum s (fused/fused.cu's cached
-// norm forms s itself); IEEE division and square root (no rsqrtf: the CPU cannot reproduce its
-// bits). Every thread of the block must call it (one __syncthreads).
-__device__ __forceinline__ float hx_rms_scale_finish(float s, const int n, const float eps, float* warp_partial) {
-    const int lane = threadIdx.x % 32;
-    s = hx_warp_sum(s);
-    if (lane == 0) warp_partial[threadIdx.x / 32] = s;
-    __syncthreads();
-    float total = lane < (int)blockDim.x / 32 ? warp_partial[lane] : 0.0f;
-    total = hx_warp_sum(total);
-    const float mean = __fdiv_rn(total, (float)n);
-    return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, eps)));
-}
-
-// The scale of a row of n floats by the tree above (also fused/fused.cu's).
+// The scale of a row xr of n floats by the tree above (also fused/fused.cu's); IEEE division and
+// square root (no rsqrtf: the CPU cannot reproduce its bits).
+// Every thread of the block must call it (one __syncthreads).
 template <class Load>  // load(i): value i of the row (a read, or fused/fused.cu's a[i] + b[i])
 __device__ __forceinline__ float hx_rms_scale_of(Load load, const int n, const float eps, float* warp_partial) {
     const int tid = threadIdx.x;
     const int nthreads = blockDim.x;
+    const int lane = tid % 32;
+    const int warp = tid / 32;
     float s = 0.0f;
     for (int i = tid; i < n; i += nthreads) {
         const float xi = load(i);
         s = __fmaf_rn(xi, xi, s);
     }
-    return hx_rms_scale_finish(s, n, eps, warp_partial);
+    s = hx_warp_sum(s);
+    if (lane == 0) warp_partial[warp] = s;
+    __syncthreads();
+    float total = lane < nthreads / 32 ? warp_partial[lane] : 0.0f;
+    total = hx_warp_sum(total);
+    const float mean = __fdiv_rn(total, (float)n);
+    return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, eps)));
 }
 
 __device__ __forceinline__ float hx_rms_scale(const float* xr, const int n, const float eps,
