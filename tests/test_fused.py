@@ -21,7 +21,7 @@ from hiraishin.kernels.fused.emulate import (
     emulate_rms_norm_q8_1,
     emulate_swiglu_q8_1,
 )
-from hiraishin.kernels.fused.launch import SOURCE, norm_slices
+from hiraishin.kernels.fused.launch import SOURCE, norm_geometry, norm_slices
 from hiraishin.kernels.quantize.launch import output_shape, quantize_defines
 from hiraishin.kernels.rmsnorm.emulate import block_threads
 from hiraishin.kernels.rope.emulate import rope_tables
@@ -257,7 +257,7 @@ def test_norm_kernels_in_blocks_smaller_than_their_tree(shim, tmp_path, rows, n,
     rq, ry = emulate_rms_norm_q8_1(a, w, EPS, layout)
     tree = block_threads(n)
     vals = -(-n // tree)
-    for per in (2, 8):
+    for per in sorted({2, 8, norm_geometry(n)[1]} - {1}):  # and the launcher's, where it plays the tree
         defines = {**quantize_defines(layout), "HX_NORM_PER": per, "HX_NORM_VALS": vals}
         for slices in sorted({1, 3, per * vals}):
             msg = f"{tree // per} threads playing {tree}, {slices} blocks per row"
@@ -271,6 +271,14 @@ def test_norm_kernels_in_blocks_smaller_than_their_tree(shim, tmp_path, rows, n,
                 EPS_ARG, rq.size, f.path("q.bin"), f.path("y.bin"), tree // per, 0, "-", slices)
             np.testing.assert_array_equal(f.get("q.bin", np.uint8, rq.shape), rq, err_msg=msg)
             np.testing.assert_array_equal(bits(f.get("y.bin", np.float32, (rows, n))), bits(ry), err_msg=msg)
+
+
+def test_norm_geometry_plays_the_tree_only_for_one_value_per_tree_thread():
+    # Qwen3-0.6B's 1024 values: 256 threads playing the 1024-thread tree, one q8_1 block per warp
+    assert norm_geometry(1024) == (256, 4, 1) and norm_slices(1024) == 4
+    # Qwen3-8B's 4096 (four values per tree thread: slower played, on the H200) and short rows
+    assert norm_geometry(4096) == (1024, 1, 0) and norm_slices(4096) == 4
+    assert norm_geometry(800) == (block_threads(800), 1, 0)
 
 
 def _second_layout_defines(layout, layout2):

@@ -28,8 +28,10 @@ fused kernel (``fused.cu``)   equals, bit for bit
                               projection's input); optionally ``o`` too
 ============================  ===========================================================================
 
-Geometry: the norm kernels run rmsnorm's launch (one block per row of ``block_threads(n)``
-threads) and quantize inside it (warp ``w`` takes q8_1 blocks ``w, w + nwarps, ...``); SwiGLU
+Geometry: the norm kernels run rmsnorm's tree of ``block_threads(n)`` threads, in a block of that
+many or, for rows of one value per tree thread, in a smaller block whose threads each play several
+tree threads (``launch.norm_geometry``; the same adds), several blocks per row each computing the
+scale, and quantize inside it (one q8_1 block per warp); SwiGLU
 runs the quantize launch (one warp per q8_1 block). Nothing per step is a scalar argument.
 
 Files: ``fused.cu`` (and ``fattn_combine_q8_1`` in ``attention/fattn_vec.cu``, beside the combine it

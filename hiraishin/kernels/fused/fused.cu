@@ -114,7 +114,8 @@ __device__ __forceinline__ void hx_norm_played(Load load, const float* __restric
 }
 #endif
 
-// rms_norm then quantize_q8_1. Grid (slices, rows), block (rmsnorm's block_threads(n)): every CUDA
+// rms_norm then quantize_q8_1. Grid (slices, rows), block (launch.py norm_geometry: rmsnorm's
+// block_threads(n), or fewer threads playing that tree under HX_NORM_PER): every CUDA
 // block of a row computes the row's scale by rmsnorm's one tree (the same bits in each), then
 // quantizes its slice of the q8_1 blocks (launch.py norm_slices: one q8_1 block per warp, so a
 // long row is not quantized by one CUDA block alone).
@@ -138,7 +139,7 @@ extern "C" __global__ void hx_rms_norm_q8_1(const float* __restrict__ x, const f
 }
 
 // s = a + b (the next residual, written to s), then rms_norm of s, then quantize_q8_1.
-// Grid (slices, rows), block (block_threads(n)), as hx_rms_norm_q8_1: every CUDA block of a row
+// Grid (slices, rows) and block as hx_rms_norm_q8_1: every CUDA block of a row
 // forms each a + b itself (one __fadd_rn, the same value in each), so no block reads another's
 // writes; each value of s is written once, by the block that quantizes it. s must not overlap a or b.
 extern "C" __global__ void hx_add_rms_norm_q8_1(const float* __restrict__ a, const float* __restrict__ b,

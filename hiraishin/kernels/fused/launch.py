@@ -16,9 +16,9 @@ from ..compile import get_kernel
 from ..quantize.launch import QUANTIZE_WARPS_PER_BLOCK, output_shape, quantize_defines
 from ..rmsnorm.emulate import block_threads
 
-__all__ = ["SOURCE", "NULL", "NORM_BLOCK_THREADS", "fused_kernel", "norm_geometry", "norm_slices",
-           "RmsNormQ8_1Launch", "AddRmsNormQ8_1Launch", "SwigluQ8_1Launch", "QkNormRopeKvLaunch", "launch_rms_norm_q8_1", "launch_add_rms_norm_q8_1", "launch_swiglu_q8_1",
-           "launch_qk_norm_rope_kv", "SOURCE_COMBINE", "CombineQ8_1Launch", "launch_combine_q8_1"]
+__all__ = ["SOURCE", "NULL", "NORM_BLOCK_THREADS", "NORM_PLAYED_MAX_VALUES", "fused_kernel", "norm_geometry",
+           "norm_slices", "RmsNormQ8_1Launch", "AddRmsNormQ8_1Launch", "SwigluQ8_1Launch", "QkNormRopeKvLaunch",
+           "launch_rms_norm_q8_1", "launch_add_rms_norm_q8_1", "launch_swiglu_q8_1", "launch_qk_norm_rope_kv", "SOURCE_COMBINE", "CombineQ8_1Launch", "launch_combine_q8_1"]
 
 # fused.cu is compiled after the unfused sources whose device functions it calls (hx_rms_scale,
 # hx_q8_1_store): one copy of that code for the fused and the unfused kernels.
@@ -32,10 +32,14 @@ _Q8_1_VALUES = 32  # values per q8_1 block (one warp's lanes)
 
 
 # Real threads per CUDA block of the norm kernels, which play rmsnorm's tree of block_threads(n)
-# threads (fused.cu hx_norm_played: the same adds, so the same bits) when it has more. None: the
-# tree's own count, one thread per tree thread. Timed by bench/sweep_norm.py
-# (bench/results/2026-12-02-h200-session5).
-NORM_BLOCK_THREADS: int | None = None
+# threads (fused.cu hx_norm_played: the same adds, so the same bits) when it has more, for rows of
+# at most NORM_PLAYED_MAX_VALUES values per tree thread. None: always the tree's own block. H200,
+# one-token / three-token passes (bench/results/2026-12-02-h200-session5/d-norm-played): Qwen3-0.6B
+# (1024 values, one per tree thread) 0.745 / 0.916 ms with the tree's 1024 threads, 0.726 / 0.902
+# with 256, 0.769 / 0.955 with 128; Qwen3-8B (4096 values, four per tree thread) 2.570 ms with 1024,
+# 2.796 with 256, 3.459 with 128: only rows of one value per tree thread are played.
+NORM_BLOCK_THREADS: int | None = 256
+NORM_PLAYED_MAX_VALUES = 1
 
 
 def norm_geometry(n: int) -> tuple[int, int, int]:
@@ -43,9 +47,10 @@ def norm_geometry(n: int) -> tuple[int, int, int]:
     norm kernels for rows of ``n`` floats; (block_threads(n), 1, 0) when the tree plays itself."""
     tree = block_threads(n)
     threads = tree if NORM_BLOCK_THREADS is None else max(32, min(tree, NORM_BLOCK_THREADS))
-    if threads == tree or tree % threads:
+    vals = -(-n // tree)
+    if threads == tree or tree % threads or vals > NORM_PLAYED_MAX_VALUES:
         return tree, 1, 0
-    return threads, tree // threads, -(-n // tree)
+    return threads, tree // threads, vals
 
 
 def fused_kernel(name: str, layout: str | None = None, layout2: str | None = None, norm_n: int | None = None):
@@ -84,7 +89,7 @@ class RmsNormQ8_1Launch:
     ``w`` float32 (n,); ``out_q`` uint8 :func:`~hiraishin.kernels.quantize.launch.output_shape`
     ``(rows, n, layout)``; ``out_norm`` float32 (rows, n) or None; ``out_q2`` (with ``layout2``) the
     same q8_1 values in ``layout2``, or None. n % 32 == 0 (% 256 with a layout). Grid
-    (:func:`norm_slices` ``(n)``, rows), block rmsnorm's ``block_threads(n)``: the rmsnorm tree.
+    (:func:`norm_slices` ``(n)``, rows), block :func:`norm_geometry` ``(n)[0]`` threads: the rmsnorm tree.
     """
 
     __slots__ = ("kernel", "grid", "block", "scalars", "shape", "rows")
