@@ -14,7 +14,7 @@ import json
 import pytest
 
 from hiraishin import benchmark
-from hiraishin.benchmark import REPORT, OracleSchedule, parse_orders, parse_widths
+from hiraishin.benchmark import REPORT, BenchSettings, OracleSchedule, parse_orders, parse_widths
 from hiraishin.errors import HiraishinError
 
 
@@ -63,6 +63,21 @@ def test_quick_cpu_bench_writes_every_key_and_speculation_is_exact(micro_path, t
     # the printed decomposition (tokens per cycle / a cycle in plain steps) is the speedup itself
     line = next(ln for ln in text.splitlines() if ln.startswith("  batch_invariant: "))
     assert line.endswith(f"= {s['speedup']:.2f}x"), line
+
+
+def test_draft_orders_are_timed_apart_from_the_targets(micro_path, tmp_path):
+    out = tmp_path / "bench.json"
+    rc = _run_command([str(micro_path), "--device", "cpu", "--quick", "--orders", "invariant", "--draft-orders",
+                       "fixed_split,invariant", "--widths", "1", "--json", str(out), "--quiet"])
+    assert rc == 0
+    r = json.loads(out.read_text())
+    assert set(r["orders"]) == {"batch_invariant"}  # the target under its order only
+    assert set(r["draft"]["orders"]) == {"fixed_split", "batch_invariant"}
+    fastest = min(r["draft"]["orders"], key=lambda n: r["draft"]["orders"][n]["decode_ms"])
+    assert r["draft"]["order"] == fastest == r["speculative"]["batch_invariant"]["draft_order"]
+    assert r["speculative"]["batch_invariant"]["matches_plain"] is True
+    with pytest.raises(HiraishinError, match="unknown order 'fastest'"):
+        BenchSettings.make(orders=("invariant",), draft_orders=("fastest",))
 
 
 def test_oracle_schedule_has_the_report_profile_and_is_seeded():

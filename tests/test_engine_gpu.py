@@ -13,7 +13,8 @@ from hiraishin import Qwen3, ReductionOrder
 
 pytestmark = pytest.mark.gpu
 
-ORDERS = [ReductionOrder.BATCH_VARIANT, ReductionOrder.BATCH_INVARIANT, ReductionOrder.SUBBLOCK]
+ORDERS = [ReductionOrder.BATCH_VARIANT, ReductionOrder.BATCH_INVARIANT, ReductionOrder.SUBBLOCK,
+          ReductionOrder.FIXED_SPLIT]  # FIXED_SPLIT: its one-block attention ends in q8_1 rows (fattn_vec_q1_q8_1)
 
 
 def _bits(a):

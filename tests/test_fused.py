@@ -464,3 +464,76 @@ def test_combine_q8_1_equals_combine_then_quantize_and_emulator(shim, tmp_path, 
         assert np.array_equal(bits(o2), bits(want_o.reshape(-1))), "combine != emulator"
         if with_o:
             assert np.array_equal(bits(np.fromfile(paths["o"], np.float32)), bits(o2)), "fused o != combine"
+
+
+# ---- one-block attention + q8_1 (fattn_vec.cu fattn_vec_q1_q8_1, compiled after quantize_q8_1.cu)
+
+MAIN_ATTN_Q8 = _OPT + _OPT_WRITE + r'''
+int main(int argc, char** argv) {
+    // argv: q k v pos T H Hkv kv_attended chunk scale_bits, q bytes, out q fused, out o fused ("-": none),
+    //       out q unfused, out o unfused
+    auto q = hx_read(argv[1]); auto k = hx_read(argv[2]); auto v = hx_read(argv[3]); auto pos = hx_read(argv[4]);
+    const int T = atoi(argv[5]), H = atoi(argv[6]), Hkv = atoi(argv[7]), kv_att = atoi(argv[8]), chunk = atoi(argv[9]);
+    const unsigned scale_bits = (unsigned)strtoul(argv[10], nullptr, 10);
+    float scale; std::memcpy(&scale, &scale_bits, 4);
+    const size_t nq = (size_t)atoll(argv[11]), no = (size_t)T * H * HX_D;
+    std::vector<unsigned char> yq(nq, 0xAB), yq2(nq, 0xCD);
+    std::vector<float> o(no, -12345.0f), o2(no, -54321.0f);
+    float* op = hx_opt(argv[13], o);
+    const float* Q = (const float*)q.data();
+    const unsigned short* K = (const unsigned short*)k.data();
+    const unsigned short* V = (const unsigned short*)v.data();
+    const int* QP = (const int*)pos.data();
+    hx_launch({(unsigned)T, 1, (unsigned)H}, {32, 4, 1}, 0, [&] {
+        fattn_vec_q1_q8_1(Q, K, V, QP, op, op, op, T, H, Hkv, -1, kv_att, chunk, scale, yq.data()); });
+    // the unfused sequence: the one-block attention, then quantize_q8_1's own launch (8 warps per block)
+    hx_launch({(unsigned)T, 1, (unsigned)H}, {32, 4, 1}, 0, [&] {
+        fattn_vec_q1(Q, K, V, QP, o2.data(), o2.data(), o2.data(), T, H, Hkv, -1, kv_att, chunk, scale); });
+    const int kk = H * HX_D;
+    hx_launch({(unsigned)((kk / 32 + 7) / 8), (unsigned)T, 1}, {256, 1, 1}, 0,
+              [&] { quantize_q8_1(o2.data(), yq2.data(), kk, kk); });
+    hx_write(argv[12], yq.data(), yq.size()); hx_opt_write(argv[13], o);
+    hx_write(argv[14], yq2.data(), yq2.size()); hx_write(argv[15], o2.data(), o2.size() * 4);
+}'''
+
+
+@pytest.mark.parametrize("layout", [None, "Q4_K", "Q6_K"])
+@pytest.mark.parametrize("T,H,Hkv,D,kv_len,split", [(1, 16, 8, 128, 40, 256), (1, 32, 8, 128, 256, 256),
+                                                   (3, 8, 2, 64, 129, 256), (2, 8, 8, 128, 300, 512)])
+def test_one_block_attention_q8_1_equals_attention_then_quantize_and_emulator(shim, tmp_path, layout, T, H, Hkv,
+                                                                              D, kv_len, split):
+    """fattn_vec_q1_q8_1 (a one-block plan: FIXED_SPLIT below its split) == fattn_vec_q1 then
+    quantize_q8_1 == the emulators, bit for bit; the KV length read from the positions."""
+    from fattn_inputs import make_inputs
+
+    from hiraishin.kernels.attention.emulate import attention_scale, emulate
+    from hiraishin.kernels.fused.launch import SOURCE_COMBINE
+    from hiraishin.kernels.quantize.emulate import emulate as emulate_quantize
+    from hiraishin.plans import AttentionPlan
+
+    if layout is not None and (H * D) % 256:
+        pytest.skip("the mat-vec layouts hold whole super-blocks of 256 values")
+    kv_attended = -(-kv_len // split) * split
+    plan = AttentionPlan("vec", 1, 1, split, kv_attended, split, kv_len=kv_len, n_queries=T, n_head=H,
+                         n_head_kv=Hkv, head_dim=D)
+    q, k, v = make_inputs(seed=kv_len + 7 * T + H, n_ctx=kv_len, n_head=H, n_head_kv=Hkv, head_dim=D, n_q=T)
+    q_pos = np.arange(kv_len - T, kv_len, dtype=np.int32)
+    exe = shim.build(SOURCE_COMBINE, {**quantize_defines(layout), "HX_D": D, "HX_COMBINE_Q8_1": 1}, MAIN_ATTN_Q8,
+                     f"attn_q8_{layout}_{D}")
+    paths = {n: tmp_path / f"{n}.bin" for n in ("q", "k", "v", "pos", "yq", "o", "yq2", "o2")}
+    for name, a in (("q", q), ("k", k.view(np.uint16)), ("v", v.view(np.uint16)), ("pos", q_pos)):
+        np.ascontiguousarray(a).tofile(paths[name])
+    nq = int(np.prod(output_shape(T, H * D, layout)))
+    want_o = emulate(q, k, v, q_pos, plan)
+    want_q = np.asarray(emulate_quantize(want_o.reshape(T, H * D), layout)).reshape(-1)
+    for with_o in (True, False):
+        run(exe, paths["q"], paths["k"], paths["v"], paths["pos"], T, H, Hkv, kv_attended, split,
+            int(attention_scale(D).view(np.uint32)), nq, paths["yq"], paths["o"] if with_o else "-",
+            paths["yq2"], paths["o2"])
+        yq, yq2 = np.fromfile(paths["yq"], np.uint8), np.fromfile(paths["yq2"], np.uint8)
+        o2 = np.fromfile(paths["o2"], np.float32)
+        assert np.array_equal(yq, yq2), "fused q8_1 != attention then quantize_q8_1"
+        assert np.array_equal(yq, want_q), "fused q8_1 != emulators"
+        assert np.array_equal(bits(o2), bits(want_o.reshape(-1))), "attention != emulator"
+        if with_o:
+            assert np.array_equal(bits(np.fromfile(paths["o"], np.float32)), bits(o2)), "fused o != attention"

@@ -222,3 +222,44 @@ def test_fused_launches_replay_in_a_cuda_graph_with_new_positions():
             stream.synchronize()
             _same(got_q, cp.asnumpy(want_q), f"graph replay q at {p}")
             _same(got_k.view(np.uint16), cp.asnumpy(want_kc[p[0]:p[1] + 1]).view(np.uint16), f"graph replay K at {p}")
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("T,H,Hkv,kv_len", [(1, 16, 8, 40), (1, 32, 8, 256), (3, 32, 8, 200)])
+def test_one_block_attention_q8_1_equals_attention_then_quantize_and_emulator(layout, T, H, Hkv, kv_len):
+    """fattn_vec_q1_q8_1 (FIXED_SPLIT below its 256-cell split) == the one-block attention launch, then
+    the quantize launch == the emulators; the KV length read from the device positions."""
+    import cupy as cp
+
+    from hiraishin.kernels.attention.emulate import emulate
+    from hiraishin.kernels.attention.launch import launch as attention_launch
+    from hiraishin.kernels.fused.launch import AttentionQ8_1Launch
+    from hiraishin.kernels.quantize.emulate import emulate as emulate_quantize
+    from hiraishin.kernels.quantize.launch import QuantizeLaunch, output_shape
+    from hiraishin.plans import AttentionPlan
+
+    D, split = 128, 256
+    kv_attended = -(-kv_len // split) * split
+    plan = AttentionPlan("vec", 1, 1, split, kv_attended, split, kv_len=kv_len, n_queries=T, n_head=H,
+                         n_head_kv=Hkv, head_dim=D)
+    rng = np.random.default_rng(kv_len + T)
+    q = rng.standard_normal((T, H, D)).astype(np.float32)
+    k = (1.5 * rng.standard_normal((kv_len, Hkv, D))).astype(np.float16)
+    v = rng.standard_normal((kv_len, Hkv, D)).astype(np.float16)
+    pos = np.arange(kv_len - T, kv_len, dtype=np.int32)
+    qd, kd, vd, pd = (cp.asarray(a) for a in (q, k, v, pos))
+    shape = output_shape(T, H * D, layout)
+    got_q, got_o = cp.full(shape, 0xAB, cp.uint8), cp.empty((T, H, D), cp.float32)
+    AttentionQ8_1Launch(T, H, Hkv, D, kv_attended, split, layout)(qd, kd, vd, pd, got_q, got_o)
+    only_q = cp.full(shape, 0xCD, cp.uint8)
+    AttentionQ8_1Launch(T, H, Hkv, D, kv_attended, split, layout)(qd, kd, vd, pd, only_q)
+    o = attention_launch(qd, kd, vd, pd, plan, cp.empty((T, H, D), cp.float32), kv_from_positions=True)
+    want_q = cp.empty(shape, cp.uint8)
+    QuantizeLaunch(T, H * D, layout)(o.reshape(T, H * D), want_q)
+    want_o = emulate(q, k, v, pos, plan)
+    _same(cp.asnumpy(got_o), cp.asnumpy(o), "fused attention rows vs the attention launch")
+    _same(cp.asnumpy(got_o), want_o, "fused attention rows vs emulator")
+    _same(cp.asnumpy(got_q), cp.asnumpy(want_q), "fused q8_1 vs attention then quantize")
+    _same(cp.asnumpy(only_q), cp.asnumpy(want_q), "fused q8_1 without the float rows")
+    _same(cp.asnumpy(got_q).reshape(-1), np.asarray(emulate_quantize(want_o.reshape(T, H * D), layout)).reshape(-1),
+          "fused q8_1 vs emulators")

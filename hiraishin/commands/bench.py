@@ -41,6 +41,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON (atomically)")
     p.add_argument("--orders", type=_orders, default=None,
                    help="comma-separated orders: variant, invariant, fixed_split, subblock, invariant16 (default variant,invariant,subblock)")
+    p.add_argument("--draft-orders", type=_orders, default=None, dest="draft_orders",
+                   help="orders to time the draft step under, the fastest drafting (only the target's order "
+                        "decides the tokens; default: --orders)")
     p.add_argument("--widths", type=_widths, default=None,
                    help="verify widths, e.g. 1-16 or 1,2,4 (default 1-16; quick 1,2,4,8,16)")
     p.add_argument("--prefill", type=int, default=None, help="prompt tokens of the prefill test (default 512; quick 16)")
@@ -60,7 +63,8 @@ def run(args) -> int:
 
     llama = read_llama_bench(args.llama_bench) if args.llama_bench else None  # checked before the run
     settings = BenchSettings.make(quick=args.quick, orders=args.orders, widths=args.widths, prefill=args.prefill,
-                                  spec_tokens=args.tokens, repetitions=args.repetitions)
+                                  spec_tokens=args.tokens, repetitions=args.repetitions,
+                                  draft_orders=args.draft_orders)
     result = run_bench(args.model, draft_path=args.draft, device=args.device, settings=settings,
                        progress=not args.quiet, argv=["hiraishin", *sys.argv[1:]] if sys.argv else None)
     if llama is not None:
