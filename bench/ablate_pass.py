@@ -12,19 +12,16 @@ no-ops, captures its graph, and times back-to-back replays (``bench/host_overhea
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import host_overhead  # noqa: E402
+from benchlib import write_rows_json  # noqa: E402
 
-from hiraishin.atomic import atomic_write  # noqa: E402
 from hiraishin.backends import cuda as cuda_backend  # noqa: E402
-from hiraishin.benchmark import ORDERS, git_commit  # noqa: E402
 
 
 def _skip(*args, **kwargs):
@@ -50,10 +47,7 @@ VARIANTS = {
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("models", nargs="+")
-    ap.add_argument("--order", default="invariant", choices=sorted(ORDERS))
-    ap.add_argument("--steps", type=int, default=40)
-    ap.add_argument("--json")
+    host_overhead.add_arguments(ap)
     args = ap.parse_args(argv)
     rows = []
     for path in args.models:
@@ -73,9 +67,7 @@ def main(argv=None) -> int:
                          "saved_ms": base - ms, "replay_s_per_step": r["replay_s_per_step"]})
             print(f"{r['model']} {name:24s} {ms:.3f} ms  (saves {1e3 * (base - ms):6.1f} us)", flush=True)
     if args.json:
-        out = {"commit": git_commit(), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "rows": rows}
-        with atomic_write(args.json) as f:
-            json.dump(out, f, indent=1)
+        write_rows_json(args.json, rows)
     return 0
 
 

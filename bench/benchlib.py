@@ -113,3 +113,32 @@ QWEN3_8B_MATVECS = [
     ("ffn_down 12288->4096", "Q6_K", 12288, 4096),
     ("output 4096->151936", "Q6_K", 4096, 151936),
 ]
+
+
+def write_rows_json(path, rows: list, **extra) -> None:
+    """``{"commit", "date", **extra, "rows"}`` written atomically: the JSON of the replay scripts
+    (host_overhead.py, ablate_pass.py, replay_widths.py, sweep_norm.py)."""
+    import json
+    import time
+
+    from hiraishin.atomic import atomic_write
+
+    out = {"commit": git_commit(), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **extra, "rows": rows}
+    with atomic_write(path) as f:
+        json.dump(out, f, indent=1)
+
+
+def replay_seconds(graph, stream, steps: int, batches: int = 3) -> list:
+    """Seconds per launch of a captured CUDA graph, ``steps`` launches back to back per batch (one
+    synchronization at each end: the GPU's own time, no host gap between launches)."""
+    import time
+
+    per_launch = []
+    for _ in range(batches):
+        stream.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            graph.launch(stream)
+        stream.synchronize()
+        per_launch.append((time.perf_counter() - t0) / steps)
+    return per_launch

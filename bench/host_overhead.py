@@ -12,7 +12,6 @@ per model and writes the raw times as JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -21,9 +20,11 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from hiraishin.atomic import atomic_write  # noqa: E402
-from hiraishin.benchmark import ORDERS, git_commit  # noqa: E402
+from benchlib import replay_seconds, write_rows_json  # noqa: E402
+
+from hiraishin.benchmark import ORDERS  # noqa: E402
 from hiraishin.model.qwen3 import Qwen3  # noqa: E402
 
 
@@ -75,15 +76,8 @@ def measure(path: str, order_name: str, steps: int, profile: bool = False) -> di
                 else:
                     graphs._download(1, argmax)
             parts[name].append(time.perf_counter() - t0)
-    replay = []
-    for _ in range(3):
-        sync()
-        stream.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            graph.launch(stream)
-        stream.synchronize()
-        replay.append((time.perf_counter() - t0) / steps)
+    sync()
+    replay = replay_seconds(graph, stream, steps)
     step_ms, gpu_ms = 1e3 * statistics.median(loop), 1e3 * min(replay)
     return {"model": Path(path).name, "order": order.name, "steps": steps, "loop_step_ms": step_ms,
             "back_to_back_replay_ms": gpu_ms, "host_ms_per_step": step_ms - gpu_ms,
@@ -92,12 +86,17 @@ def measure(path: str, order_name: str, steps: int, profile: bool = False) -> di
             "loop_s": loop, "replay_s_per_step": replay}
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    """The models, the order and the steps of a measurement (also bench/ablate_pass.py's)."""
     ap.add_argument("models", nargs="+")
     ap.add_argument("--order", default="invariant", choices=sorted(ORDERS))
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--json")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_arguments(ap)
     ap.add_argument("--profile", action="store_true", help="also cProfile the loop and print the top functions")
     args = ap.parse_args(argv)
     rows = []
@@ -110,9 +109,7 @@ def main(argv=None) -> int:
         if r["profile"]:
             print(r["profile"], flush=True)
     if args.json:
-        out = {"commit": git_commit(), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "rows": rows}
-        with atomic_write(args.json) as f:
-            json.dump(out, f, indent=1)
+        write_rows_json(args.json, rows)
     return 0
 
 

@@ -14,18 +14,18 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import os
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from hiraishin.atomic import atomic_write  # noqa: E402
-from hiraishin.benchmark import ORDERS, git_commit, parse_widths  # noqa: E402
+from benchlib import replay_seconds, write_rows_json  # noqa: E402
+
+from hiraishin.benchmark import ORDERS, parse_widths  # noqa: E402
 from hiraishin.model.qwen3 import Qwen3  # noqa: E402
 
 PROMPT = 32  # tokens prefilled before the timed passes
@@ -46,14 +46,7 @@ def measure(path: str, order_names, widths, steps: int) -> list[dict]:
             digest = hashlib.sha256(np.ascontiguousarray(np.asarray(logits, np.float32)).tobytes()).hexdigest()
             graph = next(reversed(model.pass_graphs._graphs[(order, T)].values()))
             stream = model.pass_graphs.stream
-            per_pass = []
-            for _ in range(3):
-                stream.synchronize()
-                t0 = time.perf_counter()
-                for _ in range(steps):
-                    graph.launch(stream)
-                stream.synchronize()
-                per_pass.append((time.perf_counter() - t0) / steps)
+            per_pass = replay_seconds(graph, stream, steps)
             rows.append({"model": Path(path).name, "order": order.name, "width": T, "replay_ms": 1e3 * min(per_pass),
                          "replay_s": per_pass, "logits_sha256": digest})
             print(f"{Path(path).name} {order.name:16s} width {T:2d}: {1e3 * min(per_pass):.3f} ms  {digest[:16]}",
@@ -61,25 +54,31 @@ def measure(path: str, order_names, widths, steps: int) -> list[dict]:
     return rows
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    """The models and what to replay (also bench/sweep_norm.py's)."""
     ap.add_argument("models", nargs="+")
     ap.add_argument("--orders", default="invariant")
     ap.add_argument("--widths", default="1,3")
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--json")
-    args = ap.parse_args(argv)
+
+
+def orders_of(ap: argparse.ArgumentParser, args) -> list[str]:
     orders = [o.strip() for o in args.orders.split(",") if o.strip()]
     bad = [o for o in orders if o not in ORDERS]
     if bad:
         ap.error(f"unknown order(s) {', '.join(bad)}; known: {', '.join(sorted(ORDERS))}")
+    return orders
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_arguments(ap)
+    args = ap.parse_args(argv)
+    orders = orders_of(ap, args)
     rows = [r for path in args.models for r in measure(path, orders, parse_widths(args.widths), args.steps)]
     if args.json:
-        env = {k: os.environ.get(k) for k in ("HIRAISHIN_PDL", "HIRAISHIN_PDL_TRIGGER")}
-        out = {"commit": git_commit(), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "env": env,
-               "rows": rows}
-        with atomic_write(args.json) as f:
-            json.dump(out, f, indent=1)
+        write_rows_json(args.json, rows, env={k: os.environ.get(k) for k in ("HIRAISHIN_PDL", "HIRAISHIN_PDL_TRIGGER")})
     return 0
 
 

@@ -14,32 +14,26 @@ the tree's own block keeping its values and weights in registers (c-bench-tests)
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import replay_widths  # noqa: E402
+from benchlib import write_rows_json  # noqa: E402
 
-from hiraishin.atomic import atomic_write  # noqa: E402
-from hiraishin.benchmark import git_commit, parse_widths  # noqa: E402
+from hiraishin.benchmark import parse_widths  # noqa: E402
 from hiraishin.kernels.fused import launch as fused_launch  # noqa: E402
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("models", nargs="+")
+    replay_widths.add_arguments(ap)
     ap.add_argument("--variants", default="tree,256,128",
                     help="real threads per CUDA block ('tree': the tree's own), the first the reference of the bits")
-    ap.add_argument("--orders", default="invariant")
-    ap.add_argument("--widths", default="1,3")
-    ap.add_argument("--steps", type=int, default=40)
-    ap.add_argument("--json")
     args = ap.parse_args(argv)
-    orders = [o.strip() for o in args.orders.split(",") if o.strip()]
+    orders = replay_widths.orders_of(ap, args)
     widths = parse_widths(args.widths)
     saved = fused_launch.NORM_BLOCK_THREADS
     rows, ref = [], {}
@@ -60,9 +54,7 @@ def main(argv=None) -> int:
     finally:
         fused_launch.NORM_BLOCK_THREADS = saved
     if args.json:
-        out = {"commit": git_commit(), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "rows": rows}
-        with atomic_write(args.json) as f:
-            json.dump(out, f, indent=1)
+        write_rows_json(args.json, rows)
     return 0 if all(r["same_bits"] for r in rows) else 1
 
 
