@@ -55,8 +55,7 @@ def test_compiles_without_spills(tmp_path, source, defines, head_dim):
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not on PATH")
 def test_combine_q8_1_compiles_without_spills(tmp_path):
-    """The combine with the q8_1 store, and the one-block attention with it (fused/launch.py SOURCE_COMBINE,
-    the mat-vec's Q4_K layout)."""
+    """The combine with the q8_1 store (fused/launch.py SOURCE_COMBINE, the mat-vec's Q4_K layout)."""
     from hiraishin.kernels.fused.launch import SOURCE_COMBINE
     from hiraishin.kernels.quantize.launch import quantize_defines
 
@@ -66,7 +65,6 @@ def test_combine_q8_1_compiles_without_spills(tmp_path):
     proc = subprocess.run([NVCC, *FLAGS, str(src), "-o", str(tmp_path / "out.o")], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     log = proc.stderr + proc.stdout
-    entries = re.findall(r"Compiling entry function '(\w+)'", log)
-    assert "fattn_combine_q8_1" in entries and "fattn_vec_q1_q8_1" in entries
+    assert "fattn_combine_q8_1" in re.findall(r"Compiling entry function '(\w+)'", log)
     spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
     assert spills and all(s == ("0", "0") for s in spills), log

@@ -21,9 +21,7 @@ from ..kernels import attention, elementwise, rmsnorm, rope, tiled
 from ..kernels.attention.launch import current_profile, launch_combine, launch_partials
 from ..kernels.compile import cupy_available, require_cupy
 from ..kernels.fused.launch import (
-    attention_q8_1_fits,
     launch_add_rms_norm_q8_1,
-    launch_attention_q8_1,
     launch_combine_q8_1,
     launch_qk_norm_rope_kv,
     launch_rms_norm_q8_1,
@@ -309,19 +307,14 @@ class CudaOps:
     def attention_matvec(self, q, k_cache, v_cache, pos, kv_len: int, order, weight, out=None):
         """:meth:`causal_attention`, then the output projection ``weight`` (data, qtype) of its rows
         (T, H*D). With more than one parallel block the combine quantizes straight into the
-        projection's q8_1 layout (``fattn_combine_q8_1``: one launch instead of two, the same bits);
-        with one query and one block the attention kernel itself does (``fattn_vec_q1_q8_1``)."""
+        projection's q8_1 layout (``fattn_combine_q8_1``: one launch instead of two, the same bits)."""
         T, H, D = q.shape
         plan = self.backend.attention_plan(order, T, kv_len, H, k_cache.shape[1], D)
-        mvs, (layout,) = self._layouts((weight,), T, order)
-        if attention_q8_1_fits(plan):  # one query, one block: the kernel normalises and quantizes itself
-            xq = self._q8_1_scratch(T, H * D, layout)
-            launch_attention_q8_1(q, k_cache, v_cache, pos, plan, xq, None, layout)
-            return self._run_matvecs((weight,), mvs, {layout: xq}, T, (out,))[0]
         if plan.parallel_blocks == 1:  # normalised inside the attention kernel: nothing to combine
             a = self.flash_attn(q, k_cache, v_cache, pos, plan, self.scratch("attn", (T, H, D)),
                                 kv_from_positions=True)
             return self.mul_mat(weight[0], weight[1], a.reshape(T, H * D), order, out)
+        mvs, (layout,) = self._layouts((weight,), T, order)
         parts, meta = self.attention_scratch(plan, T, H, D)
         # dst is not written when P > 1: the partials stand in for it
         launch_partials(q, k_cache, v_cache, pos, plan, parts, parts, meta, kv_from_positions=True)

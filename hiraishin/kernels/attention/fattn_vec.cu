@@ -90,8 +90,7 @@ __device__ __forceinline__ void fattn_vec_impl(
     float* __restrict__ parts,              // (n_tokens, n_head, P, D), written when P > 1
     float* __restrict__ meta,               // (n_tokens, n_head, P, 2), written when P > 1
     const int n_tokens, const int n_head, const int n_head_kv, const int kv_len_arg,
-    const int kv_attended, const int chunk_cells, const float scale,
-    unsigned char* __restrict__ yq = nullptr) {  // (HX_COMBINE_Q8_1, P == 1) dst's rows (T, H*D) as q8_1
+    const int kv_attended, const int chunk_cells, const float scale) {
     constexpr int D = HX_D;
     // kv_len_arg < 0: the KV length is the last query's position + 1, read from q_pos (a forward
     // pass's queries are the cache's last cells), so a CUDA graph of the pass replays at any position.
@@ -292,14 +291,7 @@ __device__ __forceinline__ void fattn_vec_impl(
             for (int wg = 0; wg < 16; ++wg) o = __fadd_rn(o, KQ[wg * D + tid]);
             const size_t row = (size_t)t * n_head + head_of(j);
             if (P == 1) {
-                const float out = __fdiv_rn(o, S);
-#ifdef HX_COMBINE_Q8_1
-                if (yq != nullptr) {  // quantize_q8_1 of the row, as fattn_combine_q8_1 does (whole warps)
-                    if (dst != nullptr) dst[row * D + tid] = out;
-                    hx_q8_1_store(yq, t, n_head * D / 32, (head_of(j) * D + tid) / 32, tid % 32, out);
-                } else
-#endif
-                dst[row * D + tid] = out;
+                dst[row * D + tid] = __fdiv_rn(o, S);
             } else {
                 parts[(row * P + y) * D + tid] = o;
                 if (tid == 0) {
@@ -385,21 +377,6 @@ extern "C" __global__ void fattn_combine(const float* __restrict__ parts, const 
 }
 
 #ifdef HX_COMBINE_Q8_1
-// fattn_vec_q1 of a one-block plan (P == 1: the kernel normalises), then quantize_q8_1 of its rows
-// (T, H*D) into the q8_1 layout the output projection reads, in one launch: the float ops of those
-// two kernels in their order, and no combine (FIXED_SPLIT below its split, a one-block custom
-// order). dst (the float rows) may be null: not written.
-extern "C" __global__ void __launch_bounds__(FV_NTHREADS, 1)
-fattn_vec_q1_q8_1(const float* __restrict__ Q, const unsigned short* __restrict__ K,
-                  const unsigned short* __restrict__ V, const int* __restrict__ q_pos,
-                  float* __restrict__ dst, float* __restrict__ parts, float* __restrict__ meta,
-                  const int n_tokens, const int n_head, const int n_head_kv, const int kv_len,
-                  const int kv_attended, const int chunk_cells, const float scale, unsigned char* __restrict__ yq) {
-    HX_PDL_ENTRY();
-    fattn_vec_impl<1, false>(Q, K, V, q_pos, dst, parts, meta, n_tokens, n_head, n_head_kv, kv_len,
-                             kv_attended, chunk_cells, scale, yq);
-}
-
 // fattn_combine, then quantize_q8_1 of the merged rows (T, H*D) into the q8_1 layout the output
 // projection's mat-vec reads (compiled after quantize/quantize_q8_1.cu, whose hx_q8_1_store does the
 // quantization: each warp holds the 32 values of one q8_1 block, as in quantize_q8_1): the float ops

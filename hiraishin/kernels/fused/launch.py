@@ -12,9 +12,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...plans.attention import NTHREADS as ATTENTION_THREADS
-from ..attention.emulate import attention_scale
-from ..attention.launch import KV_LEN_FROM_POSITIONS
 from ..compile import get_kernel
 from ..quantize.launch import QUANTIZE_WARPS_PER_BLOCK, output_shape, quantize_defines
 from ..rmsnorm.emulate import block_threads
@@ -213,43 +210,6 @@ class CombineQ8_1Launch:
         return out_q
 
 
-def attention_q8_1_fits(plan) -> bool:
-    """True when ``plan``'s attention can end in q8_1 rows itself (:class:`AttentionQ8_1Launch`): one
-    query per block of the vector kernel, one parallel block (nothing to combine)."""
-    return (plan.kernel == "vec" and plan.parallel_blocks == 1 and plan.queries_per_block == 1
-            and not plan.shared_kv)
-
-
-class AttentionQ8_1Launch:
-    """The one-query attention of a one-block plan (:func:`attention_q8_1_fits`), its normalised rows
-    (T, H*D) quantized to q8_1 in ``layout`` in the same launch (``fattn_vec_q1_q8_1``): call
-    ``(q, k_cache, v_cache, q_pos, out_q, out=None)``.
-
-    Arrays as :func:`hiraishin.kernels.attention.launch.launch_partials` takes them; ``out_q`` uint8
-    :func:`~hiraishin.kernels.quantize.launch.output_shape` ``(T, H*D, layout)``; ``out`` float32
-    (T, H, D) or None. The KV length is read from the positions (``kv_from_positions``), as in a
-    forward pass. Grid (T, 1, H), the attention kernel's block.
-    """
-
-    __slots__ = ("kernel", "grid", "block", "scalars", "shape")
-
-    def __init__(self, T: int, H: int, n_head_kv: int, D: int, kv_attended: int, chunk_cells: int,
-                 layout: str | None = None):
-        self.kernel = get_kernel(SOURCE_COMBINE, "fattn_vec_q1_q8_1",
-                                 {**quantize_defines(layout), "HX_D": D, "HX_COMBINE_Q8_1": 1})
-        self.grid = (T, 1, H)
-        self.block = (32, ATTENTION_THREADS // 32, 1)
-        self.scalars = (np.int32(T), np.int32(H), np.int32(n_head_kv), np.int32(KV_LEN_FROM_POSITIONS),
-                        np.int32(kv_attended), np.int32(chunk_cells), np.float32(attention_scale(D)))
-        self.shape = output_shape(T, H * D, layout)
-
-    def __call__(self, q, k_cache, v_cache, q_pos, out_q, out=None):
-        o = _ptr(out)
-        # parts and meta are not written with one block: any pointer stands in for them
-        self.kernel(self.grid, self.block, (q, k_cache, v_cache, q_pos, o, o, o) + self.scalars + (out_q,))
-        return out_q
-
-
 _launches: dict = {}
 
 
@@ -288,14 +248,6 @@ def launch_qk_norm_rope_kv(q, k, v, q_norm_w, k_norm_w, eps: float, pos, cos_t, 
     n_head = q_out.shape[1]
     launch = _cached(QkNormRopeKvLaunch, T, n_head, n_head_kv, D, float(eps))
     return launch(q, k, v, q_norm_w, k_norm_w, pos, cos_t, sin_t, q_out, k_cache, v_cache, k_out)
-
-
-def launch_attention_q8_1(q, k_cache, v_cache, q_pos, plan, out_q, out=None, layout: str | None = None):
-    """:class:`AttentionQ8_1Launch` for ``plan`` (cached; :func:`attention_q8_1_fits` must hold), unchecked.
-    Returns ``out_q``."""
-    T, H, D = q.shape
-    return _cached(AttentionQ8_1Launch, T, H, k_cache.shape[1], D, plan.kv_attended, plan.chunk_cells,
-                   layout)(q, k_cache, v_cache, q_pos, out_q, out)
 
 
 def launch_combine_q8_1(parts, meta, out_q, out=None, layout: str | None = None):
