@@ -3,7 +3,8 @@ with one kind of launch left out of the captured graph (the outputs are garbage;
 read). The difference is the most that fusing that launch away could save, the figure to weigh a
 fusion by before writing it.
 
-    python3 bench/ablate_pass.py MODEL.gguf [MODEL.gguf ...] [--order invariant] [--steps 40] [--json F]
+    python3 bench/ablate_pass.py MODEL.gguf [MODEL.gguf ...] [--order invariant] [--steps 40] [--json F] [--plot PNG]
+    python3 bench/ablate_pass.py --from-json F --plot PNG   # the figure of an earlier run
 
 Each variant loads the model afresh with some launchers of ``hiraishin.backends.cuda`` replaced by
 no-ops, captures its graph, and times back-to-back replays (``bench/host_overhead.py``'s measure).
@@ -45,9 +46,46 @@ VARIANTS = {
 }
 
 
+def plot(rows: list, path) -> None:
+    """Microseconds each kind of launch costs a pass (what leaving it out saved), one bar per model."""
+    from matplotlib.figure import Figure
+
+    from hiraishin.atomic import atomic_write
+
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    kinds = [v for v in VARIANTS if v != "whole pass"]
+    fig = Figure(figsize=(8, 3.6), layout="constrained")
+    ax = fig.add_subplot()
+    height = 0.8 / len(models)
+    for m, model in enumerate(models):
+        by = {r["variant"]: r for r in rows if r["model"] == model}
+        whole = by["whole pass"]["replay_ms"]
+        ys = [i + m * height for i in range(len(kinds))]
+        ax.barh(ys, [1e3 * by[k]["saved_ms"] for k in kinds], height=height,
+                label=f"{model.removesuffix('.gguf')} (whole pass {whole:.3f} ms)")
+    ax.set_yticks([i + 0.4 - height / 2 for i in range(len(kinds))], kinds)
+    ax.invert_yaxis()
+    ax.axvline(0, color="black", linewidth=0.8)
+    ax.set_xlabel("µs a one-token pass saves without these launches (graph replay)")
+    ax.legend(loc="upper right", fontsize=8)
+    order = rows[0]["order"] if rows else ""
+    ax.set_title(f"What each kind of small launch costs a pass ({order})", fontsize=10)
+    with atomic_write(path, "wb") as f:
+        fig.savefig(f, format="png", dpi=120)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    if "--from-json" in (argv if argv is not None else sys.argv[1:]):
+        ap.add_argument("--from-json", required=True)
+        ap.add_argument("--plot", required=True)
+        args = ap.parse_args(argv)
+        import json
+
+        plot(json.loads(Path(args.from_json).read_text())["rows"], args.plot)
+        return 0
     host_overhead.add_arguments(ap)
+    ap.add_argument("--plot", help="also draw the savings as a PNG")
     args = ap.parse_args(argv)
     rows = []
     for path in args.models:
@@ -68,6 +106,8 @@ def main(argv=None) -> int:
             print(f"{r['model']} {name:24s} {ms:.3f} ms  (saves {1e3 * (base - ms):6.1f} us)", flush=True)
     if args.json:
         write_rows_json(args.json, rows)
+    if args.plot:
+        plot(rows, args.plot)
     return 0
 
 
