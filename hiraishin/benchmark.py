@@ -16,8 +16,9 @@ What is measured, per reduction order (``settings.orders``):
   (drafting / verifying / bookkeeping ms), tokens per cycle, acceptance, and whether the
   emitted tokens equal plain greedy decoding's.
 
-Plus the draft's one-token step under each order (the draft runs its fastest one: only the
-target's order decides exactness), the device-to-device copy bandwidth (bytes read + written),
+Plus the draft's one-token step under each order (``draft_orders``, default the target's; the draft
+runs its fastest one: only the target's order decides exactness), the device-to-device copy
+bandwidth (bytes read + written),
 and the memory the backend holds against the file sizes plus KV caches.
 
 The oracle. Synthetic weights do not agree like trained ones (a synthetic draft almost never
