@@ -18,7 +18,8 @@ from ..rmsnorm.emulate import block_threads
 
 __all__ = ["SOURCE", "NULL", "NORM_BLOCK_THREADS", "NORM_PLAYED_MAX_VALUES", "fused_kernel", "norm_geometry",
            "norm_slices", "RmsNormQ8_1Launch", "AddRmsNormQ8_1Launch", "SwigluQ8_1Launch", "QkNormRopeKvLaunch",
-           "launch_rms_norm_q8_1", "launch_add_rms_norm_q8_1", "launch_swiglu_q8_1", "launch_qk_norm_rope_kv", "SOURCE_COMBINE", "CombineQ8_1Launch", "launch_combine_q8_1"]
+           "launch_rms_norm_q8_1", "launch_add_rms_norm_q8_1", "launch_swiglu_q8_1", "launch_qk_norm_rope_kv",
+           "SOURCE_COMBINE", "CombineQ8_1Launch", "launch_combine_q8_1"]
 
 # fused.cu is compiled after the unfused sources whose device functions it calls (hx_rms_scale,
 # hx_q8_1_store): one copy of that code for the fused and the unfused kernels.
