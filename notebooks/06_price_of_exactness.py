@@ -43,6 +43,7 @@ from nbsupport import (
 from hiraishin import ReductionOrder
 from hiraishin.backends import get_backend
 from hiraishin.decode.plot import plot_verify_cost
+from hiraishin.model.synth import SHAPES
 from hiraishin.plans import matvec_plan
 
 # the orders whose mat-vec plan depends on the width alone (SUBBLOCK's also needs the row length)
@@ -236,6 +237,38 @@ else:
 # queries per block) sit in between. At 512 cells every launch costs the same few tens of µs: launch
 # overhead, not work.
 #
+# ## Where a one-token pass's time goes
+#
+# Width is not all of a pass's cost. `bench/ablate_pass.py` captured a one-token pass's CUDA graph with
+# one kind of small launch left out (the outputs are garbage; only the time is read) and timed its
+# replays back to back: what a fusion that removes those launches could save at most. The per-launch
+# figure divides the saving by the launches removed (`layers` per layer-kind, two for the norms).
+
+# %%
+SHAPE_LAYERS = {name + ".gguf": shape.n_layer for name, shape in SHAPES.items()}
+LAUNCHES_PER_LAYER = {"no add+norm": 2, "no swiglu": 1, "no qk norm+rope+kv": 1, "no combine": 1,
+                      "no attention partials": 1}
+ablations = sorted(RESULTS.rglob("ablate-pass.json"))
+ABLATION = json.loads(ablations[-1].read_text()) if ablations else None
+if ABLATION is None:
+    print("No ablate-pass.json is committed under bench/results/ yet.")
+else:
+    print("read:", rel(ablations[-1]), f"(commit {ABLATION['commit']}, {ABLATION['date']})")
+    print(f"{'model':<17} {'left out':<24} {'pass ms':>8} {'saves µs':>9} {'µs a launch':>12}")
+    for r in ABLATION["rows"]:
+        n = LAUNCHES_PER_LAYER.get(r["variant"], 0) * SHAPE_LAYERS.get(r["model"], 0)
+        per = f"{1e3 * r['saved_ms'] / n:12.2f}" if n else f"{'':>12}"
+        print(f"{r['model']:<17} {r['variant']:<24} {r['replay_ms']:>8.3f} {1e3 * r['saved_ms']:>9.1f} {per}")
+
+# %% [markdown]
+# The two norm launches of a layer cost about two and a half µs each, the attention and its combine one to
+# two; SwiGLU
+# and the q/k norms cost nothing measurable (under programmatic dependent launch they run while their
+# neighbours wait; a negative saving is the spread between runs). With every small launch gone the
+# mat-vecs alone still take half the 0.6B's pass: about 2.4 µs per dependent launch whatever it does. So a
+# draft model of ~300 launches has a floor of its own, and a speculative decoder gains when the draft
+# gets cheaper *relative to* the target, not when both lose the same fixed cost.
+#
 # ## What is left of the speed-up
 #
 # The measured end-to-end speed-up of speculative decoding per order comes from the whole-decoder
@@ -305,6 +338,11 @@ assert all(matvec_plan(ReductionOrder.BATCH_INVARIANT, w, "Q4_K").nwarps == 4 fo
 assert matvec_plan(ReductionOrder.BATCH_VARIANT, 9, "Q4_K").kernel == "mmq_stock"
 assert verify and all(ms > 0 for pw in verify.values() for ms in pw.values())
 assert all(s > 0 for s, _ in speedup.values())
+if ABLATION is not None:  # the norms cost more than SwiGLU, and the small launches are a real share
+    by = {(r["model"], r["variant"]): r["saved_ms"] for r in ABLATION["rows"]}
+    for model in {r["model"] for r in ABLATION["rows"]}:
+        assert by[model, "no add+norm"] > by[model, "no swiglu"], model
+        assert by[model, "mat-vecs only"] > 0, model
 for order_name, r in MEASURED.items():  # an exact order's measured run must have matched plain decoding
     if order_name != "batch_variant":
         assert r["matches_plain"], order_name
