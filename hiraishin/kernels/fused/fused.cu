@@ -27,11 +27,26 @@
 #define HX_LAYOUT2_BYTES 0
 #endif
 
-// y = (scale * x) * w of row `row` (rmsnorm.cu's last loop), quantized block by block: warp w of
-// CUDA block g (of gridDim.x per row) takes q8_1 blocks g*nwarps + w, then + gridDim.x*nwarps, ...
-// (lane = value within the block). n % 32 == 0. load(i): value i of the row; yq2 (or NULL): the
-// same values in HX_LAYOUT2; s (or NULL): load(i) stored (the add kernel's next residual: each
-// value by the one block that quantizes it).
+// Value i = 32 * ib + lane of the row, x: stored (s, or NULL: the add kernel's next residual, each
+// value by the one block that quantizes it), normed, y = (scale * x) * w (rmsnorm.cu's last loop; y,
+// or NULL), quantized as value `lane` of q8_1 block ib (yq; yq2, or NULL, in HX_LAYOUT2). Every lane
+// of the warp must call it (hx_q8_1_store's butterflies).
+__device__ __forceinline__ void hx_norm_value(const float x, const float wi, const float scale,
+                                              unsigned char* __restrict__ yq, float* __restrict__ y,
+                                              unsigned char* __restrict__ yq2, float* s, const int row,
+                                              const int n, const int ib, const int lane) {
+    const size_t at = (size_t)row * n + ib * 32 + lane;
+    if (s) s[at] = x;
+    const float v = __fmul_rn(__fmul_rn(scale, x), wi);
+    if (y) y[at] = v;
+    hx_q8_1_store(yq, row, n / 32, ib, lane, v);
+    if constexpr (HX_LAYOUT2 >= 0) {
+        if (yq2) hx_q8_1_store_as<(HX_LAYOUT2 < 0 ? 0 : HX_LAYOUT2), HX_LAYOUT2_BYTES>(yq2, row, n / 32, ib, lane, v);
+    }
+}
+
+// The normed row quantized block by block: warp w of CUDA block g (of gridDim.x per row) takes
+// q8_1 blocks g*nwarps + w, then + gridDim.x*nwarps, ... n % 32 == 0. load(i): value i of the row.
 template <class Load>
 __device__ __forceinline__ void hx_norm_store(Load load, const float* __restrict__ w, const float scale,
                                               unsigned char* __restrict__ yq, float* __restrict__ y,
@@ -39,17 +54,9 @@ __device__ __forceinline__ void hx_norm_store(Load load, const float* __restrict
                                               const int n) {
     const int lane = threadIdx.x % 32;
     const int nwarps = blockDim.x / 32;
-    const int nb = n / 32;
-    for (int ib = blockIdx.x * nwarps + threadIdx.x / 32; ib < nb; ib += gridDim.x * nwarps) {  // uniform per warp
+    for (int ib = blockIdx.x * nwarps + threadIdx.x / 32; ib < n / 32; ib += gridDim.x * nwarps) {  // uniform per warp
         const int i = ib * 32 + lane;
-        const float x = load(i);
-        if (s) s[(size_t)row * n + i] = x;
-        const float v = __fmul_rn(__fmul_rn(scale, x), w[i]);
-        if (y) y[(size_t)row * n + i] = v;
-        hx_q8_1_store(yq, row, nb, ib, lane, v);
-        if constexpr (HX_LAYOUT2 >= 0) {
-            if (yq2) hx_q8_1_store_as<(HX_LAYOUT2 < 0 ? 0 : HX_LAYOUT2), HX_LAYOUT2_BYTES>(yq2, row, nb, ib, lane, v);
-        }
+        hx_norm_value(load(i), w[i], scale, yq, y, yq2, s, row, n, ib, lane);
     }
 }
 
@@ -91,24 +98,14 @@ __device__ __forceinline__ void hx_norm_played(Load load, const float* __restric
         if (lane == 0) warp_partial[warp + j * nwarps] = sj;
     }
     __syncthreads();
-    float total = lane < tree / 32 ? warp_partial[lane] : 0.0f;
-    total = hx_warp_sum(total);
-    const float scale = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(total, (float)n), eps)));
-    const int nb = n / 32;
+    const float scale = hx_rms_scale_from_partials(warp_partial, tree / 32, n, eps);
 #pragma unroll
     for (int j = 0; j < HX_NORM_PER; ++j) {
 #pragma unroll
         for (int m = 0; m < HX_NORM_VALS; ++m) {
             const int i = 32 * (warp + j * nwarps) + lane + m * tree;
             if ((j * HX_NORM_VALS + m) % (int)gridDim.x != (int)blockIdx.x || i >= n) continue;  // uniform per warp
-            if (s) s[(size_t)row * n + i] = x[j][m];
-            const float v = __fmul_rn(__fmul_rn(scale, x[j][m]), w[i]);
-            if (y) y[(size_t)row * n + i] = v;
-            const int ib = i / 32;
-            hx_q8_1_store(yq, row, nb, ib, lane, v);
-            if constexpr (HX_LAYOUT2 >= 0) {
-                if (yq2) hx_q8_1_store_as<(HX_LAYOUT2 < 0 ? 0 : HX_LAYOUT2), HX_LAYOUT2_BYTES>(yq2, row, nb, ib, lane, v);
-            }
+            hx_norm_value(x[j][m], w[i], scale, yq, y, yq2, s, row, n, i / 32, lane);
         }
     }
 }

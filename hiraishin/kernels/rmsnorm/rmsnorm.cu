@@ -10,8 +10,19 @@
 // The emulator in rmsnorm.py performs the same operations in the same order.
 // Requires fp.cuh prepended (hx_warp_sum).
 
-// The scale of a row xr of n floats by the tree above (also fused/fused.cu's); IEEE division and
-// square root (no rsqrtf: the CPU cannot reproduce its bits).
+// Step 3 and the scale, after the tree's warps stored their partials (tree_warps of them, at most
+// 32) and the block synchronized: IEEE division and square root (no rsqrtf: the CPU cannot reproduce
+// its bits). Every lane of the calling warp must call it (a butterfly). Also fused/fused.cu's.
+__device__ __forceinline__ float hx_rms_scale_from_partials(const float* warp_partial, const int tree_warps,
+                                                            const int n, const float eps) {
+    const int lane = threadIdx.x % 32;
+    float total = lane < tree_warps ? warp_partial[lane] : 0.0f;
+    total = hx_warp_sum(total);
+    const float mean = __fdiv_rn(total, (float)n);
+    return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, eps)));
+}
+
+// The scale of a row xr of n floats by the tree above (also fused/fused.cu's).
 // Every thread of the block must call it (one __syncthreads).
 template <class Load>  // load(i): value i of the row (a read, or fused/fused.cu's a[i] + b[i])
 __device__ __forceinline__ float hx_rms_scale_of(Load load, const int n, const float eps, float* warp_partial) {
@@ -27,10 +38,7 @@ __device__ __forceinline__ float hx_rms_scale_of(Load load, const int n, const f
     s = hx_warp_sum(s);
     if (lane == 0) warp_partial[warp] = s;
     __syncthreads();
-    float total = lane < nthreads / 32 ? warp_partial[lane] : 0.0f;
-    total = hx_warp_sum(total);
-    const float mean = __fdiv_rn(total, (float)n);
-    return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(mean, eps)));
+    return hx_rms_scale_from_partials(warp_partial, nthreads / 32, n, eps);
 }
 
 __device__ __forceinline__ float hx_rms_scale(const float* xr, const int n, const float eps,
