@@ -76,17 +76,19 @@ def plot(rows: list, path) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    if "--from-json" in (argv if argv is not None else sys.argv[1:]):
-        ap.add_argument("--from-json", required=True)
-        ap.add_argument("--plot", required=True)
-        args = ap.parse_args(argv)
+    host_overhead.add_arguments(ap, models="*")
+    ap.add_argument("--plot", help="also draw the savings as a PNG")
+    ap.add_argument("--from-json", help="draw --plot from this earlier run's JSON instead of measuring")
+    args = ap.parse_args(argv)
+    if args.from_json:
+        if not args.plot or args.models:
+            ap.error("--from-json takes --plot and no models")
         import json
 
         plot(json.loads(Path(args.from_json).read_text())["rows"], args.plot)
         return 0
-    host_overhead.add_arguments(ap)
-    ap.add_argument("--plot", help="also draw the savings as a PNG")
-    args = ap.parse_args(argv)
+    if not args.models:
+        ap.error("give at least one MODEL.gguf (or --from-json F --plot PNG)")
     rows = []
     for path in args.models:
         base = None

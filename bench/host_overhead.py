@@ -86,9 +86,10 @@ def measure(path: str, order_name: str, steps: int, profile: bool = False) -> di
             "loop_s": loop, "replay_s_per_step": replay}
 
 
-def add_arguments(ap: argparse.ArgumentParser) -> None:
-    """The models, the order and the steps of a measurement (also bench/ablate_pass.py's)."""
-    ap.add_argument("models", nargs="+")
+def add_arguments(ap: argparse.ArgumentParser, models: str = "+") -> None:
+    """The models (``models``: their nargs), the order and the steps of a measurement (also
+    bench/ablate_pass.py's)."""
+    ap.add_argument("models", nargs=models)
     ap.add_argument("--order", default="invariant", choices=sorted(ORDERS))
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--json")
