@@ -60,8 +60,9 @@ static std::vector<unsigned char> g_dyn_shared;
 #define __launch_bounds__(...)
 #define __restrict__ __restrict
 #define __shared__ static
+#define __align__(n) __attribute__((aligned(n)))
 inline void __syncthreads() { g_block_barrier->arrive_and_wait(); }
-inline int hx_ltid() { return threadIdx.x + threadIdx.y * blockDim.x; }
+inline int hx_ltid() { return threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z); }
 inline void __syncwarp(unsigned = 0xffffffffu) { g_warp_barriers[hx_ltid() / 32]->arrive_and_wait(); }
 template <class T> inline T __shfl_xor_sync(unsigned, T v, int off, int) {
     int t = hx_ltid(), warp = t / 32, lane = t % 32;
@@ -117,7 +118,8 @@ template <class F> void hx_launch(dim3 grid, dim3 block, size_t shmem, F f) {
         for (int w = 0; w < (nt + 31) / 32; ++w) g_warp_barriers.emplace_back(new std::barrier<>(32));
         std::vector<std::thread> ts;
         for (int t = 0; t < nt; ++t)
-            ts.emplace_back([&, t] { threadIdx = {(unsigned)(t % block.x), (unsigned)((t / block.x) % block.y), 0}; f(); });
+            ts.emplace_back([&, t] { threadIdx = {(unsigned)(t % block.x), (unsigned)((t / block.x) % block.y),
+                                                  (unsigned)(t / (block.x * block.y))}; f(); });
         for (auto& th : ts) th.join();
     }
 }
@@ -140,10 +142,13 @@ class ShimBuilder:
         (self.folder / "cuda_shim.h").write_text(SHIM)
         self._built: dict[str, Path] = {}
 
-    def build(self, source, defines: dict, main: str, tag: str = "prog") -> Path:
+    def build(self, source, defines: dict, main: str, tag: str = "prog", edit=None) -> Path:
         """The executable of ``source`` (a path under hiraishin/kernels, or a tuple of them, concatenated
-        as NVRTC gets them) with ``defines`` and ``main``."""
+        as NVRTC gets them) with ``defines`` and ``main``; ``edit(text)``, if given, changes the source
+        text first (a test's deliberate change, to see its comparison fail)."""
         text = defines_text(defines) + load_source(*((source,) if isinstance(source, str) else source))
+        if edit is not None:
+            text = edit(text)
         # dynamic shared memory (extern __shared__ float name[];) -> the shim's buffer
         text = re.sub(r"extern __shared__ float (\w+)\[\];", r"float* \1 = (float*)g_dyn_shared.data();", text)
         text = text.replace('extern "C"', "")

@@ -17,6 +17,8 @@ from hiraishin.kernels.compile import NVRTC_OPTIONS, defines_text, load_source
 from hiraishin.kernels.fused.launch import SOURCE as FUSED_SOURCE
 from hiraishin.kernels.mmvq.launch import SOURCE as MMVQ_SOURCE
 from hiraishin.kernels.mmvq.launch import kernel_defines, preset_kernel_defines
+from hiraishin.kernels.norm_mmvq.launch import SOURCE as NORM_MMVQ_SOURCE
+from hiraishin.kernels.norm_mmvq.launch import norm_mmvq_defines, norm_mmvq_geometry
 from hiraishin.kernels.quantize.launch import SOURCE as QUANTIZE_SOURCE
 from hiraishin.kernels.quantize.launch import quantize_defines
 from hiraishin.kernels.quantize.layout import LAYOUT_BYTES
@@ -51,6 +53,11 @@ CASES = [
     (FUSED_SOURCE, {**quantize_defines("Q4_K"), "HX_LAYOUT2": 14, "HX_LAYOUT2_BYTES": LAYOUT_BYTES["Q6_K"]}),
     (FUSED_SOURCE, quantize_defines(None)),
 ]
+# the norm inside the mat-vec (norm_mmvq): Qwen3-0.6B's and -8B's rows, one and four tokens, each weight type
+CASES += [(NORM_MMVQ_SOURCE, norm_mmvq_defines(q, k, ncols, rows, 4, None if q == "Q8_0" else q,
+                                               norm_mmvq_geometry(k, 4)))
+          for q, k, ncols, rows in (("Q4_K", 1024, 1, 4), ("Q4_K", 4096, 1, 2), ("Q4_K", 4096, 4, 2),
+                                    ("Q6_K", 1024, 1, 4), ("Q6_K", 4096, 3, 2), ("Q8_0", 1024, 1, 4))]
 
 
 def _compile(tmp_path, source, defines) -> str:
@@ -79,7 +86,7 @@ def _spills(log) -> bool:
 @pytest.mark.parametrize("source, defines", CASES, ids=[f"{s}-{d}" for s, d in CASES])
 def test_compiles_without_spills(tmp_path, source, defines):
     log = _compile(tmp_path, source, defines)
-    if source == MMVQ_SOURCE and _spills(log) and defines.get("HX_MIN_BLOCKS", 1) > 1:
+    if source in (MMVQ_SOURCE, NORM_MMVQ_SOURCE) and _spills(log) and defines.get("HX_MIN_BLOCKS", 1) > 1:
         # what mmvq.launch.mmvq_kernel does on the GPU: a register cap that spills is dropped
         log = _compile(tmp_path / "uncapped", source, {**defines, "HX_MIN_BLOCKS": 1})
     assert not _spills(log), log

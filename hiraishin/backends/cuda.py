@@ -32,6 +32,7 @@ from ..kernels.mmq.launch import prepared_launch as mmq_prepared_launch
 from ..kernels.mmq_stock.launch import launch as mmq_stock_launch
 from ..kernels.mmq_stock.launch import prepared_launch as mmq_stock_prepared_launch
 from ..kernels.mmvq.launch import MULTI_MAX_WEIGHTS, MultiMatVecLaunch, prepared_plan
+from ..kernels.norm_mmvq import launch as norm_mmvq
 from ..kernels.quantize.launch import QuantizeLaunch
 from ..kernels.quantize.launch import output_shape as quantize_output_shape
 from ..kernels.quantize.layout import layout_for, to_layout
@@ -110,6 +111,7 @@ class CudaOps:
         self._empty = backend.xp.empty
         self._matvecs: dict = {}
         self._multis: dict = {}
+        self._norm_multis: dict = {}  # norm_matvecs' fused launches (or None: not fused), by weights and limits
         self._quantize: dict = {}
         self._argmax: dict = {}  # (T, n) -> hx_argmax_rows scratch (partials, counters)
         self._scratch: dict = {}
@@ -249,6 +251,15 @@ class CudaOps:
         the outputs and ``x + residual`` (``out_sum``; None without a residual)."""
         T, n = x.shape
         mvs, layouts = self._layouts(weights, T, order)
+        fused = self._norm_mmvq_launches(mvs, T, n, eps)
+        if fused is not None:  # the norm inside every mat-vec launch (norm_mmvq): the same bits
+            results = [self._empty((T, mv.n), _F32) if outs is None or outs[i] is None else outs[i]
+                       for i, mv in enumerate(mvs)]
+            s = None if residual is None else self._empty((T, n), _F32) if out_sum is None else out_sum
+            for at, (launch, idx) in enumerate(fused):  # the first launch writes the residual sum
+                launch(x, residual, norm_w, s if at == 0 else None, [weights[i][0] for i in idx],
+                       [results[i] for i in idx])
+            return results, s
         first = layouts[0]
         xq = self._q8_1_scratch(T, n, first)
         # a second layout comes from the same launch (yq2); any further one quantizes the normed floats
@@ -268,6 +279,41 @@ class CudaOps:
         for layout in rest:
             xqs[layout] = self.quantize(normed, layout)
         return self._run_matvecs(weights, mvs, xqs, T, outs), s
+
+    def _norm_mmvq_launches(self, mvs, T: int, n: int, eps: float):
+        """The ``hx_norm_mmvq`` launches that replace a norm launch and these mat-vecs, each with the
+        indices of its weights (grouped as :meth:`_run_matvecs` groups them); None when the pass is
+        wider than ``NORM_MMVQ_MAX_TOKENS``, a mat-vec is not a one-launch mmvq plan, the row
+        length has no geometry, or a launch has more than ``NORM_MMVQ_MAX_BLOCKS`` CUDA blocks (the
+        limits are read per call, so a benchmark may change them)."""
+        limits = (norm_mmvq.NORM_MMVQ_MAX_TOKENS, norm_mmvq.NORM_MMVQ_MAX_BLOCKS, norm_mmvq.NORM_MMVQ_GROUPS)
+        key = (tuple((mv.group, mv.n) for mv in mvs), T, n, float(eps), limits)
+        if key in self._norm_multis:
+            return self._norm_multis[key]
+        self._norm_multis[key] = fused = self._plan_norm_mmvq(mvs, T, n, eps, limits[0], limits[1])
+        return fused
+
+    @staticmethod
+    def _plan_norm_mmvq(mvs, T: int, n: int, eps: float, max_tokens: int, max_blocks: int):
+        if not 0 < T <= max_tokens or any(mv.group is None for mv in mvs):
+            return None
+        groups: dict = {}
+        for i, mv in enumerate(mvs):
+            groups.setdefault(mv.group, []).append(i)
+        parts = []  # (qtype, plan, weight indices) of each launch
+        for (qtype, row_bytes, plan), idx in groups.items():
+            t = matvec_traits(qtype)
+            geometry = norm_mmvq.norm_mmvq_geometry(n, plan.nwarps)
+            if row_bytes // t.block_bytes * t.qk != n or geometry is None:
+                return None
+            for start in range(0, len(idx), MULTI_MAX_WEIGHTS):
+                part = idx[start:start + MULTI_MAX_WEIGHTS]
+                if norm_mmvq.norm_mmvq_blocks([mvs[i].n for i in part], plan.rows_per_block, geometry) > max_blocks:
+                    return None
+                parts.append((qtype, plan, part))
+        return [(norm_mmvq.NormMatVecLaunch(qtype, tuple(mvs[i].n for i in part), n, T, plan.rows_per_block,
+                                            plan.nwarps, mvs[part[0]].layout, eps), part)
+                for qtype, plan, part in parts]
 
     def swiglu_matvec(self, g, u, weight, order, out=None):
         """``silu(g) * u`` quantized straight into the down projection's layout (one fused launch),

@@ -60,38 +60,36 @@ __device__ __forceinline__ void hx_norm_store(Load load, const float* __restrict
     }
 }
 
-// A block smaller than rmsnorm's tree (launch.py NORM_BLOCK_THREADS; HX_NORM_PER defined): each real
-// thread plays HX_NORM_PER tree threads, 32 * (warp + j * nwarps) + lane for j < HX_NORM_PER (every
-// tree warp's 32 lanes at the same lanes of one real warp, so its butterfly is that warp's
-// butterfly), and holds their HX_NORM_VALS values each (tree thread t's m-th value is t + m *
-// tree_threads), all loaded before the first add. Step 1 of rmsnorm's tree per tree thread in m
-// order, step 2 per tree warp, step 3 as there: the same adds in the same order, so the same bits.
-// Slot (j, m) of every thread is stored by CUDA block (j * HX_NORM_VALS + m) % gridDim.x of the
-// row (each value once; the q8_1 block of a slot is warp + j * nwarps + m * tree_threads / 32).
-#ifdef HX_NORM_PER
-template <class Load>
-__device__ __forceinline__ void hx_norm_played(Load load, const float* __restrict__ w, const float eps,
-                                               float* warp_partial, unsigned char* __restrict__ yq,
-                                               float* __restrict__ y, unsigned char* __restrict__ yq2, float* s,
-                                               const int row, const int n) {
-    const int lane = threadIdx.x % 32;
-    const int warp = threadIdx.x / 32;
-    const int nwarps = blockDim.x / 32;
-    const int tree = HX_NORM_PER * blockDim.x;
-    float x[HX_NORM_PER][HX_NORM_VALS];
+// A block smaller than rmsnorm's tree plays it: each of its nthreads threads (tid) plays PER tree
+// threads, 32 * (warp + j * nwarps) + lane for j < PER (every tree warp's 32 lanes at the same lanes
+// of one real warp, so its butterfly is that warp's butterfly), and holds their VALS values each
+// (tree thread t's m-th value is t + m * tree_threads), all loaded before the first add. Step 1 of
+// rmsnorm's tree per tree thread in m order, step 2 per tree warp, step 3 as there: the same adds in
+// the same order, so the same bits (PER = 1: the tree itself). Then store(x, w[i], scale, i, slot)
+// for every value i < n, slot = j * VALS + m. Every thread of the block must call it (one
+// __syncthreads); n % 32 == 0, so every condition below is uniform per warp.
+template <int PER, int VALS, class Load, class Store>
+__device__ __forceinline__ void hx_norm_play(Load load, const float* __restrict__ w, const float eps,
+                                             float* warp_partial, const int tid, const int nthreads,
+                                             const int n, Store store) {
+    const int lane = tid % 32;
+    const int warp = tid / 32;
+    const int nwarps = nthreads / 32;
+    const int tree = PER * nthreads;
+    float x[PER][VALS];
 #pragma unroll
-    for (int j = 0; j < HX_NORM_PER; ++j) {
+    for (int j = 0; j < PER; ++j) {
 #pragma unroll
-        for (int m = 0; m < HX_NORM_VALS; ++m) {
+        for (int m = 0; m < VALS; ++m) {
             const int i = 32 * (warp + j * nwarps) + lane + m * tree;
             x[j][m] = i < n ? load(i) : 0.0f;
         }
     }
 #pragma unroll
-    for (int j = 0; j < HX_NORM_PER; ++j) {
+    for (int j = 0; j < PER; ++j) {
         float sj = 0.0f;
 #pragma unroll
-        for (int m = 0; m < HX_NORM_VALS; ++m) {
+        for (int m = 0; m < VALS; ++m) {
             if (32 * (warp + j * nwarps) + lane + m * tree < n) sj = __fmaf_rn(x[j][m], x[j][m], sj);
         }
         sj = hx_warp_sum(sj);
@@ -100,14 +98,31 @@ __device__ __forceinline__ void hx_norm_played(Load load, const float* __restric
     __syncthreads();
     const float scale = hx_rms_scale_from_partials(warp_partial, tree / 32, n, eps);
 #pragma unroll
-    for (int j = 0; j < HX_NORM_PER; ++j) {
+    for (int j = 0; j < PER; ++j) {
 #pragma unroll
-        for (int m = 0; m < HX_NORM_VALS; ++m) {
+        for (int m = 0; m < VALS; ++m) {
             const int i = 32 * (warp + j * nwarps) + lane + m * tree;
-            if ((j * HX_NORM_VALS + m) % (int)gridDim.x != (int)blockIdx.x || i >= n) continue;  // uniform per warp
-            hx_norm_value(x[j][m], w[i], scale, yq, y, yq2, s, row, n, i / 32, lane);
+            if (i < n) store(x[j][m], w[i], scale, i, j * VALS + m);  // uniform per warp
         }
     }
+}
+
+// The norm kernels' played tree (launch.py NORM_BLOCK_THREADS; HX_NORM_PER and HX_NORM_VALS defined):
+// the block's threads play the tree, and slot (j, m) of every thread is stored by CUDA block
+// (j * HX_NORM_VALS + m) % gridDim.x of the row (each value once; the q8_1 block of a slot is
+// warp + j * nwarps + m * tree_threads / 32).
+#ifdef HX_NORM_PER
+template <class Load>
+__device__ __forceinline__ void hx_norm_played(Load load, const float* __restrict__ w, const float eps,
+                                               float* warp_partial, unsigned char* __restrict__ yq,
+                                               float* __restrict__ y, unsigned char* __restrict__ yq2, float* s,
+                                               const int row, const int n) {
+    const int lane = threadIdx.x % 32;
+    hx_norm_play<HX_NORM_PER, HX_NORM_VALS>(
+        load, w, eps, warp_partial, threadIdx.x, blockDim.x, n,
+        [&](const float x, const float wi, const float scale, const int i, const int slot) {
+            if (slot % (int)gridDim.x == (int)blockIdx.x) hx_norm_value(x, wi, scale, yq, y, yq2, s, row, n, i / 32, lane);
+        });
 }
 #endif
 

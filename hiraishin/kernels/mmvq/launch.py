@@ -65,8 +65,9 @@ MMVQ_MULTI_COL_MAX_REGS = 128
 MMVQ_MULTI_COL_CAPPED_ACCUMULATORS = 18  # columns x rows up to which the cap holds without spills
 
 
-def _min_blocks(qtype: str, ncols: int, rows: int, nwarps: int, nblocks: int) -> int:
-    """HX_MIN_BLOCKS for a launch: the register cap above as resident blocks per SM."""
+def _min_blocks(qtype: str, ncols: int, rows: int, nwarps: int, nblocks: int, threads: int | None = None) -> int:
+    """HX_MIN_BLOCKS for a launch: the register cap above as resident blocks per SM of ``threads``
+    threads (default a block of ``nwarps`` warps; norm_mmvq's blocks hold several such groups)."""
     regs = MMVQ_MULTI_COL_MAX_REGS
     if ncols > 1 and ncols * rows > MMVQ_MULTI_COL_CAPPED_ACCUMULATORS:
         return 1
@@ -75,8 +76,7 @@ def _min_blocks(qtype: str, ncols: int, rows: int, nwarps: int, nblocks: int) ->
         regs = next((r for limit, r in rules if limit is None or nblocks <= limit), None)
         if regs is None:
             return 1
-    threads = 32 * nwarps
-    return blocks_for_register_cap(regs, threads)
+    return blocks_for_register_cap(regs, 32 * nwarps if threads is None else threads)
 
 
 # HX_PREFETCH_AHEAD: a CUDA block also asks L2 for the weight rows of the block this many indices

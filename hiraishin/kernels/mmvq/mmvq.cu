@@ -68,6 +68,17 @@ __device__ __forceinline__ int hx_ld_s8(const u8* p) {
     return (int)__ldg((const signed char*)p);
 }
 
+// Activation loads: read-only global memory (__ldg), or, compiled with HX_Y_SHARED, the q8_1 rows a
+// kernel built them in shared memory (norm_mmvq/norm_mmvq.cu): plain generic loads.
+template <class T>
+__device__ __forceinline__ T hx_ldy(const u8* p) {
+#ifdef HX_Y_SHARED
+    return *(const T*)p;
+#else
+    return __ldg((const T*)p);
+#endif
+}
+
 __device__ __forceinline__ int hx_dp4a(int a, int b, int c) {
     return __dp4a(a, b, c);
 }
@@ -164,9 +175,9 @@ __device__ __forceinline__ hx_wblock hx_load_w(const hx_sites& s, const int i, c
 __device__ __forceinline__ float hx_dot(float acc, const hx_wblock& b, const hx_sites& s, const int yoff) {
     // u: ints pos/4, pos/4 + 4 of q8_1 block 2c, then of 2c+1; sums: dp4a(0x01010101, .) of each
     // pair (what llama.cpp computes as dot2), exact integers from the quantize kernel.
-    const int4 u = __ldg((const int4*)(s.yq + yoff));
-    const float2 d8 = __ldg((const float2*)(s.yd + yoff));
-    const int2 sums = __ldg((const int2*)(s.ys + yoff));
+    const int4 u = hx_ldy<int4>(s.yq + yoff);
+    const float2 d8 = hx_ldy<float2>(s.yd + yoff);
+    const int2 sums = hx_ldy<int2>(s.ys + yoff);
     float sumf_d = 0.0f;
     float sumf_m = 0.0f;
     {
@@ -242,8 +253,8 @@ __device__ __forceinline__ hx_wblock hx_load_w(const hx_sites& s, const int i, c
     return b;
 }
 __device__ __forceinline__ float hx_dot(float acc, const hx_wblock& b, const hx_sites& s, const int yoff) {
-    const int2 u2 = __ldg((const int2*)(s.yq + yoff));
-    const float2 d2 = __ldg((const float2*)(s.yd + yoff));
+    const int2 u2 = hx_ldy<int2>(s.yq + yoff);
+    const float2 d2 = hx_ldy<float2>(s.yd + yoff);
     const int u[2] = {u2.x, u2.y};
     const float d8[2] = {d2.x, d2.y};
     float sumf = 0.0f;
@@ -305,10 +316,10 @@ __device__ __forceinline__ hx_wblock hx_load_w(const hx_sites& s, const int i, c
     return b;
 }
 __device__ __forceinline__ float hx_dot(float acc, const hx_wblock& b, const hx_sites& s, const int yoff) {
-    const int u0 = hx_ld_i32(s.yq + yoff);
-    const int u1 = hx_ld_i32(s.yq + yoff + 4);
+    const int u0 = hx_ldy<int>(s.yq + yoff);
+    const int u1 = hx_ldy<int>(s.yq + yoff + 4);
     const int sumi = hx_dp4a(b.v[1], u1, hx_dp4a(b.v[0], u0, 0));
-    const float d = __fmul_rn(b.d, hx_h2f(hx_ld_u16(s.yd + yoff)));
+    const float d = __fmul_rn(b.d, hx_h2f(hx_ldy<unsigned short>(s.yd + yoff)));
     return __fmaf_rn(d, __int2float_rn(sumi), acc);
 }
 __device__ __forceinline__ bool hx_fast(const hx_sites& s) {
@@ -363,12 +374,16 @@ __device__ __forceinline__ void hx_prefetch_rows(const u8* __restrict__ w, const
     hx_prefetch_lines(w + first, bytes, 32 * threadIdx.y + threadIdx.x, 32 * HX_NWARPS);
 }
 
-// The rows row0 .. row0+HX_RPB-1 of one weight for every column: one CUDA block's work.
+// The rows row0 .. row0+HX_RPB-1 of one weight for every column: the work of HX_NWARPS warps
+// (lane threadIdx.x, warp wy of them), which hand over through tmp_shared
+// ((HX_NWARPS-1)*HX_NCOLS*HX_RPB*32 floats of their own). Every thread of the CUDA block calls it
+// (one __syncthreads).
 __device__ __forceinline__ void hx_mmvq_rows(const u8* __restrict__ w, const u8* __restrict__ y,
                                              float* __restrict__ dst, const int nrows,
-                                             const long long stride_dst, const int row0) {
+                                             const long long stride_dst, const int row0, const int wy,
+                                             float* tmp_shared) {
     const int lane = threadIdx.x;
-    const int tid = 32 * threadIdx.y + lane;
+    const int tid = 32 * wy + lane;
     const int kbx0 = tid / HX_TPB;
 
     float tmp[HX_NCOLS][HX_RPB];
@@ -392,18 +407,18 @@ __device__ __forceinline__ void hx_mmvq_rows(const u8* __restrict__ w, const u8*
         hx_accumulate<false>(tmp, s, kbx0);
     }
 
-    extern __shared__ float tmp_shared[];  // [nwarps-1][HX_NCOLS][HX_RPB][32]
-    if (threadIdx.y > 0) {
+    // tmp_shared: [nwarps-1][HX_NCOLS][HX_RPB][32]
+    if (wy > 0) {
 #pragma unroll
         for (int j = 0; j < HX_NCOLS; ++j) {
 #pragma unroll
             for (int i = 0; i < HX_RPB; ++i) {
-                tmp_shared[(((threadIdx.y - 1) * HX_NCOLS + j) * HX_RPB + i) * 32 + lane] = tmp[j][i];
+                tmp_shared[(((wy - 1) * HX_NCOLS + j) * HX_RPB + i) * 32 + lane] = tmp[j][i];
             }
         }
     }
     __syncthreads();
-    if (threadIdx.y > 0) {
+    if (wy > 0) {
         return;
     }
 
@@ -432,7 +447,8 @@ mmvq(const u8* __restrict__ w, const u8* __restrict__ y, float* __restrict__ dst
         hx_prefetch_rows(w, nrows, HX_RPB * (blockIdx.x + HX_PREFETCH_AHEAD));
     }
     HX_PDL_ENTRY();
-    hx_mmvq_rows(w, y, dst, nrows, stride_dst, HX_RPB * blockIdx.x);
+    extern __shared__ float tmp_shared[];
+    hx_mmvq_rows(w, y, dst, nrows, stride_dst, HX_RPB * blockIdx.x, threadIdx.y, tmp_shared);
 }
 
 // The rows of mmvq_multi's CUDA block b (whichever weight it maps to) into L2.
@@ -462,11 +478,12 @@ mmvq_multi(const u8* __restrict__ y, const u8* __restrict__ w0, float* __restric
         hx_multi_prefetch(b + HX_PREFETCH_AHEAD, w0, nrows0, nblk0, w1, nrows1, nblk1, w2, nrows2);
     }
     HX_PDL_ENTRY();
+    extern __shared__ float tmp_shared[];
     if (b < nblk0) {
-        hx_mmvq_rows(w0, y, dst0, nrows0, nrows0, HX_RPB * b);
+        hx_mmvq_rows(w0, y, dst0, nrows0, nrows0, HX_RPB * b, threadIdx.y, tmp_shared);
     } else if (b < nblk0 + nblk1) {
-        hx_mmvq_rows(w1, y, dst1, nrows1, nrows1, HX_RPB * (b - nblk0));
+        hx_mmvq_rows(w1, y, dst1, nrows1, nrows1, HX_RPB * (b - nblk0), threadIdx.y, tmp_shared);
     } else {
-        hx_mmvq_rows(w2, y, dst2, nrows2, nrows2, HX_RPB * (b - nblk0 - nblk1));
+        hx_mmvq_rows(w2, y, dst2, nrows2, nrows2, HX_RPB * (b - nblk0 - nblk1), threadIdx.y, tmp_shared);
     }
 }

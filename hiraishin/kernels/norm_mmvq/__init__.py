@@ -1,0 +1,21 @@
+"""A norm and the mat-vecs that read it, in one launch: every CUDA block of the mat-vec makes its own
+q8_1 activations.
+
+``hx_norm_mmvq`` (``norm_mmvq.cu``) performs, in each CUDA block, the float operations of the fused
+norm kernel (``fused.cu`` ``hx_add_rms_norm_q8_1``: the residual add, rmsnorm's tree, the scale, the
+weight multiply, the q8_1 store) into shared memory, then ``mmvq.cu``'s rows of up to three weights
+(as ``mmvq_multi``). No new order: its outputs equal the norm launch followed by the mat-vec launch
+bit for bit (:func:`emulate` is that composition of emulators; tests/test_norm_mmvq.py runs the CUDA
+source on the CPU through the g++ shim, tests/test_norm_mmvq_gpu.py on a GPU). What it saves is one
+dependent launch in a pass's chain per norm (a one-token pass's norm launches cost 137 us of the
+0.6B's 0.75 ms on an H200, bench/results/2026-12-02-h200-session5, the ablation); what it pays is
+the norm repeated by every CUDA block, which is why wide matrices keep the separate launch
+(:data:`.launch.NORM_MMVQ_MAX_BLOCKS`).
+
+Files: ``norm_mmvq.cu``; :mod:`.launch` (``NormMatVecLaunch``, the geometry and the limits);
+:mod:`.emulate`.
+"""
+
+from .emulate import emulate
+
+__all__ = ["emulate"]

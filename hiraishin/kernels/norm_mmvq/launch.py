@@ -1,0 +1,117 @@
+"""Prepared launches of ``norm_mmvq.cu``: a norm (with the residual add) and the mat-vecs reading it,
+in one launch per group of weights.
+
+A :class:`NormMatVecLaunch` is built once per geometry, like ``mmvq``'s
+:class:`~hiraishin.kernels.mmvq.launch.MultiMatVecLaunch`, and called with the arrays; calls are
+unchecked (the backend promises C-contiguous CuPy arrays of the documented shapes). Which calls fuse
+is the backend's choice (``hiraishin.backends.cuda``) from the limits below; the bits are the same
+either way, only the number of launches in a pass changes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..compile import get_kernel
+from ..fused.launch import NULL
+from ...plans.matvec import matvec_traits
+from ..mmvq.launch import MULTI_MAX_WEIGHTS, _min_blocks, kernel_defines
+from ..quantize.launch import quantize_defines
+from ..rmsnorm.emulate import block_threads
+
+__all__ = ["SOURCE", "NORM_MMVQ_GROUPS", "NORM_MMVQ_MAX_TOKENS", "NORM_MMVQ_MAX_BLOCKS", "norm_mmvq_geometry",
+           "norm_mmvq_blocks", "norm_mmvq_defines", "NormMatVecLaunch"]
+
+# norm_mmvq.cu calls the norm kernels' device code (rmsnorm.cu's tree and scale, fused.cu's played tree
+# and per-value store, quantize_q8_1.cu's q8_1 store) and mmvq.cu's rows: one copy of each.
+SOURCE = ("rmsnorm/rmsnorm.cu", "quantize/quantize_q8_1.cu", "fused/fused.cu", "mmvq/mmvq.cu",
+          "norm_mmvq/norm_mmvq.cu")
+
+# Mat-vec row blocks (of 32 * nwarps threads each) per CUDA block: the threads that share one norm.
+# More groups: fewer CUDA blocks repeating the norm and fewer tree threads each thread plays;
+# fewer: more blocks resident per SM. 4 (512 threads for the one-column geometry's 4 warps): to be
+# measured on the H200 (bench/sweep_norm_mmvq.py).
+NORM_MMVQ_GROUPS = 4
+# Passes of at most this many tokens fuse (each CUDA block norms every token's row; the shared
+# memory holds them all).
+NORM_MMVQ_MAX_TOKENS = 4
+# A group of weights fuses only if its launch has at most this many CUDA blocks: every block
+# repeats the norm, so a wide matrix (the output head, 151,936 rows) keeps its norm launch.
+NORM_MMVQ_MAX_BLOCKS = 1024
+
+
+def norm_mmvq_geometry(n: int, nwarps: int, groups: int | None = None) -> tuple[int, int, int] | None:
+    """(row groups per CUDA block, tree threads each thread plays, values each tree thread holds)
+    for rows of ``n`` floats and mat-vec blocks of ``nwarps`` warps: the most groups, up to
+    ``groups`` (default :data:`NORM_MMVQ_GROUPS`), whose threads divide rmsnorm's tree of
+    ``block_threads(n)``; None when none does or ``n % 32 != 0``."""
+    if n % 32:
+        return None
+    tree = block_threads(n)
+    for g in range(NORM_MMVQ_GROUPS if groups is None else groups, 0, -1):
+        threads = 32 * nwarps * g
+        if threads <= tree and tree % threads == 0:
+            return g, tree // threads, -(-n // tree)
+    return None
+
+
+def norm_mmvq_blocks(ns, rows_per_block: int, geometry: tuple[int, int, int]) -> int:
+    """CUDA blocks of an ``hx_norm_mmvq`` launch of weights of ``ns`` rows (its grid)."""
+    return -(-sum(-(-int(n) // rows_per_block) for n in ns) // geometry[0])
+
+
+def norm_mmvq_defines(qtype: str, k: int, ncols: int, rows_per_block: int, nwarps: int, layout: str | None,
+                      geometry: tuple[int, int, int], min_blocks: int | None = None) -> dict:
+    """``#define``\\ s of ``hx_norm_mmvq``: mmvq's for the geometry (the same rows, the same bits), the
+    q8_1 ``layout`` it reads, shared activations, and the norm's groups and played tree. ``min_blocks``
+    (HX_MIN_BLOCKS) defaults to mmvq's register cap for this block's threads."""
+    base = kernel_defines(qtype, ncols, rows_per_block, nwarps, k // matvec_traits(qtype).qk)
+    groups, play, vals = geometry
+    if min_blocks is None:
+        min_blocks = 1 if base["HX_MIN_BLOCKS"] == 1 else _min_blocks(
+            qtype, ncols, rows_per_block, nwarps, base["HX_NBLOCKS"], threads=32 * nwarps * groups)
+    return {**base, **quantize_defines(layout), "HX_MIN_BLOCKS": int(min_blocks), "HX_Y_SHARED": 1,
+            "HX_NORM_GROUPS": int(groups), "HX_NORM_PLAY": int(play), "HX_NORM_VALS": int(vals)}
+
+
+class NormMatVecLaunch:
+    """One ``hx_norm_mmvq`` launch: RMSNorm of ``x`` (+ ``r``) and the mat-vecs of up to three
+    (``n_i``, ``k``) ``qtype`` weights reading it, for ``ncols`` tokens.
+
+    Call it ``(x, r, nw, s, ws, outs)``: ``x`` float32 (ncols, k), ``r`` the residual (same shape)
+    or None, ``nw`` the norm weight (k,), ``s`` float32 (ncols, k) receiving ``x + r`` or None,
+    ``ws`` the weights, ``outs`` float32 (ncols, n_i) each. Bits: those of
+    ``hx_add_rms_norm_q8_1`` (or ``hx_rms_norm_q8_1``) into ``layout`` and then ``mmvq_multi``.
+    """
+
+    __slots__ = ("kernel", "grid", "block", "shared", "nblk", "ns", "scalars", "blocks")
+
+    def __init__(self, qtype: str, ns: tuple, k: int, ncols: int, rows_per_block: int, nwarps: int,
+                 layout: str | None, eps: float):
+        if not 1 <= len(ns) <= MULTI_MAX_WEIGHTS:
+            raise ValueError(f"hx_norm_mmvq takes 1..{MULTI_MAX_WEIGHTS} weights, got {len(ns)}")
+        geometry = norm_mmvq_geometry(k, nwarps)
+        if geometry is None:
+            raise ValueError(f"no hx_norm_mmvq geometry for rows of {k} values and {nwarps} warps")
+        defines = norm_mmvq_defines(qtype, k, ncols, rows_per_block, nwarps, layout, geometry)
+        self.kernel = get_kernel(SOURCE, "hx_norm_mmvq", defines)
+        if defines["HX_MIN_BLOCKS"] > 1 and self.kernel.local_size_bytes > 0:  # no spills (as mmvq)
+            self.kernel = get_kernel(SOURCE, "hx_norm_mmvq", {**defines, "HX_MIN_BLOCKS": 1})
+        groups = geometry[0]
+        self.ns = tuple(np.int32(n) for n in ns)
+        self.nblk = tuple(np.int32(-(-n // rows_per_block)) for n in ns)
+        self.blocks = norm_mmvq_blocks(ns, rows_per_block, geometry)
+        self.grid = (self.blocks, 1, 1)
+        self.block = (32, nwarps, groups)
+        self.shared = groups * (nwarps - 1) * ncols * rows_per_block * 32 * 4
+        self.scalars = (np.int32(k), np.float32(eps))
+
+    def __call__(self, x, r, nw, s, ws, outs):
+        args = [x, NULL if r is None else r, nw, NULL if s is None else s, *self.scalars]
+        for i in range(MULTI_MAX_WEIGHTS):
+            j = min(i, len(ws) - 1)  # missing weights: never reached (no row block is theirs)
+            args += [ws[j], outs[j], self.ns[j] if i < len(ws) else np.int32(0)]
+            if i < MULTI_MAX_WEIGHTS - 1:
+                args.append(self.nblk[j] if i < len(ws) else np.int32(0))
+        self.kernel(self.grid, self.block, tuple(args), shared_mem=self.shared)
+        return outs

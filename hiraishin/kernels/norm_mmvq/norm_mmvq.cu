@@ -1,0 +1,72 @@
+// hiraishin: a mat-vec whose CUDA blocks make their own activations: RMSNorm of x (or of a + b, the
+// residual add) and its q8_1 quantization, into shared memory, then mmvq.cu's rows.
+//
+// A one-token pass is a chain of small launches, and a norm launch costs its place in the chain
+// (about 2.5 us a launch on an H200 beside ~1 us of work; bench/results/2026-12-02-h200-session5,
+// the ablation). Here every CUDA block of the mat-vec computes the whole normed row itself, by the
+// norm kernels' own device code: the add (one __fadd_rn), rmsnorm's tree (fused.cu hx_norm_play,
+// the tree's threads played by this block's), the scale and hx_norm_value's multiply and q8_1 store.
+// Those are the operations of hx_add_rms_norm_q8_1 / hx_rms_norm_q8_1 in the same order, and the
+// rows then are mmvq_multi's: the bits equal the norm launch followed by the mat-vec launch
+// (tests/test_norm_mmvq.py on the CPU, tests/test_norm_mmvq_gpu.py on a GPU). Only the work is
+// repeated, once per CUDA block, on a row that is in L2.
+//
+// Compiled after rmsnorm.cu, quantize_q8_1.cu, fused.cu and mmvq.cu (launch.py SOURCE) with
+// mmvq.cu's defines (HX_Y_SHARED: it reads its activations from shared memory), the q8_1 layout the
+// mat-vec reads (HX_LAYOUT, HX_LAYOUT_BYTES) and:
+//   HX_NORM_GROUPS  mat-vec row blocks per CUDA block: block (32, HX_NWARPS, HX_NORM_GROUPS), group
+//                   g = threadIdx.z computes mmvq_multi's row block blockIdx.x * HX_NORM_GROUPS + g;
+//   HX_NORM_PLAY    tree threads of rmsnorm's tree (block_threads(n)) per thread of the CUDA block;
+//   HX_NORM_VALS    values of the row per tree thread (ceil(n / tree threads)).
+// Dynamic shared memory: HX_NORM_GROUPS * (HX_NWARPS-1)*HX_NCOLS*HX_RPB*32 floats (the groups'
+// hand-over). Static: the HX_NCOLS normed rows in the mat-vec's layout (HX_NCOLS * HX_COL_BYTES).
+#if !defined(HX_NORM_GROUPS) || !defined(HX_NORM_PLAY) || !defined(HX_NORM_VALS) || !defined(HX_Y_SHARED)
+#error "norm_mmvq.cu needs HX_NORM_GROUPS, HX_NORM_PLAY, HX_NORM_VALS and HX_Y_SHARED (launch.py norm_mmvq_defines)"
+#endif
+#define HX_NORM_THREADS (32 * HX_NWARPS * HX_NORM_GROUPS)
+
+// x: HX_NCOLS rows of n floats (the ffn_down output, or the row to norm), r: the residual added to
+// x (NULL: none), nw: the norm weight (n), s: x + r, written by CUDA block 0 (NULL: not written; s
+// overlaps neither x nor r). Weights 0..2 as mmvq_multi's (row blocks 0..nblk0-1 weight 0, ...).
+extern "C" __global__ void __launch_bounds__(HX_NORM_THREADS, HX_MIN_BLOCKS)
+hx_norm_mmvq(const float* __restrict__ x, const float* __restrict__ r, const float* __restrict__ nw, float* s,
+             const int n, const float eps,
+             const u8* __restrict__ w0, float* __restrict__ dst0, const int nrows0, const int nblk0,
+             const u8* __restrict__ w1, float* __restrict__ dst1, const int nrows1, const int nblk1,
+             const u8* __restrict__ w2, float* __restrict__ dst2, const int nrows2) {
+    // this group's row block, whichever weight it maps to (past the last: recomputes the last row
+    // of weight 2, writes nothing; every group reaches the one block barrier of hx_mmvq_rows)
+    const int rb = blockIdx.x * HX_NORM_GROUPS + threadIdx.z;
+    const u8* w = w2;
+    float* dst = dst2;
+    int nrows = nrows2;
+    int rb_w = rb - nblk0 - nblk1;
+    if (rb < nblk0) {
+        w = w0; dst = dst0; nrows = nrows0; rb_w = rb;
+    } else if (rb < nblk0 + nblk1) {
+        w = w1; dst = dst1; nrows = nrows1; rb_w = rb - nblk0;
+    }
+    const int tid = threadIdx.x + 32 * (threadIdx.y + HX_NWARPS * threadIdx.z);
+    hx_prefetch_rows(w, nrows, HX_RPB * rb_w);  // the group's weight rows into L2 before the wait
+    hx_prefetch_lines(nw, 4LL * n, tid, HX_NORM_THREADS);
+    HX_PDL_ENTRY();
+
+    __shared__ __align__(16) u8 yq[HX_NCOLS * HX_COL_BYTES];
+    __shared__ float warp_partial[32];
+    float* s_out = blockIdx.x == 0 ? s : nullptr;
+    const int lane = threadIdx.x;
+#pragma unroll 1
+    for (int j = 0; j < HX_NCOLS; ++j) {
+        const size_t base = (size_t)j * n;
+        const auto load = [&](const int i) { return r ? __fadd_rn(x[base + i], r[base + i]) : x[base + i]; };
+        hx_norm_play<HX_NORM_PLAY, HX_NORM_VALS>(
+            load, nw, eps, warp_partial, tid, HX_NORM_THREADS, n,
+            [&](const float v, const float wi, const float scale, const int i, const int) {
+                hx_norm_value(v, wi, scale, yq, nullptr, nullptr, s_out, j, n, i / 32, lane);
+            });
+        __syncthreads();  // yq's column j is complete; warp_partial is free for the next column
+    }
+    extern __shared__ float tmp_shared[];
+    hx_mmvq_rows(w, yq, dst, nrows, nrows, HX_RPB * rb_w, threadIdx.y,
+                 tmp_shared + threadIdx.z * ((HX_NWARPS - 1) * HX_NCOLS * HX_RPB * 32));
+}

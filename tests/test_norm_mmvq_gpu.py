@@ -1,0 +1,114 @@
+"""hx_norm_mmvq on a GPU == the fused norm launch then the mat-vec launch == the emulators, bit for bit.
+
+Needs CuPy and a GPU (``-m gpu``). Shapes of Qwen3-0.6B and -8B (Q, K and V of one launch; gate and
+up; a lone Q6_K V), rows the rows per block do not divide, one to four tokens, with and without the
+residual; then whole passes: a model whose norms fuse gives the same logits with the fusion off.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hiraishin import Qwen3, ReductionOrder
+
+pytestmark = pytest.mark.gpu
+
+EPS = np.float32(1e-6)
+
+
+def _bits(a):
+    return np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+
+
+# (qtype, k, row counts of the weights in one launch)
+SHAPES = [("Q4_K", 1024, (2048, 1024, 1024)), ("Q4_K", 1024, (3072, 3072)), ("Q6_K", 1024, (1024,)),
+          ("Q4_K", 4096, (4096, 1024, 1024)), ("Q4_K", 2048, (11, 5, 7)), ("Q8_0", 1024, (300, 77))]
+
+
+@pytest.mark.parametrize("qtype,k,ns", SHAPES)
+@pytest.mark.parametrize("T", [1, 2, 4])
+def test_norm_mmvq_equals_norm_launch_then_matvec_and_emulator(qtype, k, ns, T):
+    import cupy as cp
+
+    from hiraishin.kernels.fused.launch import AddRmsNormQ8_1Launch, RmsNormQ8_1Launch
+    from hiraishin.kernels.mmvq.launch import MultiMatVecLaunch
+    from hiraishin.kernels.norm_mmvq import emulate
+    from hiraishin.kernels.norm_mmvq.launch import NormMatVecLaunch, norm_mmvq_geometry
+    from hiraishin.kernels.quantize.launch import output_shape
+    from hiraishin.kernels.quantize.layout import layout_for
+    from hiraishin.plans import matvec_plan
+    from hiraishin.quant import random_blocks
+
+    plan = matvec_plan(ReductionOrder.BATCH_INVARIANT, T, qtype, k=k)
+    assert plan.kernel == "mmvq" and norm_mmvq_geometry(k, plan.nwarps) is not None
+    rng = np.random.default_rng(k * 10 + T)
+    ws = [random_blocks(qtype, n, k, seed=40 + i) for i, n in enumerate(ns)]
+    x = (rng.standard_normal((T, k)) * 2).astype(np.float32)
+    r = (rng.standard_normal((T, k)) * 3).astype(np.float32)
+    nw = (1.0 + 0.1 * rng.standard_normal(k)).astype(np.float32)
+    xd, rd, nwd = cp.asarray(x), cp.asarray(r), cp.asarray(nw)
+    wds = [cp.asarray(w) for w in ws]
+    layout = layout_for(qtype)
+    fused = NormMatVecLaunch(qtype, ns, k, T, plan.rows_per_block, plan.nwarps, layout, float(EPS))
+    multi = MultiMatVecLaunch(qtype, ns, k, T, plan.rows_per_block, plan.nwarps)
+    for residual in (True, False):
+        got = [cp.full((T, n), -1.0, cp.float32) for n in ns]
+        s = cp.full((T, k), -1.0, cp.float32) if residual else None
+        fused(xd, rd if residual else None, nwd, s, wds, got)
+        xq = cp.zeros(output_shape(T, k, layout), cp.uint8)
+        s_ref = cp.empty((T, k), cp.float32)
+        if residual:
+            AddRmsNormQ8_1Launch(T, k, float(EPS), layout)(xd, rd, nwd, s_ref, xq)
+        else:
+            RmsNormQ8_1Launch(T, k, float(EPS), layout)(xd, nwd, xq)
+        ref = multi(wds, xq, [cp.empty((T, n), cp.float32) for n in ns])
+        emu, s_emu = emulate(x, r if residual else None, nw, EPS, [(w, qtype) for w in ws], plan)
+        for n, g, want, e in zip(ns, got, ref, emu):
+            assert np.array_equal(_bits(g.get()), _bits(want.get())), f"{qtype} {n} rows, T={T}: kernel != unfused"
+            assert np.array_equal(_bits(g.get()), _bits(e)), f"{qtype} {n} rows, T={T}: kernel != emulator"
+        if residual:
+            assert np.array_equal(_bits(s.get()), _bits(s_ref.get()))
+            assert np.array_equal(_bits(s.get()), _bits(s_emu))
+
+
+def test_norm_mmvq_spills_nothing():
+    from hiraishin.kernels.norm_mmvq.launch import NormMatVecLaunch
+    from hiraishin.plans import matvec_plan
+
+    for qtype, k, ns in SHAPES:
+        for T in (1, 4):
+            plan = matvec_plan(ReductionOrder.BATCH_INVARIANT, T, qtype, k=k)
+            launch = NormMatVecLaunch(qtype, ns, k, T, plan.rows_per_block, plan.nwarps, None if qtype == "Q8_0"
+                                      else qtype, float(EPS))
+            assert launch.kernel.local_size_bytes == 0, (qtype, k, T)
+
+
+@pytest.mark.parametrize("order", [ReductionOrder.BATCH_INVARIANT, ReductionOrder.BATCH_VARIANT],
+                         ids=lambda o: o.name)
+def test_passes_with_the_norm_fused_equal_passes_without(tiny_model_path, order, monkeypatch):
+    from hiraishin.kernels.norm_mmvq import launch as norm_mmvq
+
+    fused = Qwen3.from_gguf(tiny_model_path, device="cuda", progress=False, cuda_graphs=True, n_ctx=512)
+    rng = np.random.default_rng(3)
+    prompt = rng.integers(0, fused.config.n_vocab, 20).tolist()
+    steps = [rng.integers(0, fused.config.n_vocab, w).tolist() for w in (1, 2, 3, 4, 1)]
+
+    def run(model):
+        model.reset()
+        model.forward(prompt, 0, order)
+        pos, outs = len(prompt), []
+        for tokens in steps:
+            for _ in range(3):  # eager warm-up, capture, replay
+                out = model.forward(tokens, pos, order)
+            outs.append(out)
+            pos += len(tokens)
+        return outs
+
+    with_fusion = run(fused)
+    assert any(v for v in fused.ops._norm_multis.values()), "no norm was fused: the comparison would be empty"
+    monkeypatch.setattr(norm_mmvq, "NORM_MMVQ_MAX_TOKENS", 0)
+    plain = Qwen3.from_gguf(tiny_model_path, device="cuda", progress=False, cuda_graphs=True, n_ctx=512)
+    without = run(plain)
+    for i, (a, b) in enumerate(zip(with_fusion, without)):
+        assert np.array_equal(_bits(a), _bits(b)), f"step {i} ({len(steps[i])} tokens)"
