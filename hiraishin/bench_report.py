@@ -159,6 +159,11 @@ def format_report(r: dict) -> str:
                  f"{1e3 / rep['speculative_tok_s']:>11.3f} | {rep['speedup']:>6.2f}x | {rc['drafting']:>8.3f} | "
                  f"{rc['verifying']:>9.3f} | {rc['bookkeeping']:>11.3f} | {rep['tokens_per_cycle']:>9.2f} | "
                  f"{rep['acceptance']:>6.1%} | {rep['mean_verify_batch']:>12.2f} | {'yes':>8} |")
+    for name, s in r["speculative"].items():  # older JSON files lack the chained baseline
+        if "plain_chained_ms_per_token" in s:
+            same = "the same tokens" if s.get("chained_matches_plain") else "OTHER TOKENS"
+            lines.append(f"  {name} without a host wait per plain token (one chain): "
+                         f"{s['plain_chained_ms_per_token']:.3f} ms/tok ({same}); speculative {s['speedup_vs_chained']:.2f}x that")
     lines.append("where each speedup comes from: tokens per cycle / (a cycle's drafting + verifying + bookkeeping, "
                  "each in plain decoding steps)")
     for name, s in r["speculative"].items():

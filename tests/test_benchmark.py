@@ -59,6 +59,9 @@ def test_quick_cpu_bench_writes_every_key_and_speculation_is_exact(micro_path, t
     # exact order: the target's argmax reproduces the schedule and the tokens are plain greedy's
     assert s["matches_plain"] is True and s["first_divergence"] is None
     assert s["schedule_reproduced"] is True
+    # plain decoding as one chain (no host wait per token): the same tokens, its own speedup
+    assert s["plain_chained_ms_per_token"] > 0 and s["chained_matches_plain"] is True
+    assert s["speedup_vs_chained"] == pytest.approx(s["plain_chained_ms_per_token"] / s["speculative_ms_per_token"])
     assert r["oracle"]["report"] == json.loads(json.dumps(REPORT))
     # the printed decomposition (tokens per cycle / a cycle in plain steps) is the speedup itself
     line = next(ln for ln in text.splitlines() if ln.startswith("  batch_invariant: "))

@@ -64,6 +64,7 @@ class PassGraphs:
         self._warm: set = set()  # (order, T) that ran once eagerly
         self._failed: set = set()  # (order, T) whose capture failed
         self._graphs: dict = {}  # (order, T) -> OrderedDict plan signature -> cupy Graph (recent last)
+        self._chains: dict = {}  # n -> (device, page-locked) int32 (n + 1, 2): chain()'s ids and positions
         self.captures = 0  # graphs captured so far (for tests and benchmarks)
 
     def graph_count(self) -> int:
@@ -110,6 +111,65 @@ class PassGraphs:
         not committed), or None when this (order, width) has no graphs: run an eager pass instead.
         ``want="argmax"``: each position's greedy token instead (int32 (T,), computed in the pass)."""
         T = int(tokens.size)
+        with self.stream:
+            buf = self._pass(T, start_pos, order, lambda: self._upload(T, tokens, start_pos))
+            if buf is None:
+                return None
+            if want == "argmax":
+                return self._download(T, buf[want])
+            return self.model.backend.to_host(buf[want])
+
+    def chain(self, tokens: np.ndarray, start_pos: int, n: int, order) -> np.ndarray | None:
+        """The ``n`` greedy tokens after ``tokens`` (int32, T0 <= max_tokens) at ``start_pos``: the pass
+        of ``tokens``, whose last position's argmax is the first, then ``n - 1`` one-token passes, each
+        of the token before, at ``start_pos + T0 ..``. Every pass is enqueued on the stream before any
+        finishes: a pass's token id is copied on the device from the previous pass's argmax, so the
+        host waits once, for the last (int32 (m,), m <= n; m < n when a capture failed on the way:
+        the caller makes the rest). The same passes as a loop of :meth:`run` with ``want="argmax"``,
+        hence the same tokens and cache cells. None: the first pass cannot replay (run it eagerly)."""
+        cp = self.model.backend.xp
+        T0 = int(tokens.size)
+        dev, host = self._chain_buffers(n)
+        # row j >= 1: the token id and position of one-token pass j; its id (the greedy token of
+        # pass j - 1) is written on the device; row n's id is the last pass's greedy token
+        host[1:, 1] = np.arange(start_pos + T0, start_pos + T0 + n, dtype=np.int32)
+        with self.stream:
+            copy = cp.cuda.runtime.memcpyAsync
+            h2d, d2d, d2h = (cp.cuda.runtime.memcpyHostToDevice, cp.cuda.runtime.memcpyDeviceToDevice,
+                             cp.cuda.runtime.memcpyDeviceToHost)
+            copy(dev.data.ptr, host.ctypes.data, host.nbytes, h2d, self.stream.ptr)
+            buf = self._pass(T0, start_pos, order, lambda: self._upload(T0, tokens, start_pos))
+            if buf is None:
+                return None
+            copy(dev[1].data.ptr, buf["argmax"][T0 - 1:].data.ptr, 4, d2d, self.stream.ptr)
+            made = 1
+            for j in range(1, n):
+                self._inputs(1)
+                io = self._io[1]  # [token id, position] of a one-token pass
+                buf = self._pass(1, start_pos + T0 + j - 1, order,
+                                 lambda row=j: copy(io.data.ptr, dev[row].data.ptr, 8, d2d, self.stream.ptr))
+                if buf is None:
+                    break
+                copy(dev[j + 1].data.ptr, buf["argmax"].data.ptr, 4, d2d, self.stream.ptr)
+                made += 1
+            copy(host.ctypes.data, dev.data.ptr, host.nbytes, d2h, self.stream.ptr)
+            self.stream.synchronize()
+        return host[1:made + 1, 0].copy()
+
+    def _chain_buffers(self, n: int):
+        """Device and page-locked int32 (n + 1, 2) buffers of :meth:`chain` (one pair per length)."""
+        hit = self._chains.get(n)
+        if hit is None:
+            import cupyx
+
+            hit = self._chains[n] = (self.model.backend.xp.zeros((n + 1, 2), np.int32),
+                                     cupyx.empty_pinned((n + 1, 2), np.int32))
+        return hit
+
+    def _pass(self, T: int, start_pos: int, order, fill) -> dict | None:
+        """Enqueue one T-token pass on the stream (call inside ``with self.stream``): ``fill()``
+        enqueues the writes of its inputs, then the graph replays (or the pass runs eagerly the
+        first time, or is captured the second). Its buffers, or None when it has no graphs."""
         if (order, T) in self._failed:
             return None
         m = self.model
@@ -120,26 +180,23 @@ class PassGraphs:
         sig = (plan.kernel, plan.queries_per_block, plan.parallel_blocks, plan.chunk_cells, plan.kv_attended,
                plan.split_cells, plan.shared_kv)
         width_graphs = self._graphs.setdefault((order, T), OrderedDict())
-        with self.stream:
-            self._upload(T, tokens, start_pos)  # on this stream, before the launches that read them
-            graph = width_graphs.get(sig)
-            if graph is not None:
-                width_graphs.move_to_end(sig)
-                graph.launch(self.stream)
-            elif (order, T) not in self._warm:
-                m.run_pass(ids, pos, start_pos, order, buf)
-                self._warm.add((order, T))
-            else:
-                graph = self._capture(ids, pos, start_pos, order, buf, plan)
-                if graph is None:
-                    return None
-                width_graphs[sig] = graph
-                while len(width_graphs) > GRAPHS_PER_WIDTH:
-                    width_graphs.popitem(last=False)
-                graph.launch(self.stream)
-            if want == "argmax":
-                return self._download(T, buf[want])
-            return m.backend.to_host(buf[want])
+        fill()  # on this stream, before the launches that read them
+        graph = width_graphs.get(sig)
+        if graph is not None:
+            width_graphs.move_to_end(sig)
+            graph.launch(self.stream)
+        elif (order, T) not in self._warm:
+            m.run_pass(ids, pos, start_pos, order, buf)
+            self._warm.add((order, T))
+        else:
+            graph = self._capture(ids, pos, start_pos, order, buf, plan)
+            if graph is None:
+                return None
+            width_graphs[sig] = graph
+            while len(width_graphs) > GRAPHS_PER_WIDTH:
+                width_graphs.popitem(last=False)
+            graph.launch(self.stream)
+        return buf
 
     def _capture(self, ids, pos, start_pos: int, order, buf: dict, plan):
         m = self.model

@@ -16,7 +16,7 @@ import numpy as np
 from ..errors import HiraishinError
 from ..order import ReductionOrder
 
-__all__ = ["pass_spans", "feed", "greedy_tokens", "progress_bar"]
+__all__ = ["pass_spans", "feed", "greedy_tokens", "greedy_chain", "progress_bar"]
 
 
 def pass_spans(start: int, stop: int, batch_size: int, order: ReductionOrder) -> Iterator[tuple[int, int]]:
@@ -58,6 +58,26 @@ def greedy_tokens(model, tokens: Sequence[int], start_pos: int, order: Reduction
     if step is not None:
         return step(tokens, start_pos, order=order)
     return np.asarray(model.forward(tokens, start_pos, order=order)).argmax(axis=1)
+
+
+def greedy_chain(model, tokens: Sequence[int], start_pos: int, n: int, order: ReductionOrder) -> list[int]:
+    """The ``n`` greedy tokens after ``tokens`` fed at ``start_pos``: the pass of ``tokens`` (cut at
+    the order's KV boundaries, as :func:`feed` cuts it) gives the first, then one-token passes of
+    each token before. Through the model's ``greedy_chain`` where it has one and ``tokens`` is one
+    pass (with CUDA graphs: one host wait for all ``n``), else pass by pass: the same passes."""
+    tokens = [int(t) for t in tokens]
+    chain = getattr(model, "greedy_chain", None)
+    if chain is not None and order.verify_limit(start_pos, len(tokens)) == len(tokens):
+        return [int(t) for t in chain(tokens, start_pos, n, order=order)]
+    best = None
+    for pos, m in pass_spans(start_pos, start_pos + len(tokens), len(tokens), order):
+        best = greedy_tokens(model, tokens[pos - start_pos:pos - start_pos + m], pos, order)
+    out = [int(best[-1])]
+    pos = start_pos + len(tokens)
+    while len(out) < n:
+        out.append(int(greedy_tokens(model, [out[-1]], pos, order)[-1]))
+        pos += 1
+    return out
 
 
 def progress_bar(total: int, desc: str, enabled: bool, unit: str = "tok"):

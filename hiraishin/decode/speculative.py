@@ -30,7 +30,7 @@ from ..errors import HiraishinError
 from ..order import ReductionOrder
 from .inputs import (ArgumentTypeError, backend_name, check_int, check_order, eos_ids, model_name,
                      prompt_tokens)
-from .passes import feed, greedy_tokens, progress_bar
+from .passes import feed, greedy_chain, greedy_tokens, progress_bar
 from .report import POSITION_NOTE, dump_json, top_two
 
 __all__ = [
@@ -82,8 +82,14 @@ def _top_probability(logits: np.ndarray) -> float:
 def _draft_guesses(draft, pending, start, n, order, gap_min, p_min=0.0):
     """Feed ``pending`` (accepted tokens the draft has not seen) at ``start``; guess up to ``n``.
 
-    Returns the guesses and the draft's KV length afterwards.
+    Returns the guesses and the draft's KV length afterwards. Without a confidence cut
+    (``gap_min`` and ``p_min`` 0, the defaults) the host needs no guess before the last: the
+    draft's passes run as one chain (:func:`~hiraishin.decode.passes.greedy_chain`; one host wait
+    on CUDA graphs), the same passes and guesses as the loop below.
     """
+    if gap_min <= 0 and p_min <= 0:
+        guesses = greedy_chain(draft, pending, start, n, order)
+        return guesses, start + len(pending) + n - 1
     logits = feed(draft, pending, start, order)
     pos = start + len(pending)
     guesses = []

@@ -155,6 +155,42 @@ class Qwen3:
         hence the same tokens as ``forward(...).argmax(axis=1)``."""
         return self._forward(tokens, start_pos, order, None, "argmax").astype(np.int64)
 
+    def greedy_chain(self, tokens, start_pos: int, n: int,
+                     order: ReductionOrder = ReductionOrder.BATCH_INVARIANT) -> np.ndarray:
+        """The ``n`` greedy tokens after ``tokens``: int64 (n,). The pass of ``tokens`` at ``start_pos``
+        gives the first (its last position's argmax); then ``n - 1`` one-token passes, each of the
+        token before, at ``start_pos + len(tokens)``, ... The cache then holds ``tokens`` and the
+        first ``n - 1`` greedy tokens (the last is in no cache, as after :meth:`forward_argmax`).
+
+        Exactly the passes of a loop of :meth:`forward_argmax`, hence the same tokens and cells. With
+        CUDA graphs every pass is enqueued before the first finishes (each token id copied on the
+        device from the previous pass's argmax), so the host waits once, not once per token: what a
+        speculative draft wants, whose guesses the host needs only all together."""
+        if not isinstance(order, ReductionOrder):
+            raise HiraishinError(f"order must be a ReductionOrder (e.g. ReductionOrder.BATCH_INVARIANT), "
+                                 f"got {type(order).__name__}")
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+            raise HiraishinError(f"greedy_chain needs n >= 1 tokens to make, got {n!r}")
+        n = int(n)
+        tokens = self._check_tokens(tokens)
+        T0 = tokens.size
+        start_pos = self._check_start(start_pos, T0 + n - 1)
+        out = []
+        if self._graphs is not None and T0 <= self._graphs.max_tokens:
+            if start_pos < self.kv_len:
+                self.cache.rollback(start_pos)
+            made = self._graphs.chain(tokens.astype(np.int32), start_pos, n, order)
+            if made is not None:
+                out = [int(t) for t in made]
+                self.cache.commit(start_pos + T0 + len(out) - 1)
+        if not out:  # no graphs (or none for this width): the loop itself
+            out = [int(self.forward_argmax(tokens, start_pos, order)[-1])]
+        pos = start_pos + T0 + len(out) - 1
+        while len(out) < n:
+            out.append(int(self.forward_argmax([out[-1]], pos, order)[-1]))
+            pos += 1
+        return np.asarray(out, dtype=np.int64)
+
     def _forward(self, tokens, start_pos: int, order, record, want: str) -> np.ndarray:
         if not isinstance(order, ReductionOrder):
             raise HiraishinError(f"order must be a ReductionOrder (e.g. ReductionOrder.BATCH_INVARIANT), "

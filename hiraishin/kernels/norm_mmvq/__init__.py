@@ -9,8 +9,10 @@ bit for bit (:func:`emulate` is that composition of emulators; tests/test_norm_m
 source on the CPU through the g++ shim, tests/test_norm_mmvq_gpu.py on a GPU). What it saves is one
 dependent launch in a pass's chain per norm (a one-token pass's norm launches cost 137 us of the
 0.6B's 0.75 ms on an H200, bench/results/2026-12-02-h200-session5, the ablation); what it pays is
-the norm repeated by every CUDA block, which is why wide matrices keep the separate launch
-(:data:`.launch.NORM_MMVQ_MAX_BLOCKS`).
+the norm repeated by every CUDA block before its first dot product. Measured, it pays more than it
+saves (the 0.6B's one-token pass 0.711 -> 0.825 ms, the 8B's 2.553 -> 3.088;
+bench/results/2026-12-02-h200-session6), so the backend does not fuse by default
+(:data:`.launch.NORM_MMVQ_MAX_TOKENS` = 0): the kernel is kept as that measured alternative.
 
 Files: ``norm_mmvq.cu``; :mod:`.launch` (``NormMatVecLaunch``, the geometry and the limits);
 :mod:`.emulate`.

@@ -27,16 +27,25 @@ __all__ = ["SOURCE", "NORM_MMVQ_GROUPS", "NORM_MMVQ_MAX_TOKENS", "NORM_MMVQ_MAX_
 SOURCE = ("rmsnorm/rmsnorm.cu", "quantize/quantize_q8_1.cu", "fused/fused.cu", "mmvq/mmvq.cu",
           "norm_mmvq/norm_mmvq.cu")
 
+# Measured on the H200 (bench/results/2026-12-02-h200-session6/a-norm-mmvq-tests, sweep_norm.py variants
+# "256/mmvq=T:B:G", BATCH_INVARIANT graph replays, logits digests equal in every variant): fusing is
+# SLOWER at every setting tried. Qwen3-0.6B one-token pass 0.711 ms with norm launches, 0.825-0.828 with
+# the norm in its mat-vecs (4 or 8 groups), 0.988 with 2 groups, 0.913 with the output head fused too;
+# three tokens 0.887 -> 1.22-2.05. Qwen3-8B one token 2.553 -> 3.09 (Q, K, V fused, 768 CUDA blocks),
+# 5.25 (gate and up too). A norm launch between two mat-vecs costs its latency in the chain (~2.5 us);
+# done inside the mat-vec it costs more: every CUDA block waits for its own norm before its first dot
+# product, and the big grid has nothing ahead of it to hide its blocks' start behind (under PDL the
+# small norm launch is resident early, and the mat-vec's blocks become resident while it runs).
+# So the fusion is off (NORM_MMVQ_MAX_TOKENS = 0); the kernel stays as that measured alternative,
+# bit-exact and tested, for the A/B to be repeated (bench/sweep_norm.py --variants 256,256/mmvq=4:1024:4).
+#
 # Mat-vec row blocks (of 32 * nwarps threads each) per CUDA block: the threads that share one norm.
-# More groups: fewer CUDA blocks repeating the norm and fewer tree threads each thread plays;
-# fewer: more blocks resident per SM. 4 (512 threads for the one-column geometry's 4 warps): to be
-# measured on the H200 (bench/sweep_norm_mmvq.py).
 NORM_MMVQ_GROUPS = 4
-# Passes of at most this many tokens fuse (each CUDA block norms every token's row; the shared
-# memory holds them all).
-NORM_MMVQ_MAX_TOKENS = 4
-# A group of weights fuses only if its launch has at most this many CUDA blocks: every block
-# repeats the norm, so a wide matrix (the output head, 151,936 rows) keeps its norm launch.
+# Passes of at most this many tokens fuse (each CUDA block norms every token's row; the shared memory
+# holds them all). 0: none (see above).
+NORM_MMVQ_MAX_TOKENS = 0
+# A group of weights fuses only if its launch has at most this many CUDA blocks: every block repeats
+# the norm, so a wide matrix (the output head, 151,936 rows) keeps its norm launch.
 NORM_MMVQ_MAX_BLOCKS = 1024
 
 

@@ -1,0 +1,107 @@
+"""greedy_chain: the n greedy tokens after a pass, as a loop of forward_argmax makes them (CPU).
+
+On the CPU (no CUDA graphs) the model's greedy_chain is that loop itself; these tests pin its
+contract (the tokens, the cache it leaves, the errors) and decode.passes.greedy_chain's fallback for
+models without it or passes that cross the order's KV boundary. tests/test_greedy_chain_gpu.py
+checks the chained replays on a GPU against the same loop.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hiraishin import Qwen3, ReductionOrder
+from hiraishin.decode.passes import greedy_chain
+from hiraishin.errors import HiraishinError
+
+ORDER = ReductionOrder.BATCH_INVARIANT
+
+
+@pytest.fixture(scope="module")
+def model(micro_model_path):
+    return Qwen3.from_gguf(micro_model_path, device="cpu", progress=False, n_ctx=64)
+
+
+def _loop(model, tokens, start, n):
+    out = [int(model.forward_argmax(tokens, start, ORDER)[-1])]
+    pos = start + len(tokens)
+    while len(out) < n:
+        out.append(int(model.forward_argmax([out[-1]], pos, ORDER)[-1]))
+        pos += 1
+    return out
+
+
+@pytest.mark.parametrize("first", [[5], [5, 9]])
+def test_chain_equals_the_loop_and_leaves_the_same_cache(model, first):
+    model.reset()
+    model.forward([1, 2, 3], 0, ORDER)
+    want = _loop(model, first, 3, 5)
+    after_loop = model.forward([want[-1]], model.kv_len, ORDER)
+    model.rollback(3)
+    got = model.greedy_chain(first, 3, 5, ORDER)
+    assert got.dtype == np.int64 and got.tolist() == want
+    assert model.kv_len == 3 + len(first) + 4  # the tokens and the first four greedy tokens
+    np.testing.assert_array_equal(model.forward([want[-1]], model.kv_len, ORDER), after_loop)
+
+
+def test_chain_of_one_is_forward_argmax(model):
+    model.reset()
+    assert model.greedy_chain([4, 8], 0, 1, ORDER).tolist() == [int(model.forward_argmax([4, 8], 0, ORDER)[-1])]
+    assert model.kv_len == 2
+
+
+@pytest.mark.parametrize("n", [0, -1, 2.5, True, "3"])
+def test_chain_rejects_a_bad_count(model, n):
+    with pytest.raises(HiraishinError, match="n >= 1"):
+        model.greedy_chain([1], 0, n, ORDER)
+
+
+def test_chain_rejects_positions_past_the_context(model):
+    model.reset()
+    with pytest.raises(HiraishinError, match="exceed n_ctx"):
+        model.greedy_chain([1, 2], 0, 64, ORDER)  # the last pass would write cell 64
+
+
+def test_chain_rejects_a_bad_order(model):
+    with pytest.raises(HiraishinError, match="ReductionOrder"):
+        model.greedy_chain([1], 0, 2, "invariant")
+
+
+class _NoChain:
+    """A model with forward only (like the decode tests' fakes): greedy_chain goes pass by pass."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.passes = []
+
+    def forward(self, tokens, start_pos, order):
+        self.passes.append((start_pos, len(tokens)))
+        return self.inner.forward(tokens, start_pos, order)
+
+
+def test_passes_greedy_chain_without_the_method_makes_the_same_passes(model):
+    model.reset()
+    model.forward([1, 2, 3], 0, ORDER)
+    want = _loop(model, [5, 9], 3, 4)
+    model.rollback(3)
+    fake = _NoChain(model)
+    assert greedy_chain(fake, [5, 9], 3, 4, ORDER) == want
+    assert fake.passes == [(3, 2), (5, 1), (6, 1), (7, 1)]
+
+
+def test_passes_greedy_chain_cuts_the_first_pass_at_the_kv_boundary(micro_model_path):
+    """Under an exact order a pass never straddles a 256-cell boundary: tokens that would are fed in
+    two passes (as feed() cuts them), and the chain goes on from there."""
+    m = Qwen3.from_gguf(micro_model_path, device="cpu", progress=False, n_ctx=512)
+    rng = np.random.default_rng(0)
+    m.forward(rng.integers(0, m.config.n_vocab, 255).tolist(), 0, ORDER)
+    assert ORDER.verify_limit(255, 2) == 1
+    from hiraishin.decode.passes import feed
+
+    want = [int(np.argmax(feed(m, [5, 9], 255, ORDER)))]  # the cut passes, then one token at a time
+    want += _loop(m, [want[0]], 257, 2)
+    m.rollback(255)
+    fake = _NoChain(m)
+    assert greedy_chain(fake, [5, 9], 255, 3, ORDER) == want
+    assert fake.passes[:2] == [(255, 1), (256, 1)]
