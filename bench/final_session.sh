@@ -19,6 +19,8 @@
 #             out of its graph (what fusing it away could save at most);
 #   pdl       bench/replay_widths.py under HIRAISHIN_PDL_TRIGGER=after_wait and =early (PDL_ORDERS, widths
 #             1 and 3): replay times and logits digests of one scheduling change, which must keep every bit;
+#   ab        bench/replay_widths.py under each value of an environment variable (AB_VAR, AB_VALUES; default
+#             HIRAISHIN_PREFETCH_AHEAD 0 1): replay times and logits digests of a change that must keep every bit;
 #   norm      bench/sweep_norm.py: the fused norm kernels in blocks of other sizes than their tree
 #             (NORM_VARIANTS), replay times of both shapes and logits digests (no bit may change);
 #   kernels   per-kernel times under Nsight Compute (bench/kernel_times.sh), if time is left.
@@ -72,6 +74,24 @@ a, b = (json.load(open(f"{sys.argv[1]}/replay-{t}.json"))["rows"] for t in ("aft
 for x, y in zip(a, b):
     same = "same bits" if x["logits_sha256"] == y["logits_sha256"] else "BITS DIFFER"
     print(f"{x['model']} {x['order']} width {x['width']}: {x['replay_ms']:.3f} -> {y['replay_ms']:.3f} ms ({same})")
+PY
+fi
+
+if want ab; then
+    AB_VAR=${AB_VAR:-HIRAISHIN_PREFETCH_AHEAD}
+    for v in ${AB_VALUES:-0 1}; do
+        echo "== replays under $AB_VAR=$v ($(left) s left)"
+        env "$AB_VAR=$v" timeout $(cap 120) python3 bench/replay_widths.py /tmp/qwen3-0.6b.gguf \
+            /tmp/qwen3-8b.gguf --orders ${AB_ORDERS:-invariant} --widths 1,3 --json "$OUT/replay-$AB_VAR-$v.json" 2>&1 | tail -n 12
+    done
+    python3 - "$OUT" "$AB_VAR" ${AB_VALUES:-0 1} <<'PY'
+import json, sys
+out, var, values = sys.argv[1], sys.argv[2], sys.argv[3:]
+runs = [json.load(open(f"{out}/replay-{var}-{v}.json"))["rows"] for v in values]
+for rows in zip(*runs):
+    same = "same bits" if len({r["logits_sha256"] for r in rows}) == 1 else "BITS DIFFER"
+    times = " -> ".join(f"{r['replay_ms']:.3f}" for r in rows)
+    print(f"{rows[0]['model']} {rows[0]['order']} width {rows[0]['width']}: {times} ms ({var} {' '.join(values)}; {same})")
 PY
 fi
 

@@ -7,6 +7,8 @@ kernel reads activations in llama.cpp's q8_1 layout, i.e. what
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from ...plans.subblock import SUBBLOCK_NTILE_COLS, SUBBLOCK_TILE_ROWS, SubBlockPlan
@@ -43,6 +45,15 @@ MMQ_MAX_REGS = {("onecol", "Q4_K", 16): 64, ("onecol", "Q6_K", 16): 64,
                 ("mma", "Q4_K", 8): 80, ("mma", "Q6_K", 8): 96, ("mma", "Q6_K", 4): 96}
 MMQ_DEFAULT_MAX_REGS = {"onecol": 64, "mma": 96}
 MMQ_PREFETCH_X = {("onecol", "Q4_K", 4): 1}
+# HX_PREFETCH_W: each CUDA block asks L2 for its 16 weight rows before waiting on the previous kernel
+# (mmq.cu; mmvq.cu's blocks always do). On unless HIRAISHIN_MMQ_PREFETCH_W=0 (the A/B:
+# bench/final_session.sh STEPS=ab AB_VAR=HIRAISHIN_MMQ_PREFETCH_W AB_ORDERS=subblock). A cache hint:
+# no bit changes.
+ENV_MMQ_PREFETCH_W = "HIRAISHIN_MMQ_PREFETCH_W"
+
+
+def _prefetch_w() -> int:
+    return 0 if os.environ.get(ENV_MMQ_PREFETCH_W, "1").strip() == "0" else 1
 
 
 def kernel_defines(plan: SubBlockPlan, max_regs: int | None | str = "default",
@@ -65,6 +76,7 @@ def kernel_defines(plan: SubBlockPlan, max_regs: int | None | str = "default",
         "HX_ONECOL": 1 if plan.kernel == "onecol" else 0,
         "HX_MIN_BLOCKS": min_blocks,
         "HX_PREFETCH_X": pre if nt == 1 else 0,
+        "HX_PREFETCH_W": _prefetch_w(),
     }
 
 

@@ -30,12 +30,26 @@
 #error "HX_PREFETCH_X needs HX_NT == 1"
 #endif
 #define HX_COLS (8 * HX_NT)
+// HX_PREFETCH_W (0/1): the CUDA block's 16 weight rows asked of L2 before it waits on the previous
+// kernel (HX_PDL_ENTRY), as mmvq.cu's blocks do: weights are never written, so under programmatic
+// dependent launch their DRAM latency overlaps the previous kernel's tail. A cache hint only.
+#ifndef HX_PREFETCH_W
+#define HX_PREFETCH_W 0
+#endif
 
 // mma.sync helpers and the weight-row loads: mma_rows.cu (compiled before this file).
+
+// Rows row0 .. row0+15 (those that exist) of the weight into L2 (fp.cuh hx_prefetch_lines).
+__device__ __forceinline__ void hx_prefetch_tile(const unsigned char* w, const int nrows, const int row0) {
+    const long long row_bytes = (long long)HX_NB * HX_BLOCK_BYTES;
+    const int rows = min(HX_TILE_ROWS, nrows - row0);
+    hx_prefetch_lines(w + row0 * row_bytes, rows * row_bytes, threadIdx.x, blockDim.x);
+}
 
 extern "C" __global__ void __launch_bounds__(32 * HX_NWARPS, HX_MIN_BLOCKS)
 hx_mmq(const unsigned char* __restrict__ w, const unsigned char* __restrict__ xq, float* __restrict__ out,
        const int nrows, const int ncols, const long long out_stride) {
+    if (HX_PREFETCH_W && blockIdx.y == 0) hx_prefetch_tile(w, nrows, blockIdx.x * HX_TILE_ROWS);
     HX_PDL_ENTRY();
     __shared__ float part[HX_NSEG][HX_TILE_ROWS][HX_ONECOL ? 1 : HX_COLS];
     const int lane = threadIdx.x & 31;
