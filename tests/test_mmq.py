@@ -188,3 +188,18 @@ def test_mmq_source_equals_emulator_on_cpu(tmp_path, case):
         got = np.fromfile(tmp_path / "o.bin", np.float32).reshape(wd, n)
         np.testing.assert_array_equal(got.view(np.uint32), ref[:wd].view(np.uint32),
                                       err_msg=f"{defines} weight offset {shift}")
+
+
+def test_weight_prefetch_is_on_for_short_rows_only_and_the_environment_overrides_it(monkeypatch):
+    """HX_PREFETCH_W (a cache hint) where it was measured faster: rows of <= 3072 values (launch.py)."""
+    from hiraishin.kernels.mmq.launch import ENV_MMQ_PREFETCH_W, MMQ_PREFETCH_W_MAX_K, kernel_defines
+    from hiraishin.plans import subblock_plan
+
+    monkeypatch.delenv(ENV_MMQ_PREFETCH_W, raising=False)
+    assert MMQ_PREFETCH_W_MAX_K == 3072
+    on = {k: kernel_defines(subblock_plan(3, "Q4_K", k))["HX_PREFETCH_W"] for k in (1024, 3072, 4096, 12288)}
+    assert on == {1024: 1, 3072: 1, 4096: 0, 12288: 0}
+    monkeypatch.setenv(ENV_MMQ_PREFETCH_W, "0")
+    assert kernel_defines(subblock_plan(1, "Q4_K", 1024))["HX_PREFETCH_W"] == 0
+    monkeypatch.setenv(ENV_MMQ_PREFETCH_W, "1")
+    assert kernel_defines(subblock_plan(1, "Q6_K", 12288))["HX_PREFETCH_W"] == 1

@@ -46,14 +46,21 @@ MMQ_MAX_REGS = {("onecol", "Q4_K", 16): 64, ("onecol", "Q6_K", 16): 64,
 MMQ_DEFAULT_MAX_REGS = {"onecol": 64, "mma": 96}
 MMQ_PREFETCH_X = {("onecol", "Q4_K", 4): 1}
 # HX_PREFETCH_W: each CUDA block asks L2 for its 16 weight rows before waiting on the previous kernel
-# (mmq.cu; mmvq.cu's blocks always do). On unless HIRAISHIN_MMQ_PREFETCH_W=0 (the A/B:
-# bench/final_session.sh STEPS=ab AB_VAR=HIRAISHIN_MMQ_PREFETCH_W AB_ORDERS=subblock). A cache hint:
-# no bit changes.
+# (mmq.cu; mmvq.cu's blocks always do), for rows of at most MMQ_PREFETCH_W_MAX_K values. H200, SUBBLOCK
+# graph replays, same bits (bench/results/2026-12-02-h200-session6/c-mmq-prefetch-llama-spec): the
+# 0.6B shape (K = 1024, 2048, 3072) 1.038 -> 0.946 ms one token, 1.118 -> 1.026 three; the 8B shape
+# (K = 4096, 12288) one token 3.299 -> 3.511 (slower), three 4.135 -> 4.152. HIRAISHIN_MMQ_PREFETCH_W=0
+# turns it off everywhere, =1 on everywhere (the A/B: bench/final_session.sh STEPS=ab
+# AB_VAR=HIRAISHIN_MMQ_PREFETCH_W AB_VALUES="0 1" AB_ORDERS=subblock). A cache hint: no bit changes.
+MMQ_PREFETCH_W_MAX_K = 3072
 ENV_MMQ_PREFETCH_W = "HIRAISHIN_MMQ_PREFETCH_W"
 
 
-def _prefetch_w() -> int:
-    return 0 if os.environ.get(ENV_MMQ_PREFETCH_W, "1").strip() == "0" else 1
+def _prefetch_w(k: int) -> int:
+    forced = os.environ.get(ENV_MMQ_PREFETCH_W, "").strip()
+    if forced in ("0", "1"):
+        return int(forced)
+    return 1 if k <= MMQ_PREFETCH_W_MAX_K else 0
 
 
 def kernel_defines(plan: SubBlockPlan, max_regs: int | None | str = "default",
@@ -76,7 +83,7 @@ def kernel_defines(plan: SubBlockPlan, max_regs: int | None | str = "default",
         "HX_ONECOL": 1 if plan.kernel == "onecol" else 0,
         "HX_MIN_BLOCKS": min_blocks,
         "HX_PREFETCH_X": pre if nt == 1 else 0,
-        "HX_PREFETCH_W": _prefetch_w(),
+        "HX_PREFETCH_W": _prefetch_w(plan.k),
     }
 
 
