@@ -17,7 +17,7 @@ from .decode.replay import DEFAULT_BATCH_SIZES, replay
 from .decode.report import ReplayReport
 from .order import ReductionOrder
 
-__all__ = ["assert_batch_invariant", "assert_speculative_exact"]
+__all__ = ["assert_batch_invariant", "assert_speculative_exact", "greedy_loop"]
 
 
 def assert_batch_invariant(model, tokens, batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
@@ -54,3 +54,15 @@ def assert_speculative_exact(model, prompt, draft, n_draft: int = 8,
     if not res.matches_plain:
         raise AssertionError(f"speculative decoding under {order.name} differs from plain decoding\n{res}")
     return res
+
+
+def greedy_loop(model, tokens, start_pos: int, n: int,
+                order: ReductionOrder = ReductionOrder.BATCH_INVARIANT) -> list[int]:
+    """The ``n`` greedy tokens after ``tokens`` made one ``forward_argmax`` at a time (a pass of
+    ``tokens`` at ``start_pos``, then one-token passes): the reference ``Qwen3.greedy_chain`` must equal."""
+    out = [int(model.forward_argmax(tokens, start_pos, order)[-1])]
+    pos = start_pos + len(tokens)
+    while len(out) < n:
+        out.append(int(model.forward_argmax([out[-1]], pos, order)[-1]))
+        pos += 1
+    return out

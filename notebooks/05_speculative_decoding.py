@@ -35,7 +35,7 @@ from nbsupport import (
 )
 
 from hiraishin import ReductionOrder
-from hiraishin.decode.speculative import speculative_decode
+from hiraishin.decode.speculative import _draft_guesses, speculative_decode
 
 VARIANT, INVARIANT = ReductionOrder.BATCH_VARIANT, ReductionOrder.BATCH_INVARIANT
 ORDERS = (INVARIANT, VARIANT)
@@ -63,6 +63,16 @@ print("drafts: 'self' = a second instance of the target (own KV cache); "
 
 # %%
 show_function(speculative_decode, marker="best = greedy_tokens(target,", before=1, after=6)
+
+# %% [markdown]
+# The drafting before it needs no guess on the host until the last one (unless a confidence cut must
+# look at each guess's logits), so the draft's passes run as one chain: `greedy_chain` enqueues every
+# pass, each taking its token id from the previous pass's argmax on the device, and with CUDA graphs the
+# host waits once per cycle instead of once per guess. The same passes, so the same guesses; on the H200
+# it cut a cycle's drafting by 7-10% (`bench/results/2026-12-02-h200-session6/README.md`):
+
+# %%
+show_function(_draft_guesses, marker="if gap_min <= 0 and p_min <= 0:", before=0, after=2)
 
 # %% [markdown]
 # The verify pass is a pass of up to 9 tokens: under `BATCH_VARIANT` its mat-vecs run 2 warps (5 to 8

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from hiraishin import Qwen3, ReductionOrder
+from hiraishin.testing import greedy_loop
 from hiraishin.decode.passes import greedy_chain
 from hiraishin.errors import HiraishinError
 
@@ -23,20 +24,11 @@ def model(micro_model_path):
     return Qwen3.from_gguf(micro_model_path, device="cpu", progress=False, n_ctx=64)
 
 
-def _loop(model, tokens, start, n):
-    out = [int(model.forward_argmax(tokens, start, ORDER)[-1])]
-    pos = start + len(tokens)
-    while len(out) < n:
-        out.append(int(model.forward_argmax([out[-1]], pos, ORDER)[-1]))
-        pos += 1
-    return out
-
-
 @pytest.mark.parametrize("first", [[5], [5, 9]])
 def test_chain_equals_the_loop_and_leaves_the_same_cache(model, first):
     model.reset()
     model.forward([1, 2, 3], 0, ORDER)
-    want = _loop(model, first, 3, 5)
+    want = greedy_loop(model, first, 3, 5)
     after_loop = model.forward([want[-1]], model.kv_len, ORDER)
     model.rollback(3)
     got = model.greedy_chain(first, 3, 5, ORDER)
@@ -83,7 +75,7 @@ class _NoChain:
 def test_passes_greedy_chain_without_the_method_makes_the_same_passes(model):
     model.reset()
     model.forward([1, 2, 3], 0, ORDER)
-    want = _loop(model, [5, 9], 3, 4)
+    want = greedy_loop(model, [5, 9], 3, 4)
     model.rollback(3)
     fake = _NoChain(model)
     assert greedy_chain(fake, [5, 9], 3, 4, ORDER) == want
@@ -100,7 +92,7 @@ def test_passes_greedy_chain_cuts_the_first_pass_at_the_kv_boundary(micro_model_
     from hiraishin.decode.passes import feed
 
     want = [int(np.argmax(feed(m, [5, 9], 255, ORDER)))]  # the cut passes, then one token at a time
-    want += _loop(m, [want[0]], 257, 2)
+    want += greedy_loop(m, [want[0]], 257, 2)
     m.rollback(255)
     fake = _NoChain(m)
     assert greedy_chain(fake, [5, 9], 255, 3, ORDER) == want

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from hiraishin import Qwen3, ReductionOrder
+from hiraishin.testing import greedy_loop
 
 pytestmark = pytest.mark.gpu
 
@@ -24,19 +25,10 @@ def models(tiny_model_path):
     return chained, eager
 
 
-def _loop(model, tokens, start, n, order):
-    out = [int(model.forward_argmax(tokens, start, order)[-1])]
-    pos = start + len(tokens)
-    while len(out) < n:
-        out.append(int(model.forward_argmax([out[-1]], pos, order)[-1]))
-        pos += 1
-    return out
-
-
 @pytest.mark.parametrize("order", [ReductionOrder.BATCH_INVARIANT, ReductionOrder.SUBBLOCK,
                                    ReductionOrder.BATCH_VARIANT], ids=lambda o: o.name)
 @pytest.mark.parametrize("prompt_len,first,n", [(20, 1, 6), (20, 2, 4), (250, 1, 12)])
-def test_chain_on_graphs_equals_the_eager_loop(models, order, prompt_len, first, n):
+def test_chain_on_graphs_equals_the_eagergreedy_loop(models, order, prompt_len, first, n):
     chained, eager = models
     rng = np.random.default_rng(prompt_len + first)
     prompt = rng.integers(0, chained.config.n_vocab, prompt_len).tolist()
@@ -44,7 +36,7 @@ def test_chain_on_graphs_equals_the_eager_loop(models, order, prompt_len, first,
     for m in models:
         m.reset()
         m.forward(prompt, 0, order)
-    want = _loop(eager, tokens, prompt_len, n, order)
+    want = greedy_loop(eager, tokens, prompt_len, n, order)
     for _ in range(3):  # eager warm-up of each width, capture, replay
         got = chained.greedy_chain(tokens, prompt_len, n, order)
         assert got.tolist() == want

@@ -299,3 +299,35 @@ def test_random_weights_are_valid_blocks():
         assert np.isfinite(wf).all() and 0.01 < np.abs(wf).max() < 10
     with pytest.raises(QuantError, match="multiple of 256"):
         random_weights("Q4_K", 2, 100)
+
+
+def test_multi_weight_launch_arguments_follow_the_kernel_signature():
+    """mmvq_multi(y, w0, dst0, nrows0, nblk0, w1, dst1, nrows1, nblk1, w2, dst2, nrows2): what the
+    prepared launches pass (checked on the CPU with a recording kernel; missing weights repeat the last
+    with 0 rows). norm_mmvq's launch passes the same weight arguments after its own."""
+    import numpy as np
+
+    from hiraishin.kernels.mmvq.launch import MultiMatVecLaunch, multi_weight_args
+    from hiraishin.kernels.norm_mmvq.launch import NormMatVecLaunch
+
+    calls = []
+
+    class Kernel:
+        def __call__(self, grid, block, args, shared_mem=0):
+            calls.append(args)
+
+    ns, nblk = (np.int32(11), np.int32(5)), (np.int32(3), np.int32(2))
+    zero = np.int32(0)
+    assert multi_weight_args(["w0", "w1"], ["o0", "o1"], ns, nblk) == [
+        "w0", "o0", ns[0], nblk[0], "w1", "o1", ns[1], nblk[1], "w1", "o1", zero]
+    multi = MultiMatVecLaunch.__new__(MultiMatVecLaunch)
+    multi.kernel, multi.grid, multi.block, multi.shared, multi.ns, multi.nblk = Kernel(), (5, 1, 1), (32, 4, 1), 0, ns, nblk
+    assert multi(["w0", "w1"], "xq", ["o0", "o1"]) == ["o0", "o1"]
+    assert calls[-1] == ("xq", "w0", "o0", ns[0], nblk[0], "w1", "o1", ns[1], nblk[1], "w1", "o1", zero)
+    fused = NormMatVecLaunch.__new__(NormMatVecLaunch)
+    fused.kernel, fused.grid, fused.block, fused.shared = Kernel(), (2, 1, 1), (32, 4, 4), 0
+    fused.ns, fused.nblk, fused.scalars = ns[:1], nblk[:1], (np.int32(1024), np.float32(1e-6))
+    fused("x", None, "nw", None, ["w0"], ["o0"])
+    null = np.uint64(0)
+    assert calls[-1] == ("x", null, "nw", null, np.int32(1024), np.float32(1e-6),
+                         "w0", "o0", ns[0], nblk[0], "w0", "o0", zero, zero, "w0", "o0", zero)

@@ -32,6 +32,7 @@ __all__ = [
     "PlanLaunches",
     "MultiMatVecLaunch",
     "MULTI_MAX_WEIGHTS",
+    "multi_weight_args",
     "prepared_launch",
     "prepared_plan",
     "plan_kernel_defines",
@@ -187,14 +188,22 @@ class MultiMatVecLaunch:
         self.shared = (nwarps - 1) * ncols * rows_per_block * 32 * 4
 
     def __call__(self, ws, xq, outs):
-        args = [xq]
-        for i in range(MULTI_MAX_WEIGHTS):
-            j = min(i, len(ws) - 1)  # missing weights: never reached (no CUDA block is theirs)
-            args += [ws[j], outs[j], self.ns[j] if i < len(ws) else np.int32(0)]
-            if i < MULTI_MAX_WEIGHTS - 1:
-                args.append(self.nblk[j] if i < len(ws) else np.int32(0))
-        self.kernel(self.grid, self.block, tuple(args), shared_mem=self.shared)
+        self.kernel(self.grid, self.block, (xq, *multi_weight_args(ws, outs, self.ns, self.nblk)),
+                    shared_mem=self.shared)
         return outs
+
+
+def multi_weight_args(ws, outs, ns, nblk) -> list:
+    """The weight arguments of ``mmvq_multi`` (and of norm_mmvq.cu's kernel): per weight slot i of
+    MULTI_MAX_WEIGHTS, the weight, its output and its row count, and for all but the last slot its
+    CUDA-block count. Missing weights repeat the last one with 0 rows (no CUDA block is theirs)."""
+    args = []
+    for i in range(MULTI_MAX_WEIGHTS):
+        j = min(i, len(ws) - 1)
+        args += [ws[j], outs[j], ns[j] if i < len(ws) else np.int32(0)]
+        if i < MULTI_MAX_WEIGHTS - 1:
+            args.append(nblk[j] if i < len(ws) else np.int32(0))
+    return args
 
 
 class PlanLaunches:

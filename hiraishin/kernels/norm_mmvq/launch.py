@@ -15,7 +15,7 @@ import numpy as np
 from ..compile import get_kernel
 from ..fused.launch import NULL
 from ...plans.matvec import matvec_traits
-from ..mmvq.launch import MULTI_MAX_WEIGHTS, _min_blocks, kernel_defines
+from ..mmvq.launch import MULTI_MAX_WEIGHTS, _min_blocks, kernel_defines, multi_weight_args
 from ..quantize.launch import quantize_defines
 from ..rmsnorm.emulate import block_threads
 
@@ -116,11 +116,7 @@ class NormMatVecLaunch:
         self.scalars = (np.int32(k), np.float32(eps))
 
     def __call__(self, x, r, nw, s, ws, outs):
-        args = [x, NULL if r is None else r, nw, NULL if s is None else s, *self.scalars]
-        for i in range(MULTI_MAX_WEIGHTS):
-            j = min(i, len(ws) - 1)  # missing weights: never reached (no row block is theirs)
-            args += [ws[j], outs[j], self.ns[j] if i < len(ws) else np.int32(0)]
-            if i < MULTI_MAX_WEIGHTS - 1:
-                args.append(self.nblk[j] if i < len(ws) else np.int32(0))
-        self.kernel(self.grid, self.block, tuple(args), shared_mem=self.shared)
+        args = (x, NULL if r is None else r, nw, NULL if s is None else s, *self.scalars,
+                *multi_weight_args(ws, outs, self.ns, self.nblk))
+        self.kernel(self.grid, self.block, args, shared_mem=self.shared)
         return outs
