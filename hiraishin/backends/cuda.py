@@ -247,8 +247,10 @@ class CudaOps:
     def norm_matvecs(self, x, norm_w, eps: float, weights, order, outs=None, residual=None, out_sum=None):
         """``rms_norm(x [+ residual])`` quantized straight into the layout the first weight's mat-vec
         reads, and into a second mat-vec layout (a Q6_K weight beside Q4_K ones) in the same launch,
-        then every mat-vec; any further layout quantizes the normed floats. Returns ``(results, s)``:
-        the outputs and ``x + residual`` (``out_sum``; None without a residual)."""
+        then every mat-vec; any further layout quantizes the normed floats. Or, where
+        :meth:`_norm_mmvq_launches` allows (off by default: measured slower), the norm inside each
+        mat-vec launch. Returns ``(results, s)``: the outputs and ``x + residual`` (``out_sum``; None
+        without a residual)."""
         T, n = x.shape
         mvs, layouts = self._layouts(weights, T, order)
         fused = self._norm_mmvq_launches(mvs, T, n, eps)
