@@ -163,7 +163,8 @@ def format_report(r: dict) -> str:
         if "plain_chained_ms_per_token" in s:
             same = "the same tokens" if s.get("chained_matches_plain") else "OTHER TOKENS"
             lines.append(f"  {name} without a host wait per plain token (one chain): "
-                         f"{s['plain_chained_ms_per_token']:.3f} ms/tok ({same}); speculative {s['speedup_vs_chained']:.2f}x that")
+                         f"{s['plain_chained_ms_per_token']:.3f} ms/tok ({same}); "
+                         f"speculative {s['speedup_vs_chained']:.2f}x that")
     lines.append("where each speedup comes from: tokens per cycle / (a cycle's drafting + verifying + bookkeeping, "
                  "each in plain decoding steps)")
     for name, s in r["speculative"].items():

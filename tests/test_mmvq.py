@@ -321,7 +321,8 @@ def test_multi_weight_launch_arguments_follow_the_kernel_signature():
     assert multi_weight_args(["w0", "w1"], ["o0", "o1"], ns, nblk) == [
         "w0", "o0", ns[0], nblk[0], "w1", "o1", ns[1], nblk[1], "w1", "o1", zero]
     multi = MultiMatVecLaunch.__new__(MultiMatVecLaunch)
-    multi.kernel, multi.grid, multi.block, multi.shared, multi.ns, multi.nblk = Kernel(), (5, 1, 1), (32, 4, 1), 0, ns, nblk
+    multi.kernel, multi.grid, multi.block, multi.shared = Kernel(), (5, 1, 1), (32, 4, 1), 0
+    multi.ns, multi.nblk = ns, nblk
     assert multi(["w0", "w1"], "xq", ["o0", "o1"]) == ["o0", "o1"]
     assert calls[-1] == ("xq", "w0", "o0", ns[0], nblk[0], "w1", "o1", ns[1], nblk[1], "w1", "o1", zero)
     fused = NormMatVecLaunch.__new__(NormMatVecLaunch)

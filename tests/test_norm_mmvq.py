@@ -44,7 +44,8 @@ int main(int argc, char** argv) {
     std::vector<float> out((size_t)HX_NCOLS * (n[0] + n[1] + n[2]), -12345.0f);
     std::vector<float> s((size_t)HX_NCOLS * k, -12345.0f);
     float* op[3] = {out.data(), out.data() + (size_t)HX_NCOLS * n[0], out.data() + (size_t)HX_NCOLS * (n[0] + n[1])};
-    hx_launch({(rblocks + HX_NORM_GROUPS - 1) / HX_NORM_GROUPS, 1, 1}, {32, (unsigned)HX_NWARPS, (unsigned)HX_NORM_GROUPS},
+    hx_launch({(rblocks + HX_NORM_GROUPS - 1) / HX_NORM_GROUPS, 1, 1},
+              {32, (unsigned)HX_NWARPS, (unsigned)HX_NORM_GROUPS},
               (size_t)HX_NORM_GROUPS * (HX_NWARPS - 1) * HX_NCOLS * HX_RPB * 32 * 4,
               [&] { hx_norm_mmvq((const float*)x.data(), has_r ? (const float*)r.data() : nullptr,
                                  (const float*)nw.data(), has_s ? s.data() : nullptr, k, eps,

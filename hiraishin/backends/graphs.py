@@ -143,9 +143,10 @@ class PassGraphs:
                 return None
             copy(dev[1].data.ptr, buf["argmax"][T0 - 1:].data.ptr, 4, d2d, self.stream.ptr)
             made = 1
-            for j in range(1, n):
+            if n > 1:
                 self._inputs(1)
                 io = self._io[1]  # [token id, position] of a one-token pass
+            for j in range(1, n):
                 buf = self._pass(1, start_pos + T0 + j - 1, order,
                                  lambda row=j: copy(io.data.ptr, dev[row].data.ptr, 8, d2d, self.stream.ptr))
                 if buf is None:

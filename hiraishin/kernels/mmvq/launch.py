@@ -33,6 +33,7 @@ __all__ = [
     "MultiMatVecLaunch",
     "MULTI_MAX_WEIGHTS",
     "multi_weight_args",
+    "register_cap_blocks",
     "prepared_launch",
     "prepared_plan",
     "plan_kernel_defines",
@@ -66,7 +67,8 @@ MMVQ_MULTI_COL_MAX_REGS = 128
 MMVQ_MULTI_COL_CAPPED_ACCUMULATORS = 18  # columns x rows up to which the cap holds without spills
 
 
-def _min_blocks(qtype: str, ncols: int, rows: int, nwarps: int, nblocks: int, threads: int | None = None) -> int:
+def register_cap_blocks(qtype: str, ncols: int, rows: int, nwarps: int, nblocks: int,
+                        threads: int | None = None) -> int:
     """HX_MIN_BLOCKS for a launch: the register cap above as resident blocks per SM of ``threads``
     threads (default a block of ``nwarps`` warps; norm_mmvq's blocks hold several such groups)."""
     regs = MMVQ_MULTI_COL_MAX_REGS
@@ -110,7 +112,7 @@ def kernel_defines(qtype: str, ncols: int, rows_per_block: int, nwarps: int, nbl
     if unroll is None:
         unroll = MMVQ_UNROLL_ONE_COL if ncols == 1 else MMVQ_UNROLL_MULTI_COL
     if min_blocks is None:
-        min_blocks = _min_blocks(qtype, ncols, rows_per_block, nwarps, nblocks)
+        min_blocks = register_cap_blocks(qtype, ncols, rows_per_block, nwarps, nblocks)
     # block facts from hiraishin.quant / the plan's traits, activation bytes per weight block from
     # the layout the kernel reads (its own for Q4_K/Q6_K, llama.cpp's q8_1 blocks for Q8_0)
     layout = layout_for(qtype)

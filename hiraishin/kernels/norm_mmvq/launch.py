@@ -15,7 +15,7 @@ import numpy as np
 from ..compile import get_kernel
 from ..fused.launch import NULL
 from ...plans.matvec import matvec_traits
-from ..mmvq.launch import MULTI_MAX_WEIGHTS, _min_blocks, kernel_defines, multi_weight_args
+from ..mmvq.launch import MULTI_MAX_WEIGHTS, kernel_defines, multi_weight_args, register_cap_blocks
 from ..quantize.launch import quantize_defines
 from ..rmsnorm.emulate import block_threads
 
@@ -77,7 +77,7 @@ def norm_mmvq_defines(qtype: str, k: int, ncols: int, rows_per_block: int, nwarp
     base = kernel_defines(qtype, ncols, rows_per_block, nwarps, k // matvec_traits(qtype).qk)
     groups, play, vals = geometry
     if min_blocks is None:
-        min_blocks = 1 if base["HX_MIN_BLOCKS"] == 1 else _min_blocks(
+        min_blocks = 1 if base["HX_MIN_BLOCKS"] == 1 else register_cap_blocks(
             qtype, ncols, rows_per_block, nwarps, base["HX_NBLOCKS"], threads=32 * nwarps * groups)
     return {**base, **quantize_defines(layout), "HX_MIN_BLOCKS": int(min_blocks), "HX_Y_SHARED": 1,
             "HX_NORM_GROUPS": int(groups), "HX_NORM_PLAY": int(play), "HX_NORM_VALS": int(vals)}
