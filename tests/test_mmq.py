@@ -203,3 +203,64 @@ def test_weight_prefetch_is_on_for_short_rows_only_and_the_environment_overrides
     assert kernel_defines(subblock_plan(1, "Q4_K", 1024))["HX_PREFETCH_W"] == 0
     monkeypatch.setenv(ENV_MMQ_PREFETCH_W, "1")
     assert kernel_defines(subblock_plan(1, "Q6_K", 12288))["HX_PREFETCH_W"] == 1
+
+
+MMQ_MULTI_MAIN = r"""
+int main(int argc, char** argv) {
+    // argv: weights of the three row counts one after another, q8_1, n0, n1, n2, ncols, out
+    int n[3] = {atoi(argv[3]), atoi(argv[4]), atoi(argv[5])}, ncols = atoi(argv[6]);
+    auto w = hx_read(argv[1]); auto x = hx_read(argv[2]);
+    const size_t row_bytes = (size_t)HX_NB * HX_BLOCK_BYTES;
+    int nt[3]; unsigned tiles = 0;
+    for (int i = 0; i < 3; ++i) { nt[i] = (n[i] + 15) / 16; tiles += nt[i]; }
+    const unsigned char* wp[3] = {w.data(), w.data() + (size_t)n[0] * row_bytes, w.data() + (size_t)(n[0] + n[1]) * row_bytes};
+    std::vector<float> out((size_t)ncols * (n[0] + n[1] + n[2]), -12345.0f);
+    float* op[3] = {out.data(), out.data() + (size_t)ncols * n[0], out.data() + (size_t)ncols * (n[0] + n[1])};
+    hx_launch({tiles, (unsigned)((ncols + HX_COLS - 1) / HX_COLS), 1}, {32u * HX_NWARPS, 1, 1}, 0,
+              [&] { hx_mmq_multi(x.data(), ncols, wp[0], op[0], n[0], nt[0], wp[1], op[1], n[1], nt[1], wp[2], op[2], n[2]); });
+    hx_write(argv[7], out.data(), out.size() * 4);
+}"""
+
+
+@pytest.mark.parametrize("qtype,widths", [("Q4_K", (1, 3)), ("Q6_K", (2,))])
+def test_mmq_multi_source_equals_separate_emulators_on_cpu(tmp_path, qtype, widths):
+    """Q, K and V (or gate and up) in one hx_mmq_multi launch: each weight's rows have the bits of its
+    own launch (the emulator), for row counts the 16-row tile does not divide."""
+    import dataclasses
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from cuda_shim import GXX, ShimBuilder, run
+
+    from hiraishin.kernels.mmq.launch import SOURCE, kernel_defines
+
+    if GXX is None:
+        pytest.skip("needs g++ (C++20)")
+    k, ns = 512, (19, 5, 33)
+    builder = ShimBuilder(tmp_path)
+    (tmp_path / "hx_mma_shim.h").write_text(MMA_SHIM_H)
+    ws = [random_blocks(qtype, n, k, seed=20 + i) for i, n in enumerate(ns)]
+    xq = quantize.emulate(np.random.default_rng(4).standard_normal((max(widths), k)).astype(np.float32))
+    np.concatenate(ws).tofile(tmp_path / "w.bin")
+    for wd in widths:
+        plan = dataclasses.replace(subblock_plan(wd, qtype, k), nwarps=2)
+        exe = builder.build(SOURCE, dict(kernel_defines(plan, None), HX_SHIM=1), MMQ_MULTI_MAIN, "mmq_multi")
+        xq[:wd].tofile(tmp_path / "x.bin")
+        run(exe, tmp_path / "w.bin", tmp_path / "x.bin", *ns, wd, tmp_path / "o.bin")
+        got = np.fromfile(tmp_path / "o.bin", np.float32)
+        at = 0
+        for w, n in zip(ws, ns):
+            part = got[at:at + wd * n].reshape(wd, n)
+            at += wd * n
+            np.testing.assert_array_equal(part.view(np.uint32), emulate(w, qtype, xq[:wd], plan).view(np.uint32),
+                                          err_msg=f"{qtype} weight of {n} rows, {wd} columns")
+
+
+def test_mmq_multi_is_off_unless_asked(monkeypatch):
+    from hiraishin.kernels.mmq.launch import ENV_MMQ_MULTI, multi_enabled
+
+    monkeypatch.delenv(ENV_MMQ_MULTI, raising=False)
+    assert not multi_enabled()
+    monkeypatch.setenv(ENV_MMQ_MULTI, "1")
+    assert multi_enabled()

@@ -106,3 +106,51 @@ def test_launch_variants_change_no_bit(cp, qtype, k, n):
                     lw(w_d, xq_d[:wd], out)
                     np.testing.assert_array_equal(cp.asnumpy(out).view(np.uint32), ref[:wd].view(np.uint32),
                                                   err_msg=f"{qtype} K={k} width={wd} nwarps={nw} cap={cap} pre={pre}")
+
+
+@pytest.mark.parametrize("qtype,k,ns", [("Q4_K", 4096, (4096, 1024, 1024)), ("Q4_K", 4096, (12288, 12288)),
+                                        ("Q6_K", 768, (45, 19, 33))])
+@pytest.mark.parametrize("width", [1, 3, 9, 16])
+def test_multi_launch_equals_separate_launches(cp, qtype, k, ns, width):
+    """hx_mmq_multi (Q/K/V or gate/up of one plan in one launch) == one hx_mmq launch per weight."""
+    from hiraishin.kernels import quantize
+    from hiraishin.kernels.mmq.launch import MMQLaunch, MMQMultiLaunch
+    from hiraishin.plans.subblock import subblock_plan
+    from hiraishin.quant import random_blocks
+
+    plan = subblock_plan(width, qtype, k, n=max(ns))
+    ws = [cp.asarray(random_blocks(qtype, n, k, seed=60 + i)) for i, n in enumerate(ns)]
+    x = np.random.default_rng(width).standard_normal((width, k)).astype(np.float32)
+    xq = cp.asarray(quantize.emulate(x))
+    got = MMQMultiLaunch(ns, plan)(ws, xq, [cp.full((width, n), -1.0, cp.float32) for n in ns])
+    for w, n, g in zip(ws, ns, got):
+        want = MMQLaunch(n, plan)(w, xq, cp.empty((width, n), cp.float32))
+        assert np.array_equal(g.get().view(np.uint32), want.get().view(np.uint32)), f"{qtype} {n} rows, {width} columns"
+
+
+def test_passes_with_multi_launches_equal_passes_without(tiny_model_path, monkeypatch):
+    """HIRAISHIN_MMQ_MULTI=1 (opt-in): SUBBLOCK passes with Q/K/V and gate/up grouped give the same logits."""
+    from hiraishin import Qwen3, ReductionOrder
+    from hiraishin.kernels.mmq.launch import ENV_MMQ_MULTI
+
+    order = ReductionOrder.SUBBLOCK
+
+    def run():
+        m = Qwen3.from_gguf(tiny_model_path, device="cuda", progress=False, cuda_graphs=True, n_ctx=512)
+        m.forward(list(range(20)), 0, order)
+        outs = []
+        for w in (1, 3, 9):
+            for _ in range(3):  # eager warm-up, capture, replay
+                out = m.forward(list(range(100, 100 + w)), 20, order)
+            outs.append(out)
+        return m, outs
+
+    monkeypatch.delenv(ENV_MMQ_MULTI, raising=False)
+    _, plain = run()
+    monkeypatch.setenv(ENV_MMQ_MULTI, "1")
+    m, grouped = run()
+    from hiraishin.plans import SubBlockPlan
+
+    assert any(isinstance(key[2], SubBlockPlan) and len(ns) > 1 for key, ns in m.ops._multis), "nothing was grouped"
+    for w, a, b in zip((1, 3, 9), plain, grouped):
+        assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), f"{w} tokens"

@@ -28,6 +28,8 @@ from ..kernels.fused.launch import (
     launch_swiglu_q8_1,
 )
 from ..kernels.mmq.launch import launch as mmq_launch
+from ..kernels.mmq.launch import MMQMultiLaunch
+from ..kernels.mmq.launch import multi_enabled as mmq_multi_enabled
 from ..kernels.mmq.launch import prepared_launch as mmq_prepared_launch
 from ..kernels.mmq_stock.launch import launch as mmq_stock_launch
 from ..kernels.mmq_stock.launch import prepared_launch as mmq_stock_prepared_launch
@@ -69,14 +71,16 @@ class _MatVec:
     def __init__(self, plan, qtype: str, n: int, row_bytes: int):
         t = matvec_traits(qtype)
         self.plan, self.n, self.qtype = plan, n, qtype
-        # mat-vecs with the same group key may share one mmvq_multi launch (same kernel geometry
-        # and row length, one launch per plan); None: launched alone
+        # mat-vecs with the same group key may share one mmvq_multi (or hx_mmq_multi) launch (same
+        # kernel geometry and row length, one launch per plan); None: launched alone
         self.group = None
         if isinstance(plan, MatVecPlan) and plan.kernel == "mmvq" and len(plan.launches()) == 1:
             self.group = (qtype, row_bytes, plan)
         if isinstance(plan, SubBlockPlan):  # int8 MMA kernels reading llama.cpp's q8_1 layout
             self.launch = mmq_prepared_launch(n, plan)
             self.layout = None
+            if mmq_multi_enabled():  # hx_mmq_multi for weights of one plan (opt-in until timed)
+                self.group = (qtype, row_bytes, plan)
         elif isinstance(plan, MMQStockPlan):  # llama.cpp's MMQ order (int8 MMA), same layout
             self.launch = mmq_stock_prepared_launch(plan)
             self.layout = None
@@ -156,7 +160,7 @@ class CudaOps:
     def matvec(self, order, ncols: int, qtype: str, w) -> _MatVec:
         """The prepared mat-vec for ``ncols`` columns times weight ``w`` under ``order`` (cached)."""
         n, row_bytes = w.shape
-        key = (order, ncols, qtype, n, row_bytes)
+        key = (order, ncols, qtype, n, row_bytes, mmq_multi_enabled())
         hit = self._matvecs.get(key)
         if hit is None:
             if len(self._matvecs) >= self._CACHE_MAX:
@@ -240,8 +244,11 @@ class CudaOps:
         if hit is None:
             qtype, row_bytes, plan = key
             t = matvec_traits(qtype)
-            hit = self._multis[(key, ns)] = MultiMatVecLaunch(qtype, ns, row_bytes // t.block_bytes * t.qk, T,
-                                                             plan.rows_per_block, plan.nwarps)
+            if isinstance(plan, SubBlockPlan):
+                hit = self._multis[(key, ns)] = MMQMultiLaunch(ns, plan)
+            else:
+                hit = self._multis[(key, ns)] = MultiMatVecLaunch(qtype, ns, row_bytes // t.block_bytes * t.qk, T,
+                                                                 plan.rows_per_block, plan.nwarps)
         return hit
 
     def norm_matvecs(self, x, norm_w, eps: float, weights, order, outs=None, residual=None, out_sum=None):
@@ -297,7 +304,7 @@ class CudaOps:
 
     @staticmethod
     def _plan_norm_mmvq(mvs, T: int, n: int, eps: float, max_tokens: int, max_blocks: int):
-        if not 0 < T <= max_tokens or any(mv.group is None for mv in mvs):
+        if not 0 < T <= max_tokens or any(mv.group is None or not isinstance(mv.plan, MatVecPlan) for mv in mvs):
             return None
         groups: dict = {}
         for i, mv in enumerate(mvs):

@@ -15,8 +15,12 @@ from ...plans.subblock import SUBBLOCK_NTILE_COLS, SUBBLOCK_TILE_ROWS, SubBlockP
 from ...quant import BLOCK_BYTES, GGML_TYPE_ID, QK_K
 from ..compile import blocks_for_register_cap, get_kernel
 from ..compile import precompile as compile_many
+from ..mmvq.launch import MULTI_MAX_WEIGHTS, multi_weight_args
 
 __all__ = [
+    "ENV_MMQ_MULTI",
+    "MMQMultiLaunch",
+    "multi_enabled",
     "MMQ_DEFAULT_MAX_REGS",
     "MMQ_MAX_REGS",
     "MMQ_PREFETCH_X",
@@ -87,12 +91,14 @@ def kernel_defines(plan: SubBlockPlan, max_regs: int | None | str = "default",
     }
 
 
-def mmq_kernel(plan: SubBlockPlan, max_regs: int | None | str = "default", prefetch: int | str = "default"):
-    """The compiled ``hx_mmq`` kernel of ``plan``; compiled without the register cap if the cap spills."""
+def mmq_kernel(plan: SubBlockPlan, max_regs: int | None | str = "default", prefetch: int | str = "default",
+               name: str = "hx_mmq"):
+    """The compiled ``hx_mmq`` (or ``hx_mmq_multi``) kernel of ``plan``; compiled without the register
+    cap if the cap spills."""
     defines = kernel_defines(plan, max_regs, prefetch)
     min_blocks = defines["HX_MIN_BLOCKS"]
     while True:  # a cap that spills: one resident block fewer (more registers), down to no cap
-        kernel = get_kernel(SOURCE, "hx_mmq", dict(defines, HX_MIN_BLOCKS=min_blocks))
+        kernel = get_kernel(SOURCE, name, dict(defines, HX_MIN_BLOCKS=min_blocks))
         if min_blocks == 1 or int(kernel.local_size_bytes) == 0:
             return kernel
         min_blocks -= 1
@@ -118,6 +124,39 @@ class MMQLaunch:
     def __call__(self, w, xq, out):
         self.kernel(self.grid, self.block, (w, xq, out) + self.scalars)
         return out
+
+
+# Q/K/V (and gate/up) of one plan in one hx_mmq_multi launch: off unless HIRAISHIN_MMQ_MULTI=1, until
+# the H200 has timed it (bench/final_session.sh STEPS=ab AB_VAR=HIRAISHIN_MMQ_MULTI AB_ORDERS=subblock);
+# the bits are the separate launches' either way (tests/test_mmq.py, tests/test_mmq_gpu.py).
+ENV_MMQ_MULTI = "HIRAISHIN_MMQ_MULTI"
+
+
+def multi_enabled() -> bool:
+    """Whether the backend groups sub-block mat-vecs that share their input into one launch."""
+    return os.environ.get(ENV_MMQ_MULTI, "0").strip() == "1"
+
+
+class MMQMultiLaunch:
+    """One ``hx_mmq_multi`` launch of up to three (``n_i``, K) weights of one ``plan`` reading the same
+    activations; call with (ws, xq, outs), ``outs[i]`` float32 (ncols, n_i). Every tile is summed as
+    by :class:`MMQLaunch`: the bits of separate launches, fewer launches. Unchecked."""
+
+    __slots__ = ("block", "grid", "kernel", "ns", "ntiles", "ncols")
+
+    def __init__(self, ns: tuple, plan: SubBlockPlan):
+        if not 1 <= len(ns) <= MULTI_MAX_WEIGHTS:
+            raise ValueError(f"hx_mmq_multi takes 1..{MULTI_MAX_WEIGHTS} weights, got {len(ns)}")
+        self.kernel = mmq_kernel(plan, name="hx_mmq_multi")
+        self.ns = tuple(np.int32(n) for n in ns)
+        self.ntiles = tuple(np.int32(-(-n // SUBBLOCK_TILE_ROWS)) for n in ns)
+        self.grid = (int(sum(self.ntiles)), (plan.ncols + plan.cols_per_block - 1) // plan.cols_per_block, 1)
+        self.block = (32 * plan.nwarps, 1, 1)
+        self.ncols = np.int32(plan.ncols)
+
+    def __call__(self, ws, xq, outs):
+        self.kernel(self.grid, self.block, (xq, self.ncols, *multi_weight_args(ws, outs, self.ns, self.ntiles)))
+        return outs
 
 
 _launches: dict = {}

@@ -46,16 +46,15 @@ __device__ __forceinline__ void hx_prefetch_tile(const unsigned char* w, const i
     hx_prefetch_lines(w + row0 * row_bytes, rows * row_bytes, threadIdx.x, blockDim.x);
 }
 
-extern "C" __global__ void __launch_bounds__(32 * HX_NWARPS, HX_MIN_BLOCKS)
-hx_mmq(const unsigned char* __restrict__ w, const unsigned char* __restrict__ xq, float* __restrict__ out,
-       const int nrows, const int ncols, const long long out_stride) {
-    if (HX_PREFETCH_W && blockIdx.y == 0) hx_prefetch_tile(w, nrows, blockIdx.x * HX_TILE_ROWS);
-    HX_PDL_ENTRY();
+// One CUDA block's work: the tile of rows row0 .. row0+15 of weight w, columns blockIdx.y * HX_COLS ..
+// (every thread of the block calls it; one barrier).
+__device__ __forceinline__ void hx_mmq_tile(const unsigned char* __restrict__ w, const unsigned char* __restrict__ xq,
+                                            float* __restrict__ out, const int nrows, const int ncols,
+                                            const long long out_stride, const int row0) {
     __shared__ float part[HX_NSEG][HX_TILE_ROWS][HX_ONECOL ? 1 : HX_COLS];
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
-    const int row0 = blockIdx.x * HX_TILE_ROWS;
     const int col0 = blockIdx.y * HX_COLS;
     const hx_mma_ptrs ptr = hx_mma_pointers(w, xq, nrows, ncols, row0, col0, g, t);
     const unsigned char* wA = ptr.wA;
@@ -168,4 +167,36 @@ hx_mmq(const unsigned char* __restrict__ w, const unsigned char* __restrict__ xq
         for (int s = 1; s < HX_NSEG; ++s) v = __fadd_rn(v, part[s][rr][cc]);
         if (row0 + rr < nrows && col0 + cc < ncols) out[(size_t)(col0 + cc) * out_stride + row0 + rr] = v;
     }
+}
+
+extern "C" __global__ void __launch_bounds__(32 * HX_NWARPS, HX_MIN_BLOCKS)
+hx_mmq(const unsigned char* __restrict__ w, const unsigned char* __restrict__ xq, float* __restrict__ out,
+       const int nrows, const int ncols, const long long out_stride) {
+    if (HX_PREFETCH_W && blockIdx.y == 0) hx_prefetch_tile(w, nrows, blockIdx.x * HX_TILE_ROWS);
+    HX_PDL_ENTRY();
+    hx_mmq_tile(w, xq, out, nrows, ncols, out_stride, blockIdx.x * HX_TILE_ROWS);
+}
+
+// Up to three weights of one type, row length and plan that read the same activations (Q, K and V;
+// gate and up) in one launch, as mmvq.cu's mmvq_multi: row tiles 0..ntile0-1 (blockIdx.x) are weight
+// 0's, the next ntile1 weight 1's, the rest weight 2's. Each tile is hx_mmq's (which weights share a
+// launch changes no bit); weight i writes out_i, ncols rows of nrows_i floats.
+extern "C" __global__ void __launch_bounds__(32 * HX_NWARPS, HX_MIN_BLOCKS)
+hx_mmq_multi(const unsigned char* __restrict__ xq, const int ncols,
+             const unsigned char* __restrict__ w0, float* __restrict__ out0, const int nrows0, const int ntile0,
+             const unsigned char* __restrict__ w1, float* __restrict__ out1, const int nrows1, const int ntile1,
+             const unsigned char* __restrict__ w2, float* __restrict__ out2, const int nrows2) {
+    const int b = blockIdx.x;
+    const unsigned char* w = w2;
+    float* out = out2;
+    int nrows = nrows2;
+    int tile = b - ntile0 - ntile1;
+    if (b < ntile0) {
+        w = w0; out = out0; nrows = nrows0; tile = b;
+    } else if (b < ntile0 + ntile1) {
+        w = w1; out = out1; nrows = nrows1; tile = b - ntile0;
+    }
+    if (HX_PREFETCH_W && blockIdx.y == 0) hx_prefetch_tile(w, nrows, tile * HX_TILE_ROWS);
+    HX_PDL_ENTRY();
+    hx_mmq_tile(w, xq, out, nrows, ncols, nrows, tile * HX_TILE_ROWS);
 }
