@@ -40,7 +40,9 @@ q8_1 layout, (ncols, K/32*36) uint8; ``out`` float32 (ncols, N)). Measured on an
 ``bench/results/2026-12-01-h200-mmq/README.md``.
 
 Files: ``mma_rows.cu`` (mma.sync helpers and weight-row loads, shared with ``kernels/mmq_stock``),
-``mmq.cu`` (kernel), :mod:`.launch` (``launch``), :mod:`.emulate` (``emulate``).
+``mmq.cu`` (``hx_mmq``, and ``hx_mmq_multi``: up to three weights of one plan in one launch, the same
+tiles), :mod:`.launch` (``launch``; ``MMQMultiLaunch``, used by the backend under
+``HIRAISHIN_MMQ_MULTI=1``), :mod:`.emulate` (``emulate``).
 """
 
 from .emulate import emulate
