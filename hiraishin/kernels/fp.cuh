@@ -108,3 +108,24 @@ __device__ __forceinline__ float hx_warp_max(float x) {
     }
     return x;
 }
+
+// A launch of up to three weights that read the same activations (mmvq_multi, hx_mmq_multi,
+// hx_norm_mmvq): CUDA blocks (or row blocks) 0..n0-1 are weight 0's, the next n1 weight 1's, the rest
+// weight 2's. Which weight block b is, its output and rows, and b's index among that weight's blocks
+// (past the last: an index past weight 2's rows, whose results the kernels never write).
+struct hx_weight_of_block {
+    const unsigned char* w;
+    float* out;
+    int nrows;
+    int index;
+};
+__device__ __forceinline__ hx_weight_of_block hx_pick_weight(const int b, const unsigned char* w0, float* out0,
+                                                              const int nrows0, const int n0,
+                                                              const unsigned char* w1, float* out1,
+                                                              const int nrows1, const int n1,
+                                                              const unsigned char* w2, float* out2,
+                                                              const int nrows2) {
+    if (b < n0) return {w0, out0, nrows0, b};
+    if (b < n0 + n1) return {w1, out1, nrows1, b - n0};
+    return {w2, out2, nrows2, b - n0 - n1};
+}

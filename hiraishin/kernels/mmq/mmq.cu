@@ -186,17 +186,9 @@ hx_mmq_multi(const unsigned char* __restrict__ xq, const int ncols,
              const unsigned char* __restrict__ w0, float* __restrict__ out0, const int nrows0, const int ntile0,
              const unsigned char* __restrict__ w1, float* __restrict__ out1, const int nrows1, const int ntile1,
              const unsigned char* __restrict__ w2, float* __restrict__ out2, const int nrows2) {
-    const int b = blockIdx.x;
-    const unsigned char* w = w2;
-    float* out = out2;
-    int nrows = nrows2;
-    int tile = b - ntile0 - ntile1;
-    if (b < ntile0) {
-        w = w0; out = out0; nrows = nrows0; tile = b;
-    } else if (b < ntile0 + ntile1) {
-        w = w1; out = out1; nrows = nrows1; tile = b - ntile0;
-    }
-    if (HX_PREFETCH_W && blockIdx.y == 0) hx_prefetch_tile(w, nrows, tile * HX_TILE_ROWS);
+    const hx_weight_of_block p = hx_pick_weight(blockIdx.x, w0, out0, nrows0, ntile0, w1, out1, nrows1, ntile1,
+                                                w2, out2, nrows2);
+    if (HX_PREFETCH_W && blockIdx.y == 0) hx_prefetch_tile(p.w, p.nrows, p.index * HX_TILE_ROWS);
     HX_PDL_ENTRY();
-    hx_mmq_tile(w, xq, out, nrows, ncols, nrows, tile * HX_TILE_ROWS);
+    hx_mmq_tile(p.w, xq, p.out, p.nrows, ncols, p.nrows, p.index * HX_TILE_ROWS);
 }

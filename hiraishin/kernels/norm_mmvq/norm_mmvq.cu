@@ -36,18 +36,10 @@ hx_norm_mmvq(const float* __restrict__ x, const float* __restrict__ r, const flo
              const u8* __restrict__ w2, float* __restrict__ dst2, const int nrows2) {
     // this group's row block, whichever weight it maps to (past the last: recomputes the last row
     // of weight 2, writes nothing; every group reaches the one block barrier of hx_mmvq_rows)
-    const int rb = blockIdx.x * HX_NORM_GROUPS + threadIdx.z;
-    const u8* w = w2;
-    float* dst = dst2;
-    int nrows = nrows2;
-    int rb_w = rb - nblk0 - nblk1;
-    if (rb < nblk0) {
-        w = w0; dst = dst0; nrows = nrows0; rb_w = rb;
-    } else if (rb < nblk0 + nblk1) {
-        w = w1; dst = dst1; nrows = nrows1; rb_w = rb - nblk0;
-    }
+    const hx_weight_of_block p = hx_pick_weight(blockIdx.x * HX_NORM_GROUPS + threadIdx.z, w0, dst0, nrows0, nblk0,
+                                                w1, dst1, nrows1, nblk1, w2, dst2, nrows2);
     const int tid = threadIdx.x + 32 * (threadIdx.y + HX_NWARPS * threadIdx.z);
-    hx_prefetch_rows(w, nrows, HX_RPB * rb_w);  // the group's weight rows into L2 before the wait
+    hx_prefetch_rows(p.w, p.nrows, HX_RPB * p.index);  // the group's weight rows into L2 before the wait
     hx_prefetch_lines(nw, 4LL * n, tid, HX_NORM_THREADS);
     HX_PDL_ENTRY();
 
@@ -67,6 +59,6 @@ hx_norm_mmvq(const float* __restrict__ x, const float* __restrict__ r, const flo
         __syncthreads();  // yq's column j is complete; warp_partial is free for the next column
     }
     extern __shared__ float tmp_shared[];
-    hx_mmvq_rows(w, yq, dst, nrows, nrows, HX_RPB * rb_w, threadIdx.y,
+    hx_mmvq_rows(p.w, yq, p.out, p.nrows, p.nrows, HX_RPB * p.index, threadIdx.y,
                  tmp_shared + threadIdx.z * ((HX_NWARPS - 1) * HX_NCOLS * HX_RPB * 32));
 }
