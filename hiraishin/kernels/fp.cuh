@@ -109,10 +109,11 @@ __device__ __forceinline__ float hx_warp_max(float x) {
     return x;
 }
 
-// A launch of up to three weights that read the same activations (mmvq_multi, hx_mmq_multi,
-// hx_norm_mmvq): CUDA blocks (or row blocks) 0..n0-1 are weight 0's, the next n1 weight 1's, the rest
-// weight 2's. Which weight block b is, its output and rows, and b's index among that weight's blocks
-// (past the last: an index past weight 2's rows, whose results the kernels never write).
+// A launch of up to three weights that read the same activations (hx_mmq_multi, hx_norm_mmvq): CUDA
+// blocks (or row blocks) 0..n0-1 are weight 0's, the next n1 weight 1's, the rest weight 2's. Which
+// weight block b is, its output and rows, and b's index among that weight's blocks (past the last: an
+// index past weight 2's rows, whose results the kernels never write). mmvq_multi keeps one branch per
+// weight: with this pick its Q6_K one-column form spills at its 40-register cap (nvcc, sm_90).
 struct hx_weight_of_block {
     const unsigned char* w;
     float* out;
