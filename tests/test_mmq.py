@@ -258,9 +258,14 @@ def test_mmq_multi_source_equals_separate_emulators_on_cpu(tmp_path, qtype, widt
 
 
 def test_mmq_multi_is_off_unless_asked(monkeypatch):
-    from hiraishin.kernels.mmq.launch import ENV_MMQ_MULTI, multi_enabled
+    """Off unless HIRAISHIN_MMQ_MULTI=1 was in the environment at import (MMQ_MULTI, read once)."""
+    import importlib
+    import os
 
-    monkeypatch.delenv(ENV_MMQ_MULTI, raising=False)
-    assert not multi_enabled()
-    monkeypatch.setenv(ENV_MMQ_MULTI, "1")
-    assert multi_enabled()
+    launch = importlib.import_module("hiraishin.kernels.mmq.launch")  # the package's `launch` is a function
+
+    assert launch.MMQ_MULTI == (os.environ.get(launch.ENV_MMQ_MULTI, "0").strip() == "1")
+    monkeypatch.setattr(launch, "MMQ_MULTI", False)
+    assert not launch.multi_enabled()
+    monkeypatch.setattr(launch, "MMQ_MULTI", True)
+    assert launch.multi_enabled()

@@ -295,6 +295,8 @@ class CudaOps:
         wider than ``NORM_MMVQ_MAX_TOKENS``, a mat-vec is not a one-launch mmvq plan, the row
         length has no geometry, or a launch has more than ``NORM_MMVQ_MAX_BLOCKS`` CUDA blocks (the
         limits are read per call, so a benchmark may change them)."""
+        if not 0 < T <= norm_mmvq.NORM_MMVQ_MAX_TOKENS:  # the default (off): no key to build per call
+            return None
         limits = (norm_mmvq.NORM_MMVQ_MAX_TOKENS, norm_mmvq.NORM_MMVQ_MAX_BLOCKS, norm_mmvq.NORM_MMVQ_GROUPS)
         key = (tuple((mv.group, mv.n) for mv in mvs), T, n, float(eps), limits)
         if key in self._norm_multis:

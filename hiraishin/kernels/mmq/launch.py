@@ -19,6 +19,7 @@ from ..mmvq.launch import MULTI_MAX_WEIGHTS, multi_weight_args
 
 __all__ = [
     "ENV_MMQ_MULTI",
+    "MMQ_MULTI",
     "MMQMultiLaunch",
     "multi_enabled",
     "MMQ_DEFAULT_MAX_REGS",
@@ -129,12 +130,14 @@ class MMQLaunch:
 # Q/K/V (and gate/up) of one plan in one hx_mmq_multi launch: off unless HIRAISHIN_MMQ_MULTI=1, until
 # the H200 has timed it (bench/final_session.sh STEPS=ab AB_VAR=HIRAISHIN_MMQ_MULTI AB_ORDERS=subblock);
 # the bits are the separate launches' either way (tests/test_mmq.py, tests/test_mmq_gpu.py).
+# Read once (the backend asks per prepared mat-vec); a test or benchmark may set MMQ_MULTI itself.
 ENV_MMQ_MULTI = "HIRAISHIN_MMQ_MULTI"
+MMQ_MULTI = os.environ.get(ENV_MMQ_MULTI, "0").strip() == "1"
 
 
 def multi_enabled() -> bool:
-    """Whether the backend groups sub-block mat-vecs that share their input into one launch."""
-    return os.environ.get(ENV_MMQ_MULTI, "0").strip() == "1"
+    """Whether the backend groups sub-block mat-vecs that share their input into one launch (MMQ_MULTI)."""
+    return MMQ_MULTI
 
 
 class MMQMultiLaunch:
