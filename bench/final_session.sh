@@ -17,10 +17,10 @@
 #             speculative ratio (session 4: 1.34 of 2.0 plain steps per cycle under BATCH_INVARIANT);
 #   ablate    bench/ablate_pass.py on both shapes: a one-token pass with each kind of small launch left
 #             out of its graph (what fusing it away could save at most);
-#   pdl       bench/replay_widths.py under HIRAISHIN_PDL_TRIGGER=after_wait and =early (PDL_ORDERS, widths
-#             1 and 3): replay times and logits digests of one scheduling change, which must keep every bit;
-#   ab        bench/replay_widths.py under each value of an environment variable (AB_VAR, AB_VALUES; default
-#             HIRAISHIN_PREFETCH_AHEAD 0 1): replay times and logits digests of a change that must keep every bit;
+#   ab        bench/replay_widths.py under each value of an environment variable (AB_VAR, AB_VALUES, AB_ORDERS;
+#             default HIRAISHIN_PREFETCH_AHEAD 0 1, invariant; widths 1 and 3): replay times and logits digests of
+#             a change that must keep every bit;
+#   pdl       the ab step for HIRAISHIN_PDL_TRIGGER=after_wait and =early (PDL_ORDERS, default invariant,subblock);
 #   norm      bench/sweep_norm.py: the fused norm kernels in blocks of other sizes than their tree
 #             (NORM_VARIANTS), replay times of both shapes and logits digests (no bit may change);
 #   kernels   per-kernel times under Nsight Compute (bench/kernel_times.sh), if time is left.
@@ -62,29 +62,16 @@ if want ablate; then
         --order ${ABLATE_ORDER:-invariant} --json "$OUT/ablate-pass.json" 2>&1 | tail -n 20
 fi
 
-if want pdl; then
-    for trig in after_wait early; do
-        echo "== replays under HIRAISHIN_PDL_TRIGGER=$trig ($(left) s left)"
-        HIRAISHIN_PDL_TRIGGER=$trig timeout $(cap 170) python3 bench/replay_widths.py /tmp/qwen3-0.6b.gguf \
-            /tmp/qwen3-8b.gguf --orders ${PDL_ORDERS:-invariant,subblock} --widths 1,3 --json "$OUT/replay-$trig.json" 2>&1 | tail -n 12
+# Replays and logits digests under each value of one environment variable (a change that must keep
+# every bit): ab_replays VAR "VALUES" ORDERS SECONDS_PER_VALUE
+ab_replays() {
+    local var=$1 values=$2 orders=$3 per=$4 v
+    for v in $values; do
+        echo "== replays under $var=$v ($(left) s left)"
+        env "$var=$v" timeout $(cap $per) python3 bench/replay_widths.py /tmp/qwen3-0.6b.gguf \
+            /tmp/qwen3-8b.gguf --orders $orders --widths 1,3 --json "$OUT/replay-$var-$v.json" 2>&1 | tail -n 12
     done
-    python3 - "$OUT" <<'PY'
-import json, sys
-a, b = (json.load(open(f"{sys.argv[1]}/replay-{t}.json"))["rows"] for t in ("after_wait", "early"))
-for x, y in zip(a, b):
-    same = "same bits" if x["logits_sha256"] == y["logits_sha256"] else "BITS DIFFER"
-    print(f"{x['model']} {x['order']} width {x['width']}: {x['replay_ms']:.3f} -> {y['replay_ms']:.3f} ms ({same})")
-PY
-fi
-
-if want ab; then
-    AB_VAR=${AB_VAR:-HIRAISHIN_PREFETCH_AHEAD}
-    for v in ${AB_VALUES:-0 1}; do
-        echo "== replays under $AB_VAR=$v ($(left) s left)"
-        env "$AB_VAR=$v" timeout $(cap 120) python3 bench/replay_widths.py /tmp/qwen3-0.6b.gguf \
-            /tmp/qwen3-8b.gguf --orders ${AB_ORDERS:-invariant} --widths 1,3 --json "$OUT/replay-$AB_VAR-$v.json" 2>&1 | tail -n 12
-    done
-    python3 - "$OUT" "$AB_VAR" ${AB_VALUES:-0 1} <<'PY'
+    python3 - "$OUT" "$var" $values <<'PY'
 import json, sys
 out, var, values = sys.argv[1], sys.argv[2], sys.argv[3:]
 runs = [json.load(open(f"{out}/replay-{var}-{v}.json"))["rows"] for v in values]
@@ -93,7 +80,10 @@ for rows in zip(*runs):
     times = " -> ".join(f"{r['replay_ms']:.3f}" for r in rows)
     print(f"{rows[0]['model']} {rows[0]['order']} width {rows[0]['width']}: {times} ms ({var} {' '.join(values)}; {same})")
 PY
-fi
+}
+
+want pdl && ab_replays HIRAISHIN_PDL_TRIGGER "after_wait early" "${PDL_ORDERS:-invariant,subblock}" 170
+want ab && ab_replays "${AB_VAR:-HIRAISHIN_PREFETCH_AHEAD}" "${AB_VALUES:-0 1}" "${AB_ORDERS:-invariant}" 120
 
 if want norm; then
     echo "== norm launch geometry ($(left) s left)"
