@@ -78,7 +78,8 @@ def main(argv=None) -> int:
     orders = orders_of(ap, args)
     rows = [r for path in args.models for r in measure(path, orders, parse_widths(args.widths), args.steps)]
     if args.json:
-        write_rows_json(args.json, rows, env={k: os.environ.get(k) for k in ("HIRAISHIN_PDL", "HIRAISHIN_PDL_TRIGGER")})
+        # every switch a replay A/B may vary (final_session.sh's ab step), not only the PDL ones
+        write_rows_json(args.json, rows, env={k: v for k, v in sorted(os.environ.items()) if k.startswith("HIRAISHIN_")})
     return 0
 
 
