@@ -21,6 +21,8 @@
 #             default HIRAISHIN_PREFETCH_AHEAD 0 1, invariant; widths 1 and 3): replay times and logits digests of
 #             a change that must keep every bit;
 #   pdl       the ab step for HIRAISHIN_PDL_TRIGGER=after_wait and =early (PDL_ORDERS, default invariant,subblock);
+#   draft     bench/replay_widths.py on the 0.6B draft under DRAFT_AB_ORDERS (default invariant,nwarps1,nwarps2;
+#             widths 1 and 2, the draft's passes): which order drafts fastest (only speed counts there);
 #   norm      bench/sweep_norm.py: the fused norm kernels in blocks of other sizes than their tree
 #             (NORM_VARIANTS), replay times of both shapes and logits digests (no bit may change);
 #   kernels   per-kernel times under Nsight Compute (bench/kernel_times.sh), if time is left.
@@ -81,6 +83,12 @@ for rows in zip(*runs):
     print(f"{rows[0]['model']} {rows[0]['order']} width {rows[0]['width']}: {times} ms ({var} {' '.join(values)}; {same})")
 PY
 }
+
+if want draft; then
+    echo "== draft orders ($(left) s left)"
+    timeout $(cap 90) python3 bench/replay_widths.py /tmp/qwen3-0.6b.gguf --orders ${DRAFT_AB_ORDERS:-invariant,nwarps1,nwarps2} \
+        --widths 1,2 --json "$OUT/replay-draft-orders.json" 2>&1 | tail -n 12
+fi
 
 want pdl && ab_replays HIRAISHIN_PDL_TRIGGER "after_wait early" "${PDL_ORDERS:-invariant,subblock}" 170
 want ab && ab_replays "${AB_VAR:-HIRAISHIN_PREFETCH_AHEAD}" "${AB_VALUES:-0 1}" "${AB_ORDERS:-invariant}" 120

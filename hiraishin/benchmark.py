@@ -28,10 +28,11 @@ original report's profile (:data:`REPORT`): per cycle ``k`` drafted tokens (mean
 tokens out per cycle). Everything else runs for real: per cycle the draft model makes ``k``
 passes, as the library's own loop (``hiraishin.decode.speculative``) does: one of the one or two
 tokens its cache lacks, then ``k - 1`` of one token, each of its own previous guess, chained on the
-device with one host wait (``greedy_chain``: the host needs no guess before the last); the tokens
-the verifier gets are the target's own plain-greedy tokens for the
-scheduled-right prefix and a deliberately wrong token at the first rejection; the target runs
-one verify pass of ``k + 1`` tokens (cut to ``order.verify_limit``); acceptance compares each
+device (``greedy_chain``: the host needs no guess before the last), and the target's verify pass
+of ``k + 1`` tokens (cut to ``order.verify_limit``) enqueued behind them, one host wait for both
+(``draft_and_verify``; drafting is the draft chain's device time, verifying the rest of the
+cycle's passes). The tokens the verifier gets are the target's own plain-greedy tokens for the
+scheduled-right prefix and a deliberately wrong token at the first rejection; acceptance compares each
 drafted token with the target's argmax in that pass (so under an exact order the schedule is
 reproduced, and the emitted tokens equal plain greedy decoding's; under ``BATCH_VARIANT`` any
 divergence is reported); then both KV caches roll back to the accepted length.
@@ -64,7 +65,7 @@ import numpy as np
 
 from .errors import HiraishinError
 from .decode.oracle import ORACLE_SEED, REPORT, OracleSchedule
-from .decode.passes import greedy_chain, greedy_tokens, pass_spans
+from .decode.passes import draft_and_verify, greedy_chain, greedy_tokens, pass_spans
 from .order import ReductionOrder
 
 __all__ = ["ORDERS", "REPORT", "BenchSettings", "OracleSchedule", "run_bench",
@@ -82,6 +83,12 @@ ORDERS: dict[str, ReductionOrder] = {
     # launch change no bit: issue 12's question whether 9-16 columns pay in one launch)
     "invariant16": ReductionOrder(name="batch_invariant_16", matvec="invariant", attention="invariant",
                                   kv_boundary=ReductionOrder.BATCH_INVARIANT.kv_boundary, max_cols_per_launch=16),
+    # Draft orders (--draft-orders): BATCH_INVARIANT's attention and one-column geometry at every width,
+    # but the mat-vec's warps per row fixed at 1 or 2 instead of 4. Batch-invariant orders of their own
+    # (other bits than BATCH_INVARIANT's); for a draft only speed counts: on the 0.6B's rows of 1,024
+    # values (4 Q4_K super-blocks) 4 warps leave half their threads without a super-block to sum.
+    "nwarps1": ReductionOrder.custom(name="nwarps_1", nwarps=1),
+    "nwarps2": ReductionOrder.custom(name="nwarps_2", nwarps=2),
 }
 DEFAULT_ORDERS = ("variant", "invariant", "subblock")
 
@@ -400,13 +407,17 @@ def speculative_decode(target, draft, prompt, n_tokens: int, order, draft_order,
         # hiraishin.decode.speculative does), whose last argmax is guess 0; then k - 1 one-token passes
         # of the draft's own guesses, chained as hiraishin.decode.speculative chains them (the oracle's
         # guesses go to the verifier; the draft's cache holds its own, as in a real run)
-        t_draft = 0.0
+        # verifying: one pass of the pending token and the k guesses, enqueued behind the draft's
+        # passes on the device as the library's loop does it (draft_and_verify); its ids are the
+        # oracle's, uploaded behind the draft's passes where a real run copies the draft's own
+        batch = [seq[-1]] + guesses
         feed_tokens = seq[draft.kv_len:p + 1] if k else []
         if feed_tokens:
-            _, t_draft = _timed_chain(draft, feed_tokens, draft.kv_len, k, draft_order)
-        # verifying: one pass of the pending token and the k guesses
-        batch = [seq[-1]] + guesses
-        best, t_verify = _timed(target, batch, p, order)
+            _, best, t_draft, t_verify = draft_and_verify(draft, target, feed_tokens, draft.kv_len, k, seq[-1], p,
+                                                          order, draft_order, verify_tokens=batch)
+        else:
+            t_draft = 0.0
+            best, t_verify = _timed(target, batch, p, order)
         # bookkeeping: acceptance against the target's own argmax, emit, roll both caches back
         n_acc = 0
         while n_acc < k and int(best[n_acc]) == guesses[n_acc]:

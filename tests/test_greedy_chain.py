@@ -97,3 +97,64 @@ def test_passes_greedy_chain_cuts_the_first_pass_at_the_kv_boundary(micro_model_
     fake = _NoChain(m)
     assert greedy_chain(fake, [5, 9], 255, 3, ORDER) == want
     assert fake.passes[:2] == [(255, 1), (256, 1)]
+
+
+# ---- greedy_chain_async / verify_chain / draft_and_verify (the host side; the device side: GPU tests) ----
+
+def test_chain_async_on_the_cpu_is_made_at_once(model):
+    model.reset()
+    model.forward([1, 2, 3], 0, ORDER)
+    want = greedy_loop(model, [5], 3, 4)
+    model.rollback(3)
+    chain = model.greedy_chain_async([5], 3, 4, ORDER)
+    assert chain.pending is None and chain.n == 4 and chain.device_spans() is None
+    assert chain.tokens().tolist() == want
+    assert model.kv_len == 3 + 1 + 3
+
+
+def test_verify_chain_is_forward_argmax_of_first_and_the_chain(micro_model_path):
+    draft = Qwen3.from_gguf(micro_model_path, device="cpu", progress=False, n_ctx=64)
+    target = Qwen3.from_gguf(micro_model_path, device="cpu", progress=False, n_ctx=64)
+    for m in (draft, target):
+        m.forward([1, 2, 3], 0, ORDER)
+    chain = draft.greedy_chain_async([7], 3, 3, ORDER)
+    guesses = chain.tokens().tolist()
+    got = target.verify_chain(7, chain, 3, ORDER)
+    target.rollback(3)
+    assert got.tolist() == target.forward_argmax([7] + guesses, 3, ORDER).tolist()
+    # given ids instead of the chain's (an oracle's), the same pass of those ids
+    got = target.verify_chain(7, chain, 3, ORDER, tokens=[7, 1, 2, 3])
+    target.rollback(3)
+    assert got.tolist() == target.forward_argmax([7, 1, 2, 3], 3, ORDER).tolist()
+    with pytest.raises(HiraishinError, match="need 4"):
+        target.verify_chain(7, chain, 3, ORDER, tokens=[7, 1])
+    with pytest.raises(HiraishinError, match=r"\[0, "):
+        target.verify_chain(-1, chain, 3, ORDER)
+
+
+def test_chain_tokens_takes_one_source():
+    from hiraishin.model.qwen3 import ChainTokens
+
+    with pytest.raises(HiraishinError, match="not both or neither"):
+        ChainTokens()
+    assert ChainTokens(host=np.array([3, 4])).tokens().tolist() == [3, 4]
+
+
+def test_draft_and_verify_equals_the_two_calls(micro_model_path):
+    from hiraishin.decode.passes import draft_and_verify, greedy_tokens
+
+    draft = Qwen3.from_gguf(micro_model_path, device="cpu", progress=False, n_ctx=64)
+    target = Qwen3.from_gguf(micro_model_path, device="cpu", progress=False, n_ctx=64)
+    for m in (draft, target):
+        m.forward([1, 2, 3, 4], 0, ORDER)
+    guesses, best, t_draft, t_verify = draft_and_verify(draft, target, [9, 4], 2, 3, 4, 3, ORDER)
+    assert t_draft > 0 and t_verify > 0  # on the CPU each part is timed on the host
+    want_guesses = greedy_chain(draft, [9, 4], 2, 3, ORDER)
+    target.rollback(3)
+    assert guesses == want_guesses
+    assert best.tolist() == greedy_tokens(target, [4] + want_guesses, 3, ORDER).tolist()
+    # models without the device-side methods: the same two calls
+    fake_d, fake_t = _NoChain(draft), _NoChain(target)
+    g2, b2, _, _ = draft_and_verify(fake_d, fake_t, [9, 4], 2, 3, 4, 3, ORDER)
+    assert g2 == guesses and b2.tolist() == best.tolist()
+    assert fake_d.passes == [(2, 2), (4, 1), (5, 1)] and fake_t.passes == [(3, 4)]

@@ -55,3 +55,39 @@ def test_chain_replays_graphs_it_captured_once(models):
     for _ in range(3):
         chained.greedy_chain([4], 3, 8, order)
     assert chained.pass_graphs.captures == before
+
+
+@pytest.mark.parametrize("order", [ReductionOrder.BATCH_INVARIANT, ReductionOrder.SUBBLOCK], ids=lambda o: o.name)
+def test_verify_behind_the_chain_on_the_device_equals_the_two_calls(tiny_model_path, models, order):
+    """draft_and_verify with both models on graphs: the verify's ids copied on the device from the draft's
+    argmaxes (no host round trip) give the same guesses and the same verify argmaxes as greedy_chain then
+    greedy_tokens on eager models; with given ids (an oracle's) the pass of those ids."""
+    from hiraishin.decode.passes import draft_and_verify, greedy_tokens
+
+    chained, eager = models  # chained: the draft on graphs; eager: the reference draft
+    target = Qwen3.from_gguf(tiny_model_path, device="cuda", progress=False, cuda_graphs=True, n_ctx=512)
+    ref_t = Qwen3.from_gguf(tiny_model_path, device="cuda", progress=False, cuda_graphs=False, n_ctx=512)
+    rng = np.random.default_rng(7)
+    prompt = rng.integers(0, target.config.n_vocab, 30).tolist()
+    for m in (chained, eager, target, ref_t):
+        m.reset()
+        m.forward(prompt, 0, order)
+    start = len(prompt)
+    for n in (1, 3, 4, 3, 4):  # widths warm up eagerly, are captured, then replay
+        for m in (chained, eager, target, ref_t):
+            m.rollback(start)
+        first = int(rng.integers(0, target.config.n_vocab))
+        want_g = greedy_loop(eager, [first], start, n, order)
+        want_b = greedy_tokens(ref_t, [first] + want_g, start, order).tolist()
+        guesses, best, t_draft, t_verify = draft_and_verify(chained, target, [first], start, n, first, start,
+                                                            order)
+        assert guesses == want_g and best.tolist() == want_b
+        assert t_draft > 0 and t_verify > 0
+        assert chained.kv_len == eager.kv_len == start + n and target.kv_len == start + 1 + n
+        oracle = [first] + [(g + 1) % target.config.n_vocab for g in want_g]
+        ref_t.rollback(start)
+        want_o = greedy_tokens(ref_t, oracle, start, order).tolist()
+        _, best_o, _, _ = draft_and_verify(chained, target, [first], start, n, first, start, order,
+                                           verify_tokens=oracle)
+        assert best_o.tolist() == want_o
+    assert target.pass_graphs.captures > 0

@@ -21,6 +21,7 @@ from hiraishin.kernels import mmvq, tiled
 from hiraishin.order import ReductionOrder
 from hiraishin.plans import MatVecPlan, matvec_plan
 from hiraishin.plans.matvec import SHORT_ROW_ROWS
+from hiraishin.plans.matvec import SHORT_ROW_ROWS
 from hiraishin.quant import dequantize
 from hiraishin.quant import random_blocks as random_weights
 
@@ -213,7 +214,11 @@ def test_device_tables():
 
 def test_custom_plans():
     p = matvec_plan(ReductionOrder.custom(nwarps=3), 1, "Q4_K")
-    assert (p.nwarps, p.rows_per_block, p.blocks_per_iter) == (3, 1, 6)
+    # rows per CUDA block (no bit changes) as the invariant policy picks them for that nwarps
+    assert (p.nwarps, p.rows_per_block, p.blocks_per_iter) == (3, 2, 6)
+    assert matvec_plan(ReductionOrder.custom(nwarps=2), 1, "Q4_K", k=1024).rows_per_block == SHORT_ROW_ROWS
+    assert matvec_plan(ReductionOrder.custom(nwarps=4), 1, "Q4_K", k=1024).rows_per_block == 4  # small_k
+    assert matvec_plan(ReductionOrder.custom(nwarps=1), 2, "Q4_K").rows_per_block == 2
     p = matvec_plan(ReductionOrder.custom(rows_per_block=8, nwarps=1), 16, "Q6_K")
     assert p.rows_per_block == 8 and p.cols_per_launch == 4 and len(p.launches()) == 4
     with pytest.raises(PlanError, match="nwarps"):

@@ -35,7 +35,7 @@ import numpy as np
 
 from ..kernels.pdl import pdl_scope
 
-__all__ = ["PassGraphs", "GRAPHS_PER_WIDTH"]
+__all__ = ["PassGraphs", "PendingChain", "GRAPHS_PER_WIDTH"]
 
 # Captured graphs kept per (order, width): the attention plan only moves forward as a sequence
 # grows (a verify pass never straddles a 256-cell boundary under the exact orders), so the
@@ -43,6 +43,39 @@ __all__ = ["PassGraphs", "GRAPHS_PER_WIDTH"]
 # flat over long generations (measured on the H200 soak, bench/results/2026-12-01-h200-engine2/:
 # with every plan's graph kept, host RSS grew ~2.5 MB per 256 tokens of the 0.6B shape).
 GRAPHS_PER_WIDTH = 2
+
+
+class PendingChain:
+    """The greedy tokens of a :meth:`PassGraphs.chain_async` still being made on the device.
+
+    ``n`` passes were enqueued; ``tokens()`` waits for them (int32 (n,)). ``started`` and ``done``
+    are CUDA events around the chain's work on its stream, ``verified`` (after a
+    :meth:`PassGraphs.run_after`) the end of the pass behind it: :meth:`spans` gives the device
+    time of each. The buffers are the graphs' own, reused by the next chain of the same length:
+    read the tokens before making another.
+    """
+
+    __slots__ = ("n", "dev", "host", "started", "done", "verified")
+
+    def __init__(self, n: int, dev, host, started, done):
+        self.n, self.dev, self.host, self.started, self.done = n, dev, host, started, done
+        self.verified = None
+
+    def tokens(self) -> np.ndarray:
+        self.done.synchronize()
+        return self.host[1:self.n + 1, 0].copy()
+
+    def spans(self) -> tuple[float, float | None]:
+        """Device seconds of the chain (``started`` to ``done``) and of the pass behind it (``done`` to
+        ``verified``; None without one). Waits for them."""
+        from cupy.cuda import get_elapsed_time
+
+        self.done.synchronize()
+        chain = get_elapsed_time(self.started, self.done) / 1e3
+        if self.verified is None:
+            return chain, None
+        self.verified.synchronize()
+        return chain, get_elapsed_time(self.done, self.verified) / 1e3
 
 
 class PassGraphs:
@@ -127,6 +160,13 @@ class PassGraphs:
         host waits once, for the last (int32 (m,), m <= n; m < n when a capture failed on the way:
         the caller makes the rest). The same passes as a loop of :meth:`run` with ``want="argmax"``,
         hence the same tokens and cache cells. None: the first pass cannot replay (run it eagerly)."""
+        pending = self.chain_async(tokens, start_pos, n, order)
+        return None if pending is None else pending.tokens()
+
+    def chain_async(self, tokens: np.ndarray, start_pos: int, n: int, order) -> "PendingChain | None":
+        """:meth:`chain` without the host wait: the passes are enqueued and a :class:`PendingChain`
+        comes back at once (``.tokens()`` waits; :meth:`run_after` puts a pass behind it on the device).
+        Its ``n`` is the number of passes enqueued (< ``n`` when a capture failed on the way)."""
         cp = self.model.backend.xp
         T0 = int(tokens.size)
         dev, host = self._chain_buffers(n)
@@ -134,6 +174,8 @@ class PassGraphs:
         # pass j - 1) is written on the device; row n's id is the last pass's greedy token
         host[1:, 1] = np.arange(start_pos + T0, start_pos + T0 + n, dtype=np.int32)
         with self.stream:
+            started = cp.cuda.Event()
+            started.record(self.stream)
             copy = cp.cuda.runtime.memcpyAsync
             h2d, d2d, d2h = (cp.cuda.runtime.memcpyHostToDevice, cp.cuda.runtime.memcpyDeviceToDevice,
                              cp.cuda.runtime.memcpyDeviceToHost)
@@ -154,8 +196,47 @@ class PassGraphs:
                 copy(dev[j + 1].data.ptr, buf["argmax"].data.ptr, 4, d2d, self.stream.ptr)
                 made += 1
             copy(host.ctypes.data, dev.data.ptr, host.nbytes, d2h, self.stream.ptr)
+            done = cp.cuda.Event()
+            done.record(self.stream)
+        return PendingChain(made, dev, host, started, done)
+
+    def run_after(self, first: int, pending: "PendingChain", start_pos: int, order,
+                  tokens: np.ndarray | None = None) -> np.ndarray | None:
+        """Each position's greedy token (int32 (1 + pending.n,)) of ONE pass of ``first`` and the
+        chain's tokens at ``start_pos``, enqueued behind the chain on the device: this stream waits
+        for the chain's passes (``pending`` may come from another model's graphs, e.g. a speculative
+        draft's), its ids are copied from the chain's device buffer, and the host waits once, for
+        this pass. ``tokens`` (int32 (1 + pending.n,), e.g. an oracle's guesses): take these ids
+        instead, still uploaded behind the chain. The same pass as :meth:`run` of the same ids.
+        None: this width cannot replay (wait for ``pending.tokens()`` and run the pass eagerly)."""
+        cp = self.model.backend.xp
+        T = 1 + pending.n
+        if tokens is None:
+            tokens = np.zeros(T, np.int32)
+            tokens[0] = first
+            from_chain = True
+        else:
+            from_chain = False
+
+        def fill():
+            self._upload(T, tokens, start_pos)
+            self.stream.wait_event(pending.done)
+            if from_chain:  # the chain's ids: column 0 of its rows 1..n (8-byte rows) into ids[1..n]
+                io = self._io[T]
+                cp.cuda.runtime.memcpy2DAsync(io[1:].data.ptr, 4, pending.dev[1].data.ptr, 8, 4, pending.n,
+                                              cp.cuda.runtime.memcpyDeviceToDevice, self.stream.ptr)
+
+        with self.stream:
+            buf = self._pass(T, start_pos, order, fill)
+            if buf is None:
+                return None
+            out = self._out[T]
+            cp.cuda.runtime.memcpyAsync(out.ctypes.data, buf["argmax"].data.ptr, out.nbytes,
+                                        cp.cuda.runtime.memcpyDeviceToHost, self.stream.ptr)
+            pending.verified = cp.cuda.Event()
+            pending.verified.record(self.stream)
             self.stream.synchronize()
-        return host[1:made + 1, 0].copy()
+        return out.copy()
 
     def _chain_buffers(self, n: int):
         """Device and page-locked int32 (n + 1, 2) buffers of :meth:`chain` (one pair per length)."""

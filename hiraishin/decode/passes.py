@@ -9,6 +9,7 @@ replay's batched run makes the passes a verifier of that width would make.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -16,7 +17,7 @@ import numpy as np
 from ..errors import HiraishinError
 from ..order import ReductionOrder
 
-__all__ = ["pass_spans", "feed", "greedy_tokens", "greedy_chain", "progress_bar"]
+__all__ = ["pass_spans", "feed", "greedy_tokens", "greedy_chain", "draft_and_verify", "progress_bar"]
 
 
 def pass_spans(start: int, stop: int, batch_size: int, order: ReductionOrder) -> Iterator[tuple[int, int]]:
@@ -78,6 +79,47 @@ def greedy_chain(model, tokens: Sequence[int], start_pos: int, n: int, order: Re
         out.append(int(greedy_tokens(model, [out[-1]], pos, order)[-1]))
         pos += 1
     return out
+
+
+def draft_and_verify(draft, target, tokens: Sequence[int], start_pos: int, n: int, first: int, pos: int,
+                     order: ReductionOrder, draft_order: ReductionOrder | None = None,
+                     verify_tokens: Sequence[int] | None = None):
+    """One speculative cycle's passes: the draft's ``n`` greedy guesses after ``tokens`` fed at
+    ``start_pos`` (:func:`greedy_chain`), then the target's pass of ``[first] + guesses`` at ``pos``
+    (:func:`greedy_tokens`). Returns ``(guesses, best, draft_s, verify_s)``: the guesses (list of n
+    ints), the target's argmax at each position (1 + n,), and the seconds of each part.
+
+    Where both models can (``greedy_chain_async`` / ``verify_chain``: CUDA graphs), the verify
+    pass is enqueued behind the draft's on the device, its ids copied there from the draft's
+    argmaxes: no host round trip between them. The host then sees neither the end of the drafting
+    nor the start of the verifying: ``draft_s`` is the draft chain's device time (CUDA events) and
+    ``verify_s`` the rest of the call (the verify pass and the host's share). Otherwise the two run
+    one after the other and each is timed on the host. ``verify_tokens`` (``1 + n`` ids, a
+    benchmark's oracle guesses): verify these instead, still behind the draft's passes. The same
+    passes, hence the same tokens, as the two calls one after the other.
+    """
+    draft_order = order if draft_order is None else draft_order
+    tokens = [int(t) for t in tokens]
+    start = getattr(draft, "greedy_chain_async", None)
+    verify = getattr(target, "verify_chain", None)
+    t0 = time.perf_counter()
+    if (start is not None and verify is not None
+            and draft_order.verify_limit(start_pos, len(tokens)) == len(tokens)):
+        chain = start(tokens, start_pos, n, order=draft_order)
+        t1 = time.perf_counter()
+        best = verify(first, chain, pos, order=order, tokens=verify_tokens)
+        guesses = [int(t) for t in chain.tokens()]
+        t2 = time.perf_counter()
+        spans = chain.device_spans()
+        if spans is None:  # the chain was made on the host: each part timed there
+            return guesses, best, t1 - t0, t2 - t1
+        draft_s = min(spans[0], t2 - t0)
+        return guesses, best, draft_s, (t2 - t0) - draft_s
+    guesses = greedy_chain(draft, tokens, start_pos, n, draft_order)
+    t1 = time.perf_counter()
+    batch = [int(first)] + guesses if verify_tokens is None else [int(t) for t in verify_tokens]
+    best = greedy_tokens(target, batch, pos, order)
+    return guesses, best, t1 - t0, time.perf_counter() - t1
 
 
 def progress_bar(total: int, desc: str, enabled: bool, unit: str = "tok"):

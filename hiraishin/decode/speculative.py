@@ -30,7 +30,7 @@ from ..errors import HiraishinError
 from ..order import ReductionOrder
 from .inputs import (ArgumentTypeError, backend_name, check_int, check_order, eos_ids, model_name,
                      prompt_tokens)
-from .passes import feed, greedy_chain, greedy_tokens, progress_bar
+from .passes import draft_and_verify, feed, greedy_chain, greedy_tokens, progress_bar
 from .report import POSITION_NOTE, dump_json, top_two
 
 __all__ = [
@@ -138,14 +138,24 @@ def speculative_decode(target, draft, prompt_tokens, max_new_tokens: int, *, n_d
             room = min(room, n_ctx_d - pos)
         t0 = time.perf_counter()
         guesses, draft_end = [], draft_len
-        if room > 0:
-            guesses, draft_end = _draft_guesses(draft, seq[draft_len:], draft_len, room, order, p_min_gap,
-                                                p_min)
-            if len(guesses) < draft_min:
-                guesses = []
-        t1 = time.perf_counter()
-        best = greedy_tokens(target, [seq[-1]] + guesses, pos, order)
-        t2 = time.perf_counter()
+        if room > 0 and room >= draft_min and p_min_gap <= 0 and p_min <= 0:
+            # no confidence cut: the draft's passes and the verify pass as one device-side sequence
+            # (draft_and_verify: the verify's ids copied on the device from the draft's argmaxes)
+            pending = seq[draft_len:]
+            guesses, best, draft_s, verify_s = draft_and_verify(draft, target, pending, draft_len, room,
+                                                                seq[-1], pos, order)
+            draft_end = draft_len + len(pending) + room - 1
+            t2 = time.perf_counter()
+            t1 = t2 - verify_s  # the split draft_and_verify reports (device time of the draft chain)
+        else:
+            if room > 0:
+                guesses, draft_end = _draft_guesses(draft, seq[draft_len:], draft_len, room, order, p_min_gap,
+                                                    p_min)
+                if len(guesses) < draft_min:
+                    guesses = []
+            t1 = time.perf_counter()
+            best = greedy_tokens(target, [seq[-1]] + guesses, pos, order)
+            t2 = time.perf_counter()
         k = 0
         while k < len(guesses) and guesses[k] == best[k]:
             k += 1

@@ -25,7 +25,7 @@ from ..kernels.rope import rope_tables
 from ..order import ReductionOrder
 from .weights import check_memory_fits, is_out_of_memory, load_weights, release_cached_memory
 
-__all__ = ["Qwen3", "DEFAULT_N_CTX"]
+__all__ = ["Qwen3", "ChainTokens", "DEFAULT_N_CTX"]
 
 DEFAULT_N_CTX = 4096
 # Passes of at most this many tokens (decode steps, speculative verify batches of up to 16) reuse
@@ -37,6 +37,33 @@ BUFFER_MAX_TOKENS = 16
 CUDA_GRAPHS_ENV = "HIRAISHIN_CUDA_GRAPHS"
 
 Recorder = Callable[[str, np.ndarray], None]
+
+
+class ChainTokens:
+    """The ``n`` greedy tokens of :meth:`Qwen3.greedy_chain_async`: made already (``host``) or still
+    being made on the device (``pending``, a :class:`~hiraishin.backends.graphs.PendingChain`).
+    ``tokens()`` gives them (int64 (n,)), waiting if it must."""
+
+    __slots__ = ("pending", "_host")
+
+    def __init__(self, host: np.ndarray | None = None, pending=None):
+        if (host is None) == (pending is None):
+            raise HiraishinError("ChainTokens takes host tokens or a pending chain, not both or neither")
+        self.pending, self._host = pending, host
+
+    @property
+    def n(self) -> int:
+        return self.pending.n if self.pending is not None else int(self._host.size)
+
+    def tokens(self) -> np.ndarray:
+        if self._host is None:
+            self._host = self.pending.tokens().astype(np.int64)
+        return self._host.copy()
+
+    def device_spans(self) -> tuple[float, float | None] | None:
+        """Device seconds of the chain and of a :meth:`Qwen3.verify_chain` pass behind it (None: made on
+        the host, no device spans)."""
+        return None if self.pending is None else self.pending.spans()
 
 
 class Qwen3:
@@ -166,6 +193,15 @@ class Qwen3:
         CUDA graphs every pass is enqueued before the first finishes (each token id copied on the
         device from the previous pass's argmax), so the host waits once, not once per token: what a
         speculative draft wants, whose guesses the host needs only all together."""
+        return self.greedy_chain_async(tokens, start_pos, n, order).tokens()
+
+    def greedy_chain_async(self, tokens, start_pos: int, n: int,
+                           order: ReductionOrder = ReductionOrder.BATCH_INVARIANT) -> "ChainTokens":
+        """:meth:`greedy_chain` without waiting for the tokens where CUDA graphs let it: a
+        :class:`ChainTokens` whose ``tokens()`` waits. Another model's :meth:`verify_chain` can take
+        it as it is, its pass enqueued behind the chain's on the device (a speculative verify with no
+        host round trip between the draft's passes and the target's). Without graphs the tokens are
+        made at once, by the loop itself."""
         if not isinstance(order, ReductionOrder):
             raise HiraishinError(f"order must be a ReductionOrder (e.g. ReductionOrder.BATCH_INVARIANT), "
                                  f"got {type(order).__name__}")
@@ -179,17 +215,48 @@ class Qwen3:
         if self._graphs is not None and T0 <= self._graphs.max_tokens:
             if start_pos < self.kv_len:
                 self.cache.rollback(start_pos)
-            made = self._graphs.chain(tokens.astype(np.int32), start_pos, n, order)
-            if made is not None:
-                out = [int(t) for t in made]
-                self.cache.commit(start_pos + T0 + len(out) - 1)
+            pending = self._graphs.chain_async(tokens.astype(np.int32), start_pos, n, order)
+            if pending is not None:
+                self.cache.commit(start_pos + T0 + pending.n - 1)
+                if pending.n == n:
+                    return ChainTokens(pending=pending)
+                out = [int(t) for t in pending.tokens()]  # a capture failed on the way: the rest below
         if not out:  # no graphs (or none for this width): the loop itself
             out = [int(self.forward_argmax(tokens, start_pos, order)[-1])]
         pos = start_pos + T0 + len(out) - 1
         while len(out) < n:
             out.append(int(self.forward_argmax([out[-1]], pos, order)[-1]))
             pos += 1
-        return np.asarray(out, dtype=np.int64)
+        return ChainTokens(host=np.asarray(out, dtype=np.int64))
+
+    def verify_chain(self, first: int, chain: "ChainTokens", start_pos: int,
+                     order: ReductionOrder = ReductionOrder.BATCH_INVARIANT, tokens=None) -> np.ndarray:
+        """:meth:`forward_argmax` of ``[first] + chain.tokens()`` at ``start_pos``: int64 (1 + n,).
+
+        ``chain`` comes from a model's :meth:`greedy_chain_async` (a speculative draft's guesses).
+        With CUDA graphs on both sides the pass is enqueued behind the chain's passes on the device,
+        its ids copied there from the chain, and the host waits once for both; otherwise the host
+        takes the chain's tokens and runs the pass. ``tokens`` (``1 + n`` ids): run the pass of these
+        ids instead, still behind the chain (a benchmark's oracle guesses). The same pass either way."""
+        n = chain.n
+        if tokens is not None:
+            tokens = self._check_tokens(tokens)
+            if tokens.size != 1 + n:
+                raise HiraishinError(f"verify_chain: {tokens.size} tokens given for a chain of {n} (need {1 + n})")
+        else:
+            first = int(self._check_tokens([first])[0])
+        pending = chain.pending
+        if pending is not None and self._graphs is not None and 1 + n <= self._graphs.max_tokens:
+            start_pos = self._check_start(start_pos, 1 + n)
+            if start_pos < self.kv_len:
+                self.cache.rollback(start_pos)
+            out = self._graphs.run_after(first, pending, start_pos, order,
+                                         None if tokens is None else tokens.astype(np.int32))
+            if out is not None:
+                self.cache.commit(start_pos + 1 + n)
+                return out.astype(np.int64)
+        ids = tokens if tokens is not None else np.concatenate([[first], chain.tokens()]).astype(np.int64)
+        return self.forward_argmax(ids, start_pos, order)
 
     def _forward(self, tokens, start_pos: int, order, record, want: str) -> np.ndarray:
         if not isinstance(order, ReductionOrder):

@@ -403,9 +403,9 @@ def matvec_plan(order, ncols: int, qtype: str, device=None, k: int | None = None
                 raise PlanError(f"{order.name}: rows_per_block must be in 1..{MAX_ROWS_PER_BLOCK}, got {rows}")
             max_cols = min(max_cols, MAX_ACCUMULATORS // rows)
             cols = _balanced(ncols, max_cols)
-        else:
+        else:  # rows per CUDA block change no bit: the invariant policy's choice for its nwarps
             cols = _balanced(ncols, max_cols)
-            rows = _default_rows_per_block(cols)
+            rows = _one_col_rows(qtype, nwarps, k) if cols == 1 else _default_rows_per_block(cols)
         return MatVecPlan(kernel="mmvq", qtype=qtype, nwarps=nwarps, rows_per_block=rows,
                           cols_per_launch=cols, ncols=ncols)
     raise PlanError(f"{order.name}: unknown mat-vec policy {policy!r}; expected variant, invariant, subblock "
