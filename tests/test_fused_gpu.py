@@ -206,6 +206,7 @@ def test_fused_launches_replay_in_a_cuda_graph_with_new_positions():
     pos = cp.zeros((T,), cp.int32)
     qo, kc, vc = cp.empty((T, H, D), cp.float32), cp.zeros((n_ctx, Hkv, D), cp.float16), cp.zeros((n_ctx, Hkv, D), cp.float16)
     stream = cp.cuda.Stream(non_blocking=True)
+    cp.cuda.Device().synchronize()  # the inputs above were made on the default stream, which it does not wait for
     with stream:
         launch(q, k, v, wq, wk, pos, cos_t, sin_t, qo, kc, vc)  # compile outside the capture
         stream.synchronize()

@@ -258,13 +258,13 @@ def test_mmq_multi_source_equals_separate_emulators_on_cpu(tmp_path, qtype, widt
 
 
 def test_mmq_multi_is_off_unless_asked(monkeypatch):
-    """Off unless HIRAISHIN_MMQ_MULTI=1 was in the environment at import (MMQ_MULTI, read once)."""
+    """On unless HIRAISHIN_MMQ_MULTI=0 was in the environment at import (MMQ_MULTI, read once)."""
     import importlib
     import os
 
     launch = importlib.import_module("hiraishin.kernels.mmq.launch")  # the package's `launch` is a function
 
-    assert launch.MMQ_MULTI == (os.environ.get(launch.ENV_MMQ_MULTI, "0").strip() == "1")
+    assert launch.MMQ_MULTI == (os.environ.get(launch.ENV_MMQ_MULTI, "1").strip() != "0")
     monkeypatch.setattr(launch, "MMQ_MULTI", False)
     assert not launch.multi_enabled()
     monkeypatch.setattr(launch, "MMQ_MULTI", True)

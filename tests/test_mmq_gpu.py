@@ -129,7 +129,8 @@ def test_multi_launch_equals_separate_launches(cp, qtype, k, ns, width):
 
 
 def test_passes_with_multi_launches_equal_passes_without(tiny_model_path, monkeypatch):
-    """MMQ_MULTI (opt-in, HIRAISHIN_MMQ_MULTI=1): SUBBLOCK passes with Q/K/V and gate/up grouped give the same logits."""
+    """MMQ_MULTI (on; HIRAISHIN_MMQ_MULTI=0 turns it off): SUBBLOCK passes with Q/K/V and gate/up grouped give the
+    same logits as with every mat-vec its own launch."""
     import importlib
 
     from hiraishin import Qwen3, ReductionOrder

@@ -91,6 +91,9 @@ class PassGraphs:
         self.max_tokens = int(max_tokens)
         self.pdl = bool(pdl)  # capture with programmatic dependent launches (see the module docstring)
         self.stream = cp.cuda.Stream(non_blocking=True)
+        # The stream does not wait for the default stream, where the model's weights, KV cache and
+        # RoPE tables were just uploaded and zeroed (asynchronously): let that work finish first.
+        model.backend.synchronize()
         self._io: dict = {}  # T -> int32 (2T,) device: token ids, then positions (the captured inputs)
         self._stage: dict = {}  # T -> page-locked int32 (2T,): what the next replay's inputs are
         self._out: dict = {}  # T -> page-locked int32 (T,): an argmax pass's tokens
@@ -244,7 +247,9 @@ class PassGraphs:
         if hit is None:
             import cupyx
 
-            hit = self._chains[n] = (self.model.backend.xp.zeros((n + 1, 2), np.int32),
+            # (the device buffer is written whole by the chain's first copy, on this stream: no
+            # zero fill on the default stream that could land after it)
+            hit = self._chains[n] = (self.model.backend.xp.empty((n + 1, 2), np.int32),
                                      cupyx.empty_pinned((n + 1, 2), np.int32))
         return hit
 

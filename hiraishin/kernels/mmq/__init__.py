@@ -41,8 +41,8 @@ q8_1 layout, (ncols, K/32*36) uint8; ``out`` float32 (ncols, N)). Measured on an
 
 Files: ``mma_rows.cu`` (mma.sync helpers and weight-row loads, shared with ``kernels/mmq_stock``),
 ``mmq.cu`` (``hx_mmq``, and ``hx_mmq_multi``: up to three weights of one plan in one launch, the same
-tiles), :mod:`.launch` (``launch``; ``MMQMultiLaunch``, used by the backend under
-``HIRAISHIN_MMQ_MULTI=1``), :mod:`.emulate` (``emulate``).
+tiles), :mod:`.launch` (``launch``; ``MMQMultiLaunch``, used by the backend unless
+``HIRAISHIN_MMQ_MULTI=0``), :mod:`.emulate` (``emulate``).
 """
 
 from .emulate import emulate

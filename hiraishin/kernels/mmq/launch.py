@@ -127,12 +127,13 @@ class MMQLaunch:
         return out
 
 
-# Q/K/V (and gate/up) of one plan in one hx_mmq_multi launch: off unless HIRAISHIN_MMQ_MULTI=1, until
-# the H200 has timed it (bench/final_session.sh STEPS=ab AB_VAR=HIRAISHIN_MMQ_MULTI AB_ORDERS=subblock);
-# the bits are the separate launches' either way (tests/test_mmq.py, tests/test_mmq_gpu.py).
+# Q/K/V (and gate/up) of one plan in one hx_mmq_multi launch: on unless HIRAISHIN_MMQ_MULTI=0. The bits
+# are the separate launches' either way (tests/test_mmq.py, tests/test_mmq_gpu.py). H200, SUBBLOCK graph
+# replays, same logits digests (bench/results/2026-12-02-h200-session7, STEPS=ab AB_VAR=HIRAISHIN_MMQ_MULTI):
+# the 0.6B shape 0.949 -> 0.826 ms one token, 1.028 -> 0.893 three; the 8B 3.312 -> 2.995, 4.144 -> 3.727.
 # Read once (the backend asks per prepared mat-vec); a test or benchmark may set MMQ_MULTI itself.
 ENV_MMQ_MULTI = "HIRAISHIN_MMQ_MULTI"
-MMQ_MULTI = os.environ.get(ENV_MMQ_MULTI, "0").strip() == "1"
+MMQ_MULTI = os.environ.get(ENV_MMQ_MULTI, "1").strip() != "0"
 
 
 def multi_enabled() -> bool:
