@@ -18,7 +18,7 @@
 #   ablate    bench/ablate_pass.py on both shapes: a one-token pass with each kind of small launch left
 #             out of its graph (what fusing it away could save at most);
 #   ab        bench/replay_widths.py under each value of an environment variable (AB_VAR, AB_VALUES, AB_ORDERS;
-#             default HIRAISHIN_PREFETCH_AHEAD 0 1, invariant; widths 1 and 3): replay times and logits digests of
+#             default HIRAISHIN_PREFETCH_AHEAD 0 1, invariant; widths AB_WIDTHS, default 1,3): replay times and logits digests of
 #             a change that must keep every bit;
 #   pdl       the ab step for HIRAISHIN_PDL_TRIGGER=after_wait and =early (PDL_ORDERS, default invariant,subblock);
 #   draft     bench/replay_widths.py on the 0.6B draft under DRAFT_AB_ORDERS (default invariant,nwarps1,nwarps2;
@@ -71,7 +71,7 @@ ab_replays() {
     for v in $values; do
         echo "== replays under $var=$v ($(left) s left)"
         env "$var=$v" timeout $(cap $per) python3 bench/replay_widths.py /tmp/qwen3-0.6b.gguf \
-            /tmp/qwen3-8b.gguf --orders $orders --widths 1,3 --json "$OUT/replay-$var-$v.json" 2>&1 | tail -n 12
+            /tmp/qwen3-8b.gguf --orders $orders --widths ${AB_WIDTHS:-1,3} --json "$OUT/replay-$var-$v.json" 2>&1 | tail -n 12
     done
     python3 - "$OUT" "$var" $values <<'PY'
 import json, sys

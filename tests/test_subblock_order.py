@@ -51,3 +51,21 @@ def test_model_batches_equal_one_token_passes(micro_model_path):
     model.reset()
     other = np.concatenate([model.forward([t], i, ReductionOrder.BATCH_INVARIANT) for i, t in enumerate(tokens)])
     assert not np.array_equal(other, single)  # its own order: other bits than the invariant preset
+
+
+def test_mma_warps_override_changes_only_the_warps_of_one_tile_launches(monkeypatch):
+    """HIRAISHIN_SUBBLOCK_MMA_NWARPS (an A/B switch, read at import) sets the warps of mma launches of up
+    to 8 columns; nothing else of the plan (the order: nseg) moves; a bad value is an error naming it."""
+    from hiraishin.errors import PlanError
+    from hiraishin.plans import subblock
+
+    base = {w: subblock.subblock_plan(w, "Q4_K", 4096, n=4096) for w in (1, 3, 9)}
+    monkeypatch.setattr(subblock, "SUBBLOCK_MMA_FEW_COLS_NWARPS", "16")
+    got = {w: subblock.subblock_plan(w, "Q4_K", 4096, n=4096) for w in (1, 3, 9)}
+    assert got[3].nwarps == 16 and got[3].nseg == base[3].nseg and got[3].kernel == "mma"
+    assert got[1] == base[1] and got[9] == base[9]  # one column, two n-tiles: the table
+    assert subblock.subblock_plan(3, "Q4_K", 1024).nwarps == 4  # never more warps than segments
+    for bad in ("17", "x", "-1"):
+        monkeypatch.setattr(subblock, "SUBBLOCK_MMA_FEW_COLS_NWARPS", bad)
+        with pytest.raises(PlanError, match="HIRAISHIN_SUBBLOCK_MMA_NWARPS"):
+            subblock.subblock_plan(3, "Q4_K", 4096)

@@ -30,6 +30,7 @@ This module is pure Python (no kernels, no backends).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from ..errors import PlanError
@@ -70,6 +71,23 @@ SUBBLOCK_NWARPS = {  # (kernel, qtype, rows <= SUBBLOCK_FEW_ROWS) -> warps per C
     ("mma", "Q4_K", True): 8, ("mma", "Q4_K", False): 8,
     ("mma", "Q6_K", True): 8, ("mma", "Q6_K", False): 4,
 }
+
+# Warps per CUDA block of "mma" launches of at most SUBBLOCK_NTILE_COLS columns (one n-tile: the
+# verify passes of a speculative cycle), overriding SUBBLOCK_NWARPS when set: a launch fact for A/B
+# runs (HIRAISHIN_SUBBLOCK_MMA_NWARPS=16: one K-segment per warp, as the one-column kernel; 0 or unset:
+# the table). Read once; tests/test_mmq_gpu.py checks every warp count against the emulator.
+ENV_MMA_NWARPS = "HIRAISHIN_SUBBLOCK_MMA_NWARPS"
+SUBBLOCK_MMA_FEW_COLS_NWARPS = os.environ.get(ENV_MMA_NWARPS, "").strip()
+
+
+def _mma_few_cols_nwarps() -> int | None:
+    text = SUBBLOCK_MMA_FEW_COLS_NWARPS
+    if text in ("", "0"):
+        return None
+    if not text.isdigit() or not 1 <= int(text) <= 16:
+        raise PlanError(f"${ENV_MMA_NWARPS} must be a warp count in 1..16 (or 0: the table), got {text!r}")
+    return int(text)
+
 
 def subblock_segments(k: int) -> int:
     """NSEG of rows of ``k`` values (the only geometry that changes bits)."""
@@ -137,5 +155,7 @@ def subblock_plan(ncols: int, qtype: str, k: int, device=None, n: int | None = N
     cols = SUBBLOCK_NTILE_COLS if ncols <= SUBBLOCK_NTILE_COLS else SUBBLOCK_MAX_COLS_PER_BLOCK
     kernel = "onecol" if ncols == 1 else "mma"
     nwarps = SUBBLOCK_NWARPS[(kernel, qtype, n is None or n <= SUBBLOCK_FEW_ROWS)]
+    if kernel == "mma" and ncols <= SUBBLOCK_NTILE_COLS and _mma_few_cols_nwarps():
+        nwarps = _mma_few_cols_nwarps()
     return SubBlockPlan(qtype=qtype, ncols=ncols, k=k, nseg=nseg, kernel=kernel,
                         tile_rows=SUBBLOCK_TILE_ROWS, cols_per_block=cols, nwarps=min(nseg, nwarps))
