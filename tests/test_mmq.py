@@ -257,7 +257,7 @@ def test_mmq_multi_source_equals_separate_emulators_on_cpu(tmp_path, qtype, widt
                                           err_msg=f"{qtype} weight of {n} rows, {wd} columns")
 
 
-def test_mmq_multi_is_off_unless_asked(monkeypatch):
+def test_mmq_multi_is_on_unless_turned_off(monkeypatch):
     """On unless HIRAISHIN_MMQ_MULTI=0 was in the environment at import (MMQ_MULTI, read once)."""
     import importlib
     import os

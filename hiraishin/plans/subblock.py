@@ -155,7 +155,7 @@ def subblock_plan(ncols: int, qtype: str, k: int, device=None, n: int | None = N
     cols = SUBBLOCK_NTILE_COLS if ncols <= SUBBLOCK_NTILE_COLS else SUBBLOCK_MAX_COLS_PER_BLOCK
     kernel = "onecol" if ncols == 1 else "mma"
     nwarps = SUBBLOCK_NWARPS[(kernel, qtype, n is None or n <= SUBBLOCK_FEW_ROWS)]
-    if kernel == "mma" and ncols <= SUBBLOCK_NTILE_COLS and _mma_few_cols_nwarps():
-        nwarps = _mma_few_cols_nwarps()
+    if kernel == "mma" and ncols <= SUBBLOCK_NTILE_COLS:
+        nwarps = _mma_few_cols_nwarps() or nwarps
     return SubBlockPlan(qtype=qtype, ncols=ncols, k=k, nseg=nseg, kernel=kernel,
                         tile_rows=SUBBLOCK_TILE_ROWS, cols_per_block=cols, nwarps=min(nseg, nwarps))
