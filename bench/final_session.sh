@@ -17,6 +17,8 @@
 #             speculative ratio (session 4: 1.34 of 2.0 plain steps per cycle under BATCH_INVARIANT);
 #   ablate    bench/ablate_pass.py on both shapes: a one-token pass with each kind of small launch left
 #             out of its graph (what fusing it away could save at most);
+#   ablatew   bench/replay_widths.py --ablate on the 8B: the same variants as ablate at ABLATE_WIDTHS (default
+#             1,3) under ABLATE_ORDER (default subblock): where a verify pass's time goes;
 #   ab        bench/replay_widths.py under each value of an environment variable (AB_VAR, AB_VALUES, AB_ORDERS;
 #             default HIRAISHIN_PREFETCH_AHEAD 0 1, invariant; widths AB_WIDTHS, default 1,3): replay times and logits digests of
 #             a change that must keep every bit;
@@ -62,6 +64,12 @@ if want ablate; then
     echo "== ablation of small launches ($(left) s left)"
     timeout $(cap 200) python3 bench/ablate_pass.py /tmp/qwen3-0.6b.gguf /tmp/qwen3-8b.gguf \
         --order ${ABLATE_ORDER:-invariant} --json "$OUT/ablate-pass.json" 2>&1 | tail -n 20
+fi
+
+if want ablatew; then
+    echo "== ablation of small launches at widths ${ABLATE_WIDTHS:-1,3} ($(left) s left)"
+    timeout $(cap 200) python3 bench/replay_widths.py /tmp/qwen3-8b.gguf --ablate --orders ${ABLATE_ORDER:-subblock} \
+        --widths ${ABLATE_WIDTHS:-1,3} --json "$OUT/ablate-widths.json" 2>&1 | grep -v "^==" | tail -n 20
 fi
 
 # Replays and logits digests under each value of one environment variable (a change that must keep

@@ -8,6 +8,9 @@ change a bit. Run it once per setting and compare the digests and the times.
 Per (model, order, width): one eager pass and two captured replays at the same position, then
 ``--steps`` back-to-back replays of that width's graph, three times (the least per pass is kept);
 the digest is SHA-256 of the last replay's float32 logits.
+
+``--ablate``: also each variant of ``bench/ablate_pass.py`` (one kind of small launch left out of the
+graph; garbage logits, only the time read) at these widths: where a verify pass's time goes.
 """
 
 from __future__ import annotations
@@ -54,6 +57,26 @@ def measure(path: str, order_names, widths, steps: int) -> list[dict]:
     return rows
 
 
+def measure_ablated(path: str, order_names, widths, steps: int) -> list[dict]:
+    """:func:`measure` under each of ablate_pass.py's variants (rows gain ``variant``)."""
+    from ablate_pass import VARIANTS
+
+    from hiraishin.backends import cuda as cuda_backend
+
+    rows = []
+    for variant, patches in VARIANTS.items():
+        saved = {k: getattr(cuda_backend, k) for k in patches}
+        try:
+            for k, fn in patches.items():
+                setattr(cuda_backend, k, fn)
+            print(f"== {variant}", flush=True)
+            rows += [dict(r, variant=variant) for r in measure(path, order_names, widths, steps)]
+        finally:
+            for k, fn in saved.items():
+                setattr(cuda_backend, k, fn)
+    return rows
+
+
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     """The models and what to replay (also bench/sweep_norm.py's)."""
     ap.add_argument("models", nargs="+")
@@ -74,9 +97,11 @@ def orders_of(ap: argparse.ArgumentParser, args) -> list[str]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_arguments(ap)
+    ap.add_argument("--ablate", action="store_true", help="also leave out each kind of small launch (ablate_pass.py)")
     args = ap.parse_args(argv)
     orders = orders_of(ap, args)
-    rows = [r for path in args.models for r in measure(path, orders, parse_widths(args.widths), args.steps)]
+    run = measure_ablated if args.ablate else measure
+    rows = [r for path in args.models for r in run(path, orders, parse_widths(args.widths), args.steps)]
     if args.json:
         # every switch a replay A/B may vary (final_session.sh's ab step), not only the PDL ones
         write_rows_json(args.json, rows, env={k: v for k, v in sorted(os.environ.items()) if k.startswith("HIRAISHIN_")})

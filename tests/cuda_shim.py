@@ -73,6 +73,15 @@ template <class T> inline T __shfl_xor_sync(unsigned, T v, int off, int) {
     g_warp_barriers[warp]->arrive_and_wait();
     return r;
 }
+template <class T> inline T __shfl_sync(unsigned, T v, int src, int width) {
+    int t = hx_ltid(), warp = t / 32, lane = t % 32;
+    std::memcpy(&g_shfl[t], &v, 4);
+    g_warp_barriers[warp]->arrive_and_wait();
+    T r;
+    std::memcpy(&r, &g_shfl[warp * 32 + (lane / width) * width + src % width], 4);
+    g_warp_barriers[warp]->arrive_and_wait();
+    return r;
+}
 inline int __dp4a(int a, int b, int c) {
     for (int k = 0; k < 4; ++k) c += (int)(signed char)(a >> (8 * k)) * (int)(signed char)(b >> (8 * k));
     return c;

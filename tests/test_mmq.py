@@ -155,8 +155,11 @@ int main(int argc, char** argv) {
 # (qtype, K, rows, widths, weight byte offset, nwarps, prefetch): both kernels, a partial row
 # tile, 2-byte aligned Q6_K blocks (offset 2; K=768: rows of an odd number of super-blocks, so
 # both alignments in one tile), uneven segments (K=5120), fewer warps than segments.
+# Widths 2 and 3-4 run the shared-lane epilogue (HX_LIVE 2 and 4; not with prefetch 1), 5-8 the
+# plain one-tile kernel, 9-16 two tiles.
 SHIM_CASES = [("Q4_K", 1024, 19, (1, 3, 9), 0, 4, 0), ("Q4_K", 5120, 17, (1, 2), 0, 8, 1),
-              ("Q6_K", 768, 19, (1, 5, 16), 2, 3, 0), ("Q6_K", 1024, 17, (1, 8), 0, 2, 1)]
+              ("Q4_K", 2048, 21, (2, 4), 0, 8, 0), ("Q6_K", 768, 19, (1, 3, 5, 16), 2, 3, 0),
+              ("Q6_K", 1024, 17, (1, 2, 8), 0, 2, 1), ("Q6_K", 512, 33, (2, 4), 0, 2, 0)]
 
 
 @pytest.mark.parametrize("case", SHIM_CASES, ids=lambda c: f"{c[0]}-K{c[1]}")

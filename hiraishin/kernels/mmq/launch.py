@@ -18,7 +18,9 @@ from ..compile import precompile as compile_many
 from ..mmvq.launch import MULTI_MAX_WEIGHTS, multi_weight_args
 
 __all__ = [
+    "ENV_MMQ_LIVE",
     "ENV_MMQ_MULTI",
+    "MMQ_LIVE_COLS",
     "MMQ_MULTI",
     "MMQMultiLaunch",
     "multi_enabled",
@@ -29,6 +31,7 @@ __all__ = [
     "MMQLaunch",
     "kernel_defines",
     "launch",
+    "live_cols",
     "mmq_kernel",
     "precompile",
     "prepared_launch",
@@ -68,6 +71,25 @@ def _prefetch_w(k: int) -> int:
     return 1 if k <= MMQ_PREFETCH_W_MAX_K else 0
 
 
+# HX_LIVE: a several-column launch of at most 2 (or 4) columns shares the float work of its live
+# columns among all 32 lanes of each warp (mmq.cu: the MMA's integer C moved by __shfl_sync; every
+# output keeps its float operations and their order, so no bit changes). The verify passes of a
+# speculative cycle are 2..5 tokens wide. HIRAISHIN_MMQ_LIVE=0 turns it off (the A/B:
+# bench/final_session.sh STEPS=ab AB_VAR=HIRAISHIN_MMQ_LIVE AB_VALUES="0 1" AB_ORDERS=subblock).
+MMQ_LIVE_COLS = (2, 4)
+ENV_MMQ_LIVE = "HIRAISHIN_MMQ_LIVE"
+
+
+def live_cols(plan: SubBlockPlan, prefetch_x: int = 0) -> int:
+    """HX_LIVE of ``plan``: the least of :data:`MMQ_LIVE_COLS` that holds its columns, for the
+    several-column kernel with one n-tile; 0 otherwise or under ``HIRAISHIN_MMQ_LIVE=0``."""
+    if os.environ.get(ENV_MMQ_LIVE, "").strip() == "0" or plan.kernel != "mma" or prefetch_x:
+        return 0
+    if plan.cols_per_block != SUBBLOCK_NTILE_COLS:
+        return 0
+    return next((c for c in MMQ_LIVE_COLS if plan.ncols <= c), 0)
+
+
 def kernel_defines(plan: SubBlockPlan, max_regs: int | None | str = "default",
                    prefetch: int | str = "default") -> dict:
     """``#define``\\ s of the kernel for ``plan`` (``max_regs``, ``prefetch``: override the tuning)."""
@@ -89,6 +111,7 @@ def kernel_defines(plan: SubBlockPlan, max_regs: int | None | str = "default",
         "HX_MIN_BLOCKS": min_blocks,
         "HX_PREFETCH_X": pre if nt == 1 else 0,
         "HX_PREFETCH_W": _prefetch_w(plan.k),
+        "HX_LIVE": live_cols(plan, pre if nt == 1 else 0),
     }
 
 

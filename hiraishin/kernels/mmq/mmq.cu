@@ -30,6 +30,26 @@
 #error "HX_PREFETCH_X needs HX_NT == 1"
 #endif
 #define HX_COLS (8 * HX_NT)
+// HX_LIVE (0, 2 or 4; one n-tile, not HX_ONECOL, not HX_PREFETCH_X): launches of at most HX_LIVE
+// columns move each MMA's C fragment across the lanes of the warp (__shfl_sync) so that the float
+// work of the live columns is shared by all 32 lanes: HX_LIVE_NE outputs per lane instead of 4, each
+// with the very float operations, in the very order, it gets without HX_LIVE (the integer C is
+// exact wherever it sits). Lane (g, t) then owns row g + 8 * hx_live_half and columns hx_live_col(u),
+// u < HX_LIVE_NE:
+//   HX_LIVE 2: half t >> 1, column t & 1        (C element t of lane (g, 0))
+//   HX_LIVE 4: half t & 1, columns 2(t >> 1)+u   (C elements 2*half+u of lane (g, t >> 1))
+#ifndef HX_LIVE
+#define HX_LIVE 0
+#endif
+#if HX_LIVE != 0 && HX_LIVE != 2 && HX_LIVE != 4
+#error "HX_LIVE must be 0, 2 or 4"
+#endif
+#if HX_LIVE && (HX_NT != 1 || HX_ONECOL || HX_PREFETCH_X)
+#error "HX_LIVE needs one n-tile, the several-column kernel and no HX_PREFETCH_X"
+#endif
+#define HX_LIVE_NE (HX_LIVE == 2 ? 1 : 2)
+// columns of a CUDA block's partial sums in shared memory
+#define HX_PCOLS (HX_ONECOL ? 1 : HX_LIVE ? HX_LIVE : HX_COLS)
 // HX_PREFETCH_W (0/1): the CUDA block's 16 weight rows asked of L2 before it waits on the previous
 // kernel (HX_PDL_ENTRY), as mmvq.cu's blocks do: weights are never written, so under programmatic
 // dependent launch their DRAM latency overlaps the previous kernel's tail. A cache hint only.
@@ -51,7 +71,7 @@ __device__ __forceinline__ void hx_prefetch_tile(const unsigned char* w, const i
 __device__ __forceinline__ void hx_mmq_tile(const unsigned char* __restrict__ w, const unsigned char* __restrict__ xq,
                                             float* __restrict__ out, const int nrows, const int ncols,
                                             const long long out_stride, const int row0) {
-    __shared__ float part[HX_NSEG][HX_TILE_ROWS][HX_ONECOL ? 1 : HX_COLS];
+    __shared__ float part[HX_NSEG][HX_TILE_ROWS][HX_PCOLS];
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
@@ -59,6 +79,18 @@ __device__ __forceinline__ void hx_mmq_tile(const unsigned char* __restrict__ w,
     const hx_mma_ptrs ptr = hx_mma_pointers(w, xq, nrows, ncols, row0, col0, g, t);
     const unsigned char* wA = ptr.wA;
     const unsigned char* wB = ptr.wB;
+#if HX_LIVE
+    const int live_half = HX_LIVE == 2 ? t >> 1 : t & 1;            // row g + 8 * live_half
+    const int live_src = 4 * g + (HX_LIVE == 2 ? 0 : t >> 1);        // the lane whose C holds them
+    int live_col[HX_LIVE_NE];
+    const unsigned char* live_x[HX_LIVE_NE];                         // q8_1 rows of those columns
+#pragma unroll
+    for (int u = 0; u < HX_LIVE_NE; ++u) {
+        live_col[u] = HX_LIVE == 2 ? t & 1 : 2 * (t >> 1) + u;
+        const size_t x_bytes = (size_t)HX_NB * 8 * HX_Q8_BYTES;
+        live_x[u] = xq + (size_t)min(col0 + live_col[u], ncols - 1) * x_bytes;
+    }
+#endif
 
     for (int s = warp; s < HX_NSEG; s += HX_NWARPS) {
         const int sb0 = s * HX_NB / HX_NSEG, sb1 = (s + 1) * HX_NB / HX_NSEG;
@@ -66,7 +98,7 @@ __device__ __forceinline__ void hx_mmq_tile(const unsigned char* __restrict__ w,
 #pragma unroll
         for (int nt = 0; nt < HX_NT; ++nt)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) acc[nt][e] = 0.0f;
+            for (int e = 0; e < 4; ++e) acc[nt][e] = 0.0f;  // HX_LIVE: acc[0][u], u < HX_LIVE_NE
 
         for (int i = sb0; i < sb1; ++i) {
 #if HX_PREFETCH_X
@@ -123,6 +155,29 @@ __device__ __forceinline__ void hx_mmq_tile(const unsigned char* __restrict__ w,
                     c[2] = scB0 * c[2] + scB1 * c1[2];
                     c[3] = scB0 * c[3] + scB1 * c1[3];
 #endif
+#if HX_LIVE
+                    // every lane of the warp takes part (the loops above are uniform per warp)
+                    int cv[4];
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) cv[e] = __shfl_sync(0xffffffffu, c[e], live_src, 32);
+#pragma unroll
+                    for (int u = 0; u < HX_LIVE_NE; ++u) {
+                        const int ce = HX_LIVE == 2 ? (t == 0 ? cv[0] : t == 1 ? cv[1] : t == 2 ? cv[2] : cv[3])
+                                                    : (live_half ? cv[2 + u] : cv[u]);
+                        const unsigned int ds = *(const unsigned int*)(live_x[u] + xo);
+                        const float dx = hx_h2f((unsigned short)(ds & 0xFFFF));
+#if HX_QTYPE == 12
+                        const float sx = hx_h2f((unsigned short)(ds >> 16));
+                        const float ws = live_half ? rB.ws[jj] : rA.ws[jj];
+                        const float wm = live_half ? rB.wm[jj] : rA.wm[jj];
+                        acc[0][u] = __fmaf_rn(__fmul_rn(ws, dx), (float)ce, acc[0][u]);
+                        acc[0][u] = __fmaf_rn(-wm, sx, acc[0][u]);
+#else
+                        const float dw = live_half ? rB.d : rA.d;
+                        acc[0][u] = __fmaf_rn(__fmul_rn(dw, dx), (float)ce, acc[0][u]);
+#endif
+                    }
+#else
 #pragma unroll
                     for (int e = 0; e < 4; ++e) {
                         if (HX_ONECOL && (e & 1)) continue;  // column 2t+1 >= 1 does not exist
@@ -144,9 +199,14 @@ __device__ __forceinline__ void hx_mmq_tile(const unsigned char* __restrict__ w,
                         acc[nt][e] = __fmaf_rn(__fmul_rn(dw, dx), (float)c[e], acc[nt][e]);
 #endif
                     }
+#endif  // HX_LIVE
                 }
             }
         }
+#if HX_LIVE
+#pragma unroll
+        for (int u = 0; u < HX_LIVE_NE; ++u) part[s][g + 8 * live_half][live_col[u]] = acc[0][u];
+#else
 #pragma unroll
         for (int nt = 0; nt < HX_NT; ++nt)
 #pragma unroll
@@ -156,12 +216,13 @@ __device__ __forceinline__ void hx_mmq_tile(const unsigned char* __restrict__ w,
                 const int cc = HX_ONECOL ? 0 : 8 * nt + 2 * t + (e & 1);
                 part[s][rr][cc] = acc[nt][e];
             }
+#endif
     }
     __syncthreads();
-    constexpr int NOUT = HX_TILE_ROWS * (HX_ONECOL ? 1 : HX_COLS);
+    constexpr int NOUT = HX_TILE_ROWS * HX_PCOLS;
     for (int o = threadIdx.x; o < NOUT; o += 32 * HX_NWARPS) {
-        const int rr = HX_ONECOL ? o : o / HX_COLS;
-        const int cc = HX_ONECOL ? 0 : o % HX_COLS;
+        const int rr = o / HX_PCOLS;
+        const int cc = o % HX_PCOLS;
         float v = part[0][rr][cc];
 #pragma unroll
         for (int s = 1; s < HX_NSEG; ++s) v = __fadd_rn(v, part[s][rr][cc]);
