@@ -19,6 +19,9 @@
 #             out of its graph (what fusing it away could save at most);
 #   ablatew   bench/replay_widths.py --ablate on the 8B: the same variants as ablate at ABLATE_WIDTHS (default
 #             1,3) under ABLATE_ORDER (default subblock): where a verify pass's time goes;
+#   tune      bench/tune_mmq.py (the sub-block MMA launch at verify widths, TUNE_WIDTHS, default 2,4: warps,
+#             register caps, activation prefetch; writes mmq-tuning.json), then the SUBBLOCK passes of widths
+#             AB_WIDTHS replayed without and with that file (HIRAISHIN_MMQ_TUNING): digests and times;
 #   ab        bench/replay_widths.py under each value of an environment variable (AB_VAR, AB_VALUES, AB_ORDERS;
 #             default HIRAISHIN_PREFETCH_AHEAD 0 1, invariant; widths AB_WIDTHS, default 1,3): replay times and logits digests of
 #             a change that must keep every bit;
@@ -100,6 +103,24 @@ fi
 
 want pdl && ab_replays HIRAISHIN_PDL_TRIGGER "after_wait early" "${PDL_ORDERS:-invariant,subblock}" 170
 want ab && ab_replays "${AB_VAR:-HIRAISHIN_PREFETCH_AHEAD}" "${AB_VALUES:-0 1}" "${AB_ORDERS:-invariant}" 120
+
+if want tune; then
+    echo "== sub-block MMA launch sweep at widths ${TUNE_WIDTHS:-2,4} ($(left) s left)"
+    timeout $(cap 200) python3 bench/tune_mmq.py --out "$OUT" --widths ${TUNE_WIDTHS:-2,4} 2>&1 | grep -v "^  " | tail -n 30
+    for v in library tuned; do
+        echo "== SUBBLOCK replays, $v launches ($(left) s left)"
+        f=""; [ $v = tuned ] && f="$OUT/mmq-tuning.json"
+        HIRAISHIN_MMQ_TUNING=$f timeout $(cap 100) python3 bench/replay_widths.py /tmp/qwen3-0.6b.gguf /tmp/qwen3-8b.gguf \
+            --orders subblock --widths ${AB_WIDTHS:-1,2,3,4,5} --json "$OUT/replay-tuning-$v.json" 2>&1 | tail -n 12
+    done
+    python3 - "$OUT" <<'PY'
+import json, sys
+runs = [json.load(open(f"{sys.argv[1]}/replay-tuning-{v}.json"))["rows"] for v in ("library", "tuned")]
+for a, b in zip(*runs):
+    same = "same bits" if a["logits_sha256"] == b["logits_sha256"] else "BITS DIFFER"
+    print(f"{a['model']} {a['order']} width {a['width']}: {a['replay_ms']:.3f} -> {b['replay_ms']:.3f} ms (library -> tuned; {same})")
+PY
+fi
 
 if want norm; then
     echo "== norm launch geometry ($(left) s left)"

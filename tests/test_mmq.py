@@ -155,15 +155,17 @@ int main(int argc, char** argv) {
 # (qtype, K, rows, widths, weight byte offset, nwarps, prefetch): both kernels, a partial row
 # tile, 2-byte aligned Q6_K blocks (offset 2; K=768: rows of an odd number of super-blocks, so
 # both alignments in one tile), uneven segments (K=5120), fewer warps than segments.
-# Widths 2 and 3-4 run the shared-lane epilogue (HX_LIVE 2 and 4; not with prefetch 1), 5-8 the
-# plain one-tile kernel, 9-16 two tiles.
+# Under HIRAISHIN_MMQ_LIVE=1 (the fixture below runs every case both ways) widths 2 and 3-4 run the
+# shared-lane epilogue (HX_LIVE 2 and 4; not with prefetch 1), 5-8 the plain one-tile kernel, 9-16
+# two tiles.
 SHIM_CASES = [("Q4_K", 1024, 19, (1, 3, 9), 0, 4, 0), ("Q4_K", 5120, 17, (1, 2), 0, 8, 1),
               ("Q4_K", 2048, 21, (2, 4), 0, 8, 0), ("Q6_K", 768, 19, (1, 3, 5, 16), 2, 3, 0),
               ("Q6_K", 1024, 17, (1, 2, 8), 0, 2, 1), ("Q6_K", 512, 33, (2, 4), 0, 2, 0)]
 
 
+@pytest.mark.parametrize("live", ["0", "1"], ids=["live-off", "live-on"])
 @pytest.mark.parametrize("case", SHIM_CASES, ids=lambda c: f"{c[0]}-K{c[1]}")
-def test_mmq_source_equals_emulator_on_cpu(tmp_path, case):
+def test_mmq_source_equals_emulator_on_cpu(tmp_path, case, live, monkeypatch):
     import dataclasses
     import sys
     from pathlib import Path
@@ -175,6 +177,7 @@ def test_mmq_source_equals_emulator_on_cpu(tmp_path, case):
 
     if GXX is None:
         pytest.skip("needs g++ (C++20)")
+    monkeypatch.setenv("HIRAISHIN_MMQ_LIVE", live)
     qtype, k, n, widths, shift, nwarps, prefetch = case
     builder = ShimBuilder(tmp_path)
     (tmp_path / "hx_mma_shim.h").write_text(MMA_SHIM_H)
@@ -272,3 +275,43 @@ def test_mmq_multi_is_on_unless_turned_off(monkeypatch):
     assert not launch.multi_enabled()
     monkeypatch.setattr(launch, "MMQ_MULTI", True)
     assert launch.multi_enabled()
+
+
+def test_live_columns_only_when_asked_and_only_for_one_tile_of_at_most_four(monkeypatch):
+    from hiraishin.kernels.mmq.launch import ENV_MMQ_LIVE, kernel_defines
+    from hiraishin.plans import subblock_plan
+
+    live = {}
+    for v in ("", "0", "1"):
+        monkeypatch.setenv(ENV_MMQ_LIVE, v)
+        live[v] = [kernel_defines(subblock_plan(w, "Q4_K", 2048))["HX_LIVE"] for w in (1, 2, 3, 4, 5, 8, 9, 16)]
+    assert live[""] == live["0"] == [0] * 8
+    assert live["1"] == [0, 2, 4, 4, 0, 0, 0, 0]
+    assert kernel_defines(subblock_plan(3, "Q4_K", 2048), prefetch=1)["HX_LIVE"] == 0  # HX_PREFETCH_X excludes it
+
+
+def test_tuning_file_sets_launch_facts_of_few_column_launches_only(tmp_path, monkeypatch):
+    """A tuning file (HIRAISHIN_MMQ_TUNING, read at import) changes warps, register cap and activation
+    prefetch of launches of 2..8 columns of the keyed shape; bad files raise PlanError naming the file."""
+    import json
+
+    import hiraishin.plans.subblock as sb
+    from hiraishin.kernels.mmq.launch import kernel_defines
+
+    f = tmp_path / "tuning.json"
+    f.write_text(json.dumps({"Q4_K/many/4096": {"nwarps": 4, "max_regs": 80, "prefetch_x": 1}}))
+    monkeypatch.setattr(sb, "SUBBLOCK_MMA_TUNING", sb._read_tuning(str(f)))
+    p = sb.subblock_plan(3, "Q4_K", 4096, n=12288)
+    assert (p.nwarps, p.max_regs, p.prefetch_x) == (4, 80, 1)
+    d = kernel_defines(p)
+    assert d["HX_NWARPS"] == 4 and d["HX_PREFETCH_X"] == 1 and d["HX_MIN_BLOCKS"] == 6
+    assert sb.subblock_plan(1, "Q4_K", 4096, n=12288).max_regs is None  # one column: not tuned
+    assert sb.subblock_plan(9, "Q4_K", 4096, n=12288).max_regs is None  # two n-tiles: not tuned
+    assert sb.subblock_plan(3, "Q4_K", 4096, n=4096).max_regs is None  # another key
+    for bad in ("[1]", '{"Q4_K/many/4096": {"nwarps": 40}}', '{"Q4_K": {"nwarps": 4}}', "{",
+                '{"Q4_K/few/4096": {"nwarp": 4}}', '{"Q4_K/few/4096": {"prefetch_x": true}}'):
+        f.write_text(bad)
+        with pytest.raises(PlanError, match="tuning.json"):
+            sb._read_tuning(str(f))
+    with pytest.raises(PlanError, match="missing.json"):
+        sb._read_tuning(str(tmp_path / "missing.json"))

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from ..errors import PlanError
 
 __all__ = [
+    "ENV_MMQ_TUNING",
     "SUBBLOCK_FEW_ROWS",
     "SUBBLOCK_MAX_COLS_PER_BLOCK",
     "SUBBLOCK_MAX_SEGMENTS",
@@ -47,6 +48,7 @@ __all__ = [
     "SubBlockPlan",
     "subblock_plan",
     "subblock_segments",
+    "tuning_key",
 ]
 
 SUBBLOCK_QTYPES = ("Q4_K", "Q6_K")
@@ -80,6 +82,42 @@ ENV_MMA_NWARPS = "HIRAISHIN_SUBBLOCK_MMA_NWARPS"
 SUBBLOCK_MMA_FEW_COLS_NWARPS = os.environ.get(ENV_MMA_NWARPS, "").strip()
 
 
+# A tuning file for the launches of at most SUBBLOCK_NTILE_COLS columns (the verify passes), for A/B
+# runs of a launch sweep (bench/bench_mmq.py --tune writes one): JSON {"<qtype>/<few|many>/<k>":
+# {"nwarps": n, "max_regs": r, "prefetch_x": 0|1}, ...}, "few" meaning rows <= SUBBLOCK_FEW_ROWS.
+# Launch facts only (tests/test_mmq_gpu.py: no warp count, cap or prefetch changes a bit). Read once.
+ENV_MMQ_TUNING = "HIRAISHIN_MMQ_TUNING"
+
+
+def _read_tuning(path: str) -> dict:
+    if not path:
+        return {}
+    import json
+
+    try:
+        table = json.loads(open(path, encoding="utf-8").read())
+    except (OSError, ValueError) as e:
+        raise PlanError(f"${ENV_MMQ_TUNING}={path!r}: cannot read a JSON tuning table ({e})") from e
+    if not isinstance(table, dict):
+        raise PlanError(f"${ENV_MMQ_TUNING}={path!r}: expected a JSON object, got {type(table).__name__}")
+    for key, entry in table.items():
+        ok = (isinstance(entry, dict) and set(entry) <= {"nwarps", "max_regs", "prefetch_x"}
+              and all(isinstance(v, int) and not isinstance(v, bool) for v in entry.values())
+              and 1 <= entry.get("nwarps", 1) <= 16 and entry.get("prefetch_x", 0) in (0, 1))
+        if not ok or key.count("/") != 2:
+            raise PlanError(f"${ENV_MMQ_TUNING}={path!r}: bad entry {key!r}: {entry!r} (want "
+                            '"<qtype>/<few|many>/<k>": {"nwarps": 1..16, "max_regs": int, "prefetch_x": 0|1})')
+    return table
+
+
+SUBBLOCK_MMA_TUNING = _read_tuning(os.environ.get(ENV_MMQ_TUNING, "").strip())
+
+
+def tuning_key(qtype: str, n: int | None, k: int) -> str:
+    """The key of a (``n``, ``k``) ``qtype`` weight in a tuning file."""
+    return f"{qtype}/{'few' if n is None or n <= SUBBLOCK_FEW_ROWS else 'many'}/{k}"
+
+
 def _mma_few_cols_nwarps() -> int | None:
     text = SUBBLOCK_MMA_FEW_COLS_NWARPS
     if text in ("", "0"):
@@ -100,7 +138,9 @@ class SubBlockPlan:
 
     ``nseg`` is the order (from ``k`` only); ``kernel`` ("onecol": the MMA kernel specialised to
     one column, float work only for the column that exists; "mma": up to 16 columns per CUDA
-    block), ``cols_per_block`` and ``nwarps`` are launch facts that change no bit.
+    block), ``cols_per_block`` and ``nwarps`` are launch facts that change no bit, as are
+    ``max_regs`` and ``prefetch_x`` (None: ``hiraishin.kernels.mmq.launch``'s tables decide; set
+    only by a tuning file, :data:`ENV_MMQ_TUNING`).
     """
 
     qtype: str
@@ -111,6 +151,8 @@ class SubBlockPlan:
     tile_rows: int
     cols_per_block: int
     nwarps: int
+    max_regs: int | None = None
+    prefetch_x: int | None = None
 
     @property
     def nblocks(self) -> int:
@@ -155,7 +197,11 @@ def subblock_plan(ncols: int, qtype: str, k: int, device=None, n: int | None = N
     cols = SUBBLOCK_NTILE_COLS if ncols <= SUBBLOCK_NTILE_COLS else SUBBLOCK_MAX_COLS_PER_BLOCK
     kernel = "onecol" if ncols == 1 else "mma"
     nwarps = SUBBLOCK_NWARPS[(kernel, qtype, n is None or n <= SUBBLOCK_FEW_ROWS)]
+    tuned = {}
     if kernel == "mma" and ncols <= SUBBLOCK_NTILE_COLS:
         nwarps = _mma_few_cols_nwarps() or nwarps
+        tuned = SUBBLOCK_MMA_TUNING.get(tuning_key(qtype, n, k), {})
+        nwarps = tuned.get("nwarps", nwarps)
     return SubBlockPlan(qtype=qtype, ncols=ncols, k=k, nseg=nseg, kernel=kernel,
-                        tile_rows=SUBBLOCK_TILE_ROWS, cols_per_block=cols, nwarps=min(nseg, nwarps))
+                        tile_rows=SUBBLOCK_TILE_ROWS, cols_per_block=cols, nwarps=min(nseg, nwarps),
+                        max_regs=tuned.get("max_regs"), prefetch_x=tuned.get("prefetch_x"))

@@ -73,17 +73,19 @@ def _prefetch_w(k: int) -> int:
 
 # HX_LIVE: a several-column launch of at most 2 (or 4) columns shares the float work of its live
 # columns among all 32 lanes of each warp (mmq.cu: the MMA's integer C moved by __shfl_sync; every
-# output keeps its float operations and their order, so no bit changes). The verify passes of a
-# speculative cycle are 2..5 tokens wide. HIRAISHIN_MMQ_LIVE=0 turns it off (the A/B:
-# bench/final_session.sh STEPS=ab AB_VAR=HIRAISHIN_MMQ_LIVE AB_VALUES="0 1" AB_ORDERS=subblock).
+# output keeps its float operations and their order, so no bit changes). Off unless
+# HIRAISHIN_MMQ_LIVE=1: on the H200 it did not pay (SUBBLOCK graph replays, same logits digests,
+# bench/results/2026-12-02-h200-session8/a-live-ablate-pdl: the 8B 3.464 -> 3.444 ms at 2 tokens,
+# 3.722 -> 3.864 at 3, 3.906 -> 3.995 at 4; the 0.6B within 0.01 ms): the float work of the dead
+# columns was not what bounds these launches, and the shuffles sit in each MMA's dependency chain.
 MMQ_LIVE_COLS = (2, 4)
 ENV_MMQ_LIVE = "HIRAISHIN_MMQ_LIVE"
 
 
 def live_cols(plan: SubBlockPlan, prefetch_x: int = 0) -> int:
-    """HX_LIVE of ``plan``: the least of :data:`MMQ_LIVE_COLS` that holds its columns, for the
-    several-column kernel with one n-tile; 0 otherwise or under ``HIRAISHIN_MMQ_LIVE=0``."""
-    if os.environ.get(ENV_MMQ_LIVE, "").strip() == "0" or plan.kernel != "mma" or prefetch_x:
+    """HX_LIVE of ``plan`` under ``HIRAISHIN_MMQ_LIVE=1``: the least of :data:`MMQ_LIVE_COLS` that
+    holds its columns, for the several-column kernel with one n-tile; 0 otherwise."""
+    if os.environ.get(ENV_MMQ_LIVE, "").strip() != "1" or plan.kernel != "mma" or prefetch_x:
         return 0
     if plan.cols_per_block != SUBBLOCK_NTILE_COLS:
         return 0
@@ -95,8 +97,11 @@ def kernel_defines(plan: SubBlockPlan, max_regs: int | None | str = "default",
     """``#define``\\ s of the kernel for ``plan`` (``max_regs``, ``prefetch``: override the tuning)."""
     nt = plan.cols_per_block // SUBBLOCK_NTILE_COLS
     key = (plan.kernel, plan.qtype, plan.nwarps)
-    regs = MMQ_MAX_REGS.get(key, MMQ_DEFAULT_MAX_REGS[plan.kernel]) if max_regs == "default" else max_regs
-    pre = MMQ_PREFETCH_X.get(key, 0) if prefetch == "default" else int(prefetch)
+    if max_regs == "default":
+        max_regs = plan.max_regs if plan.max_regs is not None else MMQ_MAX_REGS.get(key, MMQ_DEFAULT_MAX_REGS[plan.kernel])
+    if prefetch == "default":
+        prefetch = plan.prefetch_x if plan.prefetch_x is not None else MMQ_PREFETCH_X.get(key, 0)
+    regs, pre = max_regs, int(prefetch)
     threads = 32 * plan.nwarps
     min_blocks = blocks_for_register_cap(regs, threads)
     return {

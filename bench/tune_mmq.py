@@ -1,0 +1,136 @@
+"""Sweep the launch facts of the sub-block MMA kernel at verify widths and write a tuning file.
+
+    python3 bench/tune_mmq.py --out DIR [--widths 2,4] [--reps 20] [--batches 7]
+
+For each Qwen3-8B mat-vec shape (both ffn_down types) and every launch of at most 8 columns the
+order allows (warps per CUDA block 4 / 8 / 16, register caps 64 / 80 / 96 / 128, the activation
+prefetch on or off), the bits of every width are compared with the Numba emulator (a fixed
+subset of rows), then the launch is timed as ``bench/bench_mmq.py`` times it (CUDA events over
+back-to-back launches, weights rotated through copies of >= 4x the L2). Per shape the variant
+with the least summed time over ``--widths`` is kept if it beats the library's own launch by more
+than :data:`MIN_GAIN` and every bit equals the emulator's. ``DIR/mmq-tuning.json`` (the file
+``HIRAISHIN_MMQ_TUNING`` reads: a whole-pass A/B runs with and without it) and
+``DIR/tune-mmq.json`` (every time) are written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as _dt
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from benchlib import QWEN3_8B_MATVECS, git_commit, median_event_time, rotating_copies, timing_setup  # noqa: E402
+
+SHAPES = QWEN3_8B_MATVECS + [("ffn_down (Q4_K layers) 12288->4096", "Q4_K", 12288, 4096)]
+NWARPS = (4, 8, 16)
+CAPS = (64, 80, 96, 128)
+MIN_GAIN = 0.03  # a variant must be this much faster than the library's launch to be kept
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--widths", default="2,4")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--batches", type=int, default=7)
+    args = ap.parse_args(argv)
+    widths = [int(w) for w in args.widths.split(",")]
+    if not all(2 <= w <= 8 for w in widths):
+        ap.error("--widths: launches of 2..8 columns (one n-tile) only")
+
+    import cupy as cp
+
+    from hiraishin.atomic import atomic_write
+    from hiraishin.kernels import quantize
+    from hiraishin.kernels.compile import precompile
+    from hiraishin.kernels.mmq import emulate as mmq_emulate
+    from hiraishin.kernels.mmq.launch import SOURCE, MMQLaunch, kernel_defines
+    from hiraishin.plans.subblock import subblock_plan, tuning_key
+    from hiraishin.quant import random_blocks
+
+    _, dev_name, l2, spin, cycles = timing_setup(cp)
+    variants = {}  # shape label -> [(nwarps, cap, prefetch)]
+    jobs = []
+    for label, qtype, k, n in SHAPES:
+        base = subblock_plan(widths[0], qtype, k, n=n)
+        vs = [(nw, cap, pre) for nw in NWARPS if nw <= base.nseg for cap in CAPS for pre in (0, 1)]
+        variants[label] = vs
+        jobs += [(SOURCE, kernel_defines(dataclasses.replace(base, nwarps=nw), cap, pre)) for nw, cap, pre in vs]
+    print(f"device {dev_name}; compiling {len(jobs)} variants", flush=True)
+    precompile(jobs)
+
+    rng = np.random.default_rng(0)
+    rows_out, table = [], {}
+    for label, qtype, k, n in SHAPES:
+        w_host = random_blocks(qtype, n, k, seed=1)
+        rows = np.unique(np.concatenate([np.arange(32), np.arange(n - 32, n), rng.choice(n, 64, replace=False)]))
+        x_host = rng.standard_normal((max(widths), k)).astype(np.float32)
+        ref = mmq_emulate(w_host[rows], qtype, quantize.emulate(x_host), subblock_plan(1, qtype, k))
+        ws = rotating_copies(cp, w_host, l2)
+        del w_host
+        x = cp.asarray(x_host)
+        xq = cp.empty((x.shape[0], k // 32 * 36), dtype=cp.uint8)
+        quantize.launch(x, xq)
+
+        def timed(make, ws=ws, xq=xq, ref=ref, rows=rows, n=n):
+            total, equal = 0.0, True
+            per = {}
+            for wd in widths:
+                launch = make(wd)
+                out = cp.empty((wd, n), dtype=cp.float32)
+                launch(ws[0], xq[:wd], out)
+                equal &= bool(np.array_equal(cp.asnumpy(out)[:, rows].view(np.uint32), ref[:wd].view(np.uint32)))
+                fn = (lambda i, lw=launch, o=out, wd=wd: lw(ws[i % len(ws)], xq[:wd], o))
+                for i in range(3):
+                    fn(i)
+                per[wd] = median_event_time(cp, fn, args.reps, args.batches, spin, cycles) * 1e6
+                total += per[wd]
+            return total, per, equal, launch
+
+        key = tuning_key(qtype, n, k)
+        t_lib, per_lib, eq_lib, lw = timed(lambda wd: MMQLaunch(n, subblock_plan(wd, qtype, k, n=n)))
+        lib = subblock_plan(widths[0], qtype, k, n=n)
+        rows_out.append(dict(shape=label, key=key, variant="library", nwarps=lib.nwarps, num_regs=int(lw.kernel.num_regs),
+                             us=per_lib, bits_equal_emulator=eq_lib))
+        print(f"\n{label} ({key}): library {lib.nwarps} warps {int(lw.kernel.num_regs)} regs: "
+              + " ".join(f"{wd}:{t:.1f}" for wd, t in per_lib.items()) + " us", flush=True)
+        best = None
+        for nw, cap, pre in variants[label]:
+            t, per, eq, lw = timed(lambda wd: MMQLaunch(n, dataclasses.replace(subblock_plan(wd, qtype, k, n=n),
+                                                                              nwarps=nw), max_regs=cap, prefetch=pre))
+            regs, spill = int(lw.kernel.num_regs), int(lw.kernel.local_size_bytes)
+            rows_out.append(dict(shape=label, key=key, variant="sweep", nwarps=nw, max_regs=cap, prefetch_x=pre,
+                                 num_regs=regs, spill_bytes=spill, us=per, bits_equal_emulator=eq))
+            print(f"  {nw:2d} warps cap {cap:3d} pre {pre} regs {regs:3d} spill {spill}: "
+                  + " ".join(f"{wd}:{v:.1f}" for wd, v in per.items()) + f" us {'equal' if eq else 'DIFFER'}", flush=True)
+            if eq and spill == 0 and (best is None or t < best[0]):
+                best = (t, nw, cap, pre)
+        if best is not None and best[0] < (1 - MIN_GAIN) * t_lib and eq_lib:
+            table[key] = {"nwarps": best[1], "max_regs": best[2], "prefetch_x": best[3]}
+            print(f"  kept {table[key]}: {best[0]:.1f} vs {t_lib:.1f} us", flush=True)
+        del ws, x, xq
+        cp.get_default_memory_pool().free_all_blocks()
+
+    all_equal = all(r["bits_equal_emulator"] for r in rows_out)
+    os.makedirs(args.out, exist_ok=True)
+    with atomic_write(os.path.join(args.out, "mmq-tuning.json"), "w") as f:
+        json.dump(table, f, indent=1)
+    with atomic_write(os.path.join(args.out, "tune-mmq.json"), "w") as f:
+        json.dump(dict(device=dev_name, date=_dt.datetime.now(_dt.timezone.utc).isoformat(), commit=git_commit(),
+                       command=" ".join(sys.argv), widths=widths, min_gain=MIN_GAIN, tuning=table, rows=rows_out,
+                       all_bits_equal=all_equal), f, indent=1)
+    print(f"\ntuning: {json.dumps(table)}\nbits equal to the emulator everywhere: {all_equal}")
+    return 0 if all_equal else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
