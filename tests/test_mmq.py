@@ -155,7 +155,7 @@ int main(int argc, char** argv) {
 # (qtype, K, rows, widths, weight byte offset, nwarps, prefetch): both kernels, a partial row
 # tile, 2-byte aligned Q6_K blocks (offset 2; K=768: rows of an odd number of super-blocks, so
 # both alignments in one tile), uneven segments (K=5120), fewer warps than segments.
-# Under HIRAISHIN_MMQ_LIVE=1 (the fixture below runs every case both ways) widths 2 and 3-4 run the
+# Under HIRAISHIN_MMQ_LIVE=1 (SWITCHES below: every case runs under each) widths 2 and 3-4 run the
 # shared-lane epilogue (HX_LIVE 2 and 4; not with prefetch 1), 5-8 the plain one-tile kernel, 9-16
 # two tiles.
 SHIM_CASES = [("Q4_K", 1024, 19, (1, 3, 9), 0, 4, 0), ("Q4_K", 5120, 17, (1, 2), 0, 8, 1),
@@ -163,9 +163,13 @@ SHIM_CASES = [("Q4_K", 1024, 19, (1, 3, 9), 0, 4, 0), ("Q4_K", 5120, 17, (1, 2),
               ("Q6_K", 1024, 17, (1, 2, 8), 0, 2, 1), ("Q6_K", 512, 33, (2, 4), 0, 2, 0)]
 
 
-@pytest.mark.parametrize("live", ["0", "1"], ids=["live-off", "live-on"])
+SWITCHES = {"default": {}, "live-on": {"HIRAISHIN_MMQ_LIVE": "1"},
+            "prefetch-next": {"HIRAISHIN_MMQ_PREFETCH_NEXT": "1"}}  # (the L2 hint is a no-op in the shim)
+
+
+@pytest.mark.parametrize("switch", list(SWITCHES))
 @pytest.mark.parametrize("case", SHIM_CASES, ids=lambda c: f"{c[0]}-K{c[1]}")
-def test_mmq_source_equals_emulator_on_cpu(tmp_path, case, live, monkeypatch):
+def test_mmq_source_equals_emulator_on_cpu(tmp_path, case, switch, monkeypatch):
     import dataclasses
     import sys
     from pathlib import Path
@@ -177,7 +181,8 @@ def test_mmq_source_equals_emulator_on_cpu(tmp_path, case, live, monkeypatch):
 
     if GXX is None:
         pytest.skip("needs g++ (C++20)")
-    monkeypatch.setenv("HIRAISHIN_MMQ_LIVE", live)
+    for var, value in SWITCHES[switch].items():
+        monkeypatch.setenv(var, value)
     qtype, k, n, widths, shift, nwarps, prefetch = case
     builder = ShimBuilder(tmp_path)
     (tmp_path / "hx_mma_shim.h").write_text(MMA_SHIM_H)
@@ -315,3 +320,7 @@ def test_tuning_file_sets_launch_facts_of_few_column_launches_only(tmp_path, mon
             sb._read_tuning(str(f))
     with pytest.raises(PlanError, match="missing.json"):
         sb._read_tuning(str(tmp_path / "missing.json"))
+    assert sb._read_tuning("none") == {}
+    assert sb._read_tuning("") == sb.SUBBLOCK_FEW_COLS_TUNING
+    f.write_text(json.dumps(sb.SUBBLOCK_FEW_COLS_TUNING))
+    assert sb._read_tuning(str(f)) == sb.SUBBLOCK_FEW_COLS_TUNING  # the table is a valid tuning file

@@ -37,6 +37,7 @@ from ..errors import PlanError
 
 __all__ = [
     "ENV_MMQ_TUNING",
+    "SUBBLOCK_FEW_COLS_TUNING",
     "SUBBLOCK_FEW_ROWS",
     "SUBBLOCK_MAX_COLS_PER_BLOCK",
     "SUBBLOCK_MAX_SEGMENTS",
@@ -82,15 +83,29 @@ ENV_MMA_NWARPS = "HIRAISHIN_SUBBLOCK_MMA_NWARPS"
 SUBBLOCK_MMA_FEW_COLS_NWARPS = os.environ.get(ENV_MMA_NWARPS, "").strip()
 
 
-# A tuning file for the launches of at most SUBBLOCK_NTILE_COLS columns (the verify passes), for A/B
-# runs of a launch sweep (bench/bench_mmq.py --tune writes one): JSON {"<qtype>/<few|many>/<k>":
-# {"nwarps": n, "max_regs": r, "prefetch_x": 0|1}, ...}, "few" meaning rows <= SUBBLOCK_FEW_ROWS.
-# Launch facts only (tests/test_mmq_gpu.py: no warp count, cap or prefetch changes a bit). Read once.
+# Launch facts of the launches of at most SUBBLOCK_NTILE_COLS columns (the verify passes of a
+# speculative cycle) per weight shape, over SUBBLOCK_NWARPS and the register / prefetch tables of
+# hiraishin.kernels.mmq.launch: "<qtype>/<few|many>/<k>" ("few": rows <= SUBBLOCK_FEW_ROWS) ->
+# warps per CUDA block, register cap, activation prefetch. No bit changes (tests/test_mmq_gpu.py).
+# H200 sweep at 2 and 4 columns (bench/tune_mmq.py; bench/results/2026-12-02-h200-session8/b-tune):
+# Q4_K K=4096 rows <= 4096 (Q, K, V, O) 8.7/9.3 -> 8.2/8.9 us (attn_k 6.1/6.2 -> 5.1/5.4); the Q6_K
+# output head 240/261 -> 210/233; Q4_K ffn_down 16.9/18.5 -> 15.8/17.8; whole SUBBLOCK passes of the
+# 8B, same logits digests: 3.465 -> 3.385 ms at 2 tokens, 3.718 -> 3.654 at 3, 4.108 -> 4.021 at 5.
+SUBBLOCK_FEW_COLS_TUNING = {
+    "Q4_K/few/4096": {"nwarps": 16, "max_regs": 64, "prefetch_x": 0},
+    "Q6_K/many/4096": {"nwarps": 8, "max_regs": 64, "prefetch_x": 0},
+    "Q4_K/few/12288": {"nwarps": 16, "max_regs": 64, "prefetch_x": 1},
+}
+# A tuning file replacing that table, for A/B runs of a launch sweep (bench/tune_mmq.py writes one):
+# JSON of the same form; "none": no entries (SUBBLOCK_NWARPS and launch.py's tables alone). Read once.
 ENV_MMQ_TUNING = "HIRAISHIN_MMQ_TUNING"
 
 
 def _read_tuning(path: str) -> dict:
+    """The tuning table ``path`` names ("": :data:`SUBBLOCK_FEW_COLS_TUNING`; "none": empty)."""
     if not path:
+        return dict(SUBBLOCK_FEW_COLS_TUNING)
+    if path == "none":
         return {}
     import json
 

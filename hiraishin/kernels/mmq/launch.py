@@ -20,6 +20,7 @@ from ..mmvq.launch import MULTI_MAX_WEIGHTS, multi_weight_args
 __all__ = [
     "ENV_MMQ_LIVE",
     "ENV_MMQ_MULTI",
+    "ENV_MMQ_PREFETCH_NEXT",
     "MMQ_LIVE_COLS",
     "MMQ_MULTI",
     "MMQMultiLaunch",
@@ -62,6 +63,13 @@ MMQ_PREFETCH_X = {("onecol", "Q4_K", 4): 1}
 # AB_VAR=HIRAISHIN_MMQ_PREFETCH_W AB_VALUES="0 1" AB_ORDERS=subblock). A cache hint: no bit changes.
 MMQ_PREFETCH_W_MAX_K = 3072
 ENV_MMQ_PREFETCH_W = "HIRAISHIN_MMQ_PREFETCH_W"
+# HX_PREFETCH_NEXT: each warp asks L2 for the super-block it reads next while it multiplies the
+# current one (a cache hint; mmq.cu). Off unless HIRAISHIN_MMQ_PREFETCH_NEXT=1 (an A/B switch).
+ENV_MMQ_PREFETCH_NEXT = "HIRAISHIN_MMQ_PREFETCH_NEXT"
+
+
+def _prefetch_next() -> int:
+    return 1 if os.environ.get(ENV_MMQ_PREFETCH_NEXT, "").strip() == "1" else 0
 
 
 def _prefetch_w(k: int) -> int:
@@ -117,6 +125,7 @@ def kernel_defines(plan: SubBlockPlan, max_regs: int | None | str = "default",
         "HX_PREFETCH_X": pre if nt == 1 else 0,
         "HX_PREFETCH_W": _prefetch_w(plan.k),
         "HX_LIVE": live_cols(plan, pre if nt == 1 else 0),
+        "HX_PREFETCH_NEXT": _prefetch_next(),
     }
 
 

@@ -57,6 +57,13 @@
 #define HX_PREFETCH_W 0
 #endif
 
+// HX_PREFETCH_NEXT (0/1): at each super-block a warp asks L2 for the tile's 16 rows of the super-block
+// it reads next (the next one of its K-segment, else the first of its next segment), so that the
+// DRAM latency of those loads overlaps this super-block's MMAs. A cache hint only: no bit changes.
+#ifndef HX_PREFETCH_NEXT
+#define HX_PREFETCH_NEXT 0
+#endif
+
 // mma.sync helpers and the weight-row loads: mma_rows.cu (compiled before this file).
 
 // Rows row0 .. row0+15 (those that exist) of the weight into L2 (fp.cuh hx_prefetch_lines).
@@ -101,6 +108,20 @@ __device__ __forceinline__ void hx_mmq_tile(const unsigned char* __restrict__ w,
             for (int e = 0; e < 4; ++e) acc[nt][e] = 0.0f;  // HX_LIVE: acc[0][u], u < HX_LIVE_NE
 
         for (int i = sb0; i < sb1; ++i) {
+#if HX_PREFETCH_NEXT
+            {
+                const int s2 = s + HX_NWARPS;
+                const int nxt = i + 1 < sb1 ? i + 1 : (s2 < HX_NSEG ? s2 * HX_NB / HX_NSEG : -1);
+                if (nxt >= 0) {  // uniform per warp; lines of bytes 0, 128 and the last of each row's block
+                    const size_t row_bytes = (size_t)HX_NB * HX_BLOCK_BYTES;
+                    for (int j = lane; j < 3 * HX_TILE_ROWS; j += 32) {
+                        const int r = min(row0 + j % HX_TILE_ROWS, nrows - 1), which = j / HX_TILE_ROWS;
+                        const int off = which == 0 ? 0 : which == 1 ? 128 : HX_BLOCK_BYTES - 1;
+                        if (off < HX_BLOCK_BYTES) HX_PREFETCH_L2(w + r * row_bytes + (size_t)nxt * HX_BLOCK_BYTES + off);
+                    }
+                }
+            }
+#endif
 #if HX_PREFETCH_X
             // the super-block's activation ints and fp16 scales loaded ahead of the weights
             // (one n-tile only: 24-32 more live registers); changes no bit
