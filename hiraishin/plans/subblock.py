@@ -87,12 +87,16 @@ SUBBLOCK_MMA_FEW_COLS_NWARPS = os.environ.get(ENV_MMA_NWARPS, "").strip()
 # speculative cycle) per weight shape, over SUBBLOCK_NWARPS and the register / prefetch tables of
 # hiraishin.kernels.mmq.launch: "<qtype>/<few|many>/<k>" ("few": rows <= SUBBLOCK_FEW_ROWS) ->
 # warps per CUDA block, register cap, activation prefetch. No bit changes (tests/test_mmq_gpu.py).
-# H200 sweep at 2 and 4 columns (bench/tune_mmq.py; bench/results/2026-12-02-h200-session8/b-tune):
+# H200 sweep at 2 and 4 columns (bench/tune_mmq.py; bench/results/2026-12-02-h200-session8/b-tune-bench):
 # Q4_K K=4096 rows <= 4096 (Q, K, V, O) 8.7/9.3 -> 8.2/8.9 us (attn_k 6.1/6.2 -> 5.1/5.4); the Q6_K
 # output head 240/261 -> 210/233; Q4_K ffn_down 16.9/18.5 -> 15.8/17.8; whole SUBBLOCK passes of the
 # 8B, same logits digests: 3.465 -> 3.385 ms at 2 tokens, 3.718 -> 3.654 at 3, 4.108 -> 4.021 at 5.
+# Gate/up (Q4_K, 12288 rows) at 4 warps and 80 registers, 17.3/19.1 -> 16.8/18.5 us (below the sweep's
+# 3% bar), timed in whole passes on its own (c-gateup-prefetch-next): 3.401 -> 3.372 ms at 2 tokens,
+# 3.646 -> 3.606 at 3, 4.027 -> 4.004 at 5, same digests: kept.
 SUBBLOCK_FEW_COLS_TUNING = {
     "Q4_K/few/4096": {"nwarps": 16, "max_regs": 64, "prefetch_x": 0},
+    "Q4_K/many/4096": {"nwarps": 4, "max_regs": 80, "prefetch_x": 0},
     "Q6_K/many/4096": {"nwarps": 8, "max_regs": 64, "prefetch_x": 0},
     "Q4_K/few/12288": {"nwarps": 16, "max_regs": 64, "prefetch_x": 1},
 }

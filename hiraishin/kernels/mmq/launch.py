@@ -64,7 +64,9 @@ MMQ_PREFETCH_X = {("onecol", "Q4_K", 4): 1}
 MMQ_PREFETCH_W_MAX_K = 3072
 ENV_MMQ_PREFETCH_W = "HIRAISHIN_MMQ_PREFETCH_W"
 # HX_PREFETCH_NEXT: each warp asks L2 for the super-block it reads next while it multiplies the
-# current one (a cache hint; mmq.cu). Off unless HIRAISHIN_MMQ_PREFETCH_NEXT=1 (an A/B switch).
+# current one (a cache hint; mmq.cu). Off unless HIRAISHIN_MMQ_PREFETCH_NEXT=1: slower on the H200
+# (SUBBLOCK replays, same digests, bench/results/2026-12-02-h200-session8/c-gateup-prefetch-next: the
+# 8B 2.985 -> 3.333 ms one token, 3.646 -> 3.798 three; the 0.6B 0.825 -> 0.830, 0.892 -> 0.898).
 ENV_MMQ_PREFETCH_NEXT = "HIRAISHIN_MMQ_PREFETCH_NEXT"
 
 
