@@ -18,9 +18,11 @@
 #   ablate    bench/ablate_pass.py on both shapes: a one-token pass with each kind of small launch left
 #             out of its graph (what fusing it away could save at most);
 #   ablatew   bench/replay_widths.py --ablate on the 8B: the same variants as ablate at ABLATE_WIDTHS (default
-#             1,3) under ABLATE_ORDER (default subblock): where a verify pass's time goes;
+#             1,3) under ABLATE_ORDER (default subblock): where a verify pass's time goes (ABLATE_MATVECS=1:
+#             each kind of sub-block mat-vec left out instead, --ablate-matvecs);
 #   tune      bench/tune_mmq.py (the sub-block MMA launch at verify widths, TUNE_WIDTHS, default 2,4: warps,
-#             register caps, activation prefetch; writes mmq-tuning.json), then the SUBBLOCK passes of widths
+#             register caps, activation prefetch; TUNE_ONLY: shapes whose label holds it; writes mmq-tuning.json),
+#             then the SUBBLOCK passes of widths
 #             AB_WIDTHS replayed without and with that file (HIRAISHIN_MMQ_TUNING): digests and times;
 #   ab        bench/replay_widths.py under each value of an environment variable (AB_VAR, AB_VALUES, AB_ORDERS;
 #             default HIRAISHIN_PREFETCH_AHEAD 0 1, invariant; widths AB_WIDTHS, default 1,3): replay times and logits digests of
@@ -71,8 +73,9 @@ fi
 
 if want ablatew; then
     echo "== ablation of small launches at widths ${ABLATE_WIDTHS:-1,3} ($(left) s left)"
-    timeout $(cap 200) python3 bench/replay_widths.py /tmp/qwen3-8b.gguf --ablate --orders ${ABLATE_ORDER:-subblock} \
-        --widths ${ABLATE_WIDTHS:-1,3} --json "$OUT/ablate-widths.json" 2>&1 | grep -v "^==" | tail -n 20
+    timeout $(cap 200) python3 bench/replay_widths.py /tmp/qwen3-8b.gguf --ablate$([ "${ABLATE_MATVECS:-0}" = 1 ] && echo -matvecs) \
+        --orders ${ABLATE_ORDER:-subblock} \
+        --widths ${ABLATE_WIDTHS:-1,3} --json "$OUT/ablate-widths.json" 2>&1 | tail -n 24
 fi
 
 # Replays and logits digests under each value of one environment variable (a change that must keep
@@ -106,7 +109,7 @@ want ab && ab_replays "${AB_VAR:-HIRAISHIN_PREFETCH_AHEAD}" "${AB_VALUES:-0 1}" 
 
 if want tune; then
     echo "== sub-block MMA launch sweep at widths ${TUNE_WIDTHS:-2,4} ($(left) s left)"
-    timeout $(cap 200) python3 bench/tune_mmq.py --out "$OUT" --widths ${TUNE_WIDTHS:-2,4} 2>&1 | grep -v "^  " | tail -n 30
+    timeout $(cap 200) python3 bench/tune_mmq.py --out "$OUT" --widths ${TUNE_WIDTHS:-2,4} ${TUNE_ONLY:+--only "$TUNE_ONLY"} 2>&1 | grep -v "^  " | tail -n 30
     for v in library tuned; do
         echo "== SUBBLOCK replays, $v launches ($(left) s left)"
         f=""; [ $v = tuned ] && f="$OUT/mmq-tuning.json"

@@ -77,6 +77,49 @@ def measure_ablated(path: str, order_names, widths, steps: int) -> list[dict]:
     return rows
 
 
+# Sub-block MMA launches left out by the weights they read (``--ablate-matvecs``; rows n, K from the
+# row bytes): the Qwen3-8B's kinds of mat-vec, to see which one's share of a pass grows with its width.
+_QK_BYTES = (210, 144)  # Q6_K, Q4_K bytes per 256-value super-block (Q6_K first: 70 Q4_K blocks = 48 Q6_K)
+
+
+def _k_of(w) -> int:
+    """Values per row of a Q6_K or Q4_K weight of the Qwen3-8B shapes (row bytes alone decide there)."""
+    row = int(w.shape[1])
+    return next((row // b * 256 for b in _QK_BYTES if row % b == 0), 0)
+
+
+MATVEC_VARIANTS = {
+    "no Q/K/V": lambda ns, k: k == 4096 and (ns[0] == 4096 and len(ns) > 1 or ns == (1024,)),
+    "no attn output": lambda ns, k: k == 4096 and ns == (4096,),
+    "no gate/up": lambda ns, k: ns[0] == 12288,
+    "no ffn_down": lambda ns, k: k == 12288,
+    "no output head": lambda ns, k: ns[0] > 100000,
+}
+
+
+def measure_matvec_ablated(path: str, order_names, widths, steps: int) -> list[dict]:
+    """:func:`measure` with each kind of sub-block mat-vec launch left out (rows gain ``variant``)."""
+    import importlib
+
+    mod = importlib.import_module("hiraishin.kernels.mmq.launch")
+    single, multi = mod.MMQLaunch.__call__, mod.MMQMultiLaunch.__call__
+    rows = [dict(r, variant="whole pass") for r in measure(path, order_names, widths, steps)]
+    for variant, skip in MATVEC_VARIANTS.items():
+        def call_single(self, w, xq, out, skip=skip):
+            return out if skip((int(out.shape[1]),), _k_of(w)) else single(self, w, xq, out)
+
+        def call_multi(self, ws, xq, outs, skip=skip):
+            return outs if skip(tuple(int(o.shape[1]) for o in outs), _k_of(ws[0])) else multi(self, ws, xq, outs)
+
+        mod.MMQLaunch.__call__, mod.MMQMultiLaunch.__call__ = call_single, call_multi
+        try:
+            print(f"== {variant}", flush=True)
+            rows += [dict(r, variant=variant) for r in measure(path, order_names, widths, steps)]
+        finally:
+            mod.MMQLaunch.__call__, mod.MMQMultiLaunch.__call__ = single, multi
+    return rows
+
+
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     """The models and what to replay (also bench/sweep_norm.py's)."""
     ap.add_argument("models", nargs="+")
@@ -98,9 +141,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_arguments(ap)
     ap.add_argument("--ablate", action="store_true", help="also leave out each kind of small launch (ablate_pass.py)")
+    ap.add_argument("--ablate-matvecs", action="store_true",
+                    help="also leave out each kind of sub-block mat-vec launch (the 8B's shapes; SUBBLOCK)")
     args = ap.parse_args(argv)
     orders = orders_of(ap, args)
-    run = measure_ablated if args.ablate else measure
+    run = measure_ablated if args.ablate else measure_matvec_ablated if args.ablate_matvecs else measure
     rows = [r for path in args.models for r in run(path, orders, parse_widths(args.widths), args.steps)]
     if args.json:
         # every switch a replay A/B may vary (final_session.sh's ab step), not only the PDL ones

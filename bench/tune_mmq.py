@@ -1,16 +1,16 @@
 """Sweep the launch facts of the sub-block MMA kernel at verify widths and write a tuning file.
 
-    python3 bench/tune_mmq.py --out DIR [--widths 2,4] [--reps 20] [--batches 7]
+    python3 bench/tune_mmq.py --out DIR [--widths 2,4] [--only LABEL] [--reps 20] [--batches 7]
 
-For each Qwen3-8B mat-vec shape (both ffn_down types) and every launch of at most 8 columns the
+For each Qwen3-8B mat-vec shape (both ffn_down and attn_v types) and every launch of at most 8 columns the
 order allows (warps per CUDA block 4 / 8 / 16, register caps 64 / 80 / 96 / 128, the activation
 prefetch on or off), the bits of every width are compared with the Numba emulator (a fixed
 subset of rows), then the launch is timed as ``bench/bench_mmq.py`` times it (CUDA events over
 back-to-back launches, weights rotated through copies of >= 4x the L2). Per shape the variant
 with the least summed time over ``--widths`` is kept if it beats the library's own launch by more
-than :data:`MIN_GAIN` and every bit equals the emulator's. ``DIR/mmq-tuning.json`` (the file
-``HIRAISHIN_MMQ_TUNING`` reads: a whole-pass A/B runs with and without it) and
-``DIR/tune-mmq.json`` (every time) are written.
+than :data:`MIN_GAIN` and every bit equals the emulator's. ``DIR/mmq-tuning.json`` (the library's
+table with those entries replaced: the file ``HIRAISHIN_MMQ_TUNING`` reads, for a whole-pass A/B
+with and without it) and ``DIR/tune-mmq.json`` (every time) are written.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from benchlib import QWEN3_8B_MATVECS, git_commit, median_event_time, rotating_copies, timing_setup  # noqa: E402
 
-SHAPES = QWEN3_8B_MATVECS + [("ffn_down (Q4_K layers) 12288->4096", "Q4_K", 12288, 4096)]
+SHAPES = QWEN3_8B_MATVECS + [("ffn_down (Q4_K layers) 12288->4096", "Q4_K", 12288, 4096),
+                             ("attn_v (Q6_K layers) 4096->1024", "Q6_K", 4096, 1024)]
 NWARPS = (4, 8, 16)
 CAPS = (64, 80, 96, 128)
 MIN_GAIN = 0.03  # a variant must be this much faster than the library's launch to be kept
@@ -42,7 +43,11 @@ def main(argv=None) -> int:
     ap.add_argument("--widths", default="2,4")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--batches", type=int, default=7)
+    ap.add_argument("--only", help="sweep only the shapes whose label contains this text")
     args = ap.parse_args(argv)
+    shapes = [s for s in SHAPES if args.only is None or args.only in s[0]]
+    if not shapes:
+        ap.error(f"--only {args.only!r}: no shape; labels: {', '.join(s[0] for s in SHAPES)}")
     widths = [int(w) for w in args.widths.split(",")]
     if not all(2 <= w <= 8 for w in widths):
         ap.error("--widths: launches of 2..8 columns (one n-tile) only")
@@ -54,13 +59,13 @@ def main(argv=None) -> int:
     from hiraishin.kernels.compile import precompile
     from hiraishin.kernels.mmq import emulate as mmq_emulate
     from hiraishin.kernels.mmq.launch import SOURCE, MMQLaunch, kernel_defines
-    from hiraishin.plans.subblock import subblock_plan, tuning_key
+    from hiraishin.plans.subblock import SUBBLOCK_MMA_TUNING, subblock_plan, tuning_key
     from hiraishin.quant import random_blocks
 
     _, dev_name, l2, spin, cycles = timing_setup(cp)
     variants = {}  # shape label -> [(nwarps, cap, prefetch)]
     jobs = []
-    for label, qtype, k, n in SHAPES:
+    for label, qtype, k, n in shapes:
         base = subblock_plan(widths[0], qtype, k, n=n)
         vs = [(nw, cap, pre) for nw in NWARPS if nw <= base.nseg for cap in CAPS for pre in (0, 1)]
         variants[label] = vs
@@ -69,8 +74,9 @@ def main(argv=None) -> int:
     precompile(jobs)
 
     rng = np.random.default_rng(0)
-    rows_out, table = [], {}
-    for label, qtype, k, n in SHAPES:
+    rows_out = []
+    table = dict(SUBBLOCK_MMA_TUNING)  # the library's table, with what this sweep keeps over it
+    for label, qtype, k, n in shapes:
         w_host = random_blocks(qtype, n, k, seed=1)
         rows = np.unique(np.concatenate([np.arange(32), np.arange(n - 32, n), rng.choice(n, 64, replace=False)]))
         x_host = rng.standard_normal((max(widths), k)).astype(np.float32)
