@@ -4,7 +4,7 @@
 
 For each Qwen3-8B mat-vec shape (both ffn_down and attn_v types) and every launch of at most 8 columns the
 order allows (warps per CUDA block 4 / 8 / 16, register caps 64 / 80 / 96 / 128, the activation
-prefetch on or off), the bits of every width are compared with the Numba emulator (a fixed
+prefetch or the shared-lane epilogue of <= 4 columns, HX_LIVE, or neither), the bits of every width are compared with the Numba emulator (a fixed
 subset of rows), then the launch is timed as ``bench/bench_mmq.py`` times it (CUDA events over
 back-to-back launches, weights rotated through copies of >= 4x the L2). Per shape the variant
 with the least summed time over ``--widths`` is kept if it beats the library's own launch by more
@@ -67,9 +67,14 @@ def main(argv=None) -> int:
     jobs = []
     for label, qtype, k, n in shapes:
         base = subblock_plan(widths[0], qtype, k, n=n)
-        vs = [(nw, cap, pre) for nw in NWARPS if nw <= base.nseg for cap in CAPS for pre in (0, 1)]
+        # (warps, cap, activation prefetch, shared-lane epilogue): the last two exclude each other
+        vs = [(nw, cap, pre, live) for nw in NWARPS if nw <= base.nseg for cap in CAPS
+              for pre, live in ((0, 0), (1, 0), (0, 1))]
         variants[label] = vs
-        jobs += [(SOURCE, kernel_defines(dataclasses.replace(base, nwarps=nw), cap, pre)) for nw, cap, pre in vs]
+        for wd in widths:
+            plan = subblock_plan(wd, qtype, k, n=n)
+            jobs += [(SOURCE, kernel_defines(dataclasses.replace(plan, nwarps=nw), cap, pre, live))
+                     for nw, cap, pre, live in vs]
     print(f"device {dev_name}; compiling {len(jobs)} variants", flush=True)
     precompile(jobs)
 
@@ -110,18 +115,21 @@ def main(argv=None) -> int:
         print(f"\n{label} ({key}): library {lib.nwarps} warps {int(lw.kernel.num_regs)} regs: "
               + " ".join(f"{wd}:{t:.1f}" for wd, t in per_lib.items()) + " us", flush=True)
         best = None
-        for nw, cap, pre in variants[label]:
+        for nw, cap, pre, live in variants[label]:
             t, per, eq, lw = timed(lambda wd: MMQLaunch(n, dataclasses.replace(subblock_plan(wd, qtype, k, n=n),
-                                                                              nwarps=nw), max_regs=cap, prefetch=pre))
+                                                                              nwarps=nw), max_regs=cap, prefetch=pre,
+                                                        live=live))
             regs, spill = int(lw.kernel.num_regs), int(lw.kernel.local_size_bytes)
             rows_out.append(dict(shape=label, key=key, variant="sweep", nwarps=nw, max_regs=cap, prefetch_x=pre,
-                                 num_regs=regs, spill_bytes=spill, us=per, bits_equal_emulator=eq))
-            print(f"  {nw:2d} warps cap {cap:3d} pre {pre} regs {regs:3d} spill {spill}: "
+                                 live=live, num_regs=regs, spill_bytes=spill, us=per, bits_equal_emulator=eq))
+            print(f"  {nw:2d} warps cap {cap:3d} pre {pre} live {live} regs {regs:3d} spill {spill}: "
                   + " ".join(f"{wd}:{v:.1f}" for wd, v in per.items()) + f" us {'equal' if eq else 'DIFFER'}", flush=True)
             if eq and spill == 0 and (best is None or t < best[0]):
-                best = (t, nw, cap, pre)
+                best = (t, nw, cap, pre, live)
         if best is not None and best[0] < (1 - MIN_GAIN) * t_lib and eq_lib:
             table[key] = {"nwarps": best[1], "max_regs": best[2], "prefetch_x": best[3]}
+            if best[4]:
+                table[key]["live"] = 1
             print(f"  kept {table[key]}: {best[0]:.1f} vs {t_lib:.1f} us", flush=True)
         del ws, x, xq
         cp.get_default_memory_pool().free_all_blocks()

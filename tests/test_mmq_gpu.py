@@ -82,7 +82,8 @@ def test_no_register_spills(cp, qtype, k, n):
 
 @pytest.mark.parametrize("qtype,k,n", [("Q4_K", 5120, 333), ("Q6_K", 768, 45), ("Q6_K", 12288, 77), ("Q4_K", 4096, 50)])
 def test_launch_variants_change_no_bit(cp, qtype, k, n):
-    """Warps per CUDA block, register caps and the activation prefetch are launch facts."""
+    """Warps per CUDA block, register caps, the activation prefetch and the shared-lane epilogue
+    (HX_LIVE, widths 2..4) are launch facts."""
     import dataclasses
 
     from hiraishin.kernels import quantize
@@ -96,16 +97,18 @@ def test_launch_variants_change_no_bit(cp, qtype, k, n):
     xq = quantize.emulate(x)
     ref = emulate(w, qtype, xq, subblock_plan(1, qtype, k))
     w_d, xq_d = cp.asarray(w), cp.asarray(xq)
-    for wd in (1, 4, 9, 16, 37):
+    for wd in (1, 2, 3, 4, 9, 16, 37):
         base = subblock_plan(wd, qtype, k)
         for nw in sorted({base.nseg, min(8, base.nseg), min(4, base.nseg), 1}):
             for cap in (64, 96, None):
-                for pre in ((0, 1) if base.cols_per_block == 8 else (0,)):
-                    lw = MMQLaunch(n, dataclasses.replace(base, nwarps=nw), max_regs=cap, prefetch=pre)
+                few = base.cols_per_block == 8 and wd > 1
+                for pre, live in ((0, 0), (1, 0), (0, 1)) if few else ((0, 0), (1, 0)) if wd == 1 else ((0, 0),):
+                    lw = MMQLaunch(n, dataclasses.replace(base, nwarps=nw), max_regs=cap, prefetch=pre, live=live)
                     out = cp.full((wd, n), cp.nan, dtype=cp.float32)
                     lw(w_d, xq_d[:wd], out)
                     np.testing.assert_array_equal(cp.asnumpy(out).view(np.uint32), ref[:wd].view(np.uint32),
-                                                  err_msg=f"{qtype} K={k} width={wd} nwarps={nw} cap={cap} pre={pre}")
+                                                  err_msg=f"{qtype} K={k} width={wd} nwarps={nw} cap={cap} pre={pre} "
+                                                          f"live={live}")
 
 
 @pytest.mark.parametrize("qtype,k,ns", [("Q4_K", 4096, (4096, 1024, 1024)), ("Q4_K", 4096, (12288, 12288)),

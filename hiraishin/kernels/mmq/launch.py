@@ -92,10 +92,13 @@ MMQ_LIVE_COLS = (2, 4)
 ENV_MMQ_LIVE = "HIRAISHIN_MMQ_LIVE"
 
 
-def live_cols(plan: SubBlockPlan, prefetch_x: int = 0) -> int:
-    """HX_LIVE of ``plan`` under ``HIRAISHIN_MMQ_LIVE=1``: the least of :data:`MMQ_LIVE_COLS` that
-    holds its columns, for the several-column kernel with one n-tile; 0 otherwise."""
-    if os.environ.get(ENV_MMQ_LIVE, "").strip() != "1" or plan.kernel != "mma" or prefetch_x:
+def live_cols(plan: SubBlockPlan, prefetch_x: int = 0, live: int | str = "default") -> int:
+    """HX_LIVE of ``plan`` where the shared-lane epilogue is asked for (``live``; by default
+    ``plan.live``, else ``HIRAISHIN_MMQ_LIVE=1``): the least of :data:`MMQ_LIVE_COLS` that holds its
+    columns, for the several-column kernel with one n-tile and no HX_PREFETCH_X; 0 otherwise."""
+    if live == "default":
+        live = plan.live if plan.live is not None else int(os.environ.get(ENV_MMQ_LIVE, "").strip() == "1")
+    if not live or plan.kernel != "mma" or prefetch_x:
         return 0
     if plan.cols_per_block != SUBBLOCK_NTILE_COLS:
         return 0
@@ -103,8 +106,8 @@ def live_cols(plan: SubBlockPlan, prefetch_x: int = 0) -> int:
 
 
 def kernel_defines(plan: SubBlockPlan, max_regs: int | None | str = "default",
-                   prefetch: int | str = "default") -> dict:
-    """``#define``\\ s of the kernel for ``plan`` (``max_regs``, ``prefetch``: override the tuning)."""
+                   prefetch: int | str = "default", live: int | str = "default") -> dict:
+    """``#define``\\ s of the kernel for ``plan`` (``max_regs``, ``prefetch``, ``live``: override the tuning)."""
     nt = plan.cols_per_block // SUBBLOCK_NTILE_COLS
     key = (plan.kernel, plan.qtype, plan.nwarps)
     if max_regs == "default":
@@ -126,16 +129,16 @@ def kernel_defines(plan: SubBlockPlan, max_regs: int | None | str = "default",
         "HX_MIN_BLOCKS": min_blocks,
         "HX_PREFETCH_X": pre if nt == 1 else 0,
         "HX_PREFETCH_W": _prefetch_w(plan.k),
-        "HX_LIVE": live_cols(plan, pre if nt == 1 else 0),
+        "HX_LIVE": live_cols(plan, pre if nt == 1 else 0, live),
         "HX_PREFETCH_NEXT": _prefetch_next(),
     }
 
 
 def mmq_kernel(plan: SubBlockPlan, max_regs: int | None | str = "default", prefetch: int | str = "default",
-               name: str = "hx_mmq"):
+               name: str = "hx_mmq", live: int | str = "default"):
     """The compiled ``hx_mmq`` (or ``hx_mmq_multi``) kernel of ``plan``; compiled without the register
     cap if the cap spills."""
-    defines = kernel_defines(plan, max_regs, prefetch)
+    defines = kernel_defines(plan, max_regs, prefetch, live)
     min_blocks = defines["HX_MIN_BLOCKS"]
     while True:  # a cap that spills: one resident block fewer (more registers), down to no cap
         kernel = get_kernel(SOURCE, name, dict(defines, HX_MIN_BLOCKS=min_blocks))
@@ -154,8 +157,9 @@ class MMQLaunch:
     __slots__ = ("block", "grid", "kernel", "scalars")
 
     def __init__(self, n: int, plan: SubBlockPlan, out_stride: int | None = None,
-                 max_regs: int | None | str = "default", prefetch: int | str = "default"):
-        self.kernel = mmq_kernel(plan, max_regs, prefetch)
+                 max_regs: int | None | str = "default", prefetch: int | str = "default",
+                 live: int | str = "default"):
+        self.kernel = mmq_kernel(plan, max_regs, prefetch, live=live)
         self.grid = ((n + SUBBLOCK_TILE_ROWS - 1) // SUBBLOCK_TILE_ROWS,
                      (plan.ncols + plan.cols_per_block - 1) // plan.cols_per_block, 1)
         self.block = (32 * plan.nwarps, 1, 1)
