@@ -30,7 +30,7 @@ from benchlib import (
     QWEN3_8B_MATVECS,
     git_commit,
     median_event_time,
-    rotating_copies,
+    subblock_case,
     timing_setup,
 )
 
@@ -56,7 +56,6 @@ def main(argv=None) -> int:
     import cupy as cp
 
     from hiraishin.kernels import quantize
-    from hiraishin.kernels.mmq import emulate as mmq_emulate
     from hiraishin.kernels.mmq import launch as mmq_launch
     from hiraishin.kernels.mmq.launch import precompile
     from hiraishin.kernels.mmvq.launch import launch as mmvq_launch
@@ -65,7 +64,6 @@ def main(argv=None) -> int:
     from hiraishin.order import ReductionOrder
     from hiraishin.plans import matvec_plan
     from hiraishin.plans.subblock import subblock_plan
-    from hiraishin.quant import random_blocks
 
     props, dev_name, l2, spin, cycles = timing_setup(cp)
     src = cp.ones(1 << 30, dtype=cp.uint8)
@@ -79,16 +77,7 @@ def main(argv=None) -> int:
     rng = np.random.default_rng(0)
     results, checks = [], []
     for label, qtype, k, n in SHAPES:
-        w_host = random_blocks(qtype, n, k, seed=1)
-        w_bytes = w_host.nbytes
-        rows = np.unique(np.concatenate([np.arange(32), np.arange(n - 32, n), rng.choice(n, 64, replace=False)]))
-        x_host = rng.standard_normal((max(WIDTHS), k)).astype(np.float32)
-        ref = mmq_emulate(w_host[rows], qtype, quantize.emulate(x_host), subblock_plan(1, qtype, k))
-        ws = rotating_copies(cp, w_host, l2)
-        del w_host
-        x = cp.asarray(x_host)
-        xq = cp.empty((x.shape[0], k // 32 * 36), dtype=cp.uint8)
-        quantize.launch(x, xq)
+        rows, ref, ws, x, xq, w_bytes = subblock_case(cp, rng, qtype, k, n, max(WIDTHS), l2)
         print(f"\n{label} {qtype}: {w_bytes / 1e6:.1f} MB, {len(ws)} rotating copies")
         print(f"{'kernel':>14} {'cols':>4} {'us':>8} {'GB/s':>6} {'copy':>6} {'x own 1':>7} {'x var 1':>7} bits")
 

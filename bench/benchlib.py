@@ -104,6 +104,28 @@ def rotating_copies(cp, host_array, l2_bytes: int) -> list:
     return [first] + [first.copy() for _ in range(n_copies - 1)]
 
 
+def subblock_case(cp, rng, qtype: str, k: int, n: int, ncols: int, l2_bytes: int):
+    """One sub-block mat-vec benchmark case: random ``qtype`` weights (n, k) rotated through copies
+    (:func:`rotating_copies`), ``ncols`` random activation rows and their q8_1 bytes on the device,
+    the rows checked (the first and last 32 and 64 drawn from ``rng``) and the emulator's outputs
+    for them (the sub-block order: one column's bits are every width's). Returns
+    ``(rows, ref, ws, x, xq, weight bytes)``."""
+    from hiraishin.kernels import quantize
+    from hiraishin.kernels.mmq import emulate as mmq_emulate
+    from hiraishin.plans.subblock import subblock_plan
+    from hiraishin.quant import random_blocks
+
+    w_host = random_blocks(qtype, n, k, seed=1)
+    rows = np.unique(np.concatenate([np.arange(32), np.arange(n - 32, n), rng.choice(n, 64, replace=False)]))
+    x_host = rng.standard_normal((ncols, k)).astype(np.float32)
+    ref = mmq_emulate(w_host[rows], qtype, quantize.emulate(x_host), subblock_plan(1, qtype, k))
+    ws = rotating_copies(cp, w_host, l2_bytes)
+    x = cp.asarray(x_host)
+    xq = cp.empty((ncols, k // 32 * 36), dtype=cp.uint8)
+    quantize.launch(x, xq)
+    return rows, ref, ws, x, xq, w_host.nbytes
+
+
 # Qwen3-8B's mat-vec shapes (reference section 8: hidden 4096, kv heads 8 x 128, ffn 12288,
 # vocab 151936) in its Q4_K_M type mix: (label, weight type, K inputs, N rows).
 QWEN3_8B_MATVECS = [

@@ -28,7 +28,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchlib import QWEN3_8B_MATVECS, git_commit, median_event_time, rotating_copies, timing_setup  # noqa: E402
+from benchlib import QWEN3_8B_MATVECS, git_commit, median_event_time, subblock_case, timing_setup  # noqa: E402
 
 SHAPES = QWEN3_8B_MATVECS + [("ffn_down (Q4_K layers) 12288->4096", "Q4_K", 12288, 4096),
                              ("attn_v (Q6_K layers) 4096->1024", "Q6_K", 4096, 1024)]
@@ -55,12 +55,9 @@ def main(argv=None) -> int:
     import cupy as cp
 
     from hiraishin.atomic import atomic_write
-    from hiraishin.kernels import quantize
     from hiraishin.kernels.compile import precompile
-    from hiraishin.kernels.mmq import emulate as mmq_emulate
     from hiraishin.kernels.mmq.launch import SOURCE, MMQLaunch, kernel_defines
     from hiraishin.plans.subblock import SUBBLOCK_MMA_TUNING, subblock_plan, tuning_key
-    from hiraishin.quant import random_blocks
 
     _, dev_name, l2, spin, cycles = timing_setup(cp)
     variants = {}  # shape label -> [(nwarps, cap, prefetch)]
@@ -82,15 +79,7 @@ def main(argv=None) -> int:
     rows_out = []
     table = dict(SUBBLOCK_MMA_TUNING)  # the library's table, with what this sweep keeps over it
     for label, qtype, k, n in shapes:
-        w_host = random_blocks(qtype, n, k, seed=1)
-        rows = np.unique(np.concatenate([np.arange(32), np.arange(n - 32, n), rng.choice(n, 64, replace=False)]))
-        x_host = rng.standard_normal((max(widths), k)).astype(np.float32)
-        ref = mmq_emulate(w_host[rows], qtype, quantize.emulate(x_host), subblock_plan(1, qtype, k))
-        ws = rotating_copies(cp, w_host, l2)
-        del w_host
-        x = cp.asarray(x_host)
-        xq = cp.empty((x.shape[0], k // 32 * 36), dtype=cp.uint8)
-        quantize.launch(x, xq)
+        rows, ref, ws, x, xq, _ = subblock_case(cp, rng, qtype, k, n, max(widths), l2)
 
         def timed(make, ws=ws, xq=xq, ref=ref, rows=rows, n=n):
             total, equal = 0.0, True
