@@ -100,7 +100,7 @@ SUBBLOCK_FEW_COLS_TUNING = {
     "Q4_K/many/4096": {"nwarps": 4, "max_regs": 80, "prefetch_x": 0},
     "Q6_K/many/4096": {"nwarps": 8, "max_regs": 64, "prefetch_x": 0},
     "Q4_K/few/12288": {"nwarps": 16, "max_regs": 64, "prefetch_x": 1},
-    # attn_v in the Q6_K layers (d-ablate-matvecs-tune-v): 8.8/8.9 -> 6.8/6.9 us; whole passes 3.370 ->
+    # attn_v in the Q6_K layers (e-ablate-matvecs-tune-v): 8.8/8.9 -> 6.8/6.9 us; whole passes 3.370 ->
     # 3.331 ms at 2 tokens, 3.615 -> 3.574 at 3, 3.980 -> 3.947 at 5, same digests
     "Q6_K/few/4096": {"nwarps": 16, "max_regs": 128, "prefetch_x": 1},
 }
