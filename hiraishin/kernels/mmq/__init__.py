@@ -24,7 +24,12 @@ NSEG x 16 x columns floats, one barrier, the segment sum in order. Q4_K: one
 ``mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32`` per 32-value sub-block (nibbles masked to
 int8); Q6_K: two ``m16n8k16`` per q8_1 block, one per 16-value sub-block, with ``q - 32`` formed
 bytewise, the two integer results scaled by their int8 scales and added as integers. One column
-(``HX_ONECOL``): the same kernel, float work only for the column that exists.
+(``HX_ONECOL``): the same kernel, float work only for the column that exists. Launch facts that
+change no bit: warps, register cap, activation prefetch (tuned per shape for launches of 2..8
+columns: ``plans/subblock.py`` ``SUBBLOCK_FEW_COLS_TUNING``, replaced by ``HIRAISHIN_MMQ_TUNING``),
+and two measured-slower alternatives kept as opt-in switches: ``HX_LIVE`` (the integer C moved
+across the warp so all lanes share the float work of <= 4 live columns; ``HIRAISHIN_MMQ_LIVE=1``)
+and ``HX_PREFETCH_NEXT`` (an L2 hint for the next super-block; ``HIRAISHIN_MMQ_PREFETCH_NEXT=1``).
 
 Upstream facts mirrored (llama.cpp ggml-cuda ``mmq.cuh`` / ``mma.cuh``; reference section 4): MMQ
 accumulates per 32-value sub-block in k order, ``sum += dA*dB*C_int32`` then the Q4_K min term
