@@ -55,14 +55,17 @@ def test_model_batches_equal_one_token_passes(micro_model_path):
 
 def test_mma_warps_override_changes_only_the_warps_of_one_tile_launches(monkeypatch):
     """HIRAISHIN_SUBBLOCK_MMA_NWARPS (an A/B switch, read at import) sets the warps of mma launches of up
-    to 8 columns; nothing else of the plan (the order: nseg) moves; a bad value is an error naming it."""
+    to 8 columns, over the tuning table's entry; the order (nseg) does not move; a bad value is an error
+    naming it."""
     from hiraishin.errors import PlanError
     from hiraishin.plans import subblock
 
     base = {w: subblock.subblock_plan(w, "Q4_K", 4096, n=4096) for w in (1, 3, 9)}
-    monkeypatch.setattr(subblock, "SUBBLOCK_MMA_FEW_COLS_NWARPS", "16")
+    assert (base[3].nwarps, base[3].max_regs) == (16, 64)  # SUBBLOCK_FEW_COLS_TUNING's entry
+    monkeypatch.setattr(subblock, "SUBBLOCK_MMA_FEW_COLS_NWARPS", "8")
     got = {w: subblock.subblock_plan(w, "Q4_K", 4096, n=4096) for w in (1, 3, 9)}
-    assert got[3].nwarps == 16 and got[3].nseg == base[3].nseg and got[3].kernel == "mma"
+    assert got[3].nwarps == 8 and got[3].nseg == base[3].nseg and got[3].kernel == "mma"
+    assert got[3].max_regs is None and got[3].prefetch_x is None  # the switch wins over the whole entry
     assert got[1] == base[1] and got[9] == base[9]  # one column, two n-tiles: the table
     assert subblock.subblock_plan(3, "Q4_K", 1024).nwarps == 4  # never more warps than segments
     for bad in ("17", "x", "-1"):

@@ -226,9 +226,13 @@ def subblock_plan(ncols: int, qtype: str, k: int, device=None, n: int | None = N
     nwarps = SUBBLOCK_NWARPS[(kernel, qtype, n is None or n <= SUBBLOCK_FEW_ROWS)]
     tuned = {}
     if kernel == "mma" and ncols <= SUBBLOCK_NTILE_COLS:
-        nwarps = _mma_few_cols_nwarps() or nwarps
         tuned = SUBBLOCK_MMA_TUNING.get(tuning_key(qtype, n, k), {})
-        nwarps = tuned.get("nwarps", nwarps)
+        # the A/B switch wins over the table (its warps with the table's cap would be a third setting)
+        forced = _mma_few_cols_nwarps()
+        if forced:
+            nwarps, tuned = forced, {}
+        else:
+            nwarps = tuned.get("nwarps", nwarps)
     return SubBlockPlan(qtype=qtype, ncols=ncols, k=k, nseg=nseg, kernel=kernel,
                         tile_rows=SUBBLOCK_TILE_ROWS, cols_per_block=cols, nwarps=min(nseg, nwarps),
                         max_regs=tuned.get("max_regs"), prefetch_x=tuned.get("prefetch_x"), live=tuned.get("live"))
