@@ -2,11 +2,12 @@
 
     python3 bench/tune_mmq.py --out DIR [--widths 2,4] [--only LABEL] [--reps 20] [--batches 7]
 
-For each Qwen3-8B mat-vec shape (both ffn_down and attn_v types) and every launch of at most 8 columns the
-order allows (warps per CUDA block 4 / 8 / 16, register caps 64 / 80 / 96 / 128, the activation
-prefetch or the shared-lane epilogue of <= 4 columns, HX_LIVE, or neither), the bits of every width are compared with the Numba emulator (a fixed
-subset of rows), then the launch is timed as ``bench/bench_mmq.py`` times it (CUDA events over
-back-to-back launches, weights rotated through copies of >= 4x the L2). Per shape the variant
+For each Qwen3-8B mat-vec shape (both ffn_down and attn_v types) and every launch of at most 8
+columns the order allows (warps per CUDA block 4 / 8 / 16, register caps 64 / 80 / 96 / 128, the
+activation prefetch or the shared-lane epilogue of <= 4 columns, HX_LIVE, or neither), the bits of
+every width are compared with the Numba emulator (a fixed subset of rows), then the launch is timed
+as ``bench/bench_mmq.py`` times it (CUDA events over back-to-back launches, weights rotated through
+copies of >= 4x the L2). Per shape the variant
 with the least summed time over ``--widths`` is kept if it beats the library's own launch by more
 than :data:`MIN_GAIN` and every bit equals the emulator's. ``DIR/mmq-tuning.json`` (the library's
 table with those entries replaced: the file ``HIRAISHIN_MMQ_TUNING`` reads, for a whole-pass A/B
@@ -99,8 +100,8 @@ def main(argv=None) -> int:
         key = tuning_key(qtype, n, k)
         t_lib, per_lib, eq_lib, lw = timed(lambda wd: MMQLaunch(n, subblock_plan(wd, qtype, k, n=n)))
         lib = subblock_plan(widths[0], qtype, k, n=n)
-        rows_out.append(dict(shape=label, key=key, variant="library", nwarps=lib.nwarps, num_regs=int(lw.kernel.num_regs),
-                             us=per_lib, bits_equal_emulator=eq_lib))
+        rows_out.append(dict(shape=label, key=key, variant="library", nwarps=lib.nwarps,
+                             num_regs=int(lw.kernel.num_regs), us=per_lib, bits_equal_emulator=eq_lib))
         print(f"\n{label} ({key}): library {lib.nwarps} warps {int(lw.kernel.num_regs)} regs: "
               + " ".join(f"{wd}:{t:.1f}" for wd, t in per_lib.items()) + " us", flush=True)
         best = None
@@ -112,7 +113,8 @@ def main(argv=None) -> int:
             rows_out.append(dict(shape=label, key=key, variant="sweep", nwarps=nw, max_regs=cap, prefetch_x=pre,
                                  live=live, num_regs=regs, spill_bytes=spill, us=per, bits_equal_emulator=eq))
             print(f"  {nw:2d} warps cap {cap:3d} pre {pre} live {live} regs {regs:3d} spill {spill}: "
-                  + " ".join(f"{wd}:{v:.1f}" for wd, v in per.items()) + f" us {'equal' if eq else 'DIFFER'}", flush=True)
+                  + " ".join(f"{wd}:{v:.1f}" for wd, v in per.items()) + f" us {'equal' if eq else 'DIFFER'}",
+                  flush=True)
             if eq and spill == 0 and (best is None or t < best[0]):
                 best = (t, nw, cap, pre, live)
         if best is not None and best[0] < (1 - MIN_GAIN) * t_lib and eq_lib:

@@ -164,7 +164,8 @@ SHIM_CASES = [("Q4_K", 1024, 19, (1, 3, 9), 0, 4, 0), ("Q4_K", 5120, 17, (1, 2),
 
 
 SWITCHES = {"default": {}, "live-on": {"HIRAISHIN_MMQ_LIVE": "1"},
-            "prefetch-next": {"HIRAISHIN_MMQ_PREFETCH_NEXT": "1"}}  # (the L2 hint is a no-op in the shim)
+            "prefetch-next": {"HIRAISHIN_MMQ_PREFETCH_NEXT": "1"},  # (the L2 hint is a no-op in the shim)
+            "pipeline-w": {"HIRAISHIN_MMQ_PIPELINE_W": "1"}}  # (Q4_K cases; Q6_K ones run without it)
 
 
 @pytest.mark.parametrize("switch", list(SWITCHES))

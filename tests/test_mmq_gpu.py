@@ -111,6 +111,35 @@ def test_launch_variants_change_no_bit(cp, qtype, k, n):
                                                           f"live={live}")
 
 
+@pytest.mark.parametrize("k,n,nwarps", [(5120, 333, 8), (4096, 50, 4), (12288, 77, 16)])
+def test_pipelined_weight_loads_change_no_bit(cp, k, n, nwarps, monkeypatch):
+    """HX_PIPELINE_W (HIRAISHIN_MMQ_PIPELINE_W=1, Q4_K): the next super-block's loads issued early, across
+    segments too (K=5120 at 8 warps: uneven segments, two per warp), change no bit at any width."""
+    import dataclasses
+
+    from hiraishin.kernels import quantize
+    from hiraishin.kernels.mmq import emulate
+    from hiraishin.kernels.mmq.launch import ENV_MMQ_PIPELINE_W, MMQLaunch, kernel_defines
+    from hiraishin.plans.subblock import subblock_plan
+    from hiraishin.quant import random_blocks
+
+    monkeypatch.setenv(ENV_MMQ_PIPELINE_W, "1")
+    w = random_blocks("Q4_K", n, k, seed=5)
+    xq = quantize.emulate(np.random.default_rng(6).standard_normal((16, k)).astype(np.float32))
+    ref = emulate(w, "Q4_K", xq, subblock_plan(1, "Q4_K", k))
+    w_d, xq_d = cp.asarray(w), cp.asarray(xq)
+    for wd in (1, 2, 3, 5, 9, 16):
+        base = subblock_plan(wd, "Q4_K", k)
+        plan = dataclasses.replace(base, nwarps=min(nwarps, base.nseg))
+        assert kernel_defines(plan)["HX_PIPELINE_W"] == 1
+        lw = MMQLaunch(n, plan)
+        out = cp.full((wd, n), cp.nan, dtype=cp.float32)
+        lw(w_d, xq_d[:wd], out)
+        np.testing.assert_array_equal(cp.asnumpy(out).view(np.uint32), ref[:wd].view(np.uint32),
+                                      err_msg=f"K={k} width={wd} nwarps={plan.nwarps}")
+        assert int(lw.kernel.local_size_bytes) == 0, (k, wd, plan.nwarps)
+
+
 @pytest.mark.parametrize("qtype,k,ns", [("Q4_K", 4096, (4096, 1024, 1024)), ("Q4_K", 4096, (12288, 12288)),
                                         ("Q6_K", 768, (45, 19, 33))])
 @pytest.mark.parametrize("width", [1, 3, 9, 16])

@@ -130,7 +130,8 @@ def _read_tuning(path: str) -> dict:
               and entry.get("live", 0) in (0, 1) and not (entry.get("live") and entry.get("prefetch_x")))
         if not ok or key.count("/") != 2:
             raise PlanError(f"${ENV_MMQ_TUNING}={path!r}: bad entry {key!r}: {entry!r} (want "
-                            '"<qtype>/<few|many>/<k>": {"nwarps": 1..16, "max_regs": int, "prefetch_x": 0|1, "live": 0|1}, '
+                            '"<qtype>/<few|many>/<k>": {"nwarps": 1..16, "max_regs": int, "prefetch_x": 0|1, '
+                            '"live": 0|1}, '
                             'live and prefetch_x not both 1)')
     return table
 

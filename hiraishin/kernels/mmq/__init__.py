@@ -29,7 +29,9 @@ change no bit: warps, register cap, activation prefetch (tuned per shape for lau
 columns: ``plans/subblock.py`` ``SUBBLOCK_FEW_COLS_TUNING``, replaced by ``HIRAISHIN_MMQ_TUNING``),
 and two measured-slower alternatives kept as opt-in switches: ``HX_LIVE`` (the integer C moved
 across the warp so all lanes share the float work of <= 4 live columns; ``HIRAISHIN_MMQ_LIVE=1``)
-and ``HX_PREFETCH_NEXT`` (an L2 hint for the next super-block; ``HIRAISHIN_MMQ_PREFETCH_NEXT=1``).
+and ``HX_PREFETCH_NEXT`` (an L2 hint for the next super-block; ``HIRAISHIN_MMQ_PREFETCH_NEXT=1``);
+and one not yet timed on a GPU, ``HX_PIPELINE_W`` (Q4_K: the next super-block's loads issued into
+registers before the current one's MMAs; ``HIRAISHIN_MMQ_PIPELINE_W=1``).
 
 Upstream facts mirrored (llama.cpp ggml-cuda ``mmq.cuh`` / ``mma.cuh``; reference section 4): MMQ
 accumulates per 32-value sub-block in k order, ``sum += dA*dB*C_int32`` then the Q4_K min term

@@ -20,6 +20,7 @@ from ..mmvq.launch import MULTI_MAX_WEIGHTS, multi_weight_args
 __all__ = [
     "ENV_MMQ_LIVE",
     "ENV_MMQ_MULTI",
+    "ENV_MMQ_PIPELINE_W",
     "ENV_MMQ_PREFETCH_NEXT",
     "MMQ_LIVE_COLS",
     "MMQ_MULTI",
@@ -74,6 +75,17 @@ def _prefetch_next() -> int:
     return 1 if os.environ.get(ENV_MMQ_PREFETCH_NEXT, "").strip() == "1" else 0
 
 
+# HX_PIPELINE_W (Q4_K): each warp issues the loads of its next super-block before the MMAs of the
+# current one (registers, not a cache hint; the same loads and float operations, mmq.cu). Off unless
+# HIRAISHIN_MMQ_PIPELINE_W=1: written after session 8's last GPU call, not yet timed (the A/B:
+# bench/final_session.sh STEPS=ab AB_VAR=HIRAISHIN_MMQ_PIPELINE_W AB_VALUES="0 1" AB_ORDERS=subblock).
+ENV_MMQ_PIPELINE_W = "HIRAISHIN_MMQ_PIPELINE_W"
+
+
+def _pipeline_w(qtype: str) -> int:
+    return 1 if qtype == "Q4_K" and os.environ.get(ENV_MMQ_PIPELINE_W, "").strip() == "1" else 0
+
+
 def _prefetch_w(k: int) -> int:
     forced = os.environ.get(ENV_MMQ_PREFETCH_W, "").strip()
     if forced in ("0", "1"):
@@ -111,7 +123,8 @@ def kernel_defines(plan: SubBlockPlan, max_regs: int | None | str = "default",
     nt = plan.cols_per_block // SUBBLOCK_NTILE_COLS
     key = (plan.kernel, plan.qtype, plan.nwarps)
     if max_regs == "default":
-        max_regs = plan.max_regs if plan.max_regs is not None else MMQ_MAX_REGS.get(key, MMQ_DEFAULT_MAX_REGS[plan.kernel])
+        table = MMQ_MAX_REGS.get(key, MMQ_DEFAULT_MAX_REGS[plan.kernel])
+        max_regs = plan.max_regs if plan.max_regs is not None else table
     if prefetch == "default":
         prefetch = plan.prefetch_x if plan.prefetch_x is not None else MMQ_PREFETCH_X.get(key, 0)
     regs, pre = max_regs, int(prefetch)
@@ -131,6 +144,7 @@ def kernel_defines(plan: SubBlockPlan, max_regs: int | None | str = "default",
         "HX_PREFETCH_W": _prefetch_w(plan.k),
         "HX_LIVE": live_cols(plan, pre if nt == 1 else 0, live),
         "HX_PREFETCH_NEXT": _prefetch_next(),
+        "HX_PIPELINE_W": _pipeline_w(plan.qtype),
     }
 
 

@@ -52,8 +52,24 @@ struct hx_row_sb {
     int q[8];             // qs ints at 32*jp + 4t and 32*jp + 16 + 4t, jp = 0..3
 };
 
-__device__ __forceinline__ void hx_load_row(const unsigned char* p, int t, hx_row_sb& r) {
-    const uint4 h = *(const uint4*)p;
+// A lane's bytes of one row's super-block as loaded (hx_fetch_row: loads only, nothing waits on them),
+// then its scales decoded (hx_decode_row); hx_load_row is the two back to back.
+struct hx_row_raw {
+    uint4 h;     // d, dmin, scales[12]
+    int q[8];
+};
+
+__device__ __forceinline__ void hx_fetch_row(const unsigned char* p, int t, hx_row_raw& r) {
+    r.h = *(const uint4*)p;
+#pragma unroll
+    for (int jp = 0; jp < 4; ++jp) {
+        r.q[2 * jp] = hx_ld32(p + 16 + 32 * jp + 4 * t);
+        r.q[2 * jp + 1] = hx_ld32(p + 16 + 32 * jp + 16 + 4 * t);
+    }
+}
+
+__device__ __forceinline__ void hx_decode_row(const hx_row_raw& w, hx_row_sb& r) {
+    const uint4 h = w.h;
     const float d = hx_h2f((unsigned short)(h.x & 0xFFFF));
     const float dmin = hx_h2f((unsigned short)(h.x >> 16));
     // get_scale_min_k4 for all 8 sub-blocks at once (bytes q[0..3] = h.y, q[4..7] = h.z, q[8..11] = h.w)
@@ -69,10 +85,13 @@ __device__ __forceinline__ void hx_load_row(const unsigned char* p, int t, hx_ro
         r.wm[4 + j] = HX_Q4_SCALE(__fmul_rn(dmin, (float)((m_hi >> (8 * j)) & 0xFF)));
     }
 #pragma unroll
-    for (int jp = 0; jp < 4; ++jp) {
-        r.q[2 * jp] = hx_ld32(p + 16 + 32 * jp + 4 * t);
-        r.q[2 * jp + 1] = hx_ld32(p + 16 + 32 * jp + 16 + 4 * t);
-    }
+    for (int k = 0; k < 8; ++k) r.q[k] = w.q[k];
+}
+
+__device__ __forceinline__ void hx_load_row(const unsigned char* p, int t, hx_row_sb& r) {
+    hx_row_raw w;
+    hx_fetch_row(p, t, w);
+    hx_decode_row(w, r);
 }
 #else
 // ---- Q6_K: ql[128], qh[64], scales[16] (int8), d (fp16); 210 bytes ----

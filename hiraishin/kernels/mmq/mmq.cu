@@ -64,6 +64,18 @@
 #define HX_PREFETCH_NEXT 0
 #endif
 
+// HX_PIPELINE_W (0/1; Q4_K): a warp issues the loads of the super-block it multiplies next (the next one
+// of its K-segment, else the first of its next segment) before the MMAs of the current one, into
+// registers (mma_rows.cu hx_fetch_row), and decodes them when it gets there: the same loads and the
+// same float operations, only the loads earlier. (Q6_K's 2-byte aligned rows shift their words as they
+// arrive, so a fetch there would wait on its own loads.)
+#ifndef HX_PIPELINE_W
+#define HX_PIPELINE_W 0
+#endif
+#if HX_PIPELINE_W && HX_QTYPE != 12
+#error "HX_PIPELINE_W: Q4_K rows only"
+#endif
+
 // mma.sync helpers and the weight-row loads: mma_rows.cu (compiled before this file).
 
 // Rows row0 .. row0+15 (those that exist) of the weight into L2 (fp.cuh hx_prefetch_lines).
@@ -99,6 +111,14 @@ __device__ __forceinline__ void hx_mmq_tile(const unsigned char* __restrict__ w,
     }
 #endif
 
+#if HX_PIPELINE_W
+    hx_row_raw nA, nB;  // the next super-block's bytes, in flight
+    if (warp < HX_NSEG) {
+        const size_t sb = (size_t)(warp * HX_NB / HX_NSEG) * HX_BLOCK_BYTES;
+        hx_fetch_row(wA + sb, t, nA);
+        hx_fetch_row(wB + sb, t, nB);
+    }
+#endif
     for (int s = warp; s < HX_NSEG; s += HX_NWARPS) {
         const int sb0 = s * HX_NB / HX_NSEG, sb1 = (s + 1) * HX_NB / HX_NSEG;
         float acc[HX_NT][4];
@@ -117,7 +137,8 @@ __device__ __forceinline__ void hx_mmq_tile(const unsigned char* __restrict__ w,
                     for (int j = lane; j < 3 * HX_TILE_ROWS; j += 32) {
                         const int r = min(row0 + j % HX_TILE_ROWS, nrows - 1), which = j / HX_TILE_ROWS;
                         const int off = which == 0 ? 0 : which == 1 ? 128 : HX_BLOCK_BYTES - 1;
-                        if (off < HX_BLOCK_BYTES) HX_PREFETCH_L2(w + r * row_bytes + (size_t)nxt * HX_BLOCK_BYTES + off);
+                        const size_t at = r * row_bytes + (size_t)nxt * HX_BLOCK_BYTES + off;
+                        if (off < HX_BLOCK_BYTES) HX_PREFETCH_L2(w + at);
                     }
                 }
             }
@@ -137,8 +158,21 @@ __device__ __forceinline__ void hx_mmq_tile(const unsigned char* __restrict__ w,
             }
 #endif
             hx_row_sb rA, rB;
+#if HX_PIPELINE_W
+            hx_decode_row(nA, rA);
+            hx_decode_row(nB, rB);
+            {   // every segment has a super-block (NSEG <= NB), so each one's first was fetched ahead
+                const int s2 = s + HX_NWARPS;
+                const int nxt = i + 1 < sb1 ? i + 1 : (s2 < HX_NSEG ? s2 * HX_NB / HX_NSEG : -1);
+                if (nxt >= 0) {  // uniform per warp
+                    hx_fetch_row(wA + (size_t)nxt * HX_BLOCK_BYTES, t, nA);
+                    hx_fetch_row(wB + (size_t)nxt * HX_BLOCK_BYTES, t, nB);
+                }
+            }
+#else
             hx_load_row(wA + (size_t)i * HX_BLOCK_BYTES, t, rA);
             hx_load_row(wB + (size_t)i * HX_BLOCK_BYTES, t, rB);
+#endif
 #pragma unroll
             for (int jj = 0; jj < 8; ++jj) {   // q8_1 block 8i + jj, in k order
                 const size_t xo = (size_t)(8 * i + jj) * HX_Q8_BYTES;
