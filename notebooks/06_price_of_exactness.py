@@ -26,6 +26,7 @@
 
 # %%
 import json
+import textwrap
 import time
 
 import matplotlib.pyplot as plt
@@ -82,21 +83,38 @@ show_file("hiraishin.plans", "matvec.py", "def _balanced", after=4)
 # ## Measure: verify cost against width
 #
 # On a GPU: one forward pass of `w` tokens after 256 cached cells, median of repeats, every order.
-# On the CPU, from the committed GPU results, newest first by the date each records: a
-# `price-of-exactness.json` if there is one; else the whole-decoder benchmark `hiraishin-bench.json`
-# (`hiraishin bench`: verify passes of Qwen3-8B at several widths, per order); and beside it the mat-vec
-# benchmark `bench_mmvq.json` (Qwen3-8B's five mat-vec shapes, 1–16 columns) and the attention
-# benchmark `bench_fattn.json`.
+# On the CPU, from the committed GPU results (every folder under `bench/results/`, newest first by the
+# date each file records): each order's newest `price-of-exactness.json` figures (a run times the orders
+# it was asked for, so the orders may come from different runs: each is named); else the whole-decoder
+# benchmark `hiraishin-bench.json` (`hiraishin bench`: verify passes of Qwen3-8B at several widths, per
+# order); and beside it the mat-vec benchmark `bench_mmvq.json` (Qwen3-8B's five mat-vec shapes, 1–16
+# columns) and the attention benchmark `bench_fattn.json`.
 
 # %%
+def _dated(name):
+    """(date it records, path, data) of every committed result file called ``name``, in any folder."""
+    for f in sorted(RESULTS.rglob(name)):
+        data = json.loads(f.read_text())
+        yield str(data.get("meta", data).get("date", "")), f, data
+
+
 def newest(name):
     """(path, data) of the newest committed result file called ``name``, by the date it records; or (None, None)."""
-    found = []
-    for f in sorted(RESULTS.glob(f"*/{name}")):
-        data = json.loads(f.read_text())
-        meta = data.get("meta", data)
-        found.append((str(meta.get("date", "")), str(f), f, data))
+    found = [(date, str(f), f, data) for date, f, data in _dated(name)]
     return max(found)[2:] if found else (None, None)
+
+
+def newest_per_order(name):
+    """order -> (date, path, {width: ms}): each order's rows from the newest committed ``name`` holding it."""
+    best = {}
+    for date, f, data in _dated(name):
+        per = {}
+        for row in data.get("rows", []):  # rows of (order, width, ms)
+            per.setdefault(row["order"], {})[int(row["width"])] = float(row["ms"])
+        for order_name, per_width in per.items():
+            if order_name not in best or best[order_name][0] < date:
+                best[order_name] = (date, f, per_width)
+    return best
 
 
 def rel(path):
@@ -121,7 +139,7 @@ def time_passes(model, order, widths, repeats=5, kv=256):
     return out
 
 
-poe_path, poe = newest("price-of-exactness.json")
+poe = newest_per_order("price-of-exactness.json")
 bench_path, bench = newest("hiraishin-bench.json")
 mmvq_path, mmvq = newest("bench_mmvq.json")
 fattn_path, fattn = newest("bench_fattn.json")
@@ -133,10 +151,12 @@ if LIVE:
     with clock("live timing"):
         verify = {o.name: time_passes(model, o, WIDTHS) for o in ORDERS}
     SOURCE = f"live: {model.name} on {device_name(be)}"
-elif poe is not None:
-    for row in poe.get("rows", []):  # rows of (order, width, ms)
-        verify.setdefault(row["order"], {})[int(row["width"])] = float(row["ms"])
-    SOURCE = f"{rel(poe_path)} ({poe.get('device', '?')}, {poe.get('date', '?')})"
+elif poe:
+    verify = {order_name: per_width for order_name, (_, _, per_width) in poe.items()}
+    runs = {}  # file -> the orders read from it
+    for order_name, (date, f, _) in poe.items():
+        runs.setdefault((date[:10], rel(f)), []).append(order_name)
+    SOURCE = "; ".join(f"{', '.join(names)}: {path} ({date})" for (date, path), names in sorted(runs.items()))
 elif bench is not None:
     for order_name, o in bench["orders"].items():
         verify[order_name] = {int(w): float(ms) for w, ms in o["verify_ms"].items()}
@@ -152,7 +172,7 @@ def style(order_name):
 
 
 if verify:
-    plot_verify_cost(verify, f"a whole verify pass against its width ({SOURCE})", style=style)
+    plot_verify_cost(verify, textwrap.fill(f"a whole verify pass against its width ({SOURCE})", 110), style=style)
     plt.show()
     print(f"{'order':<19}" + "".join(f"{w:>8}" for w in sorted(next(iter(verify.values())))))
     for order_name, per_width in verify.items():
