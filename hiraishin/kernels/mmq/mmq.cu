@@ -34,7 +34,7 @@
 // columns move each MMA's C fragment across the lanes of the warp (__shfl_sync) so that the float
 // work of the live columns is shared by all 32 lanes: HX_LIVE_NE outputs per lane instead of 4, each
 // with the very float operations, in the very order, it gets without HX_LIVE (the integer C is
-// exact wherever it sits). Lane (g, t) then owns row g + 8 * hx_live_half and columns hx_live_col(u),
+// exact wherever it sits). Lane (g, t) then owns row g + 8 * live_half and columns live_col[u],
 // u < HX_LIVE_NE:
 //   HX_LIVE 2: half t >> 1, column t & 1        (C element t of lane (g, 0))
 //   HX_LIVE 4: half t & 1, columns 2(t >> 1)+u   (C elements 2*half+u of lane (g, t >> 1))
