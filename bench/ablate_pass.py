@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -93,14 +94,8 @@ def main(argv=None) -> int:
     for path in args.models:
         base = None
         for name, patches in VARIANTS.items():
-            saved = {k: getattr(cuda_backend, k) for k in patches}
-            try:
-                for k, fn in patches.items():
-                    setattr(cuda_backend, k, fn)
+            with mock.patch.multiple(cuda_backend, **patches):
                 r = host_overhead.measure(path, args.order, args.steps)
-            finally:
-                for k, fn in saved.items():
-                    setattr(cuda_backend, k, fn)
             ms = r["back_to_back_replay_ms"]
             base = ms if base is None else base
             rows.append({"model": r["model"], "order": r["order"], "variant": name, "replay_ms": ms,

@@ -20,6 +20,7 @@ import hashlib
 import os
 import sys
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 
@@ -65,15 +66,9 @@ def measure_ablated(path: str, order_names, widths, steps: int) -> list[dict]:
 
     rows = []
     for variant, patches in VARIANTS.items():
-        saved = {k: getattr(cuda_backend, k) for k in patches}
-        try:
-            for k, fn in patches.items():
-                setattr(cuda_backend, k, fn)
+        with mock.patch.multiple(cuda_backend, **patches):
             print(f"== {variant}", flush=True)
             rows += [dict(r, variant=variant) for r in measure(path, order_names, widths, steps)]
-        finally:
-            for k, fn in saved.items():
-                setattr(cuda_backend, k, fn)
     return rows
 
 
@@ -111,12 +106,10 @@ def measure_matvec_ablated(path: str, order_names, widths, steps: int) -> list[d
         def call_multi(self, ws, xq, outs, skip=skip):
             return outs if skip(tuple(int(o.shape[1]) for o in outs), _k_of(ws[0])) else multi(self, ws, xq, outs)
 
-        mod.MMQLaunch.__call__, mod.MMQMultiLaunch.__call__ = call_single, call_multi
-        try:
+        with mock.patch.object(mod.MMQLaunch, "__call__", call_single), \
+                mock.patch.object(mod.MMQMultiLaunch, "__call__", call_multi):
             print(f"== {variant}", flush=True)
             rows += [dict(r, variant=variant) for r in measure(path, order_names, widths, steps)]
-        finally:
-            mod.MMQLaunch.__call__, mod.MMQMultiLaunch.__call__ = single, multi
     return rows
 
 
