@@ -4,12 +4,12 @@
 
 For each Qwen3-8B mat-vec shape (both ffn_down and attn_v types) and every launch of at most 8
 columns the order allows (warps per CUDA block 4 / 8 / 16, register caps 64 / 80 / 96 / 128, the
-activation prefetch or the shared-lane epilogue of <= 4 columns, HX_LIVE, or neither), the bits of
-every width are compared with the Numba emulator (a fixed subset of rows), then the launch is timed
-as ``bench/bench_mmq.py`` times it (CUDA events over back-to-back launches, weights rotated through
-copies of >= 4x the L2). Per shape the variant
-with the least summed time over ``--widths`` is kept if it beats the library's own launch by more
-than :data:`MIN_GAIN` and every bit equals the emulator's. ``DIR/mmq-tuning.json`` (the library's
+activation prefetch on or off; session 8 also swept HX_LIVE here, at 1f3f1d9: it never won), the
+bits of every width are compared with the Numba emulator (a fixed subset of rows), then the launch
+is timed as ``bench/bench_mmq.py`` times it (CUDA events over back-to-back launches, weights rotated
+through copies of >= 4x the L2). Per shape the variant with the least summed time over ``--widths``
+is kept if it beats the library's own launch by more than :data:`MIN_GAIN` and every bit equals the
+emulator's. ``DIR/mmq-tuning.json`` (the library's
 table with those entries replaced: the file ``HIRAISHIN_MMQ_TUNING`` reads, for a whole-pass A/B
 with and without it) and ``DIR/tune-mmq.json`` (every time) are written.
 """
@@ -65,14 +65,9 @@ def main(argv=None) -> int:
     jobs = []
     for label, qtype, k, n in shapes:
         base = subblock_plan(widths[0], qtype, k, n=n)
-        # (warps, cap, activation prefetch, shared-lane epilogue): the last two exclude each other
-        vs = [(nw, cap, pre, live) for nw in NWARPS if nw <= base.nseg for cap in CAPS
-              for pre, live in ((0, 0), (1, 0), (0, 1))]
+        vs = [(nw, cap, pre) for nw in NWARPS if nw <= base.nseg for cap in CAPS for pre in (0, 1)]
         variants[label] = vs
-        for wd in widths:
-            plan = subblock_plan(wd, qtype, k, n=n)
-            jobs += [(SOURCE, kernel_defines(dataclasses.replace(plan, nwarps=nw), cap, pre, live))
-                     for nw, cap, pre, live in vs]
+        jobs += [(SOURCE, kernel_defines(dataclasses.replace(base, nwarps=nw), cap, pre)) for nw, cap, pre in vs]
     print(f"device {dev_name}; compiling {len(jobs)} variants", flush=True)
     precompile(jobs)
 
@@ -105,22 +100,19 @@ def main(argv=None) -> int:
         print(f"\n{label} ({key}): library {lib.nwarps} warps {int(lw.kernel.num_regs)} regs: "
               + " ".join(f"{wd}:{t:.1f}" for wd, t in per_lib.items()) + " us", flush=True)
         best = None
-        for nw, cap, pre, live in variants[label]:
+        for nw, cap, pre in variants[label]:
             t, per, eq, lw = timed(lambda wd: MMQLaunch(n, dataclasses.replace(subblock_plan(wd, qtype, k, n=n),
-                                                                              nwarps=nw), max_regs=cap, prefetch=pre,
-                                                        live=live))
+                                                                              nwarps=nw), max_regs=cap, prefetch=pre))
             regs, spill = int(lw.kernel.num_regs), int(lw.kernel.local_size_bytes)
             rows_out.append(dict(shape=label, key=key, variant="sweep", nwarps=nw, max_regs=cap, prefetch_x=pre,
-                                 live=live, num_regs=regs, spill_bytes=spill, us=per, bits_equal_emulator=eq))
-            print(f"  {nw:2d} warps cap {cap:3d} pre {pre} live {live} regs {regs:3d} spill {spill}: "
+                                 num_regs=regs, spill_bytes=spill, us=per, bits_equal_emulator=eq))
+            print(f"  {nw:2d} warps cap {cap:3d} pre {pre} regs {regs:3d} spill {spill}: "
                   + " ".join(f"{wd}:{v:.1f}" for wd, v in per.items()) + f" us {'equal' if eq else 'DIFFER'}",
                   flush=True)
             if eq and spill == 0 and (best is None or t < best[0]):
-                best = (t, nw, cap, pre, live)
+                best = (t, nw, cap, pre)
         if best is not None and best[0] < (1 - MIN_GAIN) * t_lib and eq_lib:
             table[key] = {"nwarps": best[1], "max_regs": best[2], "prefetch_x": best[3]}
-            if best[4]:
-                table[key]["live"] = 1
             print(f"  kept {table[key]}: {best[0]:.1f} vs {t_lib:.1f} us", flush=True)
         del ws, x, xq
         cp.get_default_memory_pool().free_all_blocks()

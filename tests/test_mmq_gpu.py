@@ -81,14 +81,14 @@ def test_no_register_spills(cp, qtype, k, n):
 
 
 @pytest.mark.parametrize("qtype,k,n", [("Q4_K", 5120, 333), ("Q6_K", 768, 45), ("Q6_K", 12288, 77), ("Q4_K", 4096, 50)])
-def test_launch_variants_change_no_bit(cp, qtype, k, n):
+def test_launch_variants_change_no_bit(cp, qtype, k, n, monkeypatch):
     """Warps per CUDA block, register caps, the activation prefetch and the shared-lane epilogue
     (HX_LIVE, widths 2..4) are launch facts."""
     import dataclasses
 
     from hiraishin.kernels import quantize
     from hiraishin.kernels.mmq import emulate
-    from hiraishin.kernels.mmq.launch import MMQLaunch
+    from hiraishin.kernels.mmq.launch import ENV_MMQ_LIVE, MMQLaunch
     from hiraishin.plans.subblock import subblock_plan
     from hiraishin.quant import random_blocks
 
@@ -103,7 +103,8 @@ def test_launch_variants_change_no_bit(cp, qtype, k, n):
             for cap in (64, 96, None):
                 few = base.cols_per_block == 8 and wd > 1
                 for pre, live in ((0, 0), (1, 0), (0, 1)) if few else ((0, 0), (1, 0)) if wd == 1 else ((0, 0),):
-                    lw = MMQLaunch(n, dataclasses.replace(base, nwarps=nw), max_regs=cap, prefetch=pre, live=live)
+                    monkeypatch.setenv(ENV_MMQ_LIVE, str(live))
+                    lw = MMQLaunch(n, dataclasses.replace(base, nwarps=nw), max_regs=cap, prefetch=pre)
                     out = cp.full((wd, n), cp.nan, dtype=cp.float32)
                     lw(w_d, xq_d[:wd], out)
                     np.testing.assert_array_equal(cp.asnumpy(out).view(np.uint32), ref[:wd].view(np.uint32),

@@ -86,8 +86,7 @@ SUBBLOCK_MMA_FEW_COLS_NWARPS = os.environ.get(ENV_MMA_NWARPS, "").strip()
 # Launch facts of the launches of at most SUBBLOCK_NTILE_COLS columns (the verify passes of a
 # speculative cycle) per weight shape, over SUBBLOCK_NWARPS and the register / prefetch tables of
 # hiraishin.kernels.mmq.launch: "<qtype>/<few|many>/<k>" ("few": rows <= SUBBLOCK_FEW_ROWS) ->
-# warps per CUDA block, register cap, activation prefetch, and (optional "live": 1) the shared-lane
-# epilogue for launches of at most 4 columns. No bit changes (tests/test_mmq_gpu.py).
+# warps per CUDA block, register cap, activation prefetch. No bit changes (tests/test_mmq_gpu.py).
 # H200 sweep at 2 and 4 columns (bench/tune_mmq.py; bench/results/2026-12-02-h200-session8/b-tune-bench):
 # Q4_K K=4096 rows <= 4096 (Q, K, V, O) 8.7/9.3 -> 8.2/8.9 us (attn_k 6.1/6.2 -> 5.1/5.4); the Q6_K
 # output head 240/261 -> 210/233; Q4_K ffn_down 16.9/18.5 -> 15.8/17.8; whole SUBBLOCK passes of the
@@ -124,15 +123,12 @@ def _read_tuning(path: str) -> dict:
     if not isinstance(table, dict):
         raise PlanError(f"${ENV_MMQ_TUNING}={path!r}: expected a JSON object, got {type(table).__name__}")
     for key, entry in table.items():
-        ok = (isinstance(entry, dict) and set(entry) <= {"nwarps", "max_regs", "prefetch_x", "live"}
+        ok = (isinstance(entry, dict) and set(entry) <= {"nwarps", "max_regs", "prefetch_x"}
               and all(isinstance(v, int) and not isinstance(v, bool) for v in entry.values())
-              and 1 <= entry.get("nwarps", 1) <= 16 and entry.get("prefetch_x", 0) in (0, 1)
-              and entry.get("live", 0) in (0, 1) and not (entry.get("live") and entry.get("prefetch_x")))
+              and 1 <= entry.get("nwarps", 1) <= 16 and entry.get("prefetch_x", 0) in (0, 1))
         if not ok or key.count("/") != 2:
             raise PlanError(f"${ENV_MMQ_TUNING}={path!r}: bad entry {key!r}: {entry!r} (want "
-                            '"<qtype>/<few|many>/<k>": {"nwarps": 1..16, "max_regs": int, "prefetch_x": 0|1, '
-                            '"live": 0|1}, '
-                            'live and prefetch_x not both 1)')
+                            '"<qtype>/<few|many>/<k>": {"nwarps": 1..16, "max_regs": int, "prefetch_x": 0|1})')
     return table
 
 
@@ -165,9 +161,8 @@ class SubBlockPlan:
     ``nseg`` is the order (from ``k`` only); ``kernel`` ("onecol": the MMA kernel specialised to
     one column, float work only for the column that exists; "mma": up to 16 columns per CUDA
     block), ``cols_per_block`` and ``nwarps`` are launch facts that change no bit, as are
-    ``max_regs``, ``prefetch_x`` and ``live`` (the shared-lane epilogue of at most 4 columns; None:
-    ``hiraishin.kernels.mmq.launch``'s tables and switches decide; set by the tuning table,
-    :data:`SUBBLOCK_FEW_COLS_TUNING` or :data:`ENV_MMQ_TUNING`).
+    ``max_regs`` and ``prefetch_x`` (None: ``hiraishin.kernels.mmq.launch``'s tables decide; set by
+    the tuning table, :data:`SUBBLOCK_FEW_COLS_TUNING` or :data:`ENV_MMQ_TUNING`).
     """
 
     qtype: str
@@ -180,7 +175,6 @@ class SubBlockPlan:
     nwarps: int
     max_regs: int | None = None
     prefetch_x: int | None = None
-    live: int | None = None
 
     @property
     def nblocks(self) -> int:
@@ -236,4 +230,4 @@ def subblock_plan(ncols: int, qtype: str, k: int, device=None, n: int | None = N
             nwarps = tuned.get("nwarps", nwarps)
     return SubBlockPlan(qtype=qtype, ncols=ncols, k=k, nseg=nseg, kernel=kernel,
                         tile_rows=SUBBLOCK_TILE_ROWS, cols_per_block=cols, nwarps=min(nseg, nwarps),
-                        max_regs=tuned.get("max_regs"), prefetch_x=tuned.get("prefetch_x"), live=tuned.get("live"))
+                        max_regs=tuned.get("max_regs"), prefetch_x=tuned.get("prefetch_x"))

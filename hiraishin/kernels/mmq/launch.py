@@ -71,8 +71,9 @@ ENV_MMQ_PREFETCH_W = "HIRAISHIN_MMQ_PREFETCH_W"
 ENV_MMQ_PREFETCH_NEXT = "HIRAISHIN_MMQ_PREFETCH_NEXT"
 
 
-def _prefetch_next() -> int:
-    return 1 if os.environ.get(ENV_MMQ_PREFETCH_NEXT, "").strip() == "1" else 0
+def _switch(var: str) -> int:
+    """1 if the opt-in switch ``var`` is set to 1 (read when a kernel's defines are made), else 0."""
+    return int(os.environ.get(var, "").strip() == "1")
 
 
 # HX_PIPELINE_W (Q4_K): each warp issues the loads of its next super-block before the MMAs of the
@@ -80,10 +81,6 @@ def _prefetch_next() -> int:
 # HIRAISHIN_MMQ_PIPELINE_W=1: written after session 8's last GPU call, not yet timed (the A/B:
 # bench/final_session.sh STEPS=ab AB_VAR=HIRAISHIN_MMQ_PIPELINE_W AB_VALUES="0 1" AB_ORDERS=subblock).
 ENV_MMQ_PIPELINE_W = "HIRAISHIN_MMQ_PIPELINE_W"
-
-
-def _pipeline_w(qtype: str) -> int:
-    return 1 if qtype == "Q4_K" and os.environ.get(ENV_MMQ_PIPELINE_W, "").strip() == "1" else 0
 
 
 def _prefetch_w(k: int) -> int:
@@ -104,22 +101,17 @@ MMQ_LIVE_COLS = (2, 4)
 ENV_MMQ_LIVE = "HIRAISHIN_MMQ_LIVE"
 
 
-def live_cols(plan: SubBlockPlan, prefetch_x: int = 0, live: int | str = "default") -> int:
-    """HX_LIVE of ``plan`` where the shared-lane epilogue is asked for (``live``; by default
-    ``plan.live``, else ``HIRAISHIN_MMQ_LIVE=1``): the least of :data:`MMQ_LIVE_COLS` that holds its
-    columns, for the several-column kernel with one n-tile and no HX_PREFETCH_X; 0 otherwise."""
-    if live == "default":
-        live = plan.live if plan.live is not None else int(os.environ.get(ENV_MMQ_LIVE, "").strip() == "1")
-    if not live or plan.kernel != "mma" or prefetch_x:
-        return 0
-    if plan.cols_per_block != SUBBLOCK_NTILE_COLS:
+def live_cols(plan: SubBlockPlan, prefetch_x: int = 0) -> int:
+    """HX_LIVE of ``plan`` under ``HIRAISHIN_MMQ_LIVE=1``: the least of :data:`MMQ_LIVE_COLS` that
+    holds its columns, for the several-column kernel with one n-tile and no HX_PREFETCH_X; 0 otherwise."""
+    if not _switch(ENV_MMQ_LIVE) or plan.kernel != "mma" or prefetch_x or plan.cols_per_block != SUBBLOCK_NTILE_COLS:
         return 0
     return next((c for c in MMQ_LIVE_COLS if plan.ncols <= c), 0)
 
 
 def kernel_defines(plan: SubBlockPlan, max_regs: int | None | str = "default",
-                   prefetch: int | str = "default", live: int | str = "default") -> dict:
-    """``#define``\\ s of the kernel for ``plan`` (``max_regs``, ``prefetch``, ``live``: override the tuning)."""
+                   prefetch: int | str = "default") -> dict:
+    """``#define``\\ s of the kernel for ``plan`` (``max_regs``, ``prefetch``: override the tuning)."""
     nt = plan.cols_per_block // SUBBLOCK_NTILE_COLS
     key = (plan.kernel, plan.qtype, plan.nwarps)
     if max_regs == "default":
@@ -142,17 +134,17 @@ def kernel_defines(plan: SubBlockPlan, max_regs: int | None | str = "default",
         "HX_MIN_BLOCKS": min_blocks,
         "HX_PREFETCH_X": pre if nt == 1 else 0,
         "HX_PREFETCH_W": _prefetch_w(plan.k),
-        "HX_LIVE": live_cols(plan, pre if nt == 1 else 0, live),
-        "HX_PREFETCH_NEXT": _prefetch_next(),
-        "HX_PIPELINE_W": _pipeline_w(plan.qtype),
+        "HX_LIVE": live_cols(plan, pre if nt == 1 else 0),
+        "HX_PREFETCH_NEXT": _switch(ENV_MMQ_PREFETCH_NEXT),
+        "HX_PIPELINE_W": _switch(ENV_MMQ_PIPELINE_W) if plan.qtype == "Q4_K" else 0,
     }
 
 
 def mmq_kernel(plan: SubBlockPlan, max_regs: int | None | str = "default", prefetch: int | str = "default",
-               name: str = "hx_mmq", live: int | str = "default"):
+               name: str = "hx_mmq"):
     """The compiled ``hx_mmq`` (or ``hx_mmq_multi``) kernel of ``plan``; compiled without the register
     cap if the cap spills."""
-    defines = kernel_defines(plan, max_regs, prefetch, live)
+    defines = kernel_defines(plan, max_regs, prefetch)
     min_blocks = defines["HX_MIN_BLOCKS"]
     while True:  # a cap that spills: one resident block fewer (more registers), down to no cap
         kernel = get_kernel(SOURCE, name, dict(defines, HX_MIN_BLOCKS=min_blocks))
@@ -171,9 +163,8 @@ class MMQLaunch:
     __slots__ = ("block", "grid", "kernel", "scalars")
 
     def __init__(self, n: int, plan: SubBlockPlan, out_stride: int | None = None,
-                 max_regs: int | None | str = "default", prefetch: int | str = "default",
-                 live: int | str = "default"):
-        self.kernel = mmq_kernel(plan, max_regs, prefetch, live=live)
+                 max_regs: int | None | str = "default", prefetch: int | str = "default"):
+        self.kernel = mmq_kernel(plan, max_regs, prefetch)
         self.grid = ((n + SUBBLOCK_TILE_ROWS - 1) // SUBBLOCK_TILE_ROWS,
                      (plan.ncols + plan.cols_per_block - 1) // plan.cols_per_block, 1)
         self.block = (32 * plan.nwarps, 1, 1)
