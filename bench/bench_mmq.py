@@ -56,8 +56,7 @@ def main(argv=None) -> int:
     import cupy as cp
 
     from hiraishin.kernels import quantize
-    from hiraishin.kernels.mmq import launch as mmq_launch
-    from hiraishin.kernels.mmq.launch import precompile
+    from hiraishin.kernels.mmq.launch import precompile, prepared_launch
     from hiraishin.kernels.mmvq.launch import launch as mmvq_launch
     from hiraishin.kernels.quantize.launch import output_shape
     from hiraishin.kernels.quantize.layout import layout_for
@@ -101,10 +100,11 @@ def main(argv=None) -> int:
         for wd in WIDTHS:
             plan = subblock_plan(wd, qtype, k, n=n)
             out = cp.empty((wd, n), dtype=cp.float32)
-            mmq_launch(ws[0], qtype, xq[:wd], plan, out)
+            lw = prepared_launch(n, plan)  # xq is in the layout it reads (benchlib.subblock_case)
+            lw(ws[0], xq[:wd], out)
             got = cp.asnumpy(out)[:, rows]
             equal = bool(np.array_equal(got.view(np.uint32), ref[:wd].view(np.uint32)))
-            fn = _rotating(ws, mmq_launch, qtype, xq[:wd], plan, out)
+            fn = _rotating(ws, lw, xq[:wd], out)
             for i in range(3):
                 fn(i)
             sec = median_event_time(cp, fn, args.reps, args.batches, spin, cycles)

@@ -108,10 +108,12 @@ def subblock_case(cp, rng, qtype: str, k: int, n: int, ncols: int, l2_bytes: int
     """One sub-block mat-vec benchmark case: random ``qtype`` weights (n, k) rotated through copies
     (:func:`rotating_copies`), ``ncols`` random activation rows and their q8_1 bytes on the device,
     the rows checked (the first and last 32 and 64 drawn from ``rng``) and the emulator's outputs
-    for them (the sub-block order: one column's bits are every width's). Returns
-    ``(rows, ref, ws, x, xq, weight bytes)``."""
+    for them (the sub-block order: one column's bits are every width's). ``xq`` is in the layout the
+    MMA kernels read (``mmq.launch.activation_layout``). Returns ``(rows, ref, ws, x, xq, weight bytes)``."""
     from hiraishin.kernels import quantize
     from hiraishin.kernels.mmq import emulate as mmq_emulate
+    from hiraishin.kernels.mmq.launch import activation_layout
+    from hiraishin.kernels.quantize.launch import output_shape
     from hiraishin.plans.subblock import subblock_plan
     from hiraishin.quant import random_blocks
 
@@ -121,8 +123,9 @@ def subblock_case(cp, rng, qtype: str, k: int, n: int, ncols: int, l2_bytes: int
     ref = mmq_emulate(w_host[rows], qtype, quantize.emulate(x_host), subblock_plan(1, qtype, k))
     ws = rotating_copies(cp, w_host, l2_bytes)
     x = cp.asarray(x_host)
-    xq = cp.empty((ncols, k // 32 * 36), dtype=cp.uint8)
-    quantize.launch(x, xq)
+    layout = activation_layout(subblock_plan(1, qtype, k))
+    xq = cp.empty(output_shape(ncols, k, layout), dtype=cp.uint8)
+    quantize.launch(x, xq, layout)
     return rows, ref, ws, x, xq, w_host.nbytes
 
 

@@ -191,7 +191,8 @@ def _unfused_rms_q8(shim, f, x, w, layout, tag):
 
 
 # (rows, n, layouts): 1024 and 4096 (1024 threads), 800 (not a multiple of 256: llama.cpp's layout only).
-NORM_CASES = [(3, 1024, (None, "Q4_K", "Q6_K")), (1, 4096, ("Q4_K", "Q6_K")), (5, 800, (None,))]
+NORM_CASES = [(3, 1024, (None, "Q4_K", "Q6_K", "MMA_Q4_K", "MMA_Q6_K")), (1, 4096, ("Q4_K", "Q6_K", "MMA_Q6_K")),
+              (5, 800, (None,))]
 
 
 @pytest.mark.parametrize("rows,n,layouts", NORM_CASES)
@@ -288,7 +289,7 @@ def _second_layout_defines(layout, layout2):
 
 # (rows, n, first layout, second layout): Q/K's layout with V's (Qwen3 Q4_K_M), and the reverse
 @pytest.mark.parametrize("rows,n,layout,layout2", [(3, 1024, "Q4_K", "Q6_K"), (1, 4096, "Q6_K", "Q4_K"),
-                                                   (2, 1024, None, "Q6_K")])
+                                                   (2, 1024, None, "Q6_K"), (2, 1024, "MMA_Q4_K", "MMA_Q6_K")])
 def test_norm_kernels_write_a_second_layout_equal_to_its_own_quantize(shim, tmp_path, rows, n, layout, layout2):
     f = Files(tmp_path)
     rng = np.random.default_rng(3 * n + rows)

@@ -15,7 +15,7 @@ import pytest
 pytestmark = pytest.mark.gpu
 
 EPS = np.float32(1e-6)  # Qwen3's rms_eps (float32 in its GGUF)
-LAYOUTS = (None, "Q4_K", "Q6_K")
+LAYOUTS = (None, "Q4_K", "Q6_K", "MMA_Q4_K", "MMA_Q6_K")
 
 
 def _bits(a):

@@ -163,9 +163,17 @@ SHIM_CASES = [("Q4_K", 1024, 19, (1, 3, 9), 0, 4, 0), ("Q4_K", 5120, 17, (1, 2),
               ("Q6_K", 1024, 17, (1, 2, 8), 0, 2, 1), ("Q6_K", 512, 33, (2, 4), 0, 2, 0)]
 
 
-SWITCHES = {"default": {}, "live-on": {"HIRAISHIN_MMQ_LIVE": "1"},
+# "llama-layout": the kernels read llama.cpp's q8_1 blocks (HIRAISHIN_MMQ_XLAYOUT=0) instead of the MMA layouts.
+SWITCHES = {"default": {}, "llama-layout": {"HIRAISHIN_MMQ_XLAYOUT": "0"}, "live-on": {"HIRAISHIN_MMQ_LIVE": "1"},
             "prefetch-next": {"HIRAISHIN_MMQ_PREFETCH_NEXT": "1"},  # (the L2 hint is a no-op in the shim)
             "pipeline-w": {"HIRAISHIN_MMQ_PIPELINE_W": "1"}}  # (Q4_K cases; Q6_K ones run without it)
+
+
+def _in_layout(xq, layout):
+    """llama.cpp-layout q8_1 bytes in the layout a kernel reads (None: as they are)."""
+    from hiraishin.kernels.quantize.layout import to_layout
+
+    return xq if layout is None else to_layout(np.ascontiguousarray(xq), layout)
 
 
 @pytest.mark.parametrize("switch", list(SWITCHES))
@@ -178,12 +186,17 @@ def test_mmq_source_equals_emulator_on_cpu(tmp_path, case, switch, monkeypatch):
     sys.path.insert(0, str(Path(__file__).parent))
     from cuda_shim import GXX, ShimBuilder, run
 
-    from hiraishin.kernels.mmq.launch import SOURCE, kernel_defines
+    import importlib
+
+    from hiraishin.kernels.mmq.launch import SOURCE, activation_layout, kernel_defines
+
+    mmq_launch = importlib.import_module("hiraishin.kernels.mmq.launch")  # the package's `launch` is a function
 
     if GXX is None:
         pytest.skip("needs g++ (C++20)")
     for var, value in SWITCHES[switch].items():
         monkeypatch.setenv(var, value)
+    monkeypatch.setattr(mmq_launch, "MMQ_XLAYOUT", int(SWITCHES[switch].get("HIRAISHIN_MMQ_XLAYOUT", "1")))
     qtype, k, n, widths, shift, nwarps, prefetch = case
     builder = ShimBuilder(tmp_path)
     (tmp_path / "hx_mma_shim.h").write_text(MMA_SHIM_H)
@@ -195,7 +208,7 @@ def test_mmq_source_equals_emulator_on_cpu(tmp_path, case, switch, monkeypatch):
         plan = dataclasses.replace(subblock_plan(wd, qtype, k), nwarps=nwarps)
         defines = dict(kernel_defines(plan, None, prefetch), HX_SHIM=1)
         exe = builder.build(SOURCE, defines, MMQ_MAIN, "mmq")
-        (xq[:wd]).tofile(tmp_path / "x.bin")
+        _in_layout(xq[:wd], activation_layout(plan)).tofile(tmp_path / "x.bin")
         run(exe, tmp_path / "w.bin", tmp_path / "x.bin", n, wd, shift, tmp_path / "o.bin")
         got = np.fromfile(tmp_path / "o.bin", np.float32).reshape(wd, n)
         np.testing.assert_array_equal(got.view(np.uint32), ref[:wd].view(np.uint32),
@@ -245,7 +258,7 @@ def test_mmq_multi_source_equals_separate_emulators_on_cpu(tmp_path, qtype, widt
     sys.path.insert(0, str(Path(__file__).parent))
     from cuda_shim import GXX, ShimBuilder, run
 
-    from hiraishin.kernels.mmq.launch import SOURCE, kernel_defines
+    from hiraishin.kernels.mmq.launch import SOURCE, activation_layout, kernel_defines
 
     if GXX is None:
         pytest.skip("needs g++ (C++20)")
@@ -258,7 +271,7 @@ def test_mmq_multi_source_equals_separate_emulators_on_cpu(tmp_path, qtype, widt
     for wd in widths:
         plan = dataclasses.replace(subblock_plan(wd, qtype, k), nwarps=2)
         exe = builder.build(SOURCE, dict(kernel_defines(plan, None), HX_SHIM=1), MMQ_MULTI_MAIN, "mmq_multi")
-        xq[:wd].tofile(tmp_path / "x.bin")
+        _in_layout(xq[:wd], activation_layout(plan)).tofile(tmp_path / "x.bin")
         run(exe, tmp_path / "w.bin", tmp_path / "x.bin", *ns, wd, tmp_path / "o.bin")
         got = np.fromfile(tmp_path / "o.bin", np.float32)
         at = 0

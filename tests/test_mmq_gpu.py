@@ -35,6 +35,13 @@ def cp():
     return cupy
 
 
+def _in_layout(xq, layout):
+    """llama.cpp-layout q8_1 bytes (cupy) in the layout a prepared launch reads (None: as they are)."""
+    from hiraishin.kernels.quantize.layout import to_layout
+
+    return xq if layout is None else to_layout(xq, layout)
+
+
 def _plans(qtype, k, n=None):
     from hiraishin.plans.subblock import subblock_plan
     return {wd: subblock_plan(wd, qtype, k, n=n) for wd in WIDTHS}
@@ -80,11 +87,16 @@ def test_no_register_spills(cp, qtype, k, n):
         assert attrs["local_size_bytes"] == 0, (qtype, k, wd, attrs)
 
 
+@pytest.mark.parametrize("xlayout", [1, 0])
 @pytest.mark.parametrize("qtype,k,n", [("Q4_K", 5120, 333), ("Q6_K", 768, 45), ("Q6_K", 12288, 77), ("Q4_K", 4096, 50)])
-def test_launch_variants_change_no_bit(cp, qtype, k, n, monkeypatch):
+def test_launch_variants_change_no_bit(cp, qtype, k, n, xlayout, monkeypatch):
     """Warps per CUDA block, register caps, the activation prefetch and the shared-lane epilogue
-    (HX_LIVE, widths 2..4) are launch facts."""
+    (HX_LIVE, widths 2..4) are launch facts, with the activations in the MMA layouts or in llama.cpp's
+    (HX_XLAYOUT)."""
     import dataclasses
+    import importlib
+
+    monkeypatch.setattr(importlib.import_module("hiraishin.kernels.mmq.launch"), "MMQ_XLAYOUT", xlayout)
 
     from hiraishin.kernels import quantize
     from hiraishin.kernels.mmq import emulate
@@ -105,8 +117,9 @@ def test_launch_variants_change_no_bit(cp, qtype, k, n, monkeypatch):
                 for pre, live in ((0, 0), (1, 0), (0, 1)) if few else ((0, 0), (1, 0)) if wd == 1 else ((0, 0),):
                     monkeypatch.setenv(ENV_MMQ_LIVE, str(live))
                     lw = MMQLaunch(n, dataclasses.replace(base, nwarps=nw), max_regs=cap, prefetch=pre)
+                    assert (lw.layout is None) == (xlayout == 0)
                     out = cp.full((wd, n), cp.nan, dtype=cp.float32)
-                    lw(w_d, xq_d[:wd], out)
+                    lw(w_d, _in_layout(xq_d[:wd], lw.layout), out)
                     np.testing.assert_array_equal(cp.asnumpy(out).view(np.uint32), ref[:wd].view(np.uint32),
                                                   err_msg=f"{qtype} K={k} width={wd} nwarps={nw} cap={cap} pre={pre} "
                                                           f"live={live}")
@@ -135,7 +148,7 @@ def test_pipelined_weight_loads_change_no_bit(cp, k, n, nwarps, monkeypatch):
         assert kernel_defines(plan)["HX_PIPELINE_W"] == 1
         lw = MMQLaunch(n, plan)
         out = cp.full((wd, n), cp.nan, dtype=cp.float32)
-        lw(w_d, xq_d[:wd], out)
+        lw(w_d, _in_layout(xq_d[:wd], lw.layout), out)
         np.testing.assert_array_equal(cp.asnumpy(out).view(np.uint32), ref[:wd].view(np.uint32),
                                       err_msg=f"K={k} width={wd} nwarps={plan.nwarps}")
         assert int(lw.kernel.local_size_bytes) == 0, (k, wd, plan.nwarps)
@@ -154,8 +167,9 @@ def test_multi_launch_equals_separate_launches(cp, qtype, k, ns, width):
     plan = subblock_plan(width, qtype, k, n=max(ns))
     ws = [cp.asarray(random_blocks(qtype, n, k, seed=60 + i)) for i, n in enumerate(ns)]
     x = np.random.default_rng(width).standard_normal((width, k)).astype(np.float32)
-    xq = cp.asarray(quantize.emulate(x))
-    got = MMQMultiLaunch(ns, plan)(ws, xq, [cp.full((width, n), -1.0, cp.float32) for n in ns])
+    multi = MMQMultiLaunch(ns, plan)
+    xq = _in_layout(cp.asarray(quantize.emulate(x)), multi.layout)
+    got = multi(ws, xq, [cp.full((width, n), -1.0, cp.float32) for n in ns])
     for w, n, g in zip(ws, ns, got):
         want = MMQLaunch(n, plan)(w, xq, cp.empty((width, n), cp.float32))
         assert np.array_equal(g.get().view(np.uint32), want.get().view(np.uint32)), f"{qtype} {n} rows, {width} columns"
@@ -163,7 +177,8 @@ def test_multi_launch_equals_separate_launches(cp, qtype, k, ns, width):
 
 def test_passes_with_multi_launches_equal_passes_without(tiny_model_path, monkeypatch):
     """MMQ_MULTI (on; HIRAISHIN_MMQ_MULTI=0 turns it off): SUBBLOCK passes with Q/K/V and gate/up grouped give the
-    same logits as with every mat-vec its own launch."""
+    same logits as with every mat-vec its own launch, and (MMQ_XLAYOUT=0) as with the activations in llama.cpp's
+    q8_1 blocks instead of the MMA layouts."""
     import importlib
 
     from hiraishin import Qwen3, ReductionOrder
@@ -186,6 +201,10 @@ def test_passes_with_multi_launches_equal_passes_without(tiny_model_path, monkey
     _, plain = run()
     monkeypatch.setattr(mmq_launch, "MMQ_MULTI", True)
     m, grouped = run()
+    monkeypatch.setattr(mmq_launch, "MMQ_XLAYOUT", 0)  # and the activations in llama.cpp's q8_1 blocks
+    _, llama_layout = run()
+    for w, a, b in zip((1, 3, 9), llama_layout, grouped):
+        assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), f"{w} tokens, llama.cpp's layout"
     from hiraishin.plans import SubBlockPlan
 
     assert any(isinstance(key[2], SubBlockPlan) and len(ns) > 1 for key, ns in m.ops._multis), "nothing was grouped"

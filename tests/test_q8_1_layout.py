@@ -27,7 +27,15 @@ def _reference(xq, qtype):
                 return np.float32(F16_TO_F32[int(blk[b][0]) | int(blk[b][1]) << 8]).tobytes()
 
             rec = bytearray()
-            if qtype == "Q6_K":
+            if qtype.startswith("MMA_"):  # ds words, then per pair k and lane t: ints u0, u1 of 2k, of 2k+1
+                for b in range(8):
+                    rec += bytes(blk[b][0:4])
+                for k in range(4):
+                    for t in range(4):
+                        u = (t, t + 4) if qtype == "MMA_Q6_K" else (2 * t, 2 * t + 1)
+                        for b in (2 * k, 2 * k + 1):
+                            rec += bytes(qint(b, u[0])) + bytes(qint(b, u[1]))
+            elif qtype == "Q6_K":
                 for lane in range(32):
                     h, r, m = lane // 16, (lane // 8) % 2, lane % 8
                     rec += bytes(qint(4 * h + r, m)) + bytes(qint(4 * h + r + 2, m))

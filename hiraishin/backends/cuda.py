@@ -30,6 +30,7 @@ from ..kernels.fused.launch import (
 from ..kernels.mmq.launch import launch as mmq_launch
 from ..kernels.mmq.launch import MMQMultiLaunch
 from ..kernels.mmq.launch import multi_enabled as mmq_multi_enabled
+from ..kernels.mmq.launch import xlayout_enabled as mmq_xlayout
 from ..kernels.mmq.launch import prepared_launch as mmq_prepared_launch
 from ..kernels.mmq_stock.launch import launch as mmq_stock_launch
 from ..kernels.mmq_stock.launch import prepared_launch as mmq_stock_prepared_launch
@@ -76,9 +77,9 @@ class _MatVec:
         self.group = None
         if isinstance(plan, MatVecPlan) and plan.kernel == "mmvq" and len(plan.launches()) == 1:
             self.group = (qtype, row_bytes, plan)
-        if isinstance(plan, SubBlockPlan):  # int8 MMA kernels reading llama.cpp's q8_1 layout
+        if isinstance(plan, SubBlockPlan):  # int8 MMA kernels reading their own q8_1 layout (or llama.cpp's)
             self.launch = mmq_prepared_launch(n, plan)
-            self.layout = None
+            self.layout = self.launch.layout
             if mmq_multi_enabled():  # hx_mmq_multi for weights of one plan (opt-in until timed)
                 self.group = (qtype, row_bytes, plan)
         elif isinstance(plan, MMQStockPlan):  # llama.cpp's MMQ order (int8 MMA), same layout
@@ -160,7 +161,7 @@ class CudaOps:
     def matvec(self, order, ncols: int, qtype: str, w) -> _MatVec:
         """The prepared mat-vec for ``ncols`` columns times weight ``w`` under ``order`` (cached)."""
         n, row_bytes = w.shape
-        key = (order, ncols, qtype, n, row_bytes, mmq_multi_enabled())
+        key = (order, ncols, qtype, n, row_bytes, mmq_multi_enabled(), mmq_xlayout())
         hit = self._matvecs.get(key)
         if hit is None:
             if len(self._matvecs) >= self._CACHE_MAX:

@@ -1,8 +1,10 @@
 """Launcher of ``mmq.cu``: compile defines from the plan, prepared launches writing into ``out``.
 
 Block facts come from :mod:`hiraishin.quant`, geometry from :mod:`hiraishin.plans.subblock`. The
-kernel reads activations in llama.cpp's q8_1 layout, i.e. what
-``hiraishin.kernels.quantize.launch(x, xq)`` (layout None) writes: no re-layout kernel.
+kernel reads its activations in :func:`activation_layout` (the MMA layouts of
+``hiraishin/kernels/quantize/layout.py``, which the quantize and fused norm kernels write directly;
+or llama.cpp's q8_1 blocks under ``HIRAISHIN_MMQ_XLAYOUT=0``); :func:`launch` takes llama.cpp's
+layout and converts.
 """
 
 from __future__ import annotations
@@ -16,8 +18,13 @@ from ...quant import BLOCK_BYTES, GGML_TYPE_ID, QK_K
 from ..compile import blocks_for_register_cap, get_kernel
 from ..compile import precompile as compile_many
 from ..mmvq.launch import MULTI_MAX_WEIGHTS, multi_weight_args
+from ..quantize.layout import MMA_LAYOUTS, to_layout
 
 __all__ = [
+    "ENV_MMQ_XLAYOUT",
+    "activation_layout",
+    "xlayout_enabled",
+    "MMQ_XLAYOUT",
     "ENV_MMQ_LIVE",
     "ENV_MMQ_MULTI",
     "ENV_MMQ_PIPELINE_W",
@@ -83,6 +90,27 @@ def _switch(var: str) -> int:
 ENV_MMQ_PIPELINE_W = "HIRAISHIN_MMQ_PIPELINE_W"
 
 
+# HX_XLAYOUT: the activations in the MMA layouts (a lane's B fragments of two q8_1 blocks in one 16-byte
+# load, the fp16 scales of four blocks in another; Q4_K rows read 8 bytes per k slot pair), instead of
+# llama.cpp's 36-byte blocks read 4 bytes at a time. Nsight Compute on the H200 (bench/results/
+# 2026-12-03-h200-session9): with llama.cpp's layout the several-column gate/up launch of the 8B keeps
+# L1 89.96% busy at 39% of DRAM bandwidth. Where the integers come from only: no bit changes.
+# HIRAISHIN_MMQ_XLAYOUT=0 reads llama.cpp's layout (the A/B). Read once, at import (the backend asks per
+# prepared mat-vec); a test may set MMQ_XLAYOUT itself.
+ENV_MMQ_XLAYOUT = "HIRAISHIN_MMQ_XLAYOUT"
+MMQ_XLAYOUT = int(os.environ.get(ENV_MMQ_XLAYOUT, "1").strip() != "0")
+
+
+def xlayout_enabled() -> int:
+    """1 when the kernels read the MMA layouts (:data:`MMQ_XLAYOUT`), else 0."""
+    return MMQ_XLAYOUT
+
+
+def activation_layout(plan: SubBlockPlan) -> str | None:
+    """The q8_1 layout ``plan``'s kernel reads its activations in (``quantize.layout``; None: llama.cpp's)."""
+    return MMA_LAYOUTS[plan.qtype] if xlayout_enabled() else None
+
+
 def _prefetch_w(k: int) -> int:
     forced = os.environ.get(ENV_MMQ_PREFETCH_W, "").strip()
     if forced in ("0", "1"):
@@ -137,6 +165,7 @@ def kernel_defines(plan: SubBlockPlan, max_regs: int | None | str = "default",
         "HX_LIVE": live_cols(plan, pre if nt == 1 else 0),
         "HX_PREFETCH_NEXT": _switch(ENV_MMQ_PREFETCH_NEXT),
         "HX_PIPELINE_W": _switch(ENV_MMQ_PIPELINE_W) if plan.qtype == "Q4_K" else 0,
+        "HX_XLAYOUT": xlayout_enabled(),
     }
 
 
@@ -156,15 +185,17 @@ def mmq_kernel(plan: SubBlockPlan, max_regs: int | None | str = "default", prefe
 class MMQLaunch:
     """The prepared launch of ``plan`` for an (``n``, K) weight; call with (w, xq, out).
 
-    ``w`` uint8 (n, row_bytes); ``xq`` uint8 (ncols, K/32*36) q8_1 (llama.cpp layout); ``out``
-    float32 (ncols, n) C-contiguous (``out_stride`` floats between columns). Unchecked.
+    ``w`` uint8 (n, row_bytes); ``xq`` uint8 (ncols, K/32*36) q8_1 bytes in ``self.layout``
+    (:func:`activation_layout`); ``out`` float32 (ncols, n) C-contiguous (``out_stride`` floats between
+    columns). Unchecked.
     """
 
-    __slots__ = ("block", "grid", "kernel", "scalars")
+    __slots__ = ("block", "grid", "kernel", "scalars", "layout")
 
     def __init__(self, n: int, plan: SubBlockPlan, out_stride: int | None = None,
                  max_regs: int | None | str = "default", prefetch: int | str = "default"):
         self.kernel = mmq_kernel(plan, max_regs, prefetch)
+        self.layout = activation_layout(plan)
         self.grid = ((n + SUBBLOCK_TILE_ROWS - 1) // SUBBLOCK_TILE_ROWS,
                      (plan.ncols + plan.cols_per_block - 1) // plan.cols_per_block, 1)
         self.block = (32 * plan.nwarps, 1, 1)
@@ -191,15 +222,16 @@ def multi_enabled() -> bool:
 
 class MMQMultiLaunch:
     """One ``hx_mmq_multi`` launch of up to three (``n_i``, K) weights of one ``plan`` reading the same
-    activations; call with (ws, xq, outs), ``outs[i]`` float32 (ncols, n_i). Every tile is summed as
-    by :class:`MMQLaunch`: the bits of separate launches, fewer launches. Unchecked."""
+    activations (in ``self.layout``); call with (ws, xq, outs), ``outs[i]`` float32 (ncols, n_i). Every
+    tile is summed as by :class:`MMQLaunch`: the bits of separate launches, fewer launches. Unchecked."""
 
-    __slots__ = ("block", "grid", "kernel", "ns", "ntiles", "ncols")
+    __slots__ = ("block", "grid", "kernel", "ns", "ntiles", "ncols", "layout")
 
     def __init__(self, ns: tuple, plan: SubBlockPlan):
         if not 1 <= len(ns) <= MULTI_MAX_WEIGHTS:
             raise ValueError(f"hx_mmq_multi takes 1..{MULTI_MAX_WEIGHTS} weights, got {len(ns)}")
         self.kernel = mmq_kernel(plan, name="hx_mmq_multi")
+        self.layout = activation_layout(plan)
         self.ns = tuple(np.int32(n) for n in ns)
         self.ntiles = tuple(np.int32(-(-n // SUBBLOCK_TILE_ROWS)) for n in ns)
         self.grid = (int(sum(self.ntiles)), (plan.ncols + plan.cols_per_block - 1) // plan.cols_per_block, 1)
@@ -216,7 +248,7 @@ _launches: dict = {}
 
 def prepared_launch(n: int, plan: SubBlockPlan) -> MMQLaunch:
     """The cached :class:`MMQLaunch` for ``n`` rows and ``plan``."""
-    key = (n, plan)
+    key = (n, plan, xlayout_enabled())  # the layout the launch reads follows the environment
     hit = _launches.get(key)
     if hit is None:
         hit = _launches[key] = MMQLaunch(n, plan)
@@ -232,8 +264,10 @@ def launch(w, qtype: str, xq, plan: SubBlockPlan, out):
     """Run ``plan`` on cupy arrays, unchecked, writing ``out`` (float32 (ncols, N)); returns ``out``.
 
     ``w`` uint8 (N, row_bytes) C-contiguous ``qtype`` rows; ``xq`` uint8 (ncols, K/32*36), the q8_1
-    bytes of ``quantize.launch(x, xq)`` (llama.cpp's layout).
+    bytes of ``quantize.launch(x, xq)`` (llama.cpp's layout; converted here to the kernel's, which a
+    forward pass writes directly).
     """
     if qtype != plan.qtype:
         raise ValueError(f"plan is for {plan.qtype}, weight is {qtype}")
-    return prepared_launch(w.shape[0], plan)(w, xq, out)
+    run = prepared_launch(w.shape[0], plan)
+    return run(w, xq if run.layout is None else to_layout(xq, run.layout), out)

@@ -8,6 +8,13 @@
 #ifndef HX_Q4_SCALE_FP16
 #define HX_Q4_SCALE_FP16 0
 #endif
+// HX_XLAYOUT (0/1; mmq.cu): 1 when the activations come in the MMA layouts of quantize/layout.py.
+// Q4_K rows are then read 8 bytes at a time: lane t takes bytes 8t..8t+7 of each 32-byte chunk of qs
+// (values 8t..8t+7 of two sub-blocks) for the MMA k slots 4t..4t+3 and 16+4t..16+4t+3, and MMA_Q4_K
+// puts the activation values 8t..8t+7 in the same slots: each product pairs the same two values.
+#ifndef HX_XLAYOUT
+#define HX_XLAYOUT 0
+#endif
 #if HX_Q4_SCALE_FP16
 #define HX_Q4_SCALE(v) hx_h2f(hx_f2h(v))
 #else
@@ -49,7 +56,7 @@ __device__ __forceinline__ int hx_sbyte(int word, int i) { return (int)(signed c
 // ---- Q4_K: d, dmin (fp16), scales[12], qs[128]; 144 bytes ----
 struct hx_row_sb {
     float ws[8], wm[8];   // d*sc_b, dmin*m_b (exact products; HX_Q4_SCALE_FP16: rounded to fp16)
-    int q[8];             // qs ints at 32*jp + 4t and 32*jp + 16 + 4t, jp = 0..3
+    int q[8];             // qs ints at 32*jp + 4t and 32*jp + 16 + 4t, jp = 0..3 (HX_XLAYOUT: 32*jp + 8t, + 4)
 };
 
 // A lane's bytes of one row's super-block as loaded (hx_fetch_row: loads only, nothing waits on them),
@@ -63,8 +70,14 @@ __device__ __forceinline__ void hx_fetch_row(const unsigned char* p, int t, hx_r
     r.h = *(const uint4*)p;
 #pragma unroll
     for (int jp = 0; jp < 4; ++jp) {
+#if HX_XLAYOUT
+        const int2 v = *(const int2*)(p + 16 + 32 * jp + 8 * t);
+        r.q[2 * jp] = v.x;
+        r.q[2 * jp + 1] = v.y;
+#else
         r.q[2 * jp] = hx_ld32(p + 16 + 32 * jp + 4 * t);
         r.q[2 * jp + 1] = hx_ld32(p + 16 + 32 * jp + 16 + 4 * t);
+#endif
     }
 }
 

@@ -17,7 +17,10 @@
 // one n-tile only: a super-block's activations loaded before its weights).
 //
 // Activations: llama.cpp's q8_1 blocks (fp16 d, fp16 s, int8 q[32]; 36 bytes), one row of
-// K/32 blocks per column. Fragment facts (PTX ISA, mma.m16n8k32 / m16n8k16 .s8; lane = 4g + t):
+// K/32 blocks per column; or, HX_XLAYOUT 1, the same bytes regrouped per super-block so that a lane
+// loads its B fragments of two blocks in one 16-byte load and the ds words of four blocks in another
+// (quantize/layout.py MMA_Q4_K / MMA_Q6_K; Q4_K rows then read with mma_rows.cu's 8-byte k slots).
+// Only where the integers and fp16 scales are fetched from changes: no float operation does. Fragment facts (PTX ISA, mma.m16n8k32 / m16n8k16 .s8; lane = 4g + t):
 // A regs a0 (row g, k 4t..4t+3), a1 (row g+8, same k), [k32: a2 (row g, k 16+4t..), a3 (row
 // g+8, k 16+4t..)]; B regs b0 (k 4t..4t+3, column g) [k32: b1 (k 16+4t.., column g)];
 // C c0 (row g, column 2t), c1 (row g, 2t+1), c2 (row g+8, 2t), c3 (row g+8, 2t+1).
@@ -76,7 +79,28 @@
 #error "HX_PIPELINE_W: Q4_K rows only"
 #endif
 
-// mma.sync helpers and the weight-row loads: mma_rows.cu (compiled before this file).
+// mma.sync helpers and the weight-row loads: mma_rows.cu (compiled before this file; HX_XLAYOUT there).
+
+// Byte offsets, in a column's activations, of block jj (0..7) of super-block i: its ds word, and its
+// int for the MMA k slots 4t.. (h = 0) or 16 + 4t.. (h = 1) of lane (g, t).
+#define HX_X_REC (8 * HX_Q8_BYTES)
+#if HX_XLAYOUT
+#define HX_X_DS(i, jj) ((size_t)(i) * HX_X_REC + 4 * (jj))
+#define HX_X_INT(i, jj, t, h) ((size_t)(i) * HX_X_REC + 32 + 64 * ((jj) >> 1) + 16 * (t) + 8 * ((jj) & 1) + 4 * (h))
+#else
+#define HX_X_DS(i, jj) ((size_t)(8 * (i) + (jj)) * HX_Q8_BYTES)
+#define HX_X_INT(i, jj, t, h) ((size_t)(8 * (i) + (jj)) * HX_Q8_BYTES + 4 + 16 * (h) + 4 * (t))
+#endif
+
+__device__ __forceinline__ unsigned int hx_u4_at(const uint4& v, const int i) {
+    return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+__device__ __forceinline__ uint4 hx_u4_zero() {
+    uint4 v;
+    v.x = v.y = v.z = v.w = 0u;
+    return v;
+}
 
 // Rows row0 .. row0+15 (those that exist) of the weight into L2 (fp.cuh hx_prefetch_lines).
 __device__ __forceinline__ void hx_prefetch_tile(const unsigned char* w, const int nrows, const int row0) {
@@ -148,14 +172,37 @@ __device__ __forceinline__ void hx_mmq_tile(const unsigned char* __restrict__ w,
             // (one n-tile only: 24-32 more live registers); changes no bit
             int bxp[8][2];
             unsigned int dsp[8][2];
+#if HX_XLAYOUT
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                const int4 v = *(const int4*)(ptr.xb[0] + HX_X_INT(i, 2 * k, t, 0));
+                bxp[2 * k][0] = v.x; bxp[2 * k][1] = v.y; bxp[2 * k + 1][0] = v.z; bxp[2 * k + 1][1] = v.w;
+            }
+#pragma unroll
+            for (int q = 0; q < 2; ++q) {
+#pragma unroll
+                for (int e2 = 0; e2 < 2; ++e2) {
+                    const uint4 v = (HX_ONECOL && e2) ? hx_u4_zero()
+                                                      : *(const uint4*)(ptr.xc[0][e2] + HX_X_DS(i, 4 * q));
+#pragma unroll
+                    for (int c = 0; c < 4; ++c) dsp[4 * q + c][e2] = hx_u4_at(v, c);
+                }
+            }
+#else
 #pragma unroll
             for (int jj = 0; jj < 8; ++jj) {
-                const size_t xo = (size_t)(8 * i + jj) * HX_Q8_BYTES;
-                bxp[jj][0] = hx_ld32(ptr.xb[0] + xo + 4 + 4 * t);
-                bxp[jj][1] = hx_ld32(ptr.xb[0] + xo + 20 + 4 * t);
-                dsp[jj][0] = *(const unsigned int*)(ptr.xc[0][0] + xo);
-                dsp[jj][1] = HX_ONECOL ? 0u : *(const unsigned int*)(ptr.xc[0][1] + xo);
+                bxp[jj][0] = hx_ld32(ptr.xb[0] + HX_X_INT(i, jj, t, 0));
+                bxp[jj][1] = hx_ld32(ptr.xb[0] + HX_X_INT(i, jj, t, 1));
+                dsp[jj][0] = *(const unsigned int*)(ptr.xc[0][0] + HX_X_DS(i, jj));
+                dsp[jj][1] = HX_ONECOL ? 0u : *(const unsigned int*)(ptr.xc[0][1] + HX_X_DS(i, jj));
             }
+#endif
+#elif HX_XLAYOUT
+            // this super-block's activations: per n-tile, the lane's ints of each pair of blocks (one
+            // 16-byte load, at the pair's first block) and the ds words of columns 2t, 2t+1 of each
+            // four blocks (one 16-byte load each, at the four's first block)
+            int4 xv[HX_NT];
+            uint4 dv[HX_NT][2];
 #endif
             hx_row_sb rA, rB;
 #if HX_PIPELINE_W
@@ -175,7 +222,6 @@ __device__ __forceinline__ void hx_mmq_tile(const unsigned char* __restrict__ w,
 #endif
 #pragma unroll
             for (int jj = 0; jj < 8; ++jj) {   // q8_1 block 8i + jj, in k order
-                const size_t xo = (size_t)(8 * i + jj) * HX_Q8_BYTES;
 #if HX_QTYPE == 12
                 const int jp = jj >> 1, sh = 4 * (jj & 1);
                 const int a0 = (rA.q[2 * jp] >> sh) & 0x0F0F0F0F;
@@ -194,9 +240,17 @@ __device__ __forceinline__ void hx_mmq_tile(const unsigned char* __restrict__ w,
                 for (int nt = 0; nt < HX_NT; ++nt) {
 #if HX_PREFETCH_X
                     const int b0 = bxp[jj][0], b1 = bxp[jj][1];
+#elif HX_XLAYOUT
+                    if ((jj & 1) == 0) xv[nt] = *(const int4*)(ptr.xb[nt] + HX_X_INT(i, jj, t, 0));
+                    if ((jj & 3) == 0) {
+                        dv[nt][0] = *(const uint4*)(ptr.xc[nt][0] + HX_X_DS(i, jj));
+                        dv[nt][1] = HX_ONECOL ? hx_u4_zero() : *(const uint4*)(ptr.xc[nt][1] + HX_X_DS(i, jj));
+                    }
+                    const int b0 = (jj & 1) ? xv[nt].z : xv[nt].x;
+                    const int b1 = (jj & 1) ? xv[nt].w : xv[nt].y;
 #else
-                    const int b0 = hx_ld32(ptr.xb[nt] + xo + 4 + 4 * t);
-                    const int b1 = hx_ld32(ptr.xb[nt] + xo + 20 + 4 * t);
+                    const int b0 = hx_ld32(ptr.xb[nt] + HX_X_INT(i, jj, t, 0));
+                    const int b1 = hx_ld32(ptr.xb[nt] + HX_X_INT(i, jj, t, 1));
 #endif
                     int c[4];
 #if HX_QTYPE == 12
@@ -219,7 +273,7 @@ __device__ __forceinline__ void hx_mmq_tile(const unsigned char* __restrict__ w,
                     for (int u = 0; u < HX_LIVE_NE; ++u) {
                         const int ce = HX_LIVE == 2 ? (t == 0 ? cv[0] : t == 1 ? cv[1] : t == 2 ? cv[2] : cv[3])
                                                     : (live_half ? cv[2 + u] : cv[u]);
-                        const unsigned int ds = *(const unsigned int*)(live_x[u] + xo);
+                        const unsigned int ds = *(const unsigned int*)(live_x[u] + HX_X_DS(i, jj));
                         const float dx = hx_h2f((unsigned short)(ds & 0xFFFF));
 #if HX_QTYPE == 12
                         const float sx = hx_h2f((unsigned short)(ds >> 16));
@@ -239,8 +293,10 @@ __device__ __forceinline__ void hx_mmq_tile(const unsigned char* __restrict__ w,
                         if (HX_ONECOL && t != 0) continue;   // column 2t >= 1 does not exist
 #if HX_PREFETCH_X
                         const unsigned int ds = dsp[jj][e & 1];
+#elif HX_XLAYOUT
+                        const unsigned int ds = hx_u4_at(dv[nt][e & 1], jj & 3);
 #else
-                        const unsigned int ds = *(const unsigned int*)(ptr.xc[nt][e & 1] + xo);
+                        const unsigned int ds = *(const unsigned int*)(ptr.xc[nt][e & 1] + HX_X_DS(i, jj));
 #endif
                         const float dx = hx_h2f((unsigned short)(ds & 0xFFFF));
 #if HX_QTYPE == 12

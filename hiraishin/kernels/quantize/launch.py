@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...quant import BLOCK_BYTES, BLOCK_ELEMS, GGML_TYPE_ID
+from ...quant import BLOCK_BYTES, BLOCK_ELEMS
 from ..compile import get_kernel
-from .layout import LAYOUT_BYTES, SUPER_BLOCK
+from .layout import LAYOUT_BYTES, LAYOUT_IDS, SUPER_BLOCK
 
 __all__ = ["QUANTIZE_WARPS_PER_BLOCK", "QuantizeLaunch", "quantize_defines", "quantize_kernel", "output_shape",
            "launch"]
@@ -18,9 +18,9 @@ SOURCE = "quantize/quantize_q8_1.cu"
 
 
 def quantize_defines(layout: str | None = None) -> dict:
-    """``#define``\\ s of the kernel: HX_LAYOUT is 0 (llama.cpp's blocks) or the ggml type id of the
-    weight whose mat-vec reads the layout; HX_LAYOUT_BYTES the bytes of one record of it."""
-    return {"HX_LAYOUT": 0 if layout is None else GGML_TYPE_ID[layout],
+    """``#define``\\ s of the kernel: HX_LAYOUT is 0 (llama.cpp's blocks) or the layout's id
+    (``layout.LAYOUT_IDS``); HX_LAYOUT_BYTES the bytes of one record of it."""
+    return {"HX_LAYOUT": 0 if layout is None else LAYOUT_IDS[layout],
             "HX_LAYOUT_BYTES": 0 if layout is None else LAYOUT_BYTES[layout]}
 
 

@@ -22,8 +22,24 @@ Per super-block (block ``b`` = 0..7 of its 8 q8_1 blocks; ``int m`` = values 4m.
       [256, 288)  float32 d of blocks 0..7                      (thread T reads the pair c)
       [288, 416)  T: int32 sum of the 8 values of ints p, p+4 of block 2c, the same of 2c+1
 
-Rows of weights with K values have K / 256 super-blocks, so a column is K/256 * 288 (Q6_K) or
-K/256 * 416 (Q4_K) bytes. The quantize kernel writes these layouts directly
+The int8 tensor-core kernels of the sub-block order (``hiraishin/kernels/mmq``) read their own pair of
+layouts, ``MMA_Q4_K`` and ``MMA_Q6_K``, 288 bytes per super-block like llama.cpp's 8 blocks, so that
+lane (g, t) of an MMA warp fetches its B fragments of a column with one 16-byte load per two q8_1
+blocks and the fp16 scales of a column with one 16-byte load per four (llama.cpp's layout costs a
+4-byte load per int and per scale: on the H200 those loads kept L1 the busiest unit of the several-
+column launches, bench/results/2026-12-03-h200-session9)::
+
+    MMA_Q6_K / MMA_Q4_K, 288 bytes:
+      [0, 32)          the ds word (fp16 d | fp16 s << 16, llama.cpp's 4 bytes) of blocks 0..7
+      [32 + 64k + 16t, +16)   lane t (0..3), blocks 2k and 2k+1 (k = 0..3): ints u0, u1 of block 2k,
+                       then ints u0, u1 of block 2k+1, with (u0, u1) = (t, t+4) for MMA_Q6_K (the
+                       m16n8k16 fragments of its two 16-value halves) and (2t, 2t+1) for MMA_Q4_K
+                       (values 8t..8t+7: the kernel takes a Q4_K row's bytes 8t..8t+7 of each
+                       32-byte chunk for the same MMA k slots, so every product pairs the same two
+                       values and the exact integer dot product is unchanged)
+
+Rows of weights with K values have K / 256 super-blocks, so a column is K/256 * 288 (Q6_K and the
+MMA layouts) or K/256 * 416 (Q4_K) bytes. The quantize kernel writes these layouts directly
 (``quantize.launch(x, out, layout=...)``); :func:`to_layout` converts llama.cpp-layout bytes
 (numpy or cupy).
 """
@@ -35,14 +51,19 @@ import numpy as np
 from ...errors import QuantError
 from ...quant import BLOCK_BYTES, QK_K
 
-__all__ = ["LAYOUT_TYPES", "LAYOUT_BYTES", "SUPER_BLOCK", "layout_for", "to_layout"]
+__all__ = ["LAYOUT_TYPES", "LAYOUT_BYTES", "LAYOUT_IDS", "MMA_LAYOUTS", "SUPER_BLOCK", "layout_for", "to_layout"]
 
 Q8_1_BLOCK_BYTES = BLOCK_BYTES["Q8_1"]
 SUPER_BLOCK = QK_K  # values per layout unit: one Q4_K/Q6_K weight super-block
 
 # Bytes per weight super-block (per 8 q8_1 blocks) of each layout.
-LAYOUT_BYTES = {"Q6_K": 288, "Q4_K": 416}
-LAYOUT_TYPES = tuple(LAYOUT_BYTES)
+LAYOUT_BYTES = {"Q6_K": 288, "Q4_K": 416, "MMA_Q6_K": 288, "MMA_Q4_K": 288}
+LAYOUT_TYPES = ("Q6_K", "Q4_K")  # the mat-vec kernel's layouts, one per weight type
+# The sub-block MMA kernel's layout per weight type (hiraishin/kernels/mmq).
+MMA_LAYOUTS = {"Q4_K": "MMA_Q4_K", "Q6_K": "MMA_Q6_K"}
+# HX_LAYOUT of the kernels that write a layout (quantize_q8_1.cu): the mat-vec layouts by their
+# weight's ggml type id, the MMA layouts by 100 + it.
+LAYOUT_IDS = {"Q4_K": 12, "Q6_K": 14, "MMA_Q4_K": 112, "MMA_Q6_K": 114}
 _BLOCKS_PER_SUPER = 8
 
 # (thread, slot) -> (q8_1 block, int) of the ints region.
@@ -51,11 +72,16 @@ _Q6_K_INT = np.array([[L % 8] * 2 for L in range(32)])
 _Q6_K_D_ORDER = np.array([0, 2, 1, 3, 4, 6, 5, 7])
 _Q4_K_BLOCK = np.array([[2 * (T // 4) + i // 2 for i in range(4)] for T in range(16)])
 _Q4_K_INT = np.array([[T % 4 + 4 * (i % 2) for i in range(4)] for T in range(16)])
+# MMA layouts, ints region (bytes 32..288): int slot 16k + 4t + j (lane t, pair k, j = 0..3) holds
+# int u_{j % 2}(t) of block 2k + j // 2.
+_MMA_BLOCK = np.array([2 * k + j // 2 for k in range(4) for t in range(4) for j in range(4)])
+_MMA_INT = {"MMA_Q6_K": np.array([t + 4 * (j % 2) for k in range(4) for t in range(4) for j in range(4)]),
+            "MMA_Q4_K": np.array([2 * t + j % 2 for k in range(4) for t in range(4) for j in range(4)])}
 
 
 def layout_for(qtype: str) -> str | None:
     """The activation layout the mat-vec kernel reads for ``qtype`` weights (None: llama.cpp's)."""
-    return qtype if qtype in LAYOUT_BYTES else None
+    return qtype if qtype in LAYOUT_TYPES else None
 
 
 def to_layout(xq, qtype: str):
@@ -64,7 +90,7 @@ def to_layout(xq, qtype: str):
     Works on numpy and cupy arrays (the result is of the same kind).
     """
     if qtype not in LAYOUT_BYTES:
-        raise QuantError(f"no mat-vec activation layout for {qtype!r}; layouts exist for {list(LAYOUT_TYPES)}")
+        raise QuantError(f"no mat-vec activation layout for {qtype!r}; layouts exist for {list(LAYOUT_BYTES)}")
     xp = _array_module(xq)
     if xq.ndim != 2 or xq.dtype != np.uint8 or xq.shape[1] % (_BLOCKS_PER_SUPER * Q8_1_BLOCK_BYTES):
         raise QuantError(
@@ -78,7 +104,10 @@ def to_layout(xq, qtype: str):
     blocks = xp.ascontiguousarray(xq).reshape(ncols, nsb, _BLOCKS_PER_SUPER, Q8_1_BLOCK_BYTES)
     ints = xp.ascontiguousarray(blocks[..., 4:]).view(xp.int32)  # (ncols, nsb, 8 blocks, 8 ints)
     d = xp.ascontiguousarray(blocks[..., 0:2]).view(xp.float16)[..., 0].astype(xp.float32)  # exact
-    if qtype == "Q6_K":
+    if qtype in _MMA_INT:
+        ds = xp.ascontiguousarray(blocks[..., 0:4]).view(xp.uint32)[..., 0]  # (ncols, nsb, 8 blocks)
+        parts = [ds, ints[:, :, xp.asarray(_MMA_BLOCK), xp.asarray(_MMA_INT[qtype])]]
+    elif qtype == "Q6_K":
         parts = [ints[:, :, xp.asarray(_Q6_K_BLOCK), xp.asarray(_Q6_K_INT)], d[..., xp.asarray(_Q6_K_D_ORDER)]]
     else:
         vals = xp.ascontiguousarray(blocks[..., 4:]).view(xp.int8).reshape(ncols, nsb, _BLOCKS_PER_SUPER, 8, 4)

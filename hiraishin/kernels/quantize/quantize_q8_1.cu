@@ -12,6 +12,8 @@
 // threads for that weight type read them (hiraishin/kernels/quantize/layout.py has the tables):
 // per 8 blocks (one weight super-block) a record of 288 / 416 bytes with the ints regrouped per
 // thread, d as float32 (the fp16 value, exactly) and, for Q4_K, per-thread integer sums.
+// 112 / 114 (MMA_Q4_K / MMA_Q6_K: 100 + the type id): the sub-block MMA kernel's records of
+// 288 bytes: the 8 blocks' ds words, then per pair of blocks the ints of each MMA lane side by side.
 // Launch: grid (ceil(K/32 / HX_Q8_WARPS), ncols), block (32 * HX_Q8_WARPS).
 
 // HX_Q8_1_BYTES (36) and the type ids come from hiraishin.quant (compile.py format_defines).
@@ -31,19 +33,27 @@
 template <int LAYOUT, int RECORD_BYTES>
 __device__ __forceinline__ void hx_q8_1_store_as(unsigned char* __restrict__ y, const int col, const int nb,
                                                  const int ib, const int lane, const float xi) {
-    static_assert(LAYOUT == 0 || LAYOUT == 12 || LAYOUT == 14, "layout must be 0, 12 (Q4_K) or 14 (Q6_K)");
+    static_assert(LAYOUT == 0 || LAYOUT == 12 || LAYOUT == 14 || LAYOUT == 112 || LAYOUT == 114,
+                  "layout must be 0, 12 (Q4_K), 14 (Q6_K), 112 (MMA_Q4_K) or 114 (MMA_Q6_K)");
     const float amax = hx_warp_max(fabsf(xi));
     const float d = __fdiv_rn(amax, 127.0f);
     const float q = amax == 0.0f ? 0.0f : roundf(__fdiv_rn(xi, d));
 
     const int qi = (int)q;
-    if constexpr (LAYOUT == 0) {
-        unsigned char* blk = y + ((long long)col * nb + ib) * HX_Q8_1_BYTES;
-        blk[4 + lane] = (unsigned char)(signed char)qi;
+    if constexpr (LAYOUT == 0 || LAYOUT == 112 || LAYOUT == 114) {
         const float sum = hx_warp_sum(xi);  // all lanes take part in the butterfly
-        if (lane == 0) {
-            const unsigned int ds = (unsigned int)hx_f2h(d) | ((unsigned int)hx_f2h(sum) << 16);
-            *(unsigned int*)blk = ds;
+        const unsigned int ds = (unsigned int)hx_f2h(d) | ((unsigned int)hx_f2h(sum) << 16);
+        if constexpr (LAYOUT == 0) {
+            unsigned char* blk = y + ((long long)col * nb + ib) * HX_Q8_1_BYTES;
+            blk[4 + lane] = (unsigned char)(signed char)qi;
+            if (lane == 0) *(unsigned int*)blk = ds;
+        } else {  // quantize/layout.py: int m = lane / 4 goes to MMA lane t, slot u of block b's pair
+            unsigned char* rec = y + ((long long)col * (nb / 8) + ib / 8) * RECORD_BYTES;
+            const int b = ib % 8, m = lane / 4;
+            const int t = LAYOUT == 114 ? m % 4 : m / 2;
+            const int u = LAYOUT == 114 ? m / 4 : m % 2;
+            rec[32 + 64 * (b / 2) + 16 * t + 8 * (b % 2) + 4 * u + lane % 4] = (unsigned char)(signed char)qi;
+            if (lane == 0) *(unsigned int*)(rec + 4 * b) = ds;
         }
     } else {
         const int b = ib % 8;
