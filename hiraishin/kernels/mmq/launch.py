@@ -85,8 +85,9 @@ def _switch(var: str) -> int:
 
 # HX_PIPELINE_W (Q4_K): each warp issues the loads of its next super-block before the MMAs of the
 # current one (registers, not a cache hint; the same loads and float operations, mmq.cu). Off unless
-# HIRAISHIN_MMQ_PIPELINE_W=1: written after session 8's last GPU call, not yet timed (the A/B:
-# bench/final_session.sh STEPS=ab AB_VAR=HIRAISHIN_MMQ_PIPELINE_W AB_VALUES="0 1" AB_ORDERS=subblock).
+# HIRAISHIN_MMQ_PIPELINE_W=1: slower on the H200 (SUBBLOCK replays, same digests, bench/results/
+# 2026-12-03-h200-session9/a-pipeline-w-ncu: the 8B 2.986 -> 3.364 ms one token, 3.580 -> 3.916 three;
+# the registers it holds cost occupancy).
 ENV_MMQ_PIPELINE_W = "HIRAISHIN_MMQ_PIPELINE_W"
 
 
