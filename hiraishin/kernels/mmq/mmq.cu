@@ -20,7 +20,8 @@
 // K/32 blocks per column; or, HX_XLAYOUT 1, the same bytes regrouped per super-block so that a lane
 // loads its B fragments of two blocks in one 16-byte load and the ds words of four blocks in another
 // (quantize/layout.py MMA_Q4_K / MMA_Q6_K; Q4_K rows then read with mma_rows.cu's 8-byte k slots).
-// Only where the integers and fp16 scales are fetched from changes: no float operation does. Fragment facts (PTX ISA, mma.m16n8k32 / m16n8k16 .s8; lane = 4g + t):
+// Only where the integers and fp16 scales are fetched from changes: no float operation does.
+// Fragment facts (PTX ISA, mma.m16n8k32 / m16n8k16 .s8; lane = 4g + t):
 // A regs a0 (row g, k 4t..4t+3), a1 (row g+8, same k), [k32: a2 (row g, k 16+4t..), a3 (row
 // g+8, k 16+4t..)]; B regs b0 (k 4t..4t+3, column g) [k32: b1 (k 16+4t.., column g)];
 // C c0 (row g, column 2t), c1 (row g, 2t+1), c2 (row g+8, 2t), c3 (row g+8, 2t+1).
