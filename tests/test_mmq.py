@@ -14,6 +14,7 @@ import pytest
 from hiraishin.errors import PlanError
 from hiraishin.kernels import quantize
 from hiraishin.kernels.mmq import emulate
+from hiraishin.kernels.quantize.layout import as_layout
 from hiraishin.plans.subblock import (
     SUBBLOCK_MAX_SEGMENTS,
     subblock_plan,
@@ -169,13 +170,6 @@ SWITCHES = {"default": {}, "llama-layout": {"HIRAISHIN_MMQ_XLAYOUT": "0"}, "live
             "pipeline-w": {"HIRAISHIN_MMQ_PIPELINE_W": "1"}}  # (Q4_K cases; Q6_K ones run without it)
 
 
-def _in_layout(xq, layout):
-    """llama.cpp-layout q8_1 bytes in the layout a kernel reads (None: as they are)."""
-    from hiraishin.kernels.quantize.layout import to_layout
-
-    return xq if layout is None else to_layout(np.ascontiguousarray(xq), layout)
-
-
 @pytest.mark.parametrize("switch", list(SWITCHES))
 @pytest.mark.parametrize("case", SHIM_CASES, ids=lambda c: f"{c[0]}-K{c[1]}")
 def test_mmq_source_equals_emulator_on_cpu(tmp_path, case, switch, monkeypatch):
@@ -208,7 +202,7 @@ def test_mmq_source_equals_emulator_on_cpu(tmp_path, case, switch, monkeypatch):
         plan = dataclasses.replace(subblock_plan(wd, qtype, k), nwarps=nwarps)
         defines = dict(kernel_defines(plan, None, prefetch), HX_SHIM=1)
         exe = builder.build(SOURCE, defines, MMQ_MAIN, "mmq")
-        _in_layout(xq[:wd], activation_layout(plan)).tofile(tmp_path / "x.bin")
+        as_layout(xq[:wd], activation_layout(plan)).tofile(tmp_path / "x.bin")
         run(exe, tmp_path / "w.bin", tmp_path / "x.bin", n, wd, shift, tmp_path / "o.bin")
         got = np.fromfile(tmp_path / "o.bin", np.float32).reshape(wd, n)
         np.testing.assert_array_equal(got.view(np.uint32), ref[:wd].view(np.uint32),
@@ -271,7 +265,7 @@ def test_mmq_multi_source_equals_separate_emulators_on_cpu(tmp_path, qtype, widt
     for wd in widths:
         plan = dataclasses.replace(subblock_plan(wd, qtype, k), nwarps=2)
         exe = builder.build(SOURCE, dict(kernel_defines(plan, None), HX_SHIM=1), MMQ_MULTI_MAIN, "mmq_multi")
-        _in_layout(xq[:wd], activation_layout(plan)).tofile(tmp_path / "x.bin")
+        as_layout(xq[:wd], activation_layout(plan)).tofile(tmp_path / "x.bin")
         run(exe, tmp_path / "w.bin", tmp_path / "x.bin", *ns, wd, tmp_path / "o.bin")
         got = np.fromfile(tmp_path / "o.bin", np.float32)
         at = 0

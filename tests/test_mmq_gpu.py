@@ -11,6 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from hiraishin.kernels.quantize.layout import as_layout
+
 pytestmark = pytest.mark.gpu
 
 WIDTHS = list(range(1, 17)) + [37]
@@ -33,13 +35,6 @@ def _rows(n):
 def cp():
     import cupy
     return cupy
-
-
-def _in_layout(xq, layout):
-    """llama.cpp-layout q8_1 bytes (cupy) in the layout a prepared launch reads (None: as they are)."""
-    from hiraishin.kernels.quantize.layout import to_layout
-
-    return xq if layout is None else to_layout(xq, layout)
 
 
 def _plans(qtype, k, n=None):
@@ -119,7 +114,7 @@ def test_launch_variants_change_no_bit(cp, qtype, k, n, xlayout, monkeypatch):
                     lw = MMQLaunch(n, dataclasses.replace(base, nwarps=nw), max_regs=cap, prefetch=pre)
                     assert (lw.layout is None) == (xlayout == 0)
                     out = cp.full((wd, n), cp.nan, dtype=cp.float32)
-                    lw(w_d, _in_layout(xq_d[:wd], lw.layout), out)
+                    lw(w_d, as_layout(xq_d[:wd], lw.layout), out)
                     np.testing.assert_array_equal(cp.asnumpy(out).view(np.uint32), ref[:wd].view(np.uint32),
                                                   err_msg=f"{qtype} K={k} width={wd} nwarps={nw} cap={cap} pre={pre} "
                                                           f"live={live}")
@@ -148,7 +143,7 @@ def test_pipelined_weight_loads_change_no_bit(cp, k, n, nwarps, monkeypatch):
         assert kernel_defines(plan)["HX_PIPELINE_W"] == 1
         lw = MMQLaunch(n, plan)
         out = cp.full((wd, n), cp.nan, dtype=cp.float32)
-        lw(w_d, _in_layout(xq_d[:wd], lw.layout), out)
+        lw(w_d, as_layout(xq_d[:wd], lw.layout), out)
         np.testing.assert_array_equal(cp.asnumpy(out).view(np.uint32), ref[:wd].view(np.uint32),
                                       err_msg=f"K={k} width={wd} nwarps={plan.nwarps}")
         assert int(lw.kernel.local_size_bytes) == 0, (k, wd, plan.nwarps)
@@ -168,7 +163,7 @@ def test_multi_launch_equals_separate_launches(cp, qtype, k, ns, width):
     ws = [cp.asarray(random_blocks(qtype, n, k, seed=60 + i)) for i, n in enumerate(ns)]
     x = np.random.default_rng(width).standard_normal((width, k)).astype(np.float32)
     multi = MMQMultiLaunch(ns, plan)
-    xq = _in_layout(cp.asarray(quantize.emulate(x)), multi.layout)
+    xq = as_layout(cp.asarray(quantize.emulate(x)), multi.layout)
     got = multi(ws, xq, [cp.full((width, n), -1.0, cp.float32) for n in ns])
     for w, n, g in zip(ws, ns, got):
         want = MMQLaunch(n, plan)(w, xq, cp.empty((width, n), cp.float32))

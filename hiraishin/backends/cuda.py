@@ -38,7 +38,7 @@ from ..kernels.mmvq.launch import MULTI_MAX_WEIGHTS, MultiMatVecLaunch, prepared
 from ..kernels.norm_mmvq import launch as norm_mmvq
 from ..kernels.quantize.launch import QuantizeLaunch
 from ..kernels.quantize.launch import output_shape as quantize_output_shape
-from ..kernels.quantize.layout import layout_for, to_layout
+from ..kernels.quantize.layout import as_layout, layout_for
 from ..plans import MMQStockPlan, SubBlockPlan
 from ..plans.matvec import MatVecPlan, matvec_traits
 from .base import Backend
@@ -192,7 +192,7 @@ class CudaOps:
             return mmq_stock_launch(w, qtype, xq, plan, out)
         if plan.kernel == "tiled":
             return tiled.launch(w, qtype, xq, plan, out)
-        y = to_layout(xq, qtype) if layout_for(qtype) else xq  # the kernel reads its own layout
+        y = as_layout(xq, layout_for(qtype))  # the kernel reads its own layout
         return prepared_plan(qtype, w.shape[0], w.shape[1] // t.block_bytes * t.qk, plan)(w, y, out)
 
     def mul_mat(self, w, qtype: str, x, order, out=None):

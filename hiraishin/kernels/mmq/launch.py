@@ -18,7 +18,7 @@ from ...quant import BLOCK_BYTES, GGML_TYPE_ID, QK_K
 from ..compile import blocks_for_register_cap, get_kernel
 from ..compile import precompile as compile_many
 from ..mmvq.launch import MULTI_MAX_WEIGHTS, multi_weight_args
-from ..quantize.layout import MMA_LAYOUTS, to_layout
+from ..quantize.layout import MMA_LAYOUTS, as_layout
 
 __all__ = [
     "ENV_MMQ_XLAYOUT",
@@ -271,4 +271,4 @@ def launch(w, qtype: str, xq, plan: SubBlockPlan, out):
     if qtype != plan.qtype:
         raise ValueError(f"plan is for {plan.qtype}, weight is {qtype}")
     run = prepared_launch(w.shape[0], plan)
-    return run(w, xq if run.layout is None else to_layout(xq, run.layout), out)
+    return run(w, as_layout(xq, run.layout), out)

@@ -51,7 +51,7 @@ import numpy as np
 from ...errors import QuantError
 from ...quant import BLOCK_BYTES, QK_K
 
-__all__ = ["LAYOUT_TYPES", "LAYOUT_BYTES", "LAYOUT_IDS", "MMA_LAYOUTS", "SUPER_BLOCK", "layout_for", "to_layout"]
+__all__ = ["LAYOUT_TYPES", "LAYOUT_BYTES", "LAYOUT_IDS", "MMA_LAYOUTS", "SUPER_BLOCK", "as_layout", "layout_for", "to_layout"]
 
 Q8_1_BLOCK_BYTES = BLOCK_BYTES["Q8_1"]
 SUPER_BLOCK = QK_K  # values per layout unit: one Q4_K/Q6_K weight super-block
@@ -117,6 +117,12 @@ def to_layout(xq, qtype: str):
         parts = [ints[:, :, xp.asarray(_Q4_K_BLOCK), xp.asarray(_Q4_K_INT)], d, sums.astype(xp.int32)]
     out = xp.concatenate([xp.ascontiguousarray(p).reshape(ncols, nsb, -1).view(xp.uint8) for p in parts], axis=2)
     return out.reshape(ncols, nsb * LAYOUT_BYTES[qtype])
+
+
+def as_layout(xq, layout: str | None):
+    """q8_1 bytes in llama.cpp's layout as a kernel reading ``layout`` wants them: :func:`to_layout`, or
+    ``xq`` itself when ``layout`` is None (llama.cpp's)."""
+    return xq if layout is None else to_layout(xq, layout)
 
 
 def _array_module(a):
