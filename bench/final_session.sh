@@ -20,10 +20,14 @@
 #   ablatew   bench/replay_widths.py --ablate on the 8B: the same variants as ablate at ABLATE_WIDTHS (default
 #             1,3) under ABLATE_ORDER (default subblock): where a verify pass's time goes (ABLATE_MATVECS=1:
 #             each kind of sub-block mat-vec left out instead, --ablate-matvecs);
-#   tune      bench/tune_mmq.py (the sub-block MMA launch at verify widths, TUNE_WIDTHS, default 2,4: warps,
-#             register caps, activation prefetch; TUNE_ONLY: shapes whose label holds it; writes mmq-tuning.json),
-#             then the SUBBLOCK passes of widths
-#             AB_WIDTHS replayed without and with that file (HIRAISHIN_MMQ_TUNING): digests and times;
+#   tune      bench/tune_mmq.py (the sub-block MMA launch at verify widths: warps, register caps, activation
+#             prefetch, at 9..16 columns also columns per CUDA block; TUNE_ONLY: shapes whose label holds it)
+#             once per width set of TUNE_SETS (default "2,4"; e.g. "2,4 9,16": each sweep starts from the
+#             table the one before wrote), then the SUBBLOCK passes of widths AB_WIDTHS replayed without and
+#             with the last mmq-tuning.json (HIRAISHIN_MMQ_TUNING): digests and times;
+#   matvec    bench/bench_mmq.py: the sub-block launches of every Qwen3-8B shape at widths 1..16 beside
+#             BATCH_VARIANT's one-column mat-vec, isolated (bench_mmq.json; the bench step's price-of-exactness
+#             table reads it when this step ran first);
 #   ab        bench/replay_widths.py under each value of an environment variable (AB_VAR, AB_VALUES, AB_ORDERS;
 #             default HIRAISHIN_PREFETCH_AHEAD 0 1, invariant; widths AB_WIDTHS, default 1,3): replay times and logits digests of
 #             a change that must keep every bit;
@@ -48,6 +52,11 @@ for shape in qwen3-8b qwen3-0.6b; do
     [ -f /tmp/$shape.gguf ] || python3 -m hiraishin synth --shape $shape -o /tmp/$shape.gguf --quiet
 done
 
+if want matvec; then
+    echo "== isolated mat-vec launches ($(left) s left)"
+    timeout $(cap 150) python3 bench/bench_mmq.py --out "$OUT" 2>&1 | grep -v "^  sweep" | tail -n 70
+fi
+
 if want bench; then
     echo "== hiraishin bench ($(left) s left)"
     timeout $(cap 260) python3 -m hiraishin bench /tmp/qwen3-8b.gguf --draft /tmp/qwen3-0.6b.gguf \
@@ -55,8 +64,9 @@ if want bench; then
         --tokens ${TOKENS:-64} --repetitions ${REPS:-3} ${DRAFT_ORDERS:+--draft-orders $DRAFT_ORDERS} --quiet \
         --json "$OUT/hiraishin-bench.json" 2>&1 | tail -n 60
     echo "bench exit ${PIPESTATUS[0]}"
-    python3 bench/price_of_exactness.py "$OUT/hiraishin-bench.json" \
-        --matvec bench/results/2026-12-01-h200-mmq/run1/bench_mmq.json --out "$OUT" 2>&1 | tail -n 5
+    MATVEC=bench/results/2026-12-01-h200-mmq/run1/bench_mmq.json
+    [ -f "$OUT/bench_mmq.json" ] && MATVEC="$OUT/bench_mmq.json"
+    python3 bench/price_of_exactness.py "$OUT/hiraishin-bench.json" --matvec "$MATVEC" --out "$OUT" 2>&1 | tail -n 5
 fi
 
 if want host; then
@@ -108,8 +118,14 @@ want pdl && ab_replays HIRAISHIN_PDL_TRIGGER "after_wait early" "${PDL_ORDERS:-i
 want ab && ab_replays "${AB_VAR:-HIRAISHIN_PREFETCH_AHEAD}" "${AB_VALUES:-0 1}" "${AB_ORDERS:-invariant}" 120
 
 if want tune; then
-    echo "== sub-block MMA launch sweep at widths ${TUNE_WIDTHS:-2,4} ($(left) s left)"
-    timeout $(cap 200) python3 bench/tune_mmq.py --out "$OUT" --widths ${TUNE_WIDTHS:-2,4} ${TUNE_ONLY:+--only "$TUNE_ONLY"} 2>&1 | grep -v "^  " | tail -n 30
+    prev=""
+    for ws in ${TUNE_SETS:-2,4}; do
+        echo "== sub-block MMA launch sweep at widths $ws ($(left) s left)"
+        HIRAISHIN_MMQ_TUNING=$prev timeout $(cap ${TUNE_TIMEOUT:-200}) python3 bench/tune_mmq.py --out "$OUT/tune-$ws" \
+            --widths $ws ${TUNE_ONLY:+--only "$TUNE_ONLY"} 2>&1 | grep -v "^  " | tail -n 30
+        [ -f "$OUT/tune-$ws/mmq-tuning.json" ] && prev="$OUT/tune-$ws/mmq-tuning.json"
+    done
+    [ -n "$prev" ] && cp "$prev" "$OUT/mmq-tuning.json"
     for v in library tuned; do
         echo "== SUBBLOCK replays, $v launches ($(left) s left)"
         f=""; [ $v = tuned ] && f="$OUT/mmq-tuning.json"

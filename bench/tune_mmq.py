@@ -1,10 +1,12 @@
 """Sweep the launch facts of the sub-block MMA kernel at verify widths and write a tuning file.
 
-    python3 bench/tune_mmq.py --out DIR [--widths 2,4] [--only LABEL] [--reps 20] [--batches 7]
+    python3 bench/tune_mmq.py --out DIR [--widths 2,4 | --widths 9,16] [--only LABEL] [--reps 20] [--batches 7]
 
-For each Qwen3-8B mat-vec shape (both ffn_down and attn_v types) and every launch of at most 8
-columns the order allows (warps per CUDA block 4 / 8 / 16, register caps 64 / 80 / 96 / 128, the
-activation prefetch on or off; session 8 also swept HX_LIVE here, at 1f3f1d9: it never won), the
+For each Qwen3-8B mat-vec shape (both ffn_down and attn_v types) and every launch the order allows at
+``--widths`` (all of 2..8 columns, or all of 9..16: the "/wide" entries) (warps per CUDA block 4 / 8 / 16,
+register caps 64 / 80 / 96 / 128, the activation prefetch on or off; at 9..16 columns also one two-tile
+CUDA block per row tile or two one-tile blocks side by side, ``cols_per_block`` 16 or 8; session 8 also
+swept HX_LIVE here, at 1f3f1d9: it never won), the
 bits of every width are compared with the Numba emulator (a fixed subset of rows), then the launch
 is timed as ``bench/bench_mmq.py`` times it (CUDA events over back-to-back launches, weights rotated
 through copies of >= 4x the L2). Per shape the variant with the least summed time over ``--widths``
@@ -50,8 +52,9 @@ def main(argv=None) -> int:
     if not shapes:
         ap.error(f"--only {args.only!r}: no shape; labels: {', '.join(s[0] for s in SHAPES)}")
     widths = [int(w) for w in args.widths.split(",")]
-    if not all(2 <= w <= 8 for w in widths):
-        ap.error("--widths: launches of 2..8 columns (one n-tile) only")
+    wide = widths[0] > 8
+    if not (all(2 <= w <= 8 for w in widths) or all(9 <= w <= 16 for w in widths)):
+        ap.error("--widths: launches of 2..8 columns or of 9..16 columns, not both (one tuning key each)")
 
     import cupy as cp
 
@@ -63,11 +66,18 @@ def main(argv=None) -> int:
     _, dev_name, l2, spin, cycles = timing_setup(cp)
     variants = {}  # shape label -> [(nwarps, cap, prefetch)]
     jobs = []
+    def variant_plan(wd, qtype, k, n, nw, cpb):
+        """The library's plan of ``wd`` columns with ``nw`` warps and ``cpb`` columns per CUDA block."""
+        p = dataclasses.replace(subblock_plan(wd, qtype, k, n=n), nwarps=nw)
+        return dataclasses.replace(p, cols_per_block=cpb, interleave=-(-wd // cpb)) if wide else p
+
     for label, qtype, k, n in shapes:
         base = subblock_plan(widths[0], qtype, k, n=n)
-        vs = [(nw, cap, pre) for nw in NWARPS if nw <= base.nseg for cap in CAPS for pre in (0, 1)]
+        vs = [(nw, cap, pre, cpb) for nw in NWARPS if nw <= base.nseg for cap in CAPS
+              for cpb in ((16, 8) if wide else (8,)) for pre in ((0, 1) if cpb == 8 else (0,))]
         variants[label] = vs
-        jobs += [(SOURCE, kernel_defines(dataclasses.replace(base, nwarps=nw), cap, pre)) for nw, cap, pre in vs]
+        jobs += [(SOURCE, kernel_defines(variant_plan(wd, qtype, k, n, nw, cpb), cap, pre))
+                 for nw, cap, pre, cpb in vs for wd in sorted({widths[0], widths[-1]})]
     print(f"device {dev_name}; compiling {len(jobs)} variants", flush=True)
     precompile(jobs)
 
@@ -92,27 +102,32 @@ def main(argv=None) -> int:
                 total += per[wd]
             return total, per, equal, launch
 
-        key = tuning_key(qtype, n, k)
+        key = tuning_key(qtype, n, k, widths[0])
         t_lib, per_lib, eq_lib, lw = timed(lambda wd: MMQLaunch(n, subblock_plan(wd, qtype, k, n=n)))
         lib = subblock_plan(widths[0], qtype, k, n=n)
         rows_out.append(dict(shape=label, key=key, variant="library", nwarps=lib.nwarps,
-                             num_regs=int(lw.kernel.num_regs), us=per_lib, bits_equal_emulator=eq_lib))
-        print(f"\n{label} ({key}): library {lib.nwarps} warps {int(lw.kernel.num_regs)} regs: "
+                             cols_per_block=lib.cols_per_block, num_regs=int(lw.kernel.num_regs), us=per_lib,
+                             bits_equal_emulator=eq_lib))
+        print(f"\n{label} ({key}): library {lib.nwarps} warps {lib.cols_per_block} columns per CUDA block "
+              f"{int(lw.kernel.num_regs)} regs: "
               + " ".join(f"{wd}:{t:.1f}" for wd, t in per_lib.items()) + " us", flush=True)
         best = None
-        for nw, cap, pre in variants[label]:
-            t, per, eq, lw = timed(lambda wd: MMQLaunch(n, dataclasses.replace(subblock_plan(wd, qtype, k, n=n),
-                                                                              nwarps=nw), max_regs=cap, prefetch=pre))
+        for nw, cap, pre, cpb in variants[label]:
+            t, per, eq, lw = timed(lambda wd: MMQLaunch(n, variant_plan(wd, qtype, k, n, nw, cpb), max_regs=cap,
+                                                        prefetch=pre))
             regs, spill = int(lw.kernel.num_regs), int(lw.kernel.local_size_bytes)
             rows_out.append(dict(shape=label, key=key, variant="sweep", nwarps=nw, max_regs=cap, prefetch_x=pre,
-                                 num_regs=regs, spill_bytes=spill, us=per, bits_equal_emulator=eq))
-            print(f"  {nw:2d} warps cap {cap:3d} pre {pre} regs {regs:3d} spill {spill}: "
+                                 cols_per_block=cpb, num_regs=regs, spill_bytes=spill, us=per,
+                                 bits_equal_emulator=eq))
+            print(f"  {nw:2d} warps cap {cap:3d} pre {pre} cols {cpb:2d} regs {regs:3d} spill {spill}: "
                   + " ".join(f"{wd}:{v:.1f}" for wd, v in per.items()) + f" us {'equal' if eq else 'DIFFER'}",
                   flush=True)
             if eq and spill == 0 and (best is None or t < best[0]):
-                best = (t, nw, cap, pre)
+                best = (t, nw, cap, pre, cpb)
         if best is not None and best[0] < (1 - MIN_GAIN) * t_lib and eq_lib:
             table[key] = {"nwarps": best[1], "max_regs": best[2], "prefetch_x": best[3]}
+            if wide:
+                table[key]["cols_per_block"] = best[4]
             print(f"  kept {table[key]}: {best[0]:.1f} vs {t_lib:.1f} us", flush=True)
         del ws, x, xq
         cp.get_default_memory_pool().free_all_blocks()

@@ -147,7 +147,7 @@ int main(int argc, char** argv) {
     std::vector<unsigned char> w(w0.size() + 16);
     std::memcpy(w.data() + shift, w0.data(), w0.size());
     std::vector<float> out((size_t)ncols * nrows, -12345.0f);
-    hx_launch({(unsigned)((nrows + 15) / 16), (unsigned)((ncols + HX_COLS - 1) / HX_COLS), 1},
+    hx_launch({(unsigned)((nrows + 15) / 16 * HX_CGROUPS), (unsigned)((ncols + HX_CGROUPS * HX_COLS - 1) / (HX_CGROUPS * HX_COLS)), 1},
               {32u * HX_NWARPS, 1, 1}, 0,
               [&] { hx_mmq(w.data() + shift, x.data(), out.data(), nrows, ncols, (long long)nrows); });
     hx_write(argv[6], out.data(), out.size() * 4);
@@ -198,8 +198,14 @@ def test_mmq_source_equals_emulator_on_cpu(tmp_path, case, switch, monkeypatch):
     w.tofile(tmp_path / "w.bin")
     xq.tofile(tmp_path / "x.bin")
     ref = emulate(w, qtype, xq, subblock_plan(1, qtype, k))
+    plans = []
     for wd in widths:
         plan = dataclasses.replace(subblock_plan(wd, qtype, k), nwarps=nwarps)
+        plans.append(plan)
+        if wd > 8 and switch in ("default", "llama-layout"):  # 9..16 columns as two interleaved one-tile blocks
+            plans.append(dataclasses.replace(plan, cols_per_block=8, interleave=2))
+    for plan in plans:
+        wd = plan.ncols
         defines = dict(kernel_defines(plan, None, prefetch), HX_SHIM=1)
         exe = builder.build(SOURCE, defines, MMQ_MAIN, "mmq")
         as_layout(xq[:wd], activation_layout(plan)).tofile(tmp_path / "x.bin")
@@ -235,13 +241,14 @@ int main(int argc, char** argv) {
     const unsigned char* wp[3] = {w.data(), w.data() + (size_t)n[0] * row_bytes, w.data() + (size_t)(n[0] + n[1]) * row_bytes};
     std::vector<float> out((size_t)ncols * (n[0] + n[1] + n[2]), -12345.0f);
     float* op[3] = {out.data(), out.data() + (size_t)ncols * n[0], out.data() + (size_t)ncols * (n[0] + n[1])};
-    hx_launch({tiles, (unsigned)((ncols + HX_COLS - 1) / HX_COLS), 1}, {32u * HX_NWARPS, 1, 1}, 0,
+    hx_launch({tiles * HX_CGROUPS, (unsigned)((ncols + HX_CGROUPS * HX_COLS - 1) / (HX_CGROUPS * HX_COLS)), 1},
+              {32u * HX_NWARPS, 1, 1}, 0,
               [&] { hx_mmq_multi(x.data(), ncols, wp[0], op[0], n[0], nt[0], wp[1], op[1], n[1], nt[1], wp[2], op[2], n[2]); });
     hx_write(argv[7], out.data(), out.size() * 4);
 }"""
 
 
-@pytest.mark.parametrize("qtype,widths", [("Q4_K", (1, 3)), ("Q6_K", (2,))])
+@pytest.mark.parametrize("qtype,widths", [("Q4_K", (1, 3, 12)), ("Q6_K", (2,))])
 def test_mmq_multi_source_equals_separate_emulators_on_cpu(tmp_path, qtype, widths):
     """Q, K and V (or gate and up) in one hx_mmq_multi launch: each weight's rows have the bits of its
     own launch (the emulator), for row counts the 16-row tile does not divide."""
@@ -264,6 +271,8 @@ def test_mmq_multi_source_equals_separate_emulators_on_cpu(tmp_path, qtype, widt
     np.concatenate(ws).tofile(tmp_path / "w.bin")
     for wd in widths:
         plan = dataclasses.replace(subblock_plan(wd, qtype, k), nwarps=2)
+        if wd > 8:  # two one-tile CUDA blocks per row tile, side by side (SubBlockPlan.interleave)
+            plan = dataclasses.replace(plan, cols_per_block=8, interleave=2)
         exe = builder.build(SOURCE, dict(kernel_defines(plan, None), HX_SHIM=1), MMQ_MULTI_MAIN, "mmq_multi")
         as_layout(xq[:wd], activation_layout(plan)).tofile(tmp_path / "x.bin")
         run(exe, tmp_path / "w.bin", tmp_path / "x.bin", *ns, wd, tmp_path / "o.bin")
@@ -303,13 +312,14 @@ def test_live_columns_only_when_asked_and_only_for_one_tile_of_at_most_four(monk
     assert kernel_defines(subblock_plan(3, "Q4_K", 2048), prefetch=1)["HX_LIVE"] == 0  # HX_PREFETCH_X excludes it
 
 
-def test_tuning_file_sets_launch_facts_of_few_column_launches_only(tmp_path, monkeypatch):
+def test_tuning_file_sets_launch_facts_of_the_keyed_shape_and_widths_only(tmp_path, monkeypatch):
     """A tuning file (HIRAISHIN_MMQ_TUNING, read at import) changes warps, register cap and activation
-    prefetch of launches of 2..8 columns of the keyed shape; bad files raise PlanError naming the file."""
+    prefetch of launches of 2..8 columns of the keyed shape, and with a "/wide" key those of 9..16 columns
+    (and their columns per CUDA block); bad files raise PlanError naming the file."""
     import json
 
     import hiraishin.plans.subblock as sb
-    from hiraishin.kernels.mmq.launch import kernel_defines
+    from hiraishin.kernels.mmq.launch import kernel_defines, launch_grid
 
     f = tmp_path / "tuning.json"
     f.write_text(json.dumps({"Q4_K/many/4096": {"nwarps": 4, "max_regs": 80, "prefetch_x": 1}}))
@@ -319,17 +329,36 @@ def test_tuning_file_sets_launch_facts_of_few_column_launches_only(tmp_path, mon
     d = kernel_defines(p)
     assert d["HX_NWARPS"] == 4 and d["HX_PREFETCH_X"] == 1 and d["HX_MIN_BLOCKS"] == 6
     assert sb.subblock_plan(1, "Q4_K", 4096, n=12288).max_regs is None  # one column: not tuned
-    assert sb.subblock_plan(9, "Q4_K", 4096, n=12288).max_regs is None  # two n-tiles: not tuned
+    assert sb.subblock_plan(9, "Q4_K", 4096, n=12288).max_regs is None  # 9..16 columns: their own "/wide" key
+    f.write_text(json.dumps({"Q4_K/many/4096/wide": {"cols_per_block": 8, "nwarps": 4, "max_regs": 96,
+                                                      "prefetch_x": 1}}))
+    monkeypatch.setattr(sb, "SUBBLOCK_MMA_TUNING", sb._read_tuning(str(f)))
+    assert sb.tuning_key("Q4_K", 12288, 4096, 9) == "Q4_K/many/4096/wide"
+    for wd in (9, 16):
+        p = sb.subblock_plan(wd, "Q4_K", 4096, n=12288)
+        assert (p.cols_per_block, p.interleave, p.nwarps, p.max_regs, p.prefetch_x) == (8, 2, 4, 96, 1)
+        d = kernel_defines(p)
+        assert d["HX_NT"] == 1 and d["HX_CGROUPS"] == 2 and d["HX_PREFETCH_X"] == 1
+        assert "2 column groups" in p.describe()
+    assert launch_grid(3, sb.subblock_plan(16, "Q4_K", 4096, n=12288)) == (6, 1, 1)
+    assert sb.subblock_plan(3, "Q4_K", 4096, n=12288).max_regs is None  # a wide key does not tune 2..8 columns
+    assert sb.subblock_plan(17, "Q4_K", 4096, n=12288).interleave == 1  # nor prefill widths
+    p16 = sb.subblock_plan(16, "Q4_K", 4096, n=4096)  # untuned: one two-tile CUDA block per row tile
+    assert (p16.cols_per_block, p16.interleave) == (16, 1) and launch_grid(3, p16) == (3, 1, 1)
+    assert launch_grid(3, sb.subblock_plan(40, "Q4_K", 4096)) == (3, 3, 1)
     assert sb.subblock_plan(3, "Q4_K", 4096, n=4096).max_regs is None  # another key
     for bad in ("[1]", '{"Q4_K/many/4096": {"nwarps": 40}}', '{"Q4_K": {"nwarps": 4}}', "{",
                 '{"Q4_K/few/4096": {"live": 1}}',
-                '{"Q4_K/few/4096": {"nwarp": 4}}', '{"Q4_K/few/4096": {"prefetch_x": true}}'):
+                '{"Q4_K/few/4096": {"nwarp": 4}}', '{"Q4_K/few/4096": {"prefetch_x": true}}',
+                '{"Q4_K/few/4096": {"cols_per_block": 8}}', '{"Q4_K/few/4096/wide": {"cols_per_block": 4}}',
+                '{"Q4_K/few/4096/tall": {"nwarps": 4}}'):
         f.write_text(bad)
         with pytest.raises(PlanError, match="tuning.json"):
             sb._read_tuning(str(f))
     with pytest.raises(PlanError, match="missing.json"):
         sb._read_tuning(str(tmp_path / "missing.json"))
     assert sb._read_tuning("none") == {}
-    assert sb._read_tuning("") == sb.SUBBLOCK_FEW_COLS_TUNING
-    f.write_text(json.dumps(sb.SUBBLOCK_FEW_COLS_TUNING))
-    assert sb._read_tuning(str(f)) == sb.SUBBLOCK_FEW_COLS_TUNING  # the table is a valid tuning file
+    tables = {**sb.SUBBLOCK_FEW_COLS_TUNING, **sb.SUBBLOCK_WIDE_COLS_TUNING}
+    assert sb._read_tuning("") == tables
+    f.write_text(json.dumps(tables))
+    assert sb._read_tuning(str(f)) == tables  # the tables are a valid tuning file

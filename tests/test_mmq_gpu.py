@@ -104,8 +104,9 @@ def test_launch_variants_change_no_bit(cp, qtype, k, n, xlayout, monkeypatch):
     xq = quantize.emulate(x)
     ref = emulate(w, qtype, xq, subblock_plan(1, qtype, k))
     w_d, xq_d = cp.asarray(w), cp.asarray(xq)
-    for wd in (1, 2, 3, 4, 9, 16, 37):
-        base = subblock_plan(wd, qtype, k)
+    for wd, base in [(wd, subblock_plan(wd, qtype, k)) for wd in (1, 2, 3, 4, 9, 16, 37)] + [
+            # 9..16 columns as two one-tile CUDA blocks per row tile, side by side (SubBlockPlan.interleave)
+            (wd, dataclasses.replace(subblock_plan(wd, qtype, k), cols_per_block=8, interleave=2)) for wd in (9, 16)]:
         for nw in sorted({base.nseg, min(8, base.nseg), min(4, base.nseg), 1}):
             for cap in (64, 96, None) if xlayout else (None,):  # (llama.cpp's layout: fewer variants to compile)
                 few = base.cols_per_block == 8 and wd > 1
@@ -151,15 +152,22 @@ def test_pipelined_weight_loads_change_no_bit(cp, k, n, nwarps, monkeypatch):
 
 @pytest.mark.parametrize("qtype,k,ns", [("Q4_K", 4096, (4096, 1024, 1024)), ("Q4_K", 4096, (12288, 12288)),
                                         ("Q6_K", 768, (45, 19, 33))])
-@pytest.mark.parametrize("width", [1, 3, 9, 16])
+@pytest.mark.parametrize("width", [1, 3, 9, 16, "9i", "16i"])
 def test_multi_launch_equals_separate_launches(cp, qtype, k, ns, width):
-    """hx_mmq_multi (Q/K/V or gate/up of one plan in one launch) == one hx_mmq launch per weight."""
+    """hx_mmq_multi (Q/K/V or gate/up of one plan in one launch) == one hx_mmq launch per weight ("9i":
+    9 columns in two one-tile CUDA blocks per row tile, side by side)."""
+    import dataclasses
+
     from hiraishin.kernels import quantize
     from hiraishin.kernels.mmq.launch import MMQLaunch, MMQMultiLaunch
     from hiraishin.plans.subblock import subblock_plan
     from hiraishin.quant import random_blocks
 
+    interleaved = isinstance(width, str)
+    width = int(str(width).rstrip("i"))
     plan = subblock_plan(width, qtype, k, n=max(ns))
+    if interleaved:
+        plan = dataclasses.replace(plan, cols_per_block=8, interleave=2)
     ws = [cp.asarray(random_blocks(qtype, n, k, seed=60 + i)) for i, n in enumerate(ns)]
     x = np.random.default_rng(width).standard_normal((width, k)).astype(np.float32)
     multi = MMQMultiLaunch(ns, plan)
@@ -204,4 +212,43 @@ def test_passes_with_multi_launches_equal_passes_without(tiny_model_path, monkey
 
     assert any(isinstance(key[2], SubBlockPlan) and len(ns) > 1 for key, ns in m.ops._multis), "nothing was grouped"
     for w, a, b in zip((1, 3, 9), plain, grouped):
+        assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), f"{w} tokens"
+
+
+class _InterleaveWide(dict):
+    """A tuning table giving every launch of 9..16 columns two one-tile CUDA blocks per row tile."""
+
+    def get(self, key, default=None):
+        return {"cols_per_block": 8} if key.endswith("/wide") else super().get(key, default)
+
+
+def test_passes_with_interleaved_wide_launches_equal_passes_without(tiny_model_path, monkeypatch):
+    """9..16 columns as two one-tile CUDA blocks per row tile side by side (a "/wide" tuning entry with
+    cols_per_block 8) give the bits of the two-tile CUDA blocks, in whole SUBBLOCK passes (graphs)."""
+    import hiraishin.plans as plans
+    import hiraishin.plans.subblock as sb
+    from hiraishin import Qwen3, ReductionOrder
+
+    order = ReductionOrder.SUBBLOCK
+
+    def run():
+        plans._matvec_cached.cache_clear()
+        m = Qwen3.from_gguf(tiny_model_path, device="cuda", progress=False, cuda_graphs=True, n_ctx=512)
+        m.forward(list(range(20)), 0, order)
+        outs = []
+        for w in (9, 16):
+            for _ in range(3):  # eager warm-up, capture, replay
+                out = m.forward(list(range(100, 100 + w)), 20, order)
+            outs.append(out)
+        return outs
+
+    try:
+        two_tiles = run()
+        monkeypatch.setattr(sb, "SUBBLOCK_MMA_TUNING", _InterleaveWide(sb.SUBBLOCK_MMA_TUNING))
+        assert sb.subblock_plan(9, "Q4_K", 256).interleave == 2
+        interleaved = run()
+    finally:
+        monkeypatch.undo()
+        plans._matvec_cached.cache_clear()  # no interleaved plan left for the next test
+    for w, a, b in zip((9, 16), two_tiles, interleaved):
         assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), f"{w} tokens"

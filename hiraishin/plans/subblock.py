@@ -46,6 +46,7 @@ __all__ = [
     "SUBBLOCK_QK",
     "SUBBLOCK_QTYPES",
     "SUBBLOCK_TILE_ROWS",
+    "SUBBLOCK_WIDE_COLS_TUNING",
     "SubBlockPlan",
     "subblock_plan",
     "subblock_segments",
@@ -103,15 +104,24 @@ SUBBLOCK_FEW_COLS_TUNING = {
     # 3.331 ms at 2 tokens, 3.615 -> 3.574 at 3, 3.980 -> 3.947 at 5, same digests
     "Q6_K/few/4096": {"nwarps": 16, "max_regs": 128, "prefetch_x": 1},
 }
-# A tuning file replacing that table, for A/B runs of a launch sweep (bench/tune_mmq.py writes one):
+# Launch facts of the launches of 9..16 columns (a verify pass of k + 1 > 8 tokens) per weight shape, keyed
+# "<qtype>/<few|many>/<k>/wide": as above, plus "cols_per_block": 16 (one CUDA block per row tile, two
+# n-tiles; 9 columns do the float work of 16) or 8 (two CUDA blocks per row tile, one n-tile each, next
+# to each other along blockIdx.x so that both read the tile while it is in L2: SubBlockPlan.interleave).
+# Empty: every wide launch is the two-n-tile block of SUBBLOCK_NWARPS and launch.py's register table.
+SUBBLOCK_WIDE_COLS_TUNING: dict = {}
+WIDE_SUFFIX = "/wide"
+# A tuning file replacing both tables, for A/B runs of a launch sweep (bench/tune_mmq.py writes one):
 # JSON of the same form; "none": no entries (SUBBLOCK_NWARPS and launch.py's tables alone). Read once.
 ENV_MMQ_TUNING = "HIRAISHIN_MMQ_TUNING"
+_TUNING_FIELDS = {"nwarps", "max_regs", "prefetch_x"}
 
 
 def _read_tuning(path: str) -> dict:
-    """The tuning table ``path`` names ("": :data:`SUBBLOCK_FEW_COLS_TUNING`; "none": empty)."""
+    """The tuning table ``path`` names ("": :data:`SUBBLOCK_FEW_COLS_TUNING` and
+    :data:`SUBBLOCK_WIDE_COLS_TUNING`; "none": empty)."""
     if not path:
-        return dict(SUBBLOCK_FEW_COLS_TUNING)
+        return {**SUBBLOCK_FEW_COLS_TUNING, **SUBBLOCK_WIDE_COLS_TUNING}
     if path == "none":
         return {}
     import json
@@ -123,21 +133,28 @@ def _read_tuning(path: str) -> dict:
     if not isinstance(table, dict):
         raise PlanError(f"${ENV_MMQ_TUNING}={path!r}: expected a JSON object, got {type(table).__name__}")
     for key, entry in table.items():
-        ok = (isinstance(entry, dict) and set(entry) <= {"nwarps", "max_regs", "prefetch_x"}
+        wide = isinstance(key, str) and key.endswith(WIDE_SUFFIX)
+        fields = _TUNING_FIELDS | ({"cols_per_block"} if wide else set())
+        ok = (isinstance(entry, dict) and set(entry) <= fields
               and all(isinstance(v, int) and not isinstance(v, bool) for v in entry.values())
-              and 1 <= entry.get("nwarps", 1) <= 16 and entry.get("prefetch_x", 0) in (0, 1))
-        if not ok or key.count("/") != 2:
+              and 1 <= entry.get("nwarps", 1) <= 16 and entry.get("prefetch_x", 0) in (0, 1)
+              and entry.get("cols_per_block", SUBBLOCK_MAX_COLS_PER_BLOCK) in (SUBBLOCK_NTILE_COLS,
+                                                                              SUBBLOCK_MAX_COLS_PER_BLOCK))
+        if not ok or key.count("/") != 2 + wide:
             raise PlanError(f"${ENV_MMQ_TUNING}={path!r}: bad entry {key!r}: {entry!r} (want "
-                            '"<qtype>/<few|many>/<k>": {"nwarps": 1..16, "max_regs": int, "prefetch_x": 0|1})')
+                            '"<qtype>/<few|many>/<k>": {"nwarps": 1..16, "max_regs": int, "prefetch_x": 0|1}, or '
+                            '"<qtype>/<few|many>/<k>/wide": the same and "cols_per_block": 8|16)')
     return table
 
 
 SUBBLOCK_MMA_TUNING = _read_tuning(os.environ.get(ENV_MMQ_TUNING, "").strip())
 
 
-def tuning_key(qtype: str, n: int | None, k: int) -> str:
-    """The key of a (``n``, ``k``) ``qtype`` weight in a tuning file."""
-    return f"{qtype}/{'few' if n is None or n <= SUBBLOCK_FEW_ROWS else 'many'}/{k}"
+def tuning_key(qtype: str, n: int | None, k: int, ncols: int = SUBBLOCK_NTILE_COLS) -> str:
+    """The key of a (``n``, ``k``) ``qtype`` weight in a tuning file, for launches of ``ncols`` columns
+    (2..8, or 9..16: a "/wide" key)."""
+    few = n is None or n <= SUBBLOCK_FEW_ROWS
+    return f"{qtype}/{'few' if few else 'many'}/{k}" + (WIDE_SUFFIX if ncols > SUBBLOCK_NTILE_COLS else "")
 
 
 def _mma_few_cols_nwarps() -> int | None:
@@ -162,7 +179,10 @@ class SubBlockPlan:
     one column, float work only for the column that exists; "mma": up to 16 columns per CUDA
     block), ``cols_per_block`` and ``nwarps`` are launch facts that change no bit, as are
     ``max_regs`` and ``prefetch_x`` (None: ``hiraishin.kernels.mmq.launch``'s tables decide; set by
-    the tuning table, :data:`SUBBLOCK_FEW_COLS_TUNING` or :data:`ENV_MMQ_TUNING`).
+    the tuning tables, :data:`SUBBLOCK_FEW_COLS_TUNING`, :data:`SUBBLOCK_WIDE_COLS_TUNING` or
+    :data:`ENV_MMQ_TUNING`) and ``interleave``: the column groups of ``cols_per_block`` whose CUDA
+    blocks of one row tile sit next to each other along ``blockIdx.x`` (1: column groups along
+    ``blockIdx.y``), so that the second reads the tile's weights from L2.
     """
 
     qtype: str
@@ -175,6 +195,7 @@ class SubBlockPlan:
     nwarps: int
     max_regs: int | None = None
     prefetch_x: int | None = None
+    interleave: int = 1
 
     @property
     def nblocks(self) -> int:
@@ -195,7 +216,8 @@ class SubBlockPlan:
                 f"{'/'.join(map(str, sizes))} super-block(s); per q8_1 block of 32 values in k order: "
                 f"{step}; segments added in order 0..{self.nseg - 1}. Same float operations at every "
                 f"width. Launch ({self.ncols} column(s)): {self.kernel} kernel, {self.tile_rows} rows x "
-                f"{self.cols_per_block} columns per CUDA block, {self.nwarps} warps.")
+                f"{self.cols_per_block} columns per CUDA block, {self.nwarps} warps"
+                + (f", {self.interleave} column groups per row tile side by side." if self.interleave > 1 else "."))
 
 
 def subblock_plan(ncols: int, qtype: str, k: int, device=None, n: int | None = None) -> SubBlockPlan:
@@ -219,15 +241,20 @@ def subblock_plan(ncols: int, qtype: str, k: int, device=None, n: int | None = N
     cols = SUBBLOCK_NTILE_COLS if ncols <= SUBBLOCK_NTILE_COLS else SUBBLOCK_MAX_COLS_PER_BLOCK
     kernel = "onecol" if ncols == 1 else "mma"
     nwarps = SUBBLOCK_NWARPS[(kernel, qtype, n is None or n <= SUBBLOCK_FEW_ROWS)]
-    tuned = {}
+    tuned, interleave = {}, 1
     if kernel == "mma" and ncols <= SUBBLOCK_NTILE_COLS:
-        tuned = SUBBLOCK_MMA_TUNING.get(tuning_key(qtype, n, k), {})
+        tuned = SUBBLOCK_MMA_TUNING.get(tuning_key(qtype, n, k, ncols), {})
         # the A/B switch wins over the table (its warps with the table's cap would be a third setting)
         forced = _mma_few_cols_nwarps()
         if forced:
             nwarps, tuned = forced, {}
         else:
             nwarps = tuned.get("nwarps", nwarps)
+    elif kernel == "mma" and ncols <= SUBBLOCK_MAX_COLS_PER_BLOCK:
+        tuned = SUBBLOCK_MMA_TUNING.get(tuning_key(qtype, n, k, ncols), {})
+        nwarps = tuned.get("nwarps", nwarps)
+        cols = tuned.get("cols_per_block", cols)
+        interleave = -(-ncols // cols)
     return SubBlockPlan(qtype=qtype, ncols=ncols, k=k, nseg=nseg, kernel=kernel,
                         tile_rows=SUBBLOCK_TILE_ROWS, cols_per_block=cols, nwarps=min(nseg, nwarps),
-                        max_regs=tuned.get("max_regs"), prefetch_x=tuned.get("prefetch_x"))
+                        max_regs=tuned.get("max_regs"), prefetch_x=tuned.get("prefetch_x"), interleave=interleave)

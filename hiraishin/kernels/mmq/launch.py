@@ -40,6 +40,7 @@ __all__ = [
     "MMQLaunch",
     "kernel_defines",
     "launch",
+    "launch_grid",
     "live_cols",
     "mmq_kernel",
     "precompile",
@@ -167,6 +168,7 @@ def kernel_defines(plan: SubBlockPlan, max_regs: int | None | str = "default",
         "HX_PREFETCH_NEXT": _switch(ENV_MMQ_PREFETCH_NEXT),
         "HX_PIPELINE_W": _switch(ENV_MMQ_PIPELINE_W) if plan.qtype == "Q4_K" else 0,
         "HX_XLAYOUT": xlayout_enabled(),
+        "HX_CGROUPS": plan.interleave,
     }
 
 
@@ -183,6 +185,13 @@ def mmq_kernel(plan: SubBlockPlan, max_regs: int | None | str = "default", prefe
         min_blocks -= 1
 
 
+def launch_grid(ntiles: int, plan: SubBlockPlan) -> tuple[int, int, int]:
+    """The grid of ``ntiles`` row tiles under ``plan``: blockIdx.x = tile * interleave + column group
+    within the interleave (mmq.cu HX_CGROUPS), blockIdx.y = the rest of the column groups."""
+    per_y = plan.cols_per_block * plan.interleave
+    return (ntiles * plan.interleave, -(-plan.ncols // per_y), 1)
+
+
 class MMQLaunch:
     """The prepared launch of ``plan`` for an (``n``, K) weight; call with (w, xq, out).
 
@@ -197,8 +206,7 @@ class MMQLaunch:
                  max_regs: int | None | str = "default", prefetch: int | str = "default"):
         self.kernel = mmq_kernel(plan, max_regs, prefetch)
         self.layout = activation_layout(plan)
-        self.grid = ((n + SUBBLOCK_TILE_ROWS - 1) // SUBBLOCK_TILE_ROWS,
-                     (plan.ncols + plan.cols_per_block - 1) // plan.cols_per_block, 1)
+        self.grid = launch_grid(-(-n // SUBBLOCK_TILE_ROWS), plan)
         self.block = (32 * plan.nwarps, 1, 1)
         self.scalars = (np.int32(n), np.int32(plan.ncols), np.int64(n if out_stride is None else out_stride))
 
@@ -235,7 +243,7 @@ class MMQMultiLaunch:
         self.layout = activation_layout(plan)
         self.ns = tuple(np.int32(n) for n in ns)
         self.ntiles = tuple(np.int32(-(-n // SUBBLOCK_TILE_ROWS)) for n in ns)
-        self.grid = (int(sum(self.ntiles)), (plan.ncols + plan.cols_per_block - 1) // plan.cols_per_block, 1)
+        self.grid = launch_grid(int(sum(self.ntiles)), plan)
         self.block = (32 * plan.nwarps, 1, 1)
         self.ncols = np.int32(plan.ncols)
 

@@ -14,7 +14,9 @@
 // Defines (launch.py): HX_QTYPE (ggml id: 12 Q4_K, 14 Q6_K), HX_BLOCK_BYTES, HX_Q8_BYTES,
 // HX_NB (super-blocks per row), HX_NSEG, HX_NWARPS, HX_NT (n-tiles of 8 columns per CUDA block),
 // HX_ONECOL (0/1), HX_MIN_BLOCKS (register cap as resident blocks per SM), HX_PREFETCH_X (0/1,
-// one n-tile only: a super-block's activations loaded before its weights).
+// one n-tile only: a super-block's activations loaded before its weights), HX_CGROUPS (column groups
+// of HX_COLS per row tile along blockIdx.x, launch.py launch_grid: the CUDA blocks that read one
+// weight tile for different columns run side by side, so all but the first find it in L2).
 //
 // Activations: llama.cpp's q8_1 blocks (fp16 d, fp16 s, int8 q[32]; 36 bytes), one row of
 // K/32 blocks per column; or, HX_XLAYOUT 1, the same bytes regrouped per super-block so that a lane
@@ -27,6 +29,9 @@
 // C c0 (row g, column 2t), c1 (row g, 2t+1), c2 (row g+8, 2t), c3 (row g+8, 2t+1).
 
 #define HX_TILE_ROWS 16
+#ifndef HX_CGROUPS
+#define HX_CGROUPS 1
+#endif
 #ifndef HX_PREFETCH_X
 #define HX_PREFETCH_X 0
 #endif
@@ -110,16 +115,20 @@ __device__ __forceinline__ void hx_prefetch_tile(const unsigned char* w, const i
     hx_prefetch_lines(w + row0 * row_bytes, rows * row_bytes, threadIdx.x, blockDim.x);
 }
 
-// One CUDA block's work: the tile of rows row0 .. row0+15 of weight w, columns blockIdx.y * HX_COLS ..
+// The CUDA block's column group (launch.py launch_grid): its first column.
+__device__ __forceinline__ int hx_col0() {
+    return ((int)blockIdx.y * HX_CGROUPS + (int)blockIdx.x % HX_CGROUPS) * HX_COLS;
+}
+
+// One CUDA block's work: the tile of rows row0 .. row0+15 of weight w, columns col0 .. col0+HX_COLS-1
 // (every thread of the block calls it; one barrier).
 __device__ __forceinline__ void hx_mmq_tile(const unsigned char* __restrict__ w, const unsigned char* __restrict__ xq,
                                             float* __restrict__ out, const int nrows, const int ncols,
-                                            const long long out_stride, const int row0) {
+                                            const long long out_stride, const int row0, const int col0) {
     __shared__ float part[HX_NSEG][HX_TILE_ROWS][HX_PCOLS];
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
-    const int col0 = blockIdx.y * HX_COLS;
     const hx_mma_ptrs ptr = hx_mma_pointers(w, xq, nrows, ncols, row0, col0, g, t);
     const unsigned char* wA = ptr.wA;
     const unsigned char* wB = ptr.wB;
@@ -345,9 +354,11 @@ __device__ __forceinline__ void hx_mmq_tile(const unsigned char* __restrict__ w,
 extern "C" __global__ void __launch_bounds__(32 * HX_NWARPS, HX_MIN_BLOCKS)
 hx_mmq(const unsigned char* __restrict__ w, const unsigned char* __restrict__ xq, float* __restrict__ out,
        const int nrows, const int ncols, const long long out_stride) {
-    if (HX_PREFETCH_W && blockIdx.y == 0) hx_prefetch_tile(w, nrows, blockIdx.x * HX_TILE_ROWS);
+    const int row0 = (int)(blockIdx.x / HX_CGROUPS) * HX_TILE_ROWS;
+    const int col0 = hx_col0();
+    if (HX_PREFETCH_W && col0 == 0) hx_prefetch_tile(w, nrows, row0);
     HX_PDL_ENTRY();
-    hx_mmq_tile(w, xq, out, nrows, ncols, out_stride, blockIdx.x * HX_TILE_ROWS);
+    hx_mmq_tile(w, xq, out, nrows, ncols, out_stride, row0, col0);
 }
 
 // Up to three weights of one type, row length and plan that read the same activations (Q, K and V;
@@ -359,9 +370,10 @@ hx_mmq_multi(const unsigned char* __restrict__ xq, const int ncols,
              const unsigned char* __restrict__ w0, float* __restrict__ out0, const int nrows0, const int ntile0,
              const unsigned char* __restrict__ w1, float* __restrict__ out1, const int nrows1, const int ntile1,
              const unsigned char* __restrict__ w2, float* __restrict__ out2, const int nrows2) {
-    const hx_weight_of_block p = hx_pick_weight(blockIdx.x, w0, out0, nrows0, ntile0, w1, out1, nrows1, ntile1,
-                                                w2, out2, nrows2);
-    if (HX_PREFETCH_W && blockIdx.y == 0) hx_prefetch_tile(p.w, p.nrows, p.index * HX_TILE_ROWS);
+    const hx_weight_of_block p = hx_pick_weight(blockIdx.x / HX_CGROUPS, w0, out0, nrows0, ntile0, w1, out1, nrows1,
+                                                ntile1, w2, out2, nrows2);
+    const int col0 = hx_col0();
+    if (HX_PREFETCH_W && col0 == 0) hx_prefetch_tile(p.w, p.nrows, p.index * HX_TILE_ROWS);
     HX_PDL_ENTRY();
-    hx_mmq_tile(p.w, xq, p.out, p.nrows, ncols, p.nrows, p.index * HX_TILE_ROWS);
+    hx_mmq_tile(p.w, xq, p.out, p.nrows, ncols, p.nrows, p.index * HX_TILE_ROWS, col0);
 }
