@@ -31,6 +31,9 @@
 #   ab        bench/replay_widths.py under each value of an environment variable (AB_VAR, AB_VALUES, AB_ORDERS;
 #             default HIRAISHIN_PREFETCH_AHEAD 0 1, invariant; widths AB_WIDTHS, default 1,3): replay times and logits digests of
 #             a change that must keep every bit;
+#   abtree    bench/replay_widths.py from an older tree (AB_TREE, a folder holding its hiraishin/ and bench/, e.g.
+#             unpacked from a carried `git archive`) and from this one, AB_ROUNDS times in turn (default 2), under
+#             AB_ORDERS at AB_WIDTHS: replay times and logits digests of a change with no switch of its own;
 #   pdl       the ab step for HIRAISHIN_PDL_TRIGGER=after_wait and =early (PDL_ORDERS, default invariant,subblock);
 #   draft     bench/replay_widths.py on the 0.6B draft under DRAFT_AB_ORDERS (default invariant,nwarps1,nwarps2;
 #             widths 1 and 2, the draft's passes): which order drafts fastest (only speed counts there);
@@ -114,6 +117,30 @@ if want draft; then
         --widths 1,2 --json "$OUT/replay-draft-orders.json" 2>&1 | tail -n 12
 fi
 
+if want abtree; then
+    [ -d "${AB_TREE:-}/hiraishin" ] || { echo "abtree: AB_TREE=${AB_TREE:-} holds no hiraishin/"; exit 2; }
+    for r in $(seq 1 ${AB_ROUNDS:-2}); do
+        for v in old new; do
+            dir=$PWD; [ $v = old ] && dir=$(cd "$AB_TREE" && pwd)
+            echo "== replays, $v tree, round $r ($(left) s left)"
+            (cd "$dir" && PYTHONPATH=/tmp/site:$dir timeout $(cap 100) python3 bench/replay_widths.py \
+                ${AB_MODELS:-/tmp/qwen3-0.6b.gguf /tmp/qwen3-8b.gguf} --orders ${AB_ORDERS:-subblock} \
+                --widths ${AB_WIDTHS:-1,3} --json "$OUT/replay-tree-$v-$r.json" 2>&1 | tail -n 14)
+        done
+    done
+    python3 - "$OUT" ${AB_ROUNDS:-2} <<'PY'
+import json, sys
+out, rounds = sys.argv[1], int(sys.argv[2])
+runs = {v: [json.load(open(f"{out}/replay-tree-{v}-{r}.json"))["rows"] for r in range(1, rounds + 1)] for v in ("old", "new")}
+for i, row in enumerate(runs["old"][0]):
+    old = [rs[i]["replay_ms"] for rs in runs["old"]]
+    new = [rs[i]["replay_ms"] for rs in runs["new"]]
+    digests = {rs[i]["logits_sha256"] for v in runs for rs in runs[v]}
+    print(f"{row['model']} {row['order']} width {row['width']}: old {' '.join(f'{t:.3f}' for t in old)} -> new "
+          f"{' '.join(f'{t:.3f}' for t in new)} ms ({'same bits' if len(digests) == 1 else 'BITS DIFFER'})")
+PY
+fi
+
 want pdl && ab_replays HIRAISHIN_PDL_TRIGGER "after_wait early" "${PDL_ORDERS:-invariant,subblock}" 170
 want ab && ab_replays "${AB_VAR:-HIRAISHIN_PREFETCH_AHEAD}" "${AB_VALUES:-0 1}" "${AB_ORDERS:-invariant}" 120
 
@@ -121,9 +148,10 @@ if want tune; then
     prev=""
     for ws in ${TUNE_SETS:-2,4}; do
         echo "== sub-block MMA launch sweep at widths $ws ($(left) s left)"
-        HIRAISHIN_MMQ_TUNING=$prev timeout $(cap ${TUNE_TIMEOUT:-200}) python3 bench/tune_mmq.py --out "$OUT/tune-$ws" \
+        d="$OUT/tune-${ws//,/-}"  # (no comma in a name that comes back from the device)
+        HIRAISHIN_MMQ_TUNING=$prev timeout $(cap ${TUNE_TIMEOUT:-200}) python3 bench/tune_mmq.py --out "$d" \
             --widths $ws ${TUNE_ONLY:+--only "$TUNE_ONLY"} 2>&1 | grep -v "^  " | tail -n 30
-        [ -f "$OUT/tune-$ws/mmq-tuning.json" ] && prev="$OUT/tune-$ws/mmq-tuning.json"
+        [ -f "$d/mmq-tuning.json" ] && prev="$d/mmq-tuning.json"
     done
     [ -n "$prev" ] && cp "$prev" "$OUT/mmq-tuning.json"
     for v in library tuned; do

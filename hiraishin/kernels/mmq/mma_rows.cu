@@ -55,12 +55,24 @@ __device__ __forceinline__ int hx_sbyte(int word, int i) { return (int)(signed c
 #if HX_QTYPE == 12
 // ---- Q4_K: d, dmin (fp16), scales[12], qs[128]; 144 bytes ----
 struct hx_row_sb {
-    float ws[8], wm[8];   // d*sc_b, dmin*m_b (exact products; HX_Q4_SCALE_FP16: rounded to fp16)
+    float d, dmin;        // fp16 d, dmin as floats
+    unsigned int sc[2];   // 6-bit scales of sub-blocks 0..3 (sc[0]) and 4..7 (sc[1]), one per byte
+    unsigned int m[2];    // 6-bit mins, the same way
     int q[8];             // qs ints at 32*jp + 4t and 32*jp + 16 + 4t, jp = 0..3 (HX_XLAYOUT: 32*jp + 8t, + 4)
 };
 
+// Sub-block jj's d*sc and dmin*m (exact products; HX_Q4_SCALE_FP16: rounded to fp16), made where they are
+// used rather than all eight at once when the row is loaded: the same float operations, 12 live registers
+// per row instead of 16 decoded floats (the several-column launches were register bound).
+__device__ __forceinline__ float hx_q4_ws(const hx_row_sb& r, const int jj) {
+    return HX_Q4_SCALE(__fmul_rn(r.d, (float)((r.sc[jj >> 2] >> (8 * (jj & 3))) & 0xFF)));
+}
+__device__ __forceinline__ float hx_q4_wm(const hx_row_sb& r, const int jj) {
+    return HX_Q4_SCALE(__fmul_rn(r.dmin, (float)((r.m[jj >> 2] >> (8 * (jj & 3))) & 0xFF)));
+}
+
 // A lane's bytes of one row's super-block as loaded (hx_fetch_row: loads only, nothing waits on them),
-// then its scales decoded (hx_decode_row); hx_load_row is the two back to back.
+// then its scales unpacked (hx_decode_row); hx_load_row is the two back to back.
 struct hx_row_raw {
     uint4 h;     // d, dmin, scales[12]
     int q[8];
@@ -83,20 +95,13 @@ __device__ __forceinline__ void hx_fetch_row(const unsigned char* p, int t, hx_r
 
 __device__ __forceinline__ void hx_decode_row(const hx_row_raw& w, hx_row_sb& r) {
     const uint4 h = w.h;
-    const float d = hx_h2f((unsigned short)(h.x & 0xFFFF));
-    const float dmin = hx_h2f((unsigned short)(h.x >> 16));
+    r.d = hx_h2f((unsigned short)(h.x & 0xFFFF));
+    r.dmin = hx_h2f((unsigned short)(h.x >> 16));
     // get_scale_min_k4 for all 8 sub-blocks at once (bytes q[0..3] = h.y, q[4..7] = h.z, q[8..11] = h.w)
-    const unsigned int sc_lo = h.y & 0x3F3F3F3Fu;
-    const unsigned int m_lo = h.z & 0x3F3F3F3Fu;
-    const unsigned int sc_hi = (h.w & 0x0F0F0F0Fu) | ((h.y >> 2) & 0x30303030u);
-    const unsigned int m_hi = ((h.w >> 4) & 0x0F0F0F0Fu) | ((h.z >> 2) & 0x30303030u);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        r.ws[j] = HX_Q4_SCALE(__fmul_rn(d, (float)((sc_lo >> (8 * j)) & 0xFF)));
-        r.ws[4 + j] = HX_Q4_SCALE(__fmul_rn(d, (float)((sc_hi >> (8 * j)) & 0xFF)));
-        r.wm[j] = HX_Q4_SCALE(__fmul_rn(dmin, (float)((m_lo >> (8 * j)) & 0xFF)));
-        r.wm[4 + j] = HX_Q4_SCALE(__fmul_rn(dmin, (float)((m_hi >> (8 * j)) & 0xFF)));
-    }
+    r.sc[0] = h.y & 0x3F3F3F3Fu;
+    r.m[0] = h.z & 0x3F3F3F3Fu;
+    r.sc[1] = (h.w & 0x0F0F0F0Fu) | ((h.y >> 2) & 0x30303030u);
+    r.m[1] = ((h.w >> 4) & 0x0F0F0F0Fu) | ((h.z >> 2) & 0x30303030u);
 #pragma unroll
     for (int k = 0; k < 8; ++k) r.q[k] = w.q[k];
 }

@@ -238,6 +238,8 @@ __device__ __forceinline__ void hx_mmq_tile(const unsigned char* __restrict__ w,
                 const int a1 = (rB.q[2 * jp] >> sh) & 0x0F0F0F0F;
                 const int a2 = (rA.q[2 * jp + 1] >> sh) & 0x0F0F0F0F;
                 const int a3 = (rB.q[2 * jp + 1] >> sh) & 0x0F0F0F0F;
+                const float wsA = hx_q4_ws(rA, jj), wmA = hx_q4_wm(rA, jj);  // this sub-block's scale products
+                const float wsB = hx_q4_ws(rB, jj), wmB = hx_q4_wm(rB, jj);
 #else
                 const int n = jj >> 2, bb = jj & 3;
                 const int lA0 = hx_q6_vals(rA, n, bb, 0), lB0 = hx_q6_vals(rB, n, bb, 0);
@@ -287,8 +289,8 @@ __device__ __forceinline__ void hx_mmq_tile(const unsigned char* __restrict__ w,
                         const float dx = hx_h2f((unsigned short)(ds & 0xFFFF));
 #if HX_QTYPE == 12
                         const float sx = hx_h2f((unsigned short)(ds >> 16));
-                        const float ws = live_half ? rB.ws[jj] : rA.ws[jj];
-                        const float wm = live_half ? rB.wm[jj] : rA.wm[jj];
+                        const float ws = live_half ? wsB : wsA;
+                        const float wm = live_half ? wmB : wmA;
                         acc[0][u] = __fmaf_rn(__fmul_rn(ws, dx), (float)ce, acc[0][u]);
                         acc[0][u] = __fmaf_rn(-wm, sx, acc[0][u]);
 #else
@@ -311,8 +313,8 @@ __device__ __forceinline__ void hx_mmq_tile(const unsigned char* __restrict__ w,
                         const float dx = hx_h2f((unsigned short)(ds & 0xFFFF));
 #if HX_QTYPE == 12
                         const float sx = hx_h2f((unsigned short)(ds >> 16));
-                        const float ws = e < 2 ? rA.ws[jj] : rB.ws[jj];
-                        const float wm = e < 2 ? rA.wm[jj] : rB.wm[jj];
+                        const float ws = e < 2 ? wsA : wsB;
+                        const float wm = e < 2 ? wmA : wmB;
                         acc[nt][e] = __fmaf_rn(__fmul_rn(ws, dx), (float)c[e], acc[nt][e]);
                         acc[nt][e] = __fmaf_rn(-wm, sx, acc[nt][e]);
 #else

@@ -71,8 +71,8 @@ hx_mmq_stock(const unsigned char* __restrict__ w, const unsigned char* __restric
                     const unsigned int ds = *(const unsigned int*)(ptr.xc[nt][e & 1] + xo);
                     const float dx = hx_h2f((unsigned short)(ds & 0xFFFF));
                     const float sx = hx_h2f((unsigned short)(ds >> 16));
-                    const float ws = e < 2 ? rA.ws[jj] : rB.ws[jj];
-                    const float wm = e < 2 ? rA.wm[jj] : rB.wm[jj];
+                    const float ws = e < 2 ? hx_q4_ws(rA, jj) : hx_q4_ws(rB, jj);
+                    const float wm = e < 2 ? hx_q4_wm(rA, jj) : hx_q4_wm(rB, jj);
                     // sum += dmA.x*dsB.x*C; sum += dmA.y*dsB.y (vec_dot_q8_1_q8_1_mma)
                     acc[nt][e] = __fmaf_rn(__fmul_rn(ws, dx), (float)c[e], acc[nt][e]);
                     acc[nt][e] = __fmaf_rn(-wm, sx, acc[nt][e]);  // -half(dmin*m) = half(-dmin*m)
