@@ -108,7 +108,11 @@ SUBBLOCK_FEW_COLS_TUNING = {
 # "<qtype>/<few|many>/<k>/wide": as above, plus "cols_per_block": 16 (one CUDA block per row tile, two
 # n-tiles; 9 columns do the float work of 16) or 8 (two CUDA blocks per row tile, one n-tile each, next
 # to each other along blockIdx.x so that both read the tile while it is in L2: SubBlockPlan.interleave).
-# Empty: every wide launch is the two-n-tile block of SUBBLOCK_NWARPS and launch.py's register table.
+# Empty: every wide launch is the two-n-tile block of SUBBLOCK_NWARPS and launch.py's register table. H200
+# (bench/results/2026-12-03-h200-session10/a-tune-wide): the sweep at 9 and 16 columns kept two one-tile
+# blocks for the 4096-row Q4_K and Q6_K shapes (attn Q/K/V/O, isolated launches faster), but whole SUBBLOCK
+# passes of the 8B with them, same digests, were slower: 4.335 -> 4.657 ms at 9 tokens, 4.574 -> 4.867 at
+# 12, 5.055 -> 5.346 at 16 (the 0.6B unchanged). So none is kept.
 SUBBLOCK_WIDE_COLS_TUNING: dict = {}
 WIDE_SUFFIX = "/wide"
 # A tuning file replacing both tables, for A/B runs of a launch sweep (bench/tune_mmq.py writes one):
