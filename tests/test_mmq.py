@@ -134,6 +134,9 @@ inline void hx_mma_k16(int c[4], int a0, int a1, int b0) {
     g_mma_a[tid][0] = a0; g_mma_a[tid][1] = a1; g_mma_b[tid][0] = b0;
     hx_mma_sw(c, 16);
 }
+inline void hx_cp_async16(void* smem, const void* gmem) { std::memcpy(smem, gmem, 16); }  // done at once
+inline void hx_cp_async_commit() {}
+template <int N> inline void hx_cp_async_wait() {}
 inline unsigned __funnelshift_r(unsigned lo, unsigned hi, unsigned sh) {
     return (unsigned)((((unsigned long long)hi << 32) | lo) >> (sh & 31));
 }
@@ -167,7 +170,8 @@ SHIM_CASES = [("Q4_K", 1024, 19, (1, 3, 9), 0, 4, 0), ("Q4_K", 5120, 17, (1, 2),
 # "llama-layout": the kernels read llama.cpp's q8_1 blocks (HIRAISHIN_MMQ_XLAYOUT=0) instead of the MMA layouts.
 SWITCHES = {"default": {}, "llama-layout": {"HIRAISHIN_MMQ_XLAYOUT": "0"}, "live-on": {"HIRAISHIN_MMQ_LIVE": "1"},
             "prefetch-next": {"HIRAISHIN_MMQ_PREFETCH_NEXT": "1"},  # (the L2 hint is a no-op in the shim)
-            "pipeline-w": {"HIRAISHIN_MMQ_PIPELINE_W": "1"}}  # (Q4_K cases; Q6_K ones run without it)
+            "pipeline-w": {"HIRAISHIN_MMQ_PIPELINE_W": "1"},  # (Q4_K cases; Q6_K ones run without it)
+            "stage-w": {"HIRAISHIN_MMQ_STAGE_W": "1"}}  # (Q4_K cases; cp.async a plain copy in the shim)
 
 
 @pytest.mark.parametrize("switch", list(SWITCHES))

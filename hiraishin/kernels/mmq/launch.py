@@ -29,6 +29,7 @@ __all__ = [
     "ENV_MMQ_MULTI",
     "ENV_MMQ_PIPELINE_W",
     "ENV_MMQ_PREFETCH_NEXT",
+    "ENV_MMQ_STAGE_W",
     "MMQ_LIVE_COLS",
     "MMQ_MULTI",
     "MMQMultiLaunch",
@@ -41,6 +42,7 @@ __all__ = [
     "kernel_defines",
     "launch",
     "launch_grid",
+    "stage_fits",
     "live_cols",
     "mmq_kernel",
     "precompile",
@@ -90,6 +92,21 @@ def _switch(var: str) -> int:
 # 2026-12-03-h200-session9/a-pipeline-w-ncu: the 8B 2.986 -> 3.364 ms one token, 3.580 -> 3.916 three;
 # the registers it holds cost occupancy).
 ENV_MMQ_PIPELINE_W = "HIRAISHIN_MMQ_PIPELINE_W"
+
+
+# HX_STAGE_W (Q4_K): each warp stages the tile's next super-block in shared memory with cp.async while it
+# multiplies the current one (mmq.cu; the same bytes in the same registers, no bit changes), where the
+# kernel's static shared memory stays within STATIC_SMEM_BYTES. Off unless HIRAISHIN_MMQ_STAGE_W=1 (A/B:
+# bench/final_session.sh STEPS=ab AB_VAR=HIRAISHIN_MMQ_STAGE_W AB_VALUES="0 1" AB_ORDERS=subblock).
+ENV_MMQ_STAGE_W = "HIRAISHIN_MMQ_STAGE_W"
+STATIC_SMEM_BYTES = 48 * 1024  # the most static __shared__ memory a CUDA block may declare
+
+
+def stage_fits(plan: SubBlockPlan, pcols: int) -> bool:
+    """Whether ``plan``'s kernel with HX_STAGE_W (two stages of 16 rows per warp, beside the per-segment partial
+    sums of ``pcols`` columns) declares at most :data:`STATIC_SMEM_BYTES` of shared memory."""
+    stages = plan.nwarps * 2 * SUBBLOCK_TILE_ROWS * BLOCK_BYTES[plan.qtype]
+    return plan.qtype == "Q4_K" and stages + plan.nseg * SUBBLOCK_TILE_ROWS * pcols * 4 <= STATIC_SMEM_BYTES
 
 
 # HX_XLAYOUT: the activations in the MMA layouts (a lane's B fragments of two q8_1 blocks in one 16-byte
@@ -152,6 +169,9 @@ def kernel_defines(plan: SubBlockPlan, max_regs: int | None | str = "default",
     regs, pre = max_regs, int(prefetch)
     threads = 32 * plan.nwarps
     min_blocks = blocks_for_register_cap(regs, threads)
+    live = live_cols(plan, pre if nt == 1 else 0)
+    pcols = 1 if plan.kernel == "onecol" else live or plan.cols_per_block
+    stage = _switch(ENV_MMQ_STAGE_W) and stage_fits(plan, pcols)
     return {
         "HX_QTYPE": GGML_TYPE_ID[plan.qtype],
         "HX_BLOCK_BYTES": BLOCK_BYTES[plan.qtype],
@@ -164,9 +184,10 @@ def kernel_defines(plan: SubBlockPlan, max_regs: int | None | str = "default",
         "HX_MIN_BLOCKS": min_blocks,
         "HX_PREFETCH_X": pre if nt == 1 else 0,
         "HX_PREFETCH_W": _prefetch_w(plan.k),
-        "HX_LIVE": live_cols(plan, pre if nt == 1 else 0),
-        "HX_PREFETCH_NEXT": _switch(ENV_MMQ_PREFETCH_NEXT),
-        "HX_PIPELINE_W": _switch(ENV_MMQ_PIPELINE_W) if plan.qtype == "Q4_K" else 0,
+        "HX_LIVE": live,
+        "HX_PREFETCH_NEXT": 0 if stage else _switch(ENV_MMQ_PREFETCH_NEXT),
+        "HX_PIPELINE_W": _switch(ENV_MMQ_PIPELINE_W) if plan.qtype == "Q4_K" and not stage else 0,
+        "HX_STAGE_W": int(stage),
         "HX_XLAYOUT": xlayout_enabled(),
         "HX_CGROUPS": plan.interleave,
     }

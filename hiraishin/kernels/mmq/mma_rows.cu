@@ -38,6 +38,15 @@ __device__ __forceinline__ void hx_mma_k16(int c[4], int a0, int a1, int b0) {
         : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
         : "r"(a0), "r"(a1), "r"(b0), "r"(0), "r"(0), "r"(0), "r"(0));
 }
+// cp.async (sm_80+): 16 bytes global -> shared without passing through registers; a commit closes a group,
+// wait<N> waits until at most N groups of this thread are in flight.
+__device__ __forceinline__ void hx_cp_async16(void* smem, const void* gmem) {
+    const unsigned int s = (unsigned int)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void hx_cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void hx_cp_async_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory"); }
 #endif
 
 __device__ __forceinline__ int hx_ld32(const unsigned char* p) { return *(const int*)p; }

@@ -85,6 +85,18 @@
 #error "HX_PIPELINE_W: Q4_K rows only"
 #endif
 
+// HX_STAGE_W (0/1; Q4_K, static shared memory within 48 KB: launch.py stage_fits): each warp copies the tile's
+// 16 rows of the super-block it multiplies next into its own shared-memory stage with cp.async (no register
+// holds them in flight) while it multiplies the current one from the other stage, and the first copy is
+// issued before the wait on the previous kernel (weights are never written). The same bytes reach the same
+// registers: no float operation changes.
+#ifndef HX_STAGE_W
+#define HX_STAGE_W 0
+#endif
+#if HX_STAGE_W && (HX_QTYPE != 12 || HX_PIPELINE_W || HX_PREFETCH_NEXT)
+#error "HX_STAGE_W: Q4_K rows, without HX_PIPELINE_W and HX_PREFETCH_NEXT"
+#endif
+
 // mma.sync helpers and the weight-row loads: mma_rows.cu (compiled before this file; HX_XLAYOUT there).
 
 // Byte offsets, in a column's activations, of block jj (0..7) of super-block i: its ds word, and its
@@ -145,6 +157,23 @@ __device__ __forceinline__ void hx_mmq_tile(const unsigned char* __restrict__ w,
     }
 #endif
 
+#if HX_STAGE_W
+    __shared__ __align__(16) unsigned char stage[HX_NWARPS][2][HX_TILE_ROWS * HX_BLOCK_BYTES];
+    // copy super-block i of the tile's rows (clamped to the last, as hx_mma_pointers) into stage b of this warp
+    const auto stage_issue = [&](const int i, const int b) {
+        constexpr int CHUNKS = HX_BLOCK_BYTES / 16;  // 9 per Q4_K row
+        const size_t row_bytes = (size_t)HX_NB * HX_BLOCK_BYTES;
+        for (int c = lane; c < HX_TILE_ROWS * CHUNKS; c += 32) {
+            const int r = c / CHUNKS, q = c % CHUNKS;
+            hx_cp_async16(stage[warp][b] + r * HX_BLOCK_BYTES + 16 * q,
+                          w + (size_t)min(row0 + r, nrows - 1) * row_bytes + (size_t)i * HX_BLOCK_BYTES + 16 * q);
+        }
+        hx_cp_async_commit();
+    };
+    int stage_b = 0;
+    if (warp < HX_NSEG) stage_issue(warp * HX_NB / HX_NSEG, 0);
+    HX_PDL_ENTRY();  // (hx_mmq and hx_mmq_multi leave it here: the first copy goes before it)
+#endif
 #if HX_PIPELINE_W
     hx_row_raw nA, nB;  // the next super-block's bytes, in flight
     if (warp < HX_NSEG) {
@@ -225,6 +254,23 @@ __device__ __forceinline__ void hx_mmq_tile(const unsigned char* __restrict__ w,
                     hx_fetch_row(wA + (size_t)nxt * HX_BLOCK_BYTES, t, nA);
                     hx_fetch_row(wB + (size_t)nxt * HX_BLOCK_BYTES, t, nB);
                 }
+            }
+#elif HX_STAGE_W
+            {
+                const int s2 = s + HX_NWARPS;
+                const int nxt = i + 1 < sb1 ? i + 1 : (s2 < HX_NSEG ? s2 * HX_NB / HX_NSEG : -1);
+                if (nxt >= 0) {  // uniform per warp: the next copy in flight, this one landed
+                    stage_issue(nxt, stage_b ^ 1);
+                    hx_cp_async_wait<1>();
+                } else {
+                    hx_cp_async_wait<0>();
+                }
+                __syncwarp();  // every lane's copies of this stage are visible to the warp
+                const unsigned char* st = stage[warp][stage_b];
+                hx_load_row(st + g * HX_BLOCK_BYTES, t, rA);
+                hx_load_row(st + (g + 8) * HX_BLOCK_BYTES, t, rB);
+                __syncwarp();  // read by every lane before the next super-block's copy refills it
+                stage_b ^= 1;
             }
 #else
             hx_load_row(wA + (size_t)i * HX_BLOCK_BYTES, t, rA);
@@ -359,7 +405,7 @@ hx_mmq(const unsigned char* __restrict__ w, const unsigned char* __restrict__ xq
     const int row0 = (int)(blockIdx.x / HX_CGROUPS) * HX_TILE_ROWS;
     const int col0 = hx_col0();
     if (HX_PREFETCH_W && col0 == 0) hx_prefetch_tile(w, nrows, row0);
-    HX_PDL_ENTRY();
+    if (!HX_STAGE_W) HX_PDL_ENTRY();  // (HX_STAGE_W: in hx_mmq_tile, after the first weight copy)
     hx_mmq_tile(w, xq, out, nrows, ncols, out_stride, row0, col0);
 }
 
@@ -376,6 +422,6 @@ hx_mmq_multi(const unsigned char* __restrict__ xq, const int ncols,
                                                 ntile1, w2, out2, nrows2);
     const int col0 = hx_col0();
     if (HX_PREFETCH_W && col0 == 0) hx_prefetch_tile(p.w, p.nrows, p.index * HX_TILE_ROWS);
-    HX_PDL_ENTRY();
+    if (!HX_STAGE_W) HX_PDL_ENTRY();  // (HX_STAGE_W: in hx_mmq_tile, after the first weight copy)
     hx_mmq_tile(p.w, xq, p.out, p.nrows, ncols, p.nrows, p.index * HX_TILE_ROWS, col0);
 }
