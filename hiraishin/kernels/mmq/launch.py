@@ -30,6 +30,7 @@ __all__ = [
     "ENV_MMQ_PIPELINE_W",
     "ENV_MMQ_PREFETCH_NEXT",
     "ENV_MMQ_STAGE_W",
+    "ENV_MMQ_NT_OUTER",
     "MMQ_LIVE_COLS",
     "MMQ_MULTI",
     "MMQMultiLaunch",
@@ -107,6 +108,12 @@ def stage_fits(plan: SubBlockPlan, pcols: int) -> bool:
     sums of ``pcols`` columns) declares at most :data:`STATIC_SMEM_BYTES` of shared memory."""
     stages = plan.nwarps * 2 * SUBBLOCK_TILE_ROWS * BLOCK_BYTES[plan.qtype]
     return plan.qtype == "Q4_K" and stages + plan.nseg * SUBBLOCK_TILE_ROWS * pcols * 4 <= STATIC_SMEM_BYTES
+
+
+# HX_NT_OUTER (two n-tiles, 9..16 columns per CUDA block): a super-block's q8_1 blocks walked once per n-tile
+# so that one n-tile's activation words are live at a time (mmq.cu; no bit changes). Off unless
+# HIRAISHIN_MMQ_NT_OUTER=1 (A/B: STEPS=ab AB_VAR=HIRAISHIN_MMQ_NT_OUTER AB_VALUES="0 1" AB_ORDERS=subblock).
+ENV_MMQ_NT_OUTER = "HIRAISHIN_MMQ_NT_OUTER"
 
 
 # HX_XLAYOUT: the activations in the MMA layouts (a lane's B fragments of two q8_1 blocks in one 16-byte
@@ -188,6 +195,7 @@ def kernel_defines(plan: SubBlockPlan, max_regs: int | None | str = "default",
         "HX_PREFETCH_NEXT": 0 if stage else _switch(ENV_MMQ_PREFETCH_NEXT),
         "HX_PIPELINE_W": _switch(ENV_MMQ_PIPELINE_W) if plan.qtype == "Q4_K" and not stage else 0,
         "HX_STAGE_W": int(stage),
+        "HX_NT_OUTER": _switch(ENV_MMQ_NT_OUTER) if nt > 1 else 0,
         "HX_XLAYOUT": xlayout_enabled(),
         "HX_CGROUPS": plan.interleave,
     }
