@@ -171,8 +171,7 @@ SHIM_CASES = [("Q4_K", 1024, 19, (1, 3, 9), 0, 4, 0), ("Q4_K", 5120, 17, (1, 2),
 SWITCHES = {"default": {}, "llama-layout": {"HIRAISHIN_MMQ_XLAYOUT": "0"}, "live-on": {"HIRAISHIN_MMQ_LIVE": "1"},
             "prefetch-next": {"HIRAISHIN_MMQ_PREFETCH_NEXT": "1"},  # (the L2 hint is a no-op in the shim)
             "pipeline-w": {"HIRAISHIN_MMQ_PIPELINE_W": "1"},  # (Q4_K cases; Q6_K ones run without it)
-            "stage-w": {"HIRAISHIN_MMQ_STAGE_W": "1"},  # (Q4_K cases; cp.async a plain copy in the shim)
-            "nt-outer": {"HIRAISHIN_MMQ_NT_OUTER": "1"}}  # (the two-n-tile launches: widths 9..16)
+            "stage-w": {"HIRAISHIN_MMQ_STAGE_W": "1"}}  # (Q4_K cases; cp.async a plain copy in the shim)
 
 
 @pytest.mark.parametrize("switch", list(SWITCHES))

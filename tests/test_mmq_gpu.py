@@ -150,42 +150,6 @@ def test_pipelined_weight_loads_change_no_bit(cp, k, n, nwarps, monkeypatch):
         assert int(lw.kernel.local_size_bytes) == 0, (k, wd, plan.nwarps)
 
 
-@pytest.mark.parametrize("qtype,k,n,nwarps", [("Q4_K", 5120, 333, 8), ("Q4_K", 4096, 50, 4), ("Q6_K", 768, 45, 3),
-                                              ("Q6_K", 12288, 77, 8)])
-def test_n_tile_outer_loop_changes_no_bit(cp, qtype, k, n, nwarps, monkeypatch):
-    """HX_NT_OUTER (HIRAISHIN_MMQ_NT_OUTER=1): the two n-tiles of 9..16 columns walked one after the other per
-    super-block changes no bit, in single and multi launches; no register spills."""
-    import dataclasses
-
-    from hiraishin.kernels import quantize
-    from hiraishin.kernels.mmq import emulate
-    from hiraishin.kernels.mmq.launch import ENV_MMQ_NT_OUTER, MMQLaunch, MMQMultiLaunch, kernel_defines
-    from hiraishin.plans.subblock import subblock_plan
-    from hiraishin.quant import random_blocks
-
-    monkeypatch.setenv(ENV_MMQ_NT_OUTER, "1")
-    w = random_blocks(qtype, n, k, seed=9)
-    xq = quantize.emulate(np.random.default_rng(10).standard_normal((16, k)).astype(np.float32))
-    ref = emulate(w, qtype, xq, subblock_plan(1, qtype, k))
-    w_d, xq_d = cp.asarray(w), cp.asarray(xq)
-    for wd in (9, 12, 16):
-        base = subblock_plan(wd, qtype, k)
-        plan = dataclasses.replace(base, nwarps=min(nwarps, base.nseg))
-        assert kernel_defines(plan)["HX_NT_OUTER"] == 1
-        for cap in (80, 96, None):
-            lw = MMQLaunch(n, plan, max_regs=cap)
-            out = cp.full((wd, n), cp.nan, dtype=cp.float32)
-            lw(w_d, as_layout(xq_d[:wd], lw.layout), out)
-            np.testing.assert_array_equal(cp.asnumpy(out).view(np.uint32), ref[:wd].view(np.uint32),
-                                          err_msg=f"{qtype} K={k} width={wd} nwarps={plan.nwarps} cap={cap}")
-            assert int(lw.kernel.local_size_bytes) == 0, (qtype, k, wd, plan.nwarps, cap)
-        multi = MMQMultiLaunch((n, 19), plan)
-        got = multi([w_d, w_d[:19]], as_layout(xq_d[:wd], multi.layout),
-                    [cp.full((wd, n), cp.nan, cp.float32), cp.full((wd, 19), cp.nan, cp.float32)])
-        np.testing.assert_array_equal(cp.asnumpy(got[0]).view(np.uint32), ref[:wd].view(np.uint32))
-        np.testing.assert_array_equal(cp.asnumpy(got[1]).view(np.uint32), ref[:wd, :19].view(np.uint32))
-
-
 @pytest.mark.parametrize("k,n,nwarps", [(5120, 333, 8), (4096, 50, 4), (1024, 77, 2), (12288, 40, 4)])
 def test_staged_weight_loads_change_no_bit(cp, k, n, nwarps, monkeypatch):
     """HX_STAGE_W (HIRAISHIN_MMQ_STAGE_W=1, Q4_K): each warp's next super-block copied into shared memory with

@@ -30,7 +30,6 @@ __all__ = [
     "ENV_MMQ_PIPELINE_W",
     "ENV_MMQ_PREFETCH_NEXT",
     "ENV_MMQ_STAGE_W",
-    "ENV_MMQ_NT_OUTER",
     "MMQ_LIVE_COLS",
     "MMQ_MULTI",
     "MMQMultiLaunch",
@@ -97,8 +96,10 @@ ENV_MMQ_PIPELINE_W = "HIRAISHIN_MMQ_PIPELINE_W"
 
 # HX_STAGE_W (Q4_K): each warp stages the tile's next super-block in shared memory with cp.async while it
 # multiplies the current one (mmq.cu; the same bytes in the same registers, no bit changes), where the
-# kernel's static shared memory stays within STATIC_SMEM_BYTES. Off unless HIRAISHIN_MMQ_STAGE_W=1 (A/B:
-# bench/final_session.sh STEPS=ab AB_VAR=HIRAISHIN_MMQ_STAGE_W AB_VALUES="0 1" AB_ORDERS=subblock).
+# kernel's static shared memory stays within STATIC_SMEM_BYTES. Off unless HIRAISHIN_MMQ_STAGE_W=1. H200, SUBBLOCK
+# replays, same digests (bench/results/2026-12-03-h200-session10/b-lazy-scales-stage-w): the 0.6B shape faster
+# (0.833 -> 0.817 ms one token, 1.023 -> 1.002 at 9, 1.162 -> 1.122 at 16), the 8B slower at one token (2.750 ->
+# 2.814; 3 tokens 3.119 -> 3.132, 9 and 16 unchanged: its two-n-tile launches do not fit the shared memory).
 ENV_MMQ_STAGE_W = "HIRAISHIN_MMQ_STAGE_W"
 STATIC_SMEM_BYTES = 48 * 1024  # the most static __shared__ memory a CUDA block may declare
 
@@ -108,12 +109,6 @@ def stage_fits(plan: SubBlockPlan, pcols: int) -> bool:
     sums of ``pcols`` columns) declares at most :data:`STATIC_SMEM_BYTES` of shared memory."""
     stages = plan.nwarps * 2 * SUBBLOCK_TILE_ROWS * BLOCK_BYTES[plan.qtype]
     return plan.qtype == "Q4_K" and stages + plan.nseg * SUBBLOCK_TILE_ROWS * pcols * 4 <= STATIC_SMEM_BYTES
-
-
-# HX_NT_OUTER (two n-tiles, 9..16 columns per CUDA block): a super-block's q8_1 blocks walked once per n-tile
-# so that one n-tile's activation words are live at a time (mmq.cu; no bit changes). Off unless
-# HIRAISHIN_MMQ_NT_OUTER=1 (A/B: STEPS=ab AB_VAR=HIRAISHIN_MMQ_NT_OUTER AB_VALUES="0 1" AB_ORDERS=subblock).
-ENV_MMQ_NT_OUTER = "HIRAISHIN_MMQ_NT_OUTER"
 
 
 # HX_XLAYOUT: the activations in the MMA layouts (a lane's B fragments of two q8_1 blocks in one 16-byte
@@ -195,7 +190,6 @@ def kernel_defines(plan: SubBlockPlan, max_regs: int | None | str = "default",
         "HX_PREFETCH_NEXT": 0 if stage else _switch(ENV_MMQ_PREFETCH_NEXT),
         "HX_PIPELINE_W": _switch(ENV_MMQ_PIPELINE_W) if plan.qtype == "Q4_K" and not stage else 0,
         "HX_STAGE_W": int(stage),
-        "HX_NT_OUTER": _switch(ENV_MMQ_NT_OUTER) if nt > 1 else 0,
         "HX_XLAYOUT": xlayout_enabled(),
         "HX_CGROUPS": plan.interleave,
     }

@@ -71,8 +71,10 @@ struct hx_row_sb {
 };
 
 // Sub-block jj's d*sc and dmin*m (exact products; HX_Q4_SCALE_FP16: rounded to fp16), made where they are
-// used rather than all eight at once when the row is loaded: the same float operations, 12 live registers
-// per row instead of 16 decoded floats (the several-column launches were register bound).
+// used rather than all eight at once when the row is loaded: the same float operations, 4 packed words per
+// row instead of 16 decoded floats. H200 SUBBLOCK replays, same digests (bench/results/2026-12-03-h200-
+// session10/b-lazy-scales-stage-w): the 8B 2.766 -> 2.745 ms one token, 3.12 / 4.35 / 5.08 unchanged at 3 / 9
+// / 16 tokens (the two-n-tile launches still take 128 registers); the 0.6B 0.810 -> 0.831 one token.
 __device__ __forceinline__ float hx_q4_ws(const hx_row_sb& r, const int jj) {
     return HX_Q4_SCALE(__fmul_rn(r.d, (float)((r.sc[jj >> 2] >> (8 * (jj & 3))) & 0xFF)));
 }

@@ -97,14 +97,6 @@
 #error "HX_STAGE_W: Q4_K rows, without HX_PIPELINE_W and HX_PREFETCH_NEXT"
 #endif
 
-// HX_NT_OUTER (0/1; two n-tiles): a super-block's eight q8_1 blocks are walked once per n-tile (n-tile
-// outermost) instead of each block's n-tiles together, so only one n-tile's activation words are live at a
-// time (the weight fragments and scale products are made again per n-tile). Each accumulator still takes
-// its blocks in k order: no float operation changes.
-#ifndef HX_NT_OUTER
-#define HX_NT_OUTER 0
-#endif
-
 // mma.sync helpers and the weight-row loads: mma_rows.cu (compiled before this file; HX_XLAYOUT there).
 
 // Byte offsets, in a column's activations, of block jj (0..7) of super-block i: its ds word, and its
@@ -285,8 +277,6 @@ __device__ __forceinline__ void hx_mmq_tile(const unsigned char* __restrict__ w,
             hx_load_row(wB + (size_t)i * HX_BLOCK_BYTES, t, rB);
 #endif
 #pragma unroll
-            for (int nt_o = 0; nt_o < (HX_NT_OUTER ? HX_NT : 1); ++nt_o)
-#pragma unroll
             for (int jj = 0; jj < 8; ++jj) {   // q8_1 block 8i + jj, in k order
 #if HX_QTYPE == 12
                 const int jp = jj >> 1, sh = 4 * (jj & 1);
@@ -305,7 +295,7 @@ __device__ __forceinline__ void hx_mmq_tile(const unsigned char* __restrict__ w,
                 const int scB0 = hx_sbyte(rB.sc[si >> 2], si & 3), scB1 = hx_sbyte(rB.sc[si >> 2], (si & 3) + 1);
 #endif
 #pragma unroll
-                for (int nt = HX_NT_OUTER ? nt_o : 0; nt < (HX_NT_OUTER ? nt_o + 1 : HX_NT); ++nt) {
+                for (int nt = 0; nt < HX_NT; ++nt) {
 #if HX_PREFETCH_X
                     const int b0 = bxp[jj][0], b1 = bxp[jj][1];
 #elif HX_XLAYOUT
