@@ -121,33 +121,52 @@ def test_launch_variants_change_no_bit(cp, qtype, k, n, xlayout, monkeypatch):
                                                           f"live={live}")
 
 
-@pytest.mark.parametrize("k,n,nwarps", [(5120, 333, 8), (4096, 50, 4), (12288, 77, 16)])
-def test_pipelined_weight_loads_change_no_bit(cp, k, n, nwarps, monkeypatch):
-    """HX_PIPELINE_W (HIRAISHIN_MMQ_PIPELINE_W=1, Q4_K): the next super-block's loads issued early, across
-    segments too (K=5120 at 8 warps: uneven segments, two per warp), change no bit at any width."""
+def _q4_k_switch_keeps_bits(cp, monkeypatch, env: str, define: str, k: int, n: int, nwarps: int, widths,
+                            seed: int, multi: bool) -> int:
+    """Q4_K launches of ``widths`` columns with the opt-in switch ``env`` set equal the emulator (and, ``multi``,
+    in an hx_mmq_multi launch of two weights); no spills. Returns how many of them compiled ``define`` in."""
     import dataclasses
 
     from hiraishin.kernels import quantize
     from hiraishin.kernels.mmq import emulate
-    from hiraishin.kernels.mmq.launch import ENV_MMQ_PIPELINE_W, MMQLaunch, kernel_defines
+    from hiraishin.kernels.mmq.launch import MMQLaunch, MMQMultiLaunch, kernel_defines
     from hiraishin.plans.subblock import subblock_plan
     from hiraishin.quant import random_blocks
 
-    monkeypatch.setenv(ENV_MMQ_PIPELINE_W, "1")
-    w = random_blocks("Q4_K", n, k, seed=5)
-    xq = quantize.emulate(np.random.default_rng(6).standard_normal((16, k)).astype(np.float32))
+    monkeypatch.setenv(env, "1")
+    w = random_blocks("Q4_K", n, k, seed=seed)
+    xq = quantize.emulate(np.random.default_rng(seed + 1).standard_normal((16, k)).astype(np.float32))
     ref = emulate(w, "Q4_K", xq, subblock_plan(1, "Q4_K", k))
     w_d, xq_d = cp.asarray(w), cp.asarray(xq)
-    for wd in (1, 2, 3, 5, 9, 16):
+    switched = 0
+    for wd in widths:
         base = subblock_plan(wd, "Q4_K", k)
         plan = dataclasses.replace(base, nwarps=min(nwarps, base.nseg))
-        assert kernel_defines(plan)["HX_PIPELINE_W"] == 1
+        switched += kernel_defines(plan)[define]
         lw = MMQLaunch(n, plan)
         out = cp.full((wd, n), cp.nan, dtype=cp.float32)
         lw(w_d, as_layout(xq_d[:wd], lw.layout), out)
         np.testing.assert_array_equal(cp.asnumpy(out).view(np.uint32), ref[:wd].view(np.uint32),
-                                      err_msg=f"K={k} width={wd} nwarps={plan.nwarps}")
+                                      err_msg=f"{define} K={k} width={wd} nwarps={plan.nwarps}")
         assert int(lw.kernel.local_size_bytes) == 0, (k, wd, plan.nwarps)
+        if multi:
+            ml = MMQMultiLaunch((n, 19), plan)
+            got = ml([w_d, w_d[:19]], as_layout(xq_d[:wd], ml.layout),
+                     [cp.full((wd, n), cp.nan, cp.float32), cp.full((wd, 19), cp.nan, cp.float32)])
+            np.testing.assert_array_equal(cp.asnumpy(got[0]).view(np.uint32), ref[:wd].view(np.uint32))
+            np.testing.assert_array_equal(cp.asnumpy(got[1]).view(np.uint32), ref[:wd, :19].view(np.uint32))
+    return switched
+
+
+@pytest.mark.parametrize("k,n,nwarps", [(5120, 333, 8), (4096, 50, 4), (12288, 77, 16)])
+def test_pipelined_weight_loads_change_no_bit(cp, k, n, nwarps, monkeypatch):
+    """HX_PIPELINE_W (HIRAISHIN_MMQ_PIPELINE_W=1, Q4_K): the next super-block's loads issued early, across
+    segments too (K=5120 at 8 warps: uneven segments, two per warp), change no bit at any width."""
+    from hiraishin.kernels.mmq.launch import ENV_MMQ_PIPELINE_W
+
+    widths = (1, 2, 3, 5, 9, 16)
+    assert _q4_k_switch_keeps_bits(cp, monkeypatch, ENV_MMQ_PIPELINE_W, "HX_PIPELINE_W", k, n, nwarps, widths,
+                                   seed=5, multi=False) == len(widths)
 
 
 @pytest.mark.parametrize("k,n,nwarps", [(5120, 333, 8), (4096, 50, 4), (1024, 77, 2), (12288, 40, 4)])
@@ -155,35 +174,10 @@ def test_staged_weight_loads_change_no_bit(cp, k, n, nwarps, monkeypatch):
     """HX_STAGE_W (HIRAISHIN_MMQ_STAGE_W=1, Q4_K): each warp's next super-block copied into shared memory with
     cp.async, the first before the PDL wait, across segments (K=5120 at 8 warps: uneven segments), changes no
     bit at any width where its shared memory fits (launch.py stage_fits), in single and multi launches."""
-    import dataclasses
+    from hiraishin.kernels.mmq.launch import ENV_MMQ_STAGE_W
 
-    from hiraishin.kernels import quantize
-    from hiraishin.kernels.mmq import emulate
-    from hiraishin.kernels.mmq.launch import ENV_MMQ_STAGE_W, MMQLaunch, MMQMultiLaunch, kernel_defines
-    from hiraishin.plans.subblock import subblock_plan
-    from hiraishin.quant import random_blocks
-
-    monkeypatch.setenv(ENV_MMQ_STAGE_W, "1")
-    w = random_blocks("Q4_K", n, k, seed=7)
-    xq = quantize.emulate(np.random.default_rng(8).standard_normal((16, k)).astype(np.float32))
-    ref = emulate(w, "Q4_K", xq, subblock_plan(1, "Q4_K", k))
-    w_d, xq_d = cp.asarray(w), cp.asarray(xq)
-    staged = 0
-    for wd in (1, 2, 3, 5, 8, 9, 16):
-        base = subblock_plan(wd, "Q4_K", k)
-        plan = dataclasses.replace(base, nwarps=min(nwarps, base.nseg))
-        staged += kernel_defines(plan)["HX_STAGE_W"]
-        lw = MMQLaunch(n, plan)
-        out = cp.full((wd, n), cp.nan, dtype=cp.float32)
-        lw(w_d, as_layout(xq_d[:wd], lw.layout), out)
-        np.testing.assert_array_equal(cp.asnumpy(out).view(np.uint32), ref[:wd].view(np.uint32),
-                                      err_msg=f"K={k} width={wd} nwarps={plan.nwarps}")
-        assert int(lw.kernel.local_size_bytes) == 0, (k, wd, plan.nwarps)
-        multi = MMQMultiLaunch((n, 19), plan)
-        got = multi([w_d, w_d[:19]], as_layout(xq_d[:wd], multi.layout),
-                    [cp.full((wd, n), cp.nan, cp.float32), cp.full((wd, 19), cp.nan, cp.float32)])
-        np.testing.assert_array_equal(cp.asnumpy(got[0]).view(np.uint32), ref[:wd].view(np.uint32))
-        np.testing.assert_array_equal(cp.asnumpy(got[1]).view(np.uint32), ref[:wd, :19].view(np.uint32))
+    staged = _q4_k_switch_keeps_bits(cp, monkeypatch, ENV_MMQ_STAGE_W, "HX_STAGE_W", k, n, nwarps,
+                                     (1, 2, 3, 5, 8, 9, 16), seed=7, multi=True)
     assert staged >= 5, "HX_STAGE_W never compiled in"
 
 
