@@ -246,18 +246,15 @@ def subblock_plan(ncols: int, qtype: str, k: int, device=None, n: int | None = N
     kernel = "onecol" if ncols == 1 else "mma"
     nwarps = SUBBLOCK_NWARPS[(kernel, qtype, n is None or n <= SUBBLOCK_FEW_ROWS)]
     tuned, interleave = {}, 1
-    if kernel == "mma" and ncols <= SUBBLOCK_NTILE_COLS:
+    if kernel == "mma" and ncols <= SUBBLOCK_MAX_COLS_PER_BLOCK:  # verify widths: the tuning tables
         tuned = SUBBLOCK_MMA_TUNING.get(tuning_key(qtype, n, k, ncols), {})
-        # the A/B switch wins over the table (its warps with the table's cap would be a third setting)
-        forced = _mma_few_cols_nwarps()
+        # the A/B switch of 2..8 columns wins over the table (its warps with the table's cap would be a third setting)
+        forced = _mma_few_cols_nwarps() if ncols <= SUBBLOCK_NTILE_COLS else None
         if forced:
             nwarps, tuned = forced, {}
         else:
             nwarps = tuned.get("nwarps", nwarps)
-    elif kernel == "mma" and ncols <= SUBBLOCK_MAX_COLS_PER_BLOCK:
-        tuned = SUBBLOCK_MMA_TUNING.get(tuning_key(qtype, n, k, ncols), {})
-        nwarps = tuned.get("nwarps", nwarps)
-        cols = tuned.get("cols_per_block", cols)
+        cols = tuned.get("cols_per_block", cols)  # ("/wide" entries only)
         interleave = -(-ncols // cols)
     return SubBlockPlan(qtype=qtype, ncols=ncols, k=k, nseg=nseg, kernel=kernel,
                         tile_rows=SUBBLOCK_TILE_ROWS, cols_per_block=cols, nwarps=min(nseg, nwarps),

@@ -127,6 +127,13 @@ __device__ __forceinline__ void hx_prefetch_tile(const unsigned char* w, const i
     hx_prefetch_lines(w + row0 * row_bytes, rows * row_bytes, threadIdx.x, blockDim.x);
 }
 
+// The super-block a warp multiplies after super-block i of its segment s (ending at sb1): the next one of
+// the segment, else the first of its next segment, else -1 (HX_PREFETCH_NEXT, HX_PIPELINE_W, HX_STAGE_W).
+__device__ __forceinline__ int hx_next_sb(const int s, const int i, const int sb1) {
+    const int s2 = s + HX_NWARPS;
+    return i + 1 < sb1 ? i + 1 : (s2 < HX_NSEG ? s2 * HX_NB / HX_NSEG : -1);
+}
+
 // The CUDA block's column group (launch.py launch_grid): its first column.
 __device__ __forceinline__ int hx_col0() {
     return ((int)blockIdx.y * HX_CGROUPS + (int)blockIdx.x % HX_CGROUPS) * HX_COLS;
@@ -193,8 +200,7 @@ __device__ __forceinline__ void hx_mmq_tile(const unsigned char* __restrict__ w,
         for (int i = sb0; i < sb1; ++i) {
 #if HX_PREFETCH_NEXT
             {
-                const int s2 = s + HX_NWARPS;
-                const int nxt = i + 1 < sb1 ? i + 1 : (s2 < HX_NSEG ? s2 * HX_NB / HX_NSEG : -1);
+                const int nxt = hx_next_sb(s, i, sb1);
                 if (nxt >= 0) {  // uniform per warp; lines of bytes 0, 128 and the last of each row's block
                     const size_t row_bytes = (size_t)HX_NB * HX_BLOCK_BYTES;
                     for (int j = lane; j < 3 * HX_TILE_ROWS; j += 32) {
@@ -248,8 +254,7 @@ __device__ __forceinline__ void hx_mmq_tile(const unsigned char* __restrict__ w,
             hx_decode_row(nA, rA);
             hx_decode_row(nB, rB);
             {   // every segment has a super-block (NSEG <= NB), so each one's first was fetched ahead
-                const int s2 = s + HX_NWARPS;
-                const int nxt = i + 1 < sb1 ? i + 1 : (s2 < HX_NSEG ? s2 * HX_NB / HX_NSEG : -1);
+                const int nxt = hx_next_sb(s, i, sb1);
                 if (nxt >= 0) {  // uniform per warp
                     hx_fetch_row(wA + (size_t)nxt * HX_BLOCK_BYTES, t, nA);
                     hx_fetch_row(wB + (size_t)nxt * HX_BLOCK_BYTES, t, nB);
@@ -257,8 +262,7 @@ __device__ __forceinline__ void hx_mmq_tile(const unsigned char* __restrict__ w,
             }
 #elif HX_STAGE_W
             {
-                const int s2 = s + HX_NWARPS;
-                const int nxt = i + 1 < sb1 ? i + 1 : (s2 < HX_NSEG ? s2 * HX_NB / HX_NSEG : -1);
+                const int nxt = hx_next_sb(s, i, sb1);
                 if (nxt >= 0) {  // uniform per warp: the next copy in flight, this one landed
                     stage_issue(nxt, stage_b ^ 1);
                     hx_cp_async_wait<1>();
