@@ -5,7 +5,8 @@
 For each Qwen3-8B mat-vec shape (both ffn_down and attn_v types) and every launch the order allows at
 ``--widths`` (all of 2..8 columns, or all of 9..16: the "/wide" entries) (warps per CUDA block 4 / 8 / 16,
 register caps 64 / 80 / 96 / 128, the activation prefetch on or off; at 9..16 columns also one two-tile
-CUDA block per row tile or two one-tile blocks side by side, ``cols_per_block`` 16 or 8; session 8 also
+CUDA block per row tile, two one-tile blocks side by side (``cols_per_block`` 8) or one block whose warps
+split over two one-tile column groups (``warp_split`` 2); session 8 also
 swept HX_LIVE here, at 1f3f1d9: it never won), the
 bits of every width are compared with the Numba emulator (a fixed subset of rows), then the launch
 is timed as ``bench/bench_mmq.py`` times it (CUDA events over back-to-back launches, weights rotated
@@ -66,18 +67,22 @@ def main(argv=None) -> int:
     _, dev_name, l2, spin, cycles = timing_setup(cp)
     variants = {}  # shape label -> [(nwarps, cap, prefetch)]
     jobs = []
-    def variant_plan(wd, qtype, k, n, nw, cpb):
-        """The library's plan of ``wd`` columns with ``nw`` warps and ``cpb`` columns per CUDA block."""
+    def variant_plan(wd, qtype, k, n, nw, cpb, split):
+        """The library's plan of ``wd`` columns with ``nw`` warps, ``cpb`` columns per CUDA block and its warps
+        split over ``split`` column groups."""
         p = dataclasses.replace(subblock_plan(wd, qtype, k, n=n), nwarps=nw)
-        return dataclasses.replace(p, cols_per_block=cpb, interleave=-(-wd // cpb)) if wide else p
+        return dataclasses.replace(p, cols_per_block=cpb, interleave=-(-wd // cpb), warp_split=split) if wide else p
 
+    # (columns per CUDA block, warp split): 2..8 columns one n-tile; 9..16 two n-tiles in one warp, two blocks
+    # of one n-tile side by side, or two warps of one n-tile each per K-segment
+    layouts = ((16, 1), (8, 1), (16, 2)) if wide else ((8, 1),)
     for label, qtype, k, n in shapes:
         base = subblock_plan(widths[0], qtype, k, n=n)
-        vs = [(nw, cap, pre, cpb) for nw in NWARPS if nw <= base.nseg for cap in CAPS
-              for cpb in ((16, 8) if wide else (8,)) for pre in ((0, 1) if cpb == 8 else (0,))]
+        vs = [(nw, cap, pre, cpb, split) for cpb, split in layouts for nw in NWARPS if nw <= base.nseg * split
+              and nw % split == 0 for cap in CAPS for pre in ((0, 1) if cpb // split == 8 else (0,))]
         variants[label] = vs
-        jobs += [(SOURCE, kernel_defines(variant_plan(wd, qtype, k, n, nw, cpb), cap, pre))
-                 for nw, cap, pre, cpb in vs for wd in sorted({widths[0], widths[-1]})]
+        jobs += [(SOURCE, kernel_defines(variant_plan(wd, qtype, k, n, nw, cpb, split), cap, pre))
+                 for nw, cap, pre, cpb, split in vs for wd in sorted({widths[0], widths[-1]})]
     print(f"device {dev_name}; compiling {len(jobs)} variants", flush=True)
     precompile(jobs)
 
@@ -112,22 +117,22 @@ def main(argv=None) -> int:
               f"{int(lw.kernel.num_regs)} regs: "
               + " ".join(f"{wd}:{t:.1f}" for wd, t in per_lib.items()) + " us", flush=True)
         best = None
-        for nw, cap, pre, cpb in variants[label]:
-            t, per, eq, lw = timed(lambda wd: MMQLaunch(n, variant_plan(wd, qtype, k, n, nw, cpb), max_regs=cap,
-                                                        prefetch=pre))
+        for nw, cap, pre, cpb, split in variants[label]:
+            t, per, eq, lw = timed(lambda wd: MMQLaunch(n, variant_plan(wd, qtype, k, n, nw, cpb, split),
+                                                        max_regs=cap, prefetch=pre))
             regs, spill = int(lw.kernel.num_regs), int(lw.kernel.local_size_bytes)
             rows_out.append(dict(shape=label, key=key, variant="sweep", nwarps=nw, max_regs=cap, prefetch_x=pre,
-                                 cols_per_block=cpb, num_regs=regs, spill_bytes=spill, us=per,
+                                 cols_per_block=cpb, warp_split=split, num_regs=regs, spill_bytes=spill, us=per,
                                  bits_equal_emulator=eq))
-            print(f"  {nw:2d} warps cap {cap:3d} pre {pre} cols {cpb:2d} regs {regs:3d} spill {spill}: "
+            print(f"  {nw:2d} warps cap {cap:3d} pre {pre} cols {cpb:2d} split {split} regs {regs:3d} spill {spill}: "
                   + " ".join(f"{wd}:{v:.1f}" for wd, v in per.items()) + f" us {'equal' if eq else 'DIFFER'}",
                   flush=True)
             if eq and spill == 0 and (best is None or t < best[0]):
-                best = (t, nw, cap, pre, cpb)
+                best = (t, nw, cap, pre, cpb, split)
         if best is not None and best[0] < (1 - MIN_GAIN) * t_lib and eq_lib:
             table[key] = {"nwarps": best[1], "max_regs": best[2], "prefetch_x": best[3]}
             if wide:
-                table[key]["cols_per_block"] = best[4]
+                table[key].update(cols_per_block=best[4], warp_split=best[5])
             print(f"  kept {table[key]}: {best[0]:.1f} vs {t_lib:.1f} us", flush=True)
         del ws, x, xq
         cp.get_default_memory_pool().free_all_blocks()

@@ -150,7 +150,7 @@ int main(int argc, char** argv) {
     std::vector<unsigned char> w(w0.size() + 16);
     std::memcpy(w.data() + shift, w0.data(), w0.size());
     std::vector<float> out((size_t)ncols * nrows, -12345.0f);
-    hx_launch({(unsigned)((nrows + 15) / 16 * HX_CGROUPS), (unsigned)((ncols + HX_CGROUPS * HX_COLS - 1) / (HX_CGROUPS * HX_COLS)), 1},
+    hx_launch({(unsigned)((nrows + 15) / 16 * HX_CGROUPS), (unsigned)((ncols + HX_CGROUPS * HX_BLOCK_COLS - 1) / (HX_CGROUPS * HX_BLOCK_COLS)), 1},
               {32u * HX_NWARPS, 1, 1}, 0,
               [&] { hx_mmq(w.data() + shift, x.data(), out.data(), nrows, ncols, (long long)nrows); });
     hx_write(argv[6], out.data(), out.size() * 4);
@@ -208,6 +208,8 @@ def test_mmq_source_equals_emulator_on_cpu(tmp_path, case, switch, monkeypatch):
         plans.append(plan)
         if wd > 8 and switch in ("default", "llama-layout"):  # 9..16 columns as two interleaved one-tile blocks
             plans.append(dataclasses.replace(plan, cols_per_block=8, interleave=2))
+        if wd > 8 and switch != "live-on":  # and as one block whose warps split over two one-tile column groups
+            plans.append(dataclasses.replace(plan, warp_split=2, nwarps=2 * nwarps))
     for plan in plans:
         wd = plan.ncols
         defines = dict(kernel_defines(plan, None, prefetch), HX_SHIM=1)
@@ -245,14 +247,14 @@ int main(int argc, char** argv) {
     const unsigned char* wp[3] = {w.data(), w.data() + (size_t)n[0] * row_bytes, w.data() + (size_t)(n[0] + n[1]) * row_bytes};
     std::vector<float> out((size_t)ncols * (n[0] + n[1] + n[2]), -12345.0f);
     float* op[3] = {out.data(), out.data() + (size_t)ncols * n[0], out.data() + (size_t)ncols * (n[0] + n[1])};
-    hx_launch({tiles * HX_CGROUPS, (unsigned)((ncols + HX_CGROUPS * HX_COLS - 1) / (HX_CGROUPS * HX_COLS)), 1},
+    hx_launch({tiles * HX_CGROUPS, (unsigned)((ncols + HX_CGROUPS * HX_BLOCK_COLS - 1) / (HX_CGROUPS * HX_BLOCK_COLS)), 1},
               {32u * HX_NWARPS, 1, 1}, 0,
               [&] { hx_mmq_multi(x.data(), ncols, wp[0], op[0], n[0], nt[0], wp[1], op[1], n[1], nt[1], wp[2], op[2], n[2]); });
     hx_write(argv[7], out.data(), out.size() * 4);
 }"""
 
 
-@pytest.mark.parametrize("qtype,widths", [("Q4_K", (1, 3, 12)), ("Q6_K", (2,))])
+@pytest.mark.parametrize("qtype,widths", [("Q4_K", (1, 3, 12, 16)), ("Q6_K", (2, 16))])
 def test_mmq_multi_source_equals_separate_emulators_on_cpu(tmp_path, qtype, widths):
     """Q, K and V (or gate and up) in one hx_mmq_multi launch: each weight's rows have the bits of its
     own launch (the emulator), for row counts the 16-row tile does not divide."""
@@ -275,8 +277,10 @@ def test_mmq_multi_source_equals_separate_emulators_on_cpu(tmp_path, qtype, widt
     np.concatenate(ws).tofile(tmp_path / "w.bin")
     for wd in widths:
         plan = dataclasses.replace(subblock_plan(wd, qtype, k), nwarps=2)
-        if wd > 8:  # two one-tile CUDA blocks per row tile, side by side (SubBlockPlan.interleave)
+        if 8 < wd <= 12:  # two one-tile CUDA blocks per row tile, side by side (SubBlockPlan.interleave)
             plan = dataclasses.replace(plan, cols_per_block=8, interleave=2)
+        elif wd > 12:  # one CUDA block whose warps split over two one-tile column groups
+            plan = dataclasses.replace(plan, warp_split=2)
         exe = builder.build(SOURCE, dict(kernel_defines(plan, None), HX_SHIM=1), MMQ_MULTI_MAIN, "mmq_multi")
         as_layout(xq[:wd], activation_layout(plan)).tofile(tmp_path / "x.bin")
         run(exe, tmp_path / "w.bin", tmp_path / "x.bin", *ns, wd, tmp_path / "o.bin")
@@ -347,6 +351,13 @@ def test_tuning_file_sets_launch_facts_of_the_keyed_shape_and_widths_only(tmp_pa
     assert launch_grid(3, sb.subblock_plan(16, "Q4_K", 4096, n=12288)) == (6, 1, 1)
     assert sb.subblock_plan(3, "Q4_K", 4096, n=12288).max_regs is None  # a wide key does not tune 2..8 columns
     assert sb.subblock_plan(17, "Q4_K", 4096, n=12288).interleave == 1  # nor prefill widths
+    f.write_text(json.dumps({"Q4_K/many/4096/wide": {"warp_split": 2, "nwarps": 8}}))
+    monkeypatch.setattr(sb, "SUBBLOCK_MMA_TUNING", sb._read_tuning(str(f)))
+    p = sb.subblock_plan(12, "Q4_K", 4096, n=12288)
+    assert (p.cols_per_block, p.interleave, p.warp_split, p.nwarps) == (16, 1, 2, 8)
+    d = kernel_defines(p)
+    assert (d["HX_NT"], d["HX_WSPLIT"], d["HX_CGROUPS"]) == (1, 2, 1) and "split over 2" in p.describe()
+    assert launch_grid(3, p) == (3, 1, 1)
     p16 = sb.subblock_plan(16, "Q4_K", 4096, n=4096)  # untuned: one two-tile CUDA block per row tile
     assert (p16.cols_per_block, p16.interleave) == (16, 1) and launch_grid(3, p16) == (3, 1, 1)
     assert launch_grid(3, sb.subblock_plan(40, "Q4_K", 4096)) == (3, 3, 1)
@@ -355,7 +366,9 @@ def test_tuning_file_sets_launch_facts_of_the_keyed_shape_and_widths_only(tmp_pa
                 '{"Q4_K/few/4096": {"live": 1}}',
                 '{"Q4_K/few/4096": {"nwarp": 4}}', '{"Q4_K/few/4096": {"prefetch_x": true}}',
                 '{"Q4_K/few/4096": {"cols_per_block": 8}}', '{"Q4_K/few/4096/wide": {"cols_per_block": 4}}',
-                '{"Q4_K/few/4096/tall": {"nwarps": 4}}'):
+                '{"Q4_K/few/4096/tall": {"nwarps": 4}}', '{"Q4_K/few/4096": {"warp_split": 2}}',
+                '{"Q4_K/few/4096/wide": {"warp_split": 3}}', '{"Q4_K/few/4096/wide": {"warp_split": 2, "nwarps": 5}}',
+                '{"Q4_K/few/4096/wide": {"warp_split": 2, "cols_per_block": 8}}'):
         f.write_text(bad)
         with pytest.raises(PlanError, match="tuning.json"):
             sb._read_tuning(str(f))

@@ -105,9 +105,14 @@ def test_launch_variants_change_no_bit(cp, qtype, k, n, xlayout, monkeypatch):
     ref = emulate(w, qtype, xq, subblock_plan(1, qtype, k))
     w_d, xq_d = cp.asarray(w), cp.asarray(xq)
     for wd, base in [(wd, subblock_plan(wd, qtype, k)) for wd in (1, 2, 3, 4, 9, 16, 37)] + [
-            # 9..16 columns as two one-tile CUDA blocks per row tile, side by side (SubBlockPlan.interleave)
-            (wd, dataclasses.replace(subblock_plan(wd, qtype, k), cols_per_block=8, interleave=2)) for wd in (9, 16)]:
-        for nw in sorted({base.nseg, min(8, base.nseg), min(4, base.nseg), 1}):
+            # 9..16 columns as two one-tile CUDA blocks per row tile, side by side (SubBlockPlan.interleave),
+            (wd, dataclasses.replace(subblock_plan(wd, qtype, k), cols_per_block=8, interleave=2)) for wd in (9, 16)] + [
+            # and as one CUDA block whose warps split over two one-tile column groups (SubBlockPlan.warp_split)
+            (wd, dataclasses.replace(subblock_plan(wd, qtype, k), warp_split=2)) for wd in (9, 16)]:
+        warps = {base.nseg, min(8, base.nseg), min(4, base.nseg), 1}
+        if base.warp_split > 1:  # two warps per K-segment
+            warps = {2 * nw for nw in warps if 2 * nw <= 16}
+        for nw in sorted(warps):
             for cap in (64, 96, None) if xlayout else (None,):  # (llama.cpp's layout: fewer variants to compile)
                 few = base.cols_per_block == 8 and wd > 1
                 for pre, live in ((0, 0), (1, 0), (0, 1)) if few else ((0, 0), (1, 0)) if wd == 1 else ((0, 0),):
@@ -246,16 +251,22 @@ def test_passes_with_multi_launches_equal_passes_without(tiny_model_path, monkey
         assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), f"{w} tokens"
 
 
-class _InterleaveWide(dict):
-    """A tuning table giving every launch of 9..16 columns two one-tile CUDA blocks per row tile."""
+class _WideTable(dict):
+    """A tuning table giving every launch of 9..16 columns the launch facts ``wide``."""
+
+    def __init__(self, table, wide):
+        super().__init__(table)
+        self.wide = wide
 
     def get(self, key, default=None):
-        return {"cols_per_block": 8} if key.endswith("/wide") else super().get(key, default)
+        return dict(self.wide) if key.endswith("/wide") else super().get(key, default)
 
 
-def test_passes_with_interleaved_wide_launches_equal_passes_without(tiny_model_path, monkeypatch):
+@pytest.mark.parametrize("wide", [{"cols_per_block": 8}, {"warp_split": 2}], ids=["interleave", "warp-split"])
+def test_passes_with_other_wide_launches_equal_passes_without(tiny_model_path, monkeypatch, wide):
     """9..16 columns as two one-tile CUDA blocks per row tile side by side (a "/wide" tuning entry with
-    cols_per_block 8) give the bits of the two-tile CUDA blocks, in whole SUBBLOCK passes (graphs)."""
+    cols_per_block 8), or as one CUDA block whose warps split over two one-tile column groups (warp_split 2),
+    give the bits of the two-tile CUDA blocks, in whole SUBBLOCK passes (graphs)."""
     import hiraishin.plans as plans
     import hiraishin.plans.subblock as sb
     from hiraishin import Qwen3, ReductionOrder
@@ -275,11 +286,12 @@ def test_passes_with_interleaved_wide_launches_equal_passes_without(tiny_model_p
 
     try:
         two_tiles = run()
-        monkeypatch.setattr(sb, "SUBBLOCK_MMA_TUNING", _InterleaveWide(sb.SUBBLOCK_MMA_TUNING))
-        assert sb.subblock_plan(9, "Q4_K", 256).interleave == 2
-        interleaved = run()
+        monkeypatch.setattr(sb, "SUBBLOCK_MMA_TUNING", _WideTable(sb.SUBBLOCK_MMA_TUNING, wide))
+        p = sb.subblock_plan(9, "Q4_K", 512)
+        assert (p.interleave, p.warp_split) == ((2, 1) if "cols_per_block" in wide else (1, 2))
+        other = run()
     finally:
         monkeypatch.undo()
-        plans._matvec_cached.cache_clear()  # no interleaved plan left for the next test
-    for w, a, b in zip((9, 16), two_tiles, interleaved):
+        plans._matvec_cached.cache_clear()  # no such plan left for the next test
+    for w, a, b in zip((9, 16), two_tiles, other):
         assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), f"{w} tokens"

@@ -107,12 +107,15 @@ SUBBLOCK_FEW_COLS_TUNING = {
 # Launch facts of the launches of 9..16 columns (a verify pass of k + 1 > 8 tokens) per weight shape, keyed
 # "<qtype>/<few|many>/<k>/wide": as above, plus "cols_per_block": 16 (one CUDA block per row tile, two
 # n-tiles; 9 columns do the float work of 16) or 8 (two CUDA blocks per row tile, one n-tile each, next
-# to each other along blockIdx.x so that both read the tile while it is in L2: SubBlockPlan.interleave).
+# to each other along blockIdx.x so that both read the tile while it is in L2: SubBlockPlan.interleave),
+# and "warp_split": 2 (16 columns per CUDA block, each warp one n-tile of them: two warps per K-segment
+# read the same weight rows, the second from L1, instead of one warp holding both n-tiles in registers).
 # Empty: every wide launch is the two-n-tile block of SUBBLOCK_NWARPS and launch.py's register table. H200
 # (bench/results/2026-12-03-h200-session10/a-tune-wide): the sweep at 9 and 16 columns kept two one-tile
 # blocks for the 4096-row Q4_K and Q6_K shapes (attn Q/K/V/O, isolated launches faster), but whole SUBBLOCK
 # passes of the 8B with them, same digests, were slower: 4.335 -> 4.657 ms at 9 tokens, 4.574 -> 4.867 at
-# 12, 5.055 -> 5.346 at 16 (the 0.6B unchanged). So none is kept.
+# 12, 5.055 -> 5.346 at 16 (the 0.6B unchanged). So none is kept. The warp split is written and bit-tested
+# (CPU shim; tests/test_mmq_gpu.py) but not yet timed on a GPU: STEPS=tune TUNE_SETS=9,16 sweeps it.
 SUBBLOCK_WIDE_COLS_TUNING: dict = {}
 WIDE_SUFFIX = "/wide"
 # A tuning file replacing both tables, for A/B runs of a launch sweep (bench/tune_mmq.py writes one):
@@ -138,16 +141,21 @@ def _read_tuning(path: str) -> dict:
         raise PlanError(f"${ENV_MMQ_TUNING}={path!r}: expected a JSON object, got {type(table).__name__}")
     for key, entry in table.items():
         wide = isinstance(key, str) and key.endswith(WIDE_SUFFIX)
-        fields = _TUNING_FIELDS | ({"cols_per_block"} if wide else set())
+        fields = _TUNING_FIELDS | ({"cols_per_block", "warp_split"} if wide else set())
         ok = (isinstance(entry, dict) and set(entry) <= fields
               and all(isinstance(v, int) and not isinstance(v, bool) for v in entry.values())
               and 1 <= entry.get("nwarps", 1) <= 16 and entry.get("prefetch_x", 0) in (0, 1)
               and entry.get("cols_per_block", SUBBLOCK_MAX_COLS_PER_BLOCK) in (SUBBLOCK_NTILE_COLS,
-                                                                              SUBBLOCK_MAX_COLS_PER_BLOCK))
+                                                                              SUBBLOCK_MAX_COLS_PER_BLOCK)
+              # two warps per K-segment: 16 columns per CUDA block, an even number of warps
+              and (entry.get("warp_split", 1) == 1
+                   or (entry.get("warp_split") == 2 and entry.get("cols_per_block", 16) == 16
+                       and entry.get("nwarps", 2) % 2 == 0)))
         if not ok or key.count("/") != 2 + wide:
             raise PlanError(f"${ENV_MMQ_TUNING}={path!r}: bad entry {key!r}: {entry!r} (want "
                             '"<qtype>/<few|many>/<k>": {"nwarps": 1..16, "max_regs": int, "prefetch_x": 0|1}, or '
-                            '"<qtype>/<few|many>/<k>/wide": the same and "cols_per_block": 8|16)')
+                            '"<qtype>/<few|many>/<k>/wide": the same, "cols_per_block": 8|16 and "warp_split": 1|2 '
+                            '(2: 16 columns, an even number of warps))')
     return table
 
 
@@ -184,9 +192,10 @@ class SubBlockPlan:
     block), ``cols_per_block`` and ``nwarps`` are launch facts that change no bit, as are
     ``max_regs`` and ``prefetch_x`` (None: ``hiraishin.kernels.mmq.launch``'s tables decide; set by
     the tuning tables, :data:`SUBBLOCK_FEW_COLS_TUNING`, :data:`SUBBLOCK_WIDE_COLS_TUNING` or
-    :data:`ENV_MMQ_TUNING`) and ``interleave``: the column groups of ``cols_per_block`` whose CUDA
+    :data:`ENV_MMQ_TUNING`), ``interleave``: the column groups of ``cols_per_block`` whose CUDA
     blocks of one row tile sit next to each other along ``blockIdx.x`` (1: column groups along
-    ``blockIdx.y``), so that the second reads the tile's weights from L2.
+    ``blockIdx.y``), so that the second reads the tile's weights from L2, and ``warp_split``: the
+    column groups a CUDA block's warps split into (2: each warp one n-tile of 16 columns).
     """
 
     qtype: str
@@ -200,6 +209,7 @@ class SubBlockPlan:
     max_regs: int | None = None
     prefetch_x: int | None = None
     interleave: int = 1
+    warp_split: int = 1
 
     @property
     def nblocks(self) -> int:
@@ -221,7 +231,8 @@ class SubBlockPlan:
                 f"{step}; segments added in order 0..{self.nseg - 1}. Same float operations at every "
                 f"width. Launch ({self.ncols} column(s)): {self.kernel} kernel, {self.tile_rows} rows x "
                 f"{self.cols_per_block} columns per CUDA block, {self.nwarps} warps"
-                + (f", {self.interleave} column groups per row tile side by side." if self.interleave > 1 else "."))
+                + (f", {self.interleave} column groups per row tile side by side" if self.interleave > 1 else "")
+                + (f", its warps split over {self.warp_split} column groups" if self.warp_split > 1 else "") + ".")
 
 
 def subblock_plan(ncols: int, qtype: str, k: int, device=None, n: int | None = None) -> SubBlockPlan:
@@ -256,6 +267,8 @@ def subblock_plan(ncols: int, qtype: str, k: int, device=None, n: int | None = N
             nwarps = tuned.get("nwarps", nwarps)
         cols = tuned.get("cols_per_block", cols)  # ("/wide" entries only)
         interleave = -(-ncols // cols)
+    split = tuned.get("warp_split", 1)  # ("/wide" entries only): warps per K-segment
     return SubBlockPlan(qtype=qtype, ncols=ncols, k=k, nseg=nseg, kernel=kernel,
-                        tile_rows=SUBBLOCK_TILE_ROWS, cols_per_block=cols, nwarps=min(nseg, nwarps),
-                        max_regs=tuned.get("max_regs"), prefetch_x=tuned.get("prefetch_x"), interleave=interleave)
+                        tile_rows=SUBBLOCK_TILE_ROWS, cols_per_block=cols, nwarps=min(nseg * split, nwarps),
+                        max_regs=tuned.get("max_regs"), prefetch_x=tuned.get("prefetch_x"), interleave=interleave,
+                        warp_split=split)

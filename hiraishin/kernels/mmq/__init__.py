@@ -19,7 +19,8 @@ Order, for one output (row r, column j) of an (N, K) weight (``hiraishin/plans/s
 
 Geometry (``mmq.cu``): a CUDA block is a tile of 16 rows (the M of ``mma.m16n8k32``) x 8 or 16
 columns (one or two n-tiles of 8; wider widths: more CUDA blocks along y; or, ``plan.interleave``, 9..16
-columns as two one-tile CUDA blocks of a row tile side by side along x), ``plan.nwarps`` warps
+columns as two one-tile CUDA blocks of a row tile side by side along x; or, ``plan.warp_split``, 16
+columns per CUDA block with each warp one n-tile of them, two warps per K-segment), ``plan.nwarps`` warps
 (warp w sums segments w, w + nwarps, ...; a launch fact), a shared-memory hand-over of
 NSEG x 16 x columns floats, one barrier, the segment sum in order. Q4_K: one
 ``mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32`` per 32-value sub-block (nibbles masked to
@@ -28,8 +29,9 @@ bytewise, the two integer results scaled by their int8 scales and added as integ
 (``HX_ONECOL``): the same kernel, float work only for the column that exists. Launch facts that
 change no bit: warps, register cap, activation prefetch (tuned per shape for launches of 2..8
 columns: ``plans/subblock.py`` ``SUBBLOCK_FEW_COLS_TUNING``; of 9..16 columns, with the columns per
-CUDA block: ``SUBBLOCK_WIDE_COLS_TUNING``, empty (the side-by-side blocks won isolated and lost in
-whole passes on the H200); both replaced by ``HIRAISHIN_MMQ_TUNING``),
+CUDA block and the warp split: ``SUBBLOCK_WIDE_COLS_TUNING``, empty (the side-by-side blocks won
+isolated and lost in whole passes on the H200; the warp split is not timed yet); both replaced by
+``HIRAISHIN_MMQ_TUNING``),
 the activation layout (``HX_XLAYOUT``: the MMA layouts of ``quantize/layout.py``, where a lane's
 B fragments of two q8_1 blocks are one 16-byte load and the fp16 scales of four another, and Q4_K
 rows are read 8 bytes per pair of k slots; ``HIRAISHIN_MMQ_XLAYOUT=0``: llama.cpp's 36-byte blocks,

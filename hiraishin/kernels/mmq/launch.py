@@ -161,7 +161,7 @@ def live_cols(plan: SubBlockPlan, prefetch_x: int = 0) -> int:
 def kernel_defines(plan: SubBlockPlan, max_regs: int | None | str = "default",
                    prefetch: int | str = "default") -> dict:
     """``#define``\\ s of the kernel for ``plan`` (``max_regs``, ``prefetch``: override the tuning)."""
-    nt = plan.cols_per_block // SUBBLOCK_NTILE_COLS
+    nt = plan.cols_per_block // SUBBLOCK_NTILE_COLS // plan.warp_split  # n-tiles per warp
     key = (plan.kernel, plan.qtype, plan.nwarps)
     if max_regs == "default":
         table = MMQ_MAX_REGS.get(key, MMQ_DEFAULT_MAX_REGS[plan.kernel])
@@ -192,6 +192,7 @@ def kernel_defines(plan: SubBlockPlan, max_regs: int | None | str = "default",
         "HX_STAGE_W": int(stage),
         "HX_XLAYOUT": xlayout_enabled(),
         "HX_CGROUPS": plan.interleave,
+        "HX_WSPLIT": plan.warp_split,
     }
 
 

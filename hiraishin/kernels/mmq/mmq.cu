@@ -1,7 +1,7 @@
 // hiraishin: the sub-block order on int8 tensor cores (see hiraishin/kernels/mmq/__init__.py).
 //
-// One CUDA block = one tile of 16 weight rows x HX_COLS columns; warp w sums K-segments
-// w, w + HX_NWARPS, ... of those 16 rows (each segment in k order, its own accumulators), writes
+// One CUDA block = one tile of 16 weight rows x HX_BLOCK_COLS columns; warp w sums K-segments
+// w, w + HX_NWARPS, ... of those 16 rows (HX_WSPLIT 2: see below) (each segment in k order, its own accumulators), writes
 // each segment's partials to shared memory, and after one barrier the block adds the segments in
 // order 0..HX_NSEG-1. The exact integer dot product of every q8_1 block of 32 values comes from
 // mma.sync (Q4_K: m16n8k32 per 32-value sub-block; Q6_K: m16n8k16 per 16-value sub-block); the
@@ -15,7 +15,7 @@
 // HX_NB (super-blocks per row), HX_NSEG, HX_NWARPS, HX_NT (n-tiles of 8 columns per CUDA block),
 // HX_ONECOL (0/1), HX_MIN_BLOCKS (register cap as resident blocks per SM), HX_PREFETCH_X (0/1,
 // one n-tile only: a super-block's activations loaded before its weights), HX_CGROUPS (column groups
-// of HX_COLS per row tile along blockIdx.x, launch.py launch_grid: the CUDA blocks that read one
+// of HX_BLOCK_COLS per row tile along blockIdx.x, launch.py launch_grid: the CUDA blocks that read one
 // weight tile for different columns run side by side, so all but the first find it in L2).
 //
 // Activations: llama.cpp's q8_1 blocks (fp16 d, fp16 s, int8 q[32]; 36 bytes), one row of
@@ -38,7 +38,19 @@
 #if HX_PREFETCH_X && HX_NT != 1
 #error "HX_PREFETCH_X needs HX_NT == 1"
 #endif
-#define HX_COLS (8 * HX_NT)
+#define HX_COLS (8 * HX_NT)  // columns of one warp
+// HX_WSPLIT (1 or 2): the warps of a CUDA block split over column groups of HX_COLS: warp w takes columns
+// col0 + HX_COLS * (w % HX_WSPLIT) .. and segments w / HX_WSPLIT, + HX_SEG_WARPS, ... So 16 columns can be
+// two warps of one n-tile each that read the same weight rows at the same time (the second from L1), in
+// place of one warp holding two n-tiles (registers). Which warp sums what changes no float operation.
+#ifndef HX_WSPLIT
+#define HX_WSPLIT 1
+#endif
+#if HX_NWARPS % HX_WSPLIT
+#error "HX_NWARPS must be a multiple of HX_WSPLIT"
+#endif
+#define HX_SEG_WARPS (HX_NWARPS / HX_WSPLIT)  // warps per column group: each takes every HX_SEG_WARPS-th segment
+#define HX_BLOCK_COLS (HX_COLS * HX_WSPLIT)   // columns of a CUDA block
 // HX_LIVE (0, 2 or 4; one n-tile, not HX_ONECOL, not HX_PREFETCH_X): launches of at most HX_LIVE
 // columns move each MMA's C fragment across the lanes of the warp (__shfl_sync) so that the float
 // work of the live columns is shared by all 32 lanes: HX_LIVE_NE outputs per lane instead of 4, each
@@ -53,12 +65,15 @@
 #if HX_LIVE != 0 && HX_LIVE != 2 && HX_LIVE != 4
 #error "HX_LIVE must be 0, 2 or 4"
 #endif
-#if HX_LIVE && (HX_NT != 1 || HX_ONECOL || HX_PREFETCH_X)
-#error "HX_LIVE needs one n-tile, the several-column kernel and no HX_PREFETCH_X"
+#if HX_LIVE && (HX_NT != 1 || HX_ONECOL || HX_PREFETCH_X || HX_WSPLIT != 1)
+#error "HX_LIVE needs one n-tile, the several-column kernel, no HX_PREFETCH_X and no HX_WSPLIT"
+#endif
+#if HX_ONECOL && HX_WSPLIT != 1
+#error "HX_WSPLIT: several columns only"
 #endif
 #define HX_LIVE_NE (HX_LIVE == 2 ? 1 : 2)
 // columns of a CUDA block's partial sums in shared memory
-#define HX_PCOLS (HX_ONECOL ? 1 : HX_LIVE ? HX_LIVE : HX_COLS)
+#define HX_PCOLS (HX_ONECOL ? 1 : HX_LIVE ? HX_LIVE : HX_BLOCK_COLS)
 // HX_PREFETCH_W (0/1): the CUDA block's 16 weight rows asked of L2 before it waits on the previous
 // kernel (HX_PDL_ENTRY), as mmvq.cu's blocks do: weights are never written, so under programmatic
 // dependent launch their DRAM latency overlaps the previous kernel's tail. A cache hint only.
@@ -130,16 +145,16 @@ __device__ __forceinline__ void hx_prefetch_tile(const unsigned char* w, const i
 // The super-block a warp multiplies after super-block i of its segment s (ending at sb1): the next one of
 // the segment, else the first of its next segment, else -1 (HX_PREFETCH_NEXT, HX_PIPELINE_W, HX_STAGE_W).
 __device__ __forceinline__ int hx_next_sb(const int s, const int i, const int sb1) {
-    const int s2 = s + HX_NWARPS;
+    const int s2 = s + HX_SEG_WARPS;
     return i + 1 < sb1 ? i + 1 : (s2 < HX_NSEG ? s2 * HX_NB / HX_NSEG : -1);
 }
 
 // The CUDA block's column group (launch.py launch_grid): its first column.
 __device__ __forceinline__ int hx_col0() {
-    return ((int)blockIdx.y * HX_CGROUPS + (int)blockIdx.x % HX_CGROUPS) * HX_COLS;
+    return ((int)blockIdx.y * HX_CGROUPS + (int)blockIdx.x % HX_CGROUPS) * HX_BLOCK_COLS;
 }
 
-// One CUDA block's work: the tile of rows row0 .. row0+15 of weight w, columns col0 .. col0+HX_COLS-1
+// One CUDA block's work: the tile of rows row0 .. row0+15 of weight w, columns col0 .. col0+HX_BLOCK_COLS-1
 // (every thread of the block calls it; one barrier).
 __device__ __forceinline__ void hx_mmq_tile(const unsigned char* __restrict__ w, const unsigned char* __restrict__ xq,
                                             float* __restrict__ out, const int nrows, const int ncols,
@@ -148,7 +163,8 @@ __device__ __forceinline__ void hx_mmq_tile(const unsigned char* __restrict__ w,
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
-    const hx_mma_ptrs ptr = hx_mma_pointers(w, xq, nrows, ncols, row0, col0, g, t);
+    const int wcg = warp % HX_WSPLIT, wseg = warp / HX_WSPLIT;  // the warp's column group, first segment
+    const hx_mma_ptrs ptr = hx_mma_pointers(w, xq, nrows, ncols, row0, col0 + HX_COLS * wcg, g, t);
     const unsigned char* wA = ptr.wA;
     const unsigned char* wB = ptr.wB;
 #if HX_LIVE
@@ -178,18 +194,18 @@ __device__ __forceinline__ void hx_mmq_tile(const unsigned char* __restrict__ w,
         hx_cp_async_commit();
     };
     int stage_b = 0;
-    if (warp < HX_NSEG) stage_issue(warp * HX_NB / HX_NSEG, 0);
+    if (wseg < HX_NSEG) stage_issue(wseg * HX_NB / HX_NSEG, 0);
     HX_PDL_ENTRY();  // (hx_mmq and hx_mmq_multi leave it here: the first copy goes before it)
 #endif
 #if HX_PIPELINE_W
     hx_row_raw nA, nB;  // the next super-block's bytes, in flight
-    if (warp < HX_NSEG) {
-        const size_t sb = (size_t)(warp * HX_NB / HX_NSEG) * HX_BLOCK_BYTES;
+    if (wseg < HX_NSEG) {
+        const size_t sb = (size_t)(wseg * HX_NB / HX_NSEG) * HX_BLOCK_BYTES;
         hx_fetch_row(wA + sb, t, nA);
         hx_fetch_row(wB + sb, t, nB);
     }
 #endif
-    for (int s = warp; s < HX_NSEG; s += HX_NWARPS) {
+    for (int s = wseg; s < HX_NSEG; s += HX_SEG_WARPS) {
         const int sb0 = s * HX_NB / HX_NSEG, sb1 = (s + 1) * HX_NB / HX_NSEG;
         float acc[HX_NT][4];
 #pragma unroll
@@ -386,7 +402,7 @@ __device__ __forceinline__ void hx_mmq_tile(const unsigned char* __restrict__ w,
             for (int e = 0; e < 4; ++e) {
                 if (HX_ONECOL && ((e & 1) || t != 0)) continue;
                 const int rr = g + 8 * (e >> 1);
-                const int cc = HX_ONECOL ? 0 : 8 * nt + 2 * t + (e & 1);
+                const int cc = HX_ONECOL ? 0 : HX_COLS * wcg + 8 * nt + 2 * t + (e & 1);
                 part[s][rr][cc] = acc[nt][e];
             }
 #endif
