@@ -1,6 +1,6 @@
 """Benchmark the sub-block order kernels (hiraishin/kernels/mmq) against BATCH_VARIANT's one column.
 
-    python bench/bench_mmq.py [--out DIR] [--reps 20] [--batches 7]
+    python bench/bench_mmq.py [--out DIR] [--reps 20] [--batches 7] [--all-orders] [--sweep]
 
 For the Qwen3-8B shapes (Q4_K 4096->4096, 4096->1024, 4096->12288; Q6_K 12288->4096,
 4096->151936) and widths 1, 2, 3, 4, 8, 9, 16: the bits of every width are first compared with the
@@ -9,6 +9,13 @@ of ``--reps`` back-to-back launches, a spin kernel hiding the host, weights rota
 of together >= 4x the L2. Beside it BATCH_VARIANT's one-column dp4a kernel (mmvq) of the same
 shape. Prints us, GB/s (weight + activation bytes), fraction of the copy bandwidth, the ratio to
 the kernel's own one column and to the variant's one column. ``--out DIR``: bench_mmq.json.
+
+``--all-orders``: also every order's mat-vec at every width 1..16 as a forward pass launches it (the
+CUDA backend's prepared mat-vec of the order: ``BATCH_VARIANT``'s mat-vec up to 8 columns and llama.cpp's
+MMQ order beyond, ``BATCH_INVARIANT``'s one-token geometry in launches of up to 8 columns, ``SUBBLOCK``;
+``FIXED_SPLIT``'s mat-vec is ``BATCH_INVARIANT``'s), timed the same way, and for each order whether every
+width's columns have the bits of the same columns at width 16 (the exact orders must: it fails the run
+otherwise; ``BATCH_VARIANT`` is reported, not checked). The price-of-exactness table reads these rows.
 
 Targets (issue 12): one column no slower than the variant's one column; 3 / 9 / 16 columns
 <= 1.15x / 1.3x / 1.5x the variant's one column.
@@ -39,6 +46,44 @@ WIDTHS = [1, 2, 3, 4, 8, 9, 16]
 TARGETS = {1: 1.0, 3: 1.15, 9: 1.3, 16: 1.5}  # x the variant's one column
 
 
+ALL_WIDTHS = range(1, 17)
+EXACT_ORDERS = ("batch_invariant", "subblock")  # (fixed_split's mat-vec is batch_invariant's)
+
+
+def time_orders(cp, label, qtype, k, n, ws, x, w_bytes, t_var, args, spin, cycles) -> list:
+    """Every order's prepared mat-vec (the CUDA backend's, as a forward pass launches it) at widths 1..16:
+    µs, and whether each width's columns have the bits of the same columns at width 16."""
+    from hiraishin.backends import get_backend
+    from hiraishin.order import ReductionOrder
+
+    ops = get_backend("cuda").ops
+    rows = []
+    print(f"{'order':>16} " + " ".join(f"{w:>6}" for w in ALL_WIDTHS) + "  (us)")
+    for order in (ReductionOrder.BATCH_VARIANT, ReductionOrder.BATCH_INVARIANT, ReductionOrder.SUBBLOCK):
+        wide = None  # the order's outputs at width 16
+        line = []
+        for wd in sorted(ALL_WIDTHS, reverse=True):
+            mv = ops.matvec(order, wd, qtype, ws[0])
+            xq = ops.quantize(x[:wd], mv.layout).copy()  # (the backend's scratch is shared)
+            out = cp.empty((wd, n), dtype=cp.float32)
+            mv(ws[0], xq, out)
+            got = cp.asnumpy(out).view(np.uint32)
+            wide = got if wide is None else wide
+            fn = _rotating(ws, mv, xq, out)
+            for i in range(3):
+                fn(i)
+            sec = median_event_time(cp, fn, args.reps, args.batches, spin, cycles)
+            rows.append(dict(shape=label, qtype=qtype, k=k, n=n, kernel="order-matvec", order=order.name, ncols=wd,
+                             time_us=sec * 1e6, gb_per_s=(w_bytes + xq.nbytes) / sec / 1e9,
+                             ratio_to_variant_one_col=sec / t_var,
+                             bits_equal_width16=bool(np.array_equal(got, wide[:wd]))))
+            line.append(sec * 1e6)
+        same = all(r["bits_equal_width16"] for r in rows if r["order"] == order.name)
+        print(f"{order.name:>16} " + " ".join(f"{t:>6.1f}" for t in reversed(line))
+              + f"  columns {'equal' if same else 'DIFFER'} across widths")
+    return rows
+
+
 def _rotating(ws, launch, *args):
     """fn(i): ``launch`` on the i-th weight copy (round robin) and ``args``."""
     return lambda i: launch(ws[i % len(ws)], *args)
@@ -49,6 +94,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--batches", type=int, default=7)
+    ap.add_argument("--all-orders", action="store_true",
+                    help="also time every order's mat-vec at widths 1..16 (the backend's prepared mat-vecs)")
     ap.add_argument("--sweep", action="store_true",
                     help="also time launch variants (warps per CUDA block, register caps; same bits)")
     args = ap.parse_args(argv)
@@ -121,6 +168,8 @@ def main(argv=None) -> int:
             if wd in TARGETS:
                 checks.append(dict(shape=label, ncols=wd, target_x_variant_one_col=TARGETS[wd],
                                    value=sec / t_var, ok=sec / t_var <= TARGETS[wd]))
+        if args.all_orders:
+            results += time_orders(cp, label, qtype, k, n, ws, x, w_bytes, t_var, args, spin, cycles)
         if args.sweep:
             import dataclasses
 
@@ -162,6 +211,11 @@ def main(argv=None) -> int:
         print(f"  {c['shape']:<32} {c['ncols']:>2} cols: {c['value']:.2f} <= {c['target_x_variant_one_col']}"
               f" {'ok' if c['ok'] else 'MISSED'}")
     all_equal = all(r.get("bits_equal_emulator", True) for r in results)
+    if args.all_orders:
+        invariant = all(r["bits_equal_width16"] for r in results
+                        if r["kernel"] == "order-matvec" and r["order"] in EXACT_ORDERS)
+        print(f"exact orders' columns equal to their width-16 bits at every width: {invariant}")
+        all_equal = all_equal and invariant
     print(f"bits equal to the emulator at every width: {all_equal}")
     if args.out:
         os.makedirs(args.out, exist_ok=True)

@@ -25,9 +25,9 @@
 #             once per width set of TUNE_SETS (default "2,4"; e.g. "2,4 9,16": each sweep starts from the
 #             table the one before wrote), then the SUBBLOCK passes of widths AB_WIDTHS replayed without and
 #             with the last mmq-tuning.json (HIRAISHIN_MMQ_TUNING): digests and times;
-#   matvec    bench/bench_mmq.py: the sub-block launches of every Qwen3-8B shape at widths 1..16 beside
-#             BATCH_VARIANT's one-column mat-vec, isolated (bench_mmq.json; the bench step's price-of-exactness
-#             table reads it when this step ran first);
+#   matvec    bench/bench_mmq.py --all-orders: the sub-block launches of every Qwen3-8B shape beside
+#             BATCH_VARIANT's one-column mat-vec, and every order's mat-vec at widths 1..16, isolated
+#             (bench_mmq.json; the bench step's price-of-exactness table reads it when this step ran first);
 #   ab        bench/replay_widths.py under each value of an environment variable (AB_VAR, AB_VALUES, AB_ORDERS;
 #             default HIRAISHIN_PREFETCH_AHEAD 0 1, invariant; widths AB_WIDTHS, default 1,3): replay times and logits digests of
 #             a change that must keep every bit;
@@ -57,7 +57,7 @@ done
 
 if want matvec; then
     echo "== isolated mat-vec launches ($(left) s left)"
-    timeout $(cap 150) python3 bench/bench_mmq.py --out "$OUT" 2>&1 | grep -v "^  sweep" | tail -n 70
+    timeout $(cap 240) python3 bench/bench_mmq.py --out "$OUT" --all-orders 2>&1 | grep -v "^  sweep" | tail -n 100
 fi
 
 if want bench; then

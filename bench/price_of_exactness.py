@@ -5,9 +5,11 @@
 
 Reads a ``hiraishin bench`` JSON (whole verify passes of the synthetic Qwen3-8B per order and width,
 exact speculative speed-ups) and, optionally, a ``bench/bench_mmq.py`` JSON (per-shape mat-vec µs of
-the sub-block order's kernels against ``BATCH_VARIANT``'s one-column kernel), and writes
-``price-of-exactness.json`` (rows of order, width, ms; the mat-vec rows; the speed-ups), a PNG and a
-Markdown table. Every number is copied from the input files, which are named in the output.
+the sub-block order's kernels against ``BATCH_VARIANT``'s one-column kernel; with ``--all-orders``, every
+order's mat-vec at every width 1..16), and writes ``price-of-exactness.json`` (rows of order, width, ms;
+the mat-vec rows; the speed-ups), a PNG of the passes (and ``price-of-exactness-matvec.png``, µs per shape,
+order and width, when the mat-vec JSON has every order) and a Markdown table. Every number is copied from
+the input files, which are named in the output.
 """
 
 from __future__ import annotations
@@ -25,19 +27,24 @@ from hiraishin.atomic import atomic_path, atomic_write  # noqa: E402
 def build(bench: dict, mmq: dict | None, sources: list[str]) -> dict:
     rows = [{"order": name, "width": int(w), "ms": float(ms), "x_one_token": float(ms) / o["verify_ms"]["1"]}
             for name, o in bench["orders"].items() for w, ms in sorted(o["verify_ms"].items(), key=lambda i: int(i[0]))]
-    matvec = []
+    matvec, matvec_orders = [], []
     if mmq is not None:
         for r in mmq["results"]:
             if r["kernel"] in ("variant-mmvq", "mmq-onecol", "mmq-mma"):
                 matvec.append({"shape": r["shape"], "qtype": r["qtype"], "order": "batch_variant" if r["kernel"] ==
                                "variant-mmvq" else "subblock", "ncols": r["ncols"], "us": r["time_us"],
                                "x_variant_one_col": r["ratio_to_variant_one_col"]})
+            elif r["kernel"] == "order-matvec":  # bench_mmq.py --all-orders
+                matvec_orders.append({"shape": r["shape"], "qtype": r["qtype"], "order": r["order"],
+                                      "ncols": r["ncols"], "us": r["time_us"],
+                                      "x_variant_one_col": r["ratio_to_variant_one_col"],
+                                      "bits_equal_width16": r["bits_equal_width16"]})
     spec = {name: {k: s[k] for k in ("speedup", "plain_ms_per_token", "speculative_ms_per_token") if k in s}
             for name, s in bench["speculative"].items()}
     return {"schema": "hiraishin-price-of-exactness/1", "device": bench["device"].get("name", "?"),
             "date": bench["date"], "commit": bench.get("commit", "?"), "model": bench["model"]["name"],
             "sources": sources, "derived": "copied from the sources; no new measurement",
-            "rows": rows, "matvec": matvec, "speculative": spec}
+            "rows": rows, "matvec": matvec, "matvec_orders": matvec_orders, "speculative": spec}
 
 
 def plot(poe: dict, path: Path) -> None:
@@ -54,6 +61,33 @@ def plot(poe: dict, path: Path) -> None:
     fig = plot_verify_cost(verify, f"price of exactness: a verify pass against its width ({poe['device']}, "
                                    f"{poe['date'][:10]}, commit {poe['commit']})",
                            ylabel="ms per pass (synthetic Qwen3-8B)")
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=120, format="png")
+    plt.close(fig)
+
+
+def plot_matvec(poe: dict, path: Path) -> None:
+    """µs of each order's mat-vec against its width, one panel per Qwen3-8B shape."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = poe["matvec_orders"]
+    shapes = list(dict.fromkeys(r["shape"] for r in rows))
+    fig, axes = plt.subplots(1, len(shapes), figsize=(3.4 * len(shapes), 3.4), layout="constrained", squeeze=False)
+    for ax, shape in zip(axes[0], shapes):
+        for order in dict.fromkeys(r["order"] for r in rows):
+            pts = sorted((r["ncols"], r["us"]) for r in rows if r["shape"] == shape and r["order"] == order)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=order)
+        ax.axvline(8.5, color="k", ls=":", lw=1)
+        ax.set_title(shape, fontsize=9)
+        ax.set_xlabel("columns")
+        ax.set_xticks([1, 4, 8, 12, 16])
+    axes[0][0].set_ylabel("µs per mat-vec launch(es)")
+    axes[0][-1].legend(fontsize="small", title="order")
+    fig.suptitle(f"price of exactness per mat-vec ({poe['device']}, {poe['date'][:10]}, commit {poe['commit']})",
+                 fontsize=10)
     with atomic_path(path) as tmp:
         fig.savefig(tmp, dpi=120, format="png")
     plt.close(fig)
@@ -78,6 +112,18 @@ def markdown(poe: dict) -> str:
             get = {(r["order"], r["ncols"]): r["us"] for r in poe["matvec"] if r["shape"] == shape}
             cells = [get.get(("batch_variant", 1))] + [get.get(("subblock", n)) for n in (1, 3, 9, 16)]
             lines.append(f"| {shape} | " + " | ".join("-" if c is None else f"{c:.1f}" for c in cells) + " |")
+    if poe.get("matvec_orders"):
+        rows = poe["matvec_orders"]
+        orders = list(dict.fromkeys(r["order"] for r in rows))
+        lines += ["", "Every order's mat-vec as a forward pass launches it, µs per width (`fixed_split`'s is "
+                  "`batch_invariant`'s; * = a column's bits differ from the same column at width 16):"]
+        for shape in dict.fromkeys(r["shape"] for r in rows):
+            get = {(r["order"], r["ncols"]): r for r in rows if r["shape"] == shape}
+            lines += ["", f"**{shape}**", "", "| width | " + " | ".join(orders) + " |", "|---|" + "---|" * len(orders)]
+            for w in sorted({r["ncols"] for r in rows if r["shape"] == shape}):
+                cells = [get.get((o, w)) for o in orders]
+                lines.append(f"| {w} | " + " | ".join("-" if c is None else f"{c['us']:.1f}"
+                                                        + ("" if c["bits_equal_width16"] else "*") for c in cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -94,6 +140,8 @@ def main(argv=None) -> int:
     with atomic_write(out / "price-of-exactness.json") as f:
         json.dump(poe, f, indent=1)
     plot(poe, out / "price-of-exactness.png")
+    if poe["matvec_orders"]:
+        plot_matvec(poe, out / "price-of-exactness-matvec.png")
     with atomic_write(out / "price-of-exactness.md") as f:
         f.write(markdown(poe))
     print(f"wrote {out}/price-of-exactness.{{json,png,md}}")

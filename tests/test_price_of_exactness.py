@@ -1,0 +1,59 @@
+"""bench/price_of_exactness.py: the table and plots are copies of the benchmark JSON they read."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+RUN = REPO / "bench" / "results" / "2026-12-03-h200-session10" / "c-matvec-bench-tests-memcheck"
+
+
+@pytest.fixture(scope="module")
+def poe_module():
+    sys.path.insert(0, str(REPO / "bench"))
+    import price_of_exactness
+
+    return price_of_exactness
+
+
+def _with_order_rows(mmq: dict) -> dict:
+    """The committed bench_mmq JSON plus made-up --all-orders rows (two shapes, three orders, widths 1..16;
+    batch_variant's columns differing from width 16 below 9 columns)."""
+    rows = []
+    for shape in ("attn_q/attn_output 4096->4096", "output 4096->151936"):
+        for order in ("batch_variant", "batch_invariant", "subblock"):
+            for w in range(1, 17):
+                rows.append(dict(shape=shape, qtype="Q4_K", k=4096, n=4096, kernel="order-matvec", order=order,
+                                 ncols=w, time_us=10.0 + w + len(order), ratio_to_variant_one_col=1.0 + w / 10,
+                                 bits_equal_width16=not (order == "batch_variant" and w <= 8)))
+    return dict(mmq, results=mmq["results"] + rows)
+
+
+def test_tables_and_plots_copy_their_inputs(tmp_path, poe_module):
+    bench = json.loads((RUN / "hiraishin-bench.json").read_text())
+    mmq = _with_order_rows(json.loads((RUN / "bench_mmq.json").read_text()))
+    (tmp_path / "bench_mmq.json").write_text(json.dumps(mmq))
+    assert poe_module.main([str(RUN / "hiraishin-bench.json"), "--matvec", str(tmp_path / "bench_mmq.json"),
+                            "--out", str(tmp_path)]) == 0
+    poe = json.loads((tmp_path / "price-of-exactness.json").read_text())
+    assert {(r["order"], r["width"]): r["ms"] for r in poe["rows"]}[("subblock", 16)] == \
+        bench["orders"]["subblock"]["verify_ms"]["16"]
+    assert len(poe["matvec_orders"]) == 2 * 3 * 16
+    md = (tmp_path / "price-of-exactness.md").read_text()
+    assert "**output 4096->151936**" in md and "| width | batch_variant | batch_invariant | subblock |" in md
+    # width 3: 10 + 3 + len(name); batch_variant's bits differ there (*), the exact orders' do not
+    assert "| 3 | 26.0* | 28.0 | 21.0 |" in md and "| 12 | 35.0 | 37.0 | 30.0 |" in md
+    for png in ("price-of-exactness.png", "price-of-exactness-matvec.png"):
+        assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_without_every_order_there_is_no_matvec_plot(tmp_path, poe_module):
+    assert poe_module.main([str(RUN / "hiraishin-bench.json"), "--matvec", str(RUN / "bench_mmq.json"),
+                            "--out", str(tmp_path)]) == 0
+    assert json.loads((tmp_path / "price-of-exactness.json").read_text())["matvec_orders"] == []
+    assert not (tmp_path / "price-of-exactness-matvec.png").exists()
+    assert "Every order's mat-vec" not in (tmp_path / "price-of-exactness.md").read_text()
