@@ -221,6 +221,25 @@ def test_mmq_source_equals_emulator_on_cpu(tmp_path, case, switch, monkeypatch):
                                       err_msg=f"{defines} weight offset {shift}")
 
 
+def test_committed_tuning_files_are_valid_and_library_json_is_the_library(monkeypatch):
+    """bench/tuning/*.json (A/B tuning files) read without error; library.json equals the library's tables."""
+    import json
+    from pathlib import Path
+
+    import hiraishin.plans.subblock as sb
+
+    folder = Path(__file__).resolve().parents[1] / "bench" / "tuning"
+    files = sorted(folder.glob("*.json"))
+    assert {f.name for f in files} >= {"library.json", "split-wide.json"}
+    for f in files:
+        sb._read_tuning(str(f))
+    assert json.loads((folder / "library.json").read_text()) == {**sb.SUBBLOCK_FEW_COLS_TUNING,
+                                                                 **sb.SUBBLOCK_WIDE_COLS_TUNING}
+    monkeypatch.setattr(sb, "SUBBLOCK_MMA_TUNING", sb._read_tuning(str(folder / "split-wide.json")))
+    p = sb.subblock_plan(16, "Q4_K", 4096, n=12288)
+    assert (p.warp_split, p.nwarps, p.max_regs, p.cols_per_block) == (2, 8, 80, 16)
+
+
 def test_weight_prefetch_is_on_for_short_rows_only_and_the_environment_overrides_it(monkeypatch):
     """HX_PREFETCH_W (a cache hint) where it was measured faster: rows of <= 3072 values (launch.py)."""
     from hiraishin.kernels.mmq.launch import ENV_MMQ_PREFETCH_W, MMQ_PREFETCH_W_MAX_K, kernel_defines
