@@ -31,7 +31,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import QWEN3_8B_MATVECS  # noqa: E402
 
 ARCH = "sm_90"  # the H200
-REGS_PER_SM = 65536
 _PROPS = re.compile(r"Compiling entry function '(\w+)'.*?(\d+) bytes spill stores.*?Used (\d+) registers", re.S)
 
 
@@ -43,25 +42,25 @@ def compile_report(defines: dict, workdir: str) -> dict:
     src = os.path.join(workdir, "mmq.cu")
     with open(src, "w") as f:
         f.write(defines_text(defines) + load_source(*SOURCE))
-    opts = [o for o in NVRTC_OPTIONS if o.startswith(("--std", "--fmad", "--ftz", "--prec"))]
-    run = subprocess.run(["nvcc", f"-arch={ARCH}", "-cubin", "-o", os.path.join(workdir, "mmq.cubin"), *opts,
-                          "-Xptxas", "-v", src], capture_output=True, text=True)
+    run = subprocess.run(["nvcc", f"-arch={ARCH}", "-cubin", "-o", os.path.join(workdir, "mmq.cubin"),
+                          *NVRTC_OPTIONS, "-Xptxas", "-v", src], capture_output=True, text=True)
     if run.returncode:
         raise RuntimeError(f"nvcc failed for {defines}:\n{run.stderr[-3000:]}")
     return {name: (int(regs), int(spill)) for name, spill, regs in _PROPS.findall(run.stderr)}
 
 
 def library_kernel(plan, cap, workdir: str):
-    """As ``mmq_kernel``: the cap's resident blocks, one fewer while ``hx_mmq`` spills. -> (report, blocks)."""
+    """As ``mmq_kernel`` (``relax_register_cap``: one resident block fewer while ``hx_mmq`` spills).
+    -> (report, resident blocks it was compiled for)."""
+    from hiraishin.kernels.compile import relax_register_cap
     from hiraishin.kernels.mmq.launch import kernel_defines
 
-    defines = kernel_defines(plan, cap)
-    blocks = defines["HX_MIN_BLOCKS"]
-    while True:
-        report = compile_report(dict(defines, HX_MIN_BLOCKS=blocks), workdir)
-        if blocks == 1 or report["hx_mmq"][1] == 0:
-            return report, blocks
-        blocks -= 1
+    def compile_spills(defines):
+        report = compile_report(defines, workdir)
+        return report, report["hx_mmq"][1]
+
+    report, defines = relax_register_cap(kernel_defines(plan, cap), compile_spills)
+    return report, defines["HX_MIN_BLOCKS"]
 
 
 def main(argv=None) -> int:
@@ -72,6 +71,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if shutil.which("nvcc") is None:
         ap.error("needs nvcc (the CUDA toolkit) on PATH")
+    from hiraishin.kernels.compile import REGISTERS_PER_SM
     from hiraishin.plans.subblock import subblock_plan
 
     widths = [int(w) for w in args.widths.split(",")]
@@ -93,7 +93,7 @@ def main(argv=None) -> int:
                     for cap in caps:
                         report, blocks = library_kernel(plan, cap, tmp)
                         (r, s), (rm, sm) = report["hx_mmq"], report["hx_mmq_multi"]
-                        by_regs = REGS_PER_SM // (r * 32 * plan.nwarps)
+                        by_regs = REGISTERS_PER_SM // (r * 32 * plan.nwarps)
                         print(f"{label:<36} {wd:>4} {layout:<10} {plan.nwarps:>5} {cap!s:>7} | {r:>11} {s:>5} | "
                               f"{rm:>10} {sm:>5} | {by_regs}", flush=True)
     return 0

@@ -398,3 +398,20 @@ def test_tuning_file_sets_launch_facts_of_the_keyed_shape_and_widths_only(tmp_pa
     assert sb._read_tuning("") == tables
     f.write_text(json.dumps(tables))
     assert sb._read_tuning(str(f)) == tables  # the tables are a valid tuning file
+
+
+def test_register_cap_is_relaxed_one_block_at_a_time_while_it_spills():
+    """compile.relax_register_cap: the rule mmq_kernel, the stock MMQ kernels and bench/regs_mmq.py share."""
+    from hiraishin.kernels.compile import relax_register_cap
+
+    tried = []
+
+    def spills_above_two(defines):  # spills while more than two blocks must fit
+        tried.append(defines["HX_MIN_BLOCKS"])
+        return f"kernel@{defines['HX_MIN_BLOCKS']}", 8 if defines["HX_MIN_BLOCKS"] > 2 else 0
+
+    assert relax_register_cap({"HX_MIN_BLOCKS": 4, "X": 1}, spills_above_two) == ("kernel@2", {"HX_MIN_BLOCKS": 2,
+                                                                                            "X": 1})
+    assert tried == [4, 3, 2]
+    # down to no cap at all (one block), spilling or not
+    assert relax_register_cap({"HX_MIN_BLOCKS": 2}, lambda d: (d["HX_MIN_BLOCKS"], 4))[0] == 1

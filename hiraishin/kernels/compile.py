@@ -33,6 +33,7 @@ __all__ = [
     "REGISTERS_PER_SM",
     "THREADS_PER_SM",
     "blocks_for_register_cap",
+    "relax_register_cap",
     "NVRTC_OPTIONS",
     "cupy_available",
     "require_cupy",
@@ -57,6 +58,20 @@ def blocks_for_register_cap(regs: int | None, threads: int) -> int:
     if regs is None:
         return 1
     return max(1, min(REGISTERS_PER_SM // (threads * regs), THREADS_PER_SM // threads, BLOCKS_PER_SM))
+
+
+def relax_register_cap(defines: dict, compile_spills):
+    """``compile_spills(defines) -> (compiled, spill bytes)`` at the cap of ``defines`` (HX_MIN_BLOCKS), then
+    with one resident block fewer (more registers) while it spills, down to no cap; returns
+    ``(compiled, defines it was compiled with)``: the register-capped kernels (``mmq``, ``mmq_stock``) on the
+    device and ``bench/regs_mmq.py`` with nvcc, one rule for all."""
+    min_blocks = defines["HX_MIN_BLOCKS"]
+    while True:
+        at = dict(defines, HX_MIN_BLOCKS=min_blocks)
+        compiled, spills = compile_spills(at)
+        if min_blocks == 1 or spills == 0:
+            return compiled, at
+        min_blocks -= 1
 
 
 # IEEE float semantics (these are NVRTC's defaults except --fmad; spelled out so a

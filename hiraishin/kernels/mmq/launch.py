@@ -15,7 +15,7 @@ import numpy as np
 
 from ...plans.subblock import SUBBLOCK_NTILE_COLS, SUBBLOCK_TILE_ROWS, SubBlockPlan
 from ...quant import BLOCK_BYTES, GGML_TYPE_ID, QK_K
-from ..compile import blocks_for_register_cap, get_kernel
+from ..compile import blocks_for_register_cap, get_kernel, relax_register_cap
 from ..compile import precompile as compile_many
 from ..mmvq.launch import MULTI_MAX_WEIGHTS, multi_weight_args
 from ..quantize.layout import MMA_LAYOUTS, as_layout
@@ -199,14 +199,12 @@ def kernel_defines(plan: SubBlockPlan, max_regs: int | None | str = "default",
 def mmq_kernel(plan: SubBlockPlan, max_regs: int | None | str = "default", prefetch: int | str = "default",
                name: str = "hx_mmq"):
     """The compiled ``hx_mmq`` (or ``hx_mmq_multi``) kernel of ``plan``; compiled without the register
-    cap if the cap spills."""
-    defines = kernel_defines(plan, max_regs, prefetch)
-    min_blocks = defines["HX_MIN_BLOCKS"]
-    while True:  # a cap that spills: one resident block fewer (more registers), down to no cap
-        kernel = get_kernel(SOURCE, name, dict(defines, HX_MIN_BLOCKS=min_blocks))
-        if min_blocks == 1 or int(kernel.local_size_bytes) == 0:
-            return kernel
-        min_blocks -= 1
+    cap if the cap spills (:func:`relax_register_cap`)."""
+    def compile_spills(defines):
+        kernel = get_kernel(SOURCE, name, defines)
+        return kernel, int(kernel.local_size_bytes)
+
+    return relax_register_cap(kernel_defines(plan, max_regs, prefetch), compile_spills)[0]
 
 
 def launch_grid(ntiles: int, plan: SubBlockPlan) -> tuple[int, int, int]:

@@ -11,7 +11,7 @@ import numpy as np
 
 from ...plans.mmq_stock import MMQ_TILE_ROWS, MMQStockPlan
 from ...quant import BLOCK_BYTES, GGML_TYPE_ID, QK_K
-from ..compile import blocks_for_register_cap, get_kernel
+from ..compile import blocks_for_register_cap, get_kernel, relax_register_cap
 from ..compile import precompile as compile_many
 
 __all__ = ["KEPT_SCRATCH_COLS", "MMQ_STOCK_MAX_REGS", "SOURCE", "MMQStockLaunch", "kernel_defines", "launch",
@@ -57,14 +57,12 @@ def kernel_defines(plan: MMQStockPlan, max_regs: int | None | str = "default") -
 
 
 def _kernels(plan: MMQStockPlan, max_regs="default"):
-    defines = kernel_defines(plan, max_regs)
-    min_blocks = defines["HX_MIN_BLOCKS"]
-    while True:  # a cap that spills: one resident block fewer (more registers), down to no cap
-        d = dict(defines, HX_MIN_BLOCKS=min_blocks)
-        main = get_kernel(SOURCE, "hx_mmq_stock", d)
-        if min_blocks == 1 or int(main.local_size_bytes) == 0:
-            return main, get_kernel(SOURCE, "hx_mmq_stock_fixup", d)
-        min_blocks -= 1
+    def compile_spills(defines):  # a cap that spills: one resident block fewer (more registers), down to no cap
+        main = get_kernel(SOURCE, "hx_mmq_stock", defines)
+        return main, int(main.local_size_bytes)
+
+    main, defines = relax_register_cap(kernel_defines(plan, max_regs), compile_spills)
+    return main, get_kernel(SOURCE, "hx_mmq_stock_fixup", defines)
 
 
 class MMQStockLaunch:
