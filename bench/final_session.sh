@@ -39,6 +39,8 @@
 #             widths 1 and 2, the draft's passes): which order drafts fastest (only speed counts there);
 #   norm      bench/sweep_norm.py: the fused norm kernels in blocks of other sizes than their tree
 #             (NORM_VARIANTS), replay times of both shapes and logits digests (no bit may change);
+#   stalls    bench/ncu_stalls.sh over STALL_PROFILES (e.g. "qwen3-8b subblock 16 hx_mmq"), NCU_EXTRA sections
+#             beside its own: what bounds a launch (memory latency, a pipe, issue) at a width;
 #   kernels   per-kernel times under Nsight Compute (bench/kernel_times.sh), if time is left.
 # Usage on the device (repo root): HIRAISHIN_COMMIT=<commit> [STEPS=tests] bash bench/final_session.sh
 # Everything lands in $OUT (session.log with it). Stock llama.cpp beside us is bench/llama_cpp_session.sh,
@@ -180,6 +182,11 @@ if want sweep; then
     echo "== mat-vec sweep, 2-4 columns ($(left) s left)"
     timeout $(cap 200) python3 bench/sweep_mmvq.py --out "$OUT" --one-col 2:4 \
         --multi ${SWEEP_MULTI:-2:2:2:2,2:2:1:1,2:2:1:2,3:3:2:2,3:3:1:1,3:3:1:2,3:3:4:1,4:4:2:2,4:4:1:1,4:4:1:2} 2>&1 | tail -n 60
+fi
+
+if want stalls; then
+    echo "== ncu stalls ($(left) s left)"
+    NCU_TIMEOUT=${NCU_TIMEOUT:-90} bash bench/ncu_stalls.sh 2>&1 | grep -v "^== device" | tail -n ${STALL_TAIL:-150}
 fi
 
 if want tests; then

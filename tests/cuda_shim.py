@@ -159,7 +159,8 @@ class ShimBuilder:
         if edit is not None:
             text = edit(text)
         # dynamic shared memory (extern __shared__ float name[];) -> the shim's buffer
-        text = re.sub(r"extern __shared__ float (\w+)\[\];", r"float* \1 = (float*)g_dyn_shared.data();", text)
+        text = re.sub(r"extern __shared__ (?:__align__\(\d+\) )?float (\w+)\[\];", r"float* \1 = (float*)g_dyn_shared.data();",
+                      text)
         text = text.replace('extern "C"', "")
         prog = '#include "cuda_shim.h"\n' + text + main
         key = hashlib.sha1(prog.encode()).hexdigest()[:12]

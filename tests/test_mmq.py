@@ -151,7 +151,7 @@ int main(int argc, char** argv) {
     std::memcpy(w.data() + shift, w0.data(), w0.size());
     std::vector<float> out((size_t)ncols * nrows, -12345.0f);
     hx_launch({(unsigned)((nrows + 15) / 16 * HX_CGROUPS), (unsigned)((ncols + HX_CGROUPS * HX_BLOCK_COLS - 1) / (HX_CGROUPS * HX_BLOCK_COLS)), 1},
-              {32u * HX_NWARPS, 1, 1}, 0,
+              {32u * HX_NWARPS, 1, 1}, HX_STAGE_BYTES,
               [&] { hx_mmq(w.data() + shift, x.data(), out.data(), nrows, ncols, (long long)nrows); });
     hx_write(argv[6], out.data(), out.size() * 4);
 }"""
@@ -255,6 +255,29 @@ def test_weight_prefetch_is_on_for_short_rows_only_and_the_environment_overrides
     assert kernel_defines(subblock_plan(1, "Q6_K", 12288))["HX_PREFETCH_W"] == 1
 
 
+def test_staging_switch_picks_the_launches_and_their_dynamic_shared_memory(monkeypatch):
+    """HIRAISHIN_MMQ_STAGE_W: "wide" stages only the two-n-tile (9..16-column) Q4_K launches, "1" every Q4_K
+    launch, Q6_K none; the dynamic shared memory a launch gives is two 16-row stages per warp; a bad value is
+    named."""
+    from hiraishin.kernels.mmq.launch import ENV_MMQ_STAGE_W, kernel_defines, stage_bytes
+    from hiraishin.plans import subblock_plan
+
+    def staged(value, width, qtype="Q4_K"):
+        monkeypatch.setenv(ENV_MMQ_STAGE_W, value)
+        d = kernel_defines(subblock_plan(width, qtype, 4096, n=4096))
+        return d["HX_STAGE_W"], stage_bytes(d), d["HX_NWARPS"]
+
+    assert [staged("wide", w)[0] for w in (1, 3, 8, 9, 16)] == [0, 0, 0, 1, 1]
+    assert [staged("1", w)[0] for w in (1, 3, 8, 9, 16)] == [1, 1, 1, 1, 1]
+    assert [staged("0", w)[0] for w in (1, 16)] == [0, 0]
+    assert staged("1", 16, "Q6_K")[:2] == (0, 0)
+    on, shared, nwarps = staged("wide", 16)
+    assert shared == nwarps * 2 * 16 * 144 and shared > 48 * 1024 - 16 * 16 * 16 * 4  # past the static limit
+    monkeypatch.setenv(ENV_MMQ_STAGE_W, "yes")
+    with pytest.raises(ValueError, match="HIRAISHIN_MMQ_STAGE_W='yes'"):
+        kernel_defines(subblock_plan(16, "Q4_K", 4096, n=4096))
+
+
 MMQ_MULTI_MAIN = r"""
 int main(int argc, char** argv) {
     // argv: weights of the three row counts one after another, q8_1, n0, n1, n2, ncols, out
@@ -267,7 +290,7 @@ int main(int argc, char** argv) {
     std::vector<float> out((size_t)ncols * (n[0] + n[1] + n[2]), -12345.0f);
     float* op[3] = {out.data(), out.data() + (size_t)ncols * n[0], out.data() + (size_t)ncols * (n[0] + n[1])};
     hx_launch({tiles * HX_CGROUPS, (unsigned)((ncols + HX_CGROUPS * HX_BLOCK_COLS - 1) / (HX_CGROUPS * HX_BLOCK_COLS)), 1},
-              {32u * HX_NWARPS, 1, 1}, 0,
+              {32u * HX_NWARPS, 1, 1}, HX_STAGE_BYTES,
               [&] { hx_mmq_multi(x.data(), ncols, wp[0], op[0], n[0], nt[0], wp[1], op[1], n[1], nt[1], wp[2], op[2], n[2]); });
     hx_write(argv[7], out.data(), out.size() * 4);
 }"""

@@ -77,7 +77,7 @@ def test_no_register_spills(cp, qtype, k, n):
     from hiraishin.kernels.mmq.launch import mmq_kernel
 
     for wd, plan in _plans(qtype, k, n).items():
-        attrs = kernel_attributes(mmq_kernel(plan))
+        attrs = kernel_attributes(mmq_kernel(plan)[0])
         print(qtype, k, wd, plan.kernel, attrs)
         assert attrs["local_size_bytes"] == 0, (qtype, k, wd, attrs)
 

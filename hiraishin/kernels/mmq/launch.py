@@ -95,20 +95,39 @@ ENV_MMQ_PIPELINE_W = "HIRAISHIN_MMQ_PIPELINE_W"
 
 
 # HX_STAGE_W (Q4_K): each warp stages the tile's next super-block in shared memory with cp.async while it
-# multiplies the current one (mmq.cu; the same bytes in the same registers, no bit changes), where the
-# kernel's static shared memory stays within STATIC_SMEM_BYTES. Off unless HIRAISHIN_MMQ_STAGE_W=1. H200, SUBBLOCK
-# replays, same digests (bench/results/2026-12-03-h200-session10/b-lazy-scales-stage-w): the 0.6B shape faster
-# (0.833 -> 0.817 ms one token, 1.023 -> 1.002 at 9, 1.162 -> 1.122 at 16), the 8B slower at one token (2.750 ->
-# 2.814; 3 tokens 3.119 -> 3.132, 9 and 16 unchanged: its two-n-tile launches do not fit the shared memory).
+# multiplies the current one (mmq.cu; the same bytes in the same registers, no bit changes). The stages are
+# dynamic shared memory (stage_bytes), so every Q4_K launch can have them, the 8-warp two-n-tile ones too (52 KB
+# with their partial sums: more than the 48 KB a block may declare statically). Off unless
+# HIRAISHIN_MMQ_STAGE_W is "1" (every Q4_K launch) or "wide" (only the launches of two n-tiles per warp, 9..16
+# columns: latency-bound, each warp walking its segments one round trip after another). H200, SUBBLOCK replays,
+# same digests (bench/results/2026-12-03-h200-session10/b-lazy-scales-stage-w, "1" where the static memory
+# fitted): the 0.6B shape faster (0.833 -> 0.817 ms one token, 1.023 -> 1.002 at 9, 1.162 -> 1.122 at 16), the
+# 8B slower at one token (2.750 -> 2.814; 3 tokens 3.119 -> 3.132).
 ENV_MMQ_STAGE_W = "HIRAISHIN_MMQ_STAGE_W"
-STATIC_SMEM_BYTES = 48 * 1024  # the most static __shared__ memory a CUDA block may declare
+MMQ_STAGE_W_VALUES = ("0", "1", "wide")
+STATIC_SMEM_BYTES = 48 * 1024  # the most shared memory a launch gets without opting in (static or dynamic)
+SMEM_OPTIN_BYTES = 227 * 1024  # sm_90: the most a CUDA block may opt in to (cudaDevAttrMaxSharedMemoryPerBlockOptin)
+
+
+def _stage_switch() -> str:
+    value = os.environ.get(ENV_MMQ_STAGE_W, "").strip() or "0"
+    if value not in MMQ_STAGE_W_VALUES:
+        raise ValueError(f"${ENV_MMQ_STAGE_W}={value!r}: expected one of {', '.join(MMQ_STAGE_W_VALUES)}")
+    return value
 
 
 def stage_fits(plan: SubBlockPlan, pcols: int) -> bool:
-    """Whether ``plan``'s kernel with HX_STAGE_W (two stages of 16 rows per warp, beside the per-segment partial
-    sums of ``pcols`` columns) declares at most :data:`STATIC_SMEM_BYTES` of shared memory."""
+    """Whether ``plan``'s kernel can have HX_STAGE_W: Q4_K rows, and two stages of 16 rows per warp beside the
+    per-segment partial sums of ``pcols`` columns within :data:`SMEM_OPTIN_BYTES`."""
     stages = plan.nwarps * 2 * SUBBLOCK_TILE_ROWS * BLOCK_BYTES[plan.qtype]
-    return plan.qtype == "Q4_K" and stages + plan.nseg * SUBBLOCK_TILE_ROWS * pcols * 4 <= STATIC_SMEM_BYTES
+    return plan.qtype == "Q4_K" and stages + plan.nseg * SUBBLOCK_TILE_ROWS * pcols * 4 <= SMEM_OPTIN_BYTES
+
+
+def stage_bytes(defines: dict) -> int:
+    """Dynamic shared memory a launch of the kernel compiled with ``defines`` needs (mmq.cu HX_STAGE_BYTES)."""
+    if not defines.get("HX_STAGE_W"):
+        return 0
+    return defines["HX_NWARPS"] * 2 * SUBBLOCK_TILE_ROWS * defines["HX_BLOCK_BYTES"]
 
 
 # HX_XLAYOUT: the activations in the MMA layouts (a lane's B fragments of two q8_1 blocks in one 16-byte
@@ -173,7 +192,8 @@ def kernel_defines(plan: SubBlockPlan, max_regs: int | None | str = "default",
     min_blocks = blocks_for_register_cap(regs, threads)
     live = live_cols(plan, pre if nt == 1 else 0)
     pcols = 1 if plan.kernel == "onecol" else live or plan.cols_per_block
-    stage = _switch(ENV_MMQ_STAGE_W) and stage_fits(plan, pcols)
+    switch = _stage_switch()
+    stage = (switch == "1" or (switch == "wide" and nt == 2)) and stage_fits(plan, pcols)
     return {
         "HX_QTYPE": GGML_TYPE_ID[plan.qtype],
         "HX_BLOCK_BYTES": BLOCK_BYTES[plan.qtype],
@@ -198,13 +218,18 @@ def kernel_defines(plan: SubBlockPlan, max_regs: int | None | str = "default",
 
 def mmq_kernel(plan: SubBlockPlan, max_regs: int | None | str = "default", prefetch: int | str = "default",
                name: str = "hx_mmq"):
-    """The compiled ``hx_mmq`` (or ``hx_mmq_multi``) kernel of ``plan``; compiled without the register
-    cap if the cap spills (:func:`relax_register_cap`)."""
+    """The compiled ``hx_mmq`` (or ``hx_mmq_multi``) kernel of ``plan`` and the dynamic shared memory its
+    launches give it (:func:`stage_bytes`); compiled without the register cap if the cap spills
+    (:func:`relax_register_cap`)."""
     def compile_spills(defines):
         kernel = get_kernel(SOURCE, name, defines)
         return kernel, int(kernel.local_size_bytes)
 
-    return relax_register_cap(kernel_defines(plan, max_regs, prefetch), compile_spills)[0]
+    kernel, defines = relax_register_cap(kernel_defines(plan, max_regs, prefetch), compile_spills)
+    shared = stage_bytes(defines)
+    if shared > STATIC_SMEM_BYTES and kernel.raw.max_dynamic_shared_size_bytes < shared:
+        kernel.raw.max_dynamic_shared_size_bytes = shared  # the opt-in beyond 48 KB (once per kernel)
+    return kernel, shared
 
 
 def launch_grid(ntiles: int, plan: SubBlockPlan) -> tuple[int, int, int]:
@@ -222,18 +247,18 @@ class MMQLaunch:
     columns). Unchecked.
     """
 
-    __slots__ = ("block", "grid", "kernel", "scalars", "layout")
+    __slots__ = ("block", "grid", "kernel", "scalars", "layout", "shared")
 
     def __init__(self, n: int, plan: SubBlockPlan, out_stride: int | None = None,
                  max_regs: int | None | str = "default", prefetch: int | str = "default"):
-        self.kernel = mmq_kernel(plan, max_regs, prefetch)
+        self.kernel, self.shared = mmq_kernel(plan, max_regs, prefetch)
         self.layout = activation_layout(plan)
         self.grid = launch_grid(-(-n // SUBBLOCK_TILE_ROWS), plan)
         self.block = (32 * plan.nwarps, 1, 1)
         self.scalars = (np.int32(n), np.int32(plan.ncols), np.int64(n if out_stride is None else out_stride))
 
     def __call__(self, w, xq, out):
-        self.kernel(self.grid, self.block, (w, xq, out) + self.scalars)
+        self.kernel(self.grid, self.block, (w, xq, out) + self.scalars, shared_mem=self.shared)
         return out
 
 
@@ -256,12 +281,12 @@ class MMQMultiLaunch:
     activations (in ``self.layout``); call with (ws, xq, outs), ``outs[i]`` float32 (ncols, n_i). Every
     tile is summed as by :class:`MMQLaunch`: the bits of separate launches, fewer launches. Unchecked."""
 
-    __slots__ = ("block", "grid", "kernel", "ns", "ntiles", "ncols", "layout")
+    __slots__ = ("block", "grid", "kernel", "ns", "ntiles", "ncols", "layout", "shared")
 
     def __init__(self, ns: tuple, plan: SubBlockPlan):
         if not 1 <= len(ns) <= MULTI_MAX_WEIGHTS:
             raise ValueError(f"hx_mmq_multi takes 1..{MULTI_MAX_WEIGHTS} weights, got {len(ns)}")
-        self.kernel = mmq_kernel(plan, name="hx_mmq_multi")
+        self.kernel, self.shared = mmq_kernel(plan, name="hx_mmq_multi")
         self.layout = activation_layout(plan)
         self.ns = tuple(np.int32(n) for n in ns)
         self.ntiles = tuple(np.int32(-(-n // SUBBLOCK_TILE_ROWS)) for n in ns)
@@ -270,7 +295,8 @@ class MMQMultiLaunch:
         self.ncols = np.int32(plan.ncols)
 
     def __call__(self, ws, xq, outs):
-        self.kernel(self.grid, self.block, (xq, self.ncols, *multi_weight_args(ws, outs, self.ns, self.ntiles)))
+        self.kernel(self.grid, self.block, (xq, self.ncols, *multi_weight_args(ws, outs, self.ns, self.ntiles)),
+                    shared_mem=self.shared)
         return outs
 
 

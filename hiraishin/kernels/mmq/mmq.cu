@@ -100,7 +100,7 @@
 #error "HX_PIPELINE_W: Q4_K rows only"
 #endif
 
-// HX_STAGE_W (0/1; Q4_K, static shared memory within 48 KB: launch.py stage_fits): each warp copies the tile's
+// HX_STAGE_W (0/1; Q4_K; its stages in dynamic shared memory, launch.py stage_bytes): each warp copies the tile's
 // 16 rows of the super-block it multiplies next into its own shared-memory stage with cp.async (no register
 // holds them in flight) while it multiplies the current one from the other stage, and the first copy is
 // issued before the wait on the previous kernel (weights are never written). The same bytes reach the same
@@ -111,6 +111,9 @@
 #if HX_STAGE_W && (HX_QTYPE != 12 || HX_PIPELINE_W || HX_PREFETCH_NEXT)
 #error "HX_STAGE_W: Q4_K rows, without HX_PIPELINE_W and HX_PREFETCH_NEXT"
 #endif
+#define HX_STAGE_ROWS_BYTES (HX_TILE_ROWS * HX_BLOCK_BYTES)  // one stage: the tile's 16 rows of one super-block
+// dynamic shared memory a launch gives the kernel (launch.py stage_bytes computes the same)
+#define HX_STAGE_BYTES (HX_STAGE_W ? HX_NWARPS * 2 * HX_STAGE_ROWS_BYTES : 0)
 
 // mma.sync helpers and the weight-row loads: mma_rows.cu (compiled before this file; HX_XLAYOUT there).
 
@@ -181,14 +184,17 @@ __device__ __forceinline__ void hx_mmq_tile(const unsigned char* __restrict__ w,
 #endif
 
 #if HX_STAGE_W
-    __shared__ __align__(16) unsigned char stage[HX_NWARPS][2][HX_TILE_ROWS * HX_BLOCK_BYTES];
+    // the stages live in dynamic shared memory (HX_STAGE_BYTES, launch.py stage_bytes): 8 warps of two-n-tile
+    // launches need 36 KB of them beside 16 KB of partial sums, more than a block may declare statically
+    extern __shared__ __align__(16) float hx_stage_mem[];
+    unsigned char* const stage_warp = reinterpret_cast<unsigned char*>(hx_stage_mem) + warp * 2 * HX_STAGE_ROWS_BYTES;
     // copy super-block i of the tile's rows (clamped to the last, as hx_mma_pointers) into stage b of this warp
     const auto stage_issue = [&](const int i, const int b) {
         constexpr int CHUNKS = HX_BLOCK_BYTES / 16;  // 9 per Q4_K row
         const size_t row_bytes = (size_t)HX_NB * HX_BLOCK_BYTES;
         for (int c = lane; c < HX_TILE_ROWS * CHUNKS; c += 32) {
             const int r = c / CHUNKS, q = c % CHUNKS;
-            hx_cp_async16(stage[warp][b] + r * HX_BLOCK_BYTES + 16 * q,
+            hx_cp_async16(stage_warp + b * HX_STAGE_ROWS_BYTES + r * HX_BLOCK_BYTES + 16 * q,
                           w + (size_t)min(row0 + r, nrows - 1) * row_bytes + (size_t)i * HX_BLOCK_BYTES + 16 * q);
         }
         hx_cp_async_commit();
@@ -286,7 +292,7 @@ __device__ __forceinline__ void hx_mmq_tile(const unsigned char* __restrict__ w,
                     hx_cp_async_wait<0>();
                 }
                 __syncwarp();  // every lane's copies of this stage are visible to the warp
-                const unsigned char* st = stage[warp][stage_b];
+                const unsigned char* st = stage_warp + stage_b * HX_STAGE_ROWS_BYTES;
                 hx_load_row(st + g * HX_BLOCK_BYTES, t, rA);
                 hx_load_row(st + (g + 8) * HX_BLOCK_BYTES, t, rB);
                 __syncwarp();  // read by every lane before the next super-block's copy refills it
