@@ -105,7 +105,6 @@ ENV_MMQ_PIPELINE_W = "HIRAISHIN_MMQ_PIPELINE_W"
 # 8B slower at one token (2.750 -> 2.814; 3 tokens 3.119 -> 3.132).
 ENV_MMQ_STAGE_W = "HIRAISHIN_MMQ_STAGE_W"
 MMQ_STAGE_W_VALUES = ("0", "1", "wide")
-STATIC_SMEM_BYTES = 48 * 1024  # the most shared memory a launch gets without opting in (static or dynamic)
 SMEM_OPTIN_BYTES = 227 * 1024  # sm_90: the most a CUDA block may opt in to (cudaDevAttrMaxSharedMemoryPerBlockOptin)
 
 
@@ -227,8 +226,9 @@ def mmq_kernel(plan: SubBlockPlan, max_regs: int | None | str = "default", prefe
 
     kernel, defines = relax_register_cap(kernel_defines(plan, max_regs, prefetch), compile_spills)
     shared = stage_bytes(defines)
-    if shared > STATIC_SMEM_BYTES and kernel.raw.max_dynamic_shared_size_bytes < shared:
-        kernel.raw.max_dynamic_shared_size_bytes = shared  # the opt-in beyond 48 KB (once per kernel)
+    if shared and kernel.raw.max_dynamic_shared_size_bytes < shared:
+        # the opt-in (once per kernel): static and dynamic shared memory together may pass 48 KB only with it
+        kernel.raw.max_dynamic_shared_size_bytes = shared
     return kernel, shared
 
 
