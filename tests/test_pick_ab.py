@@ -1,0 +1,42 @@
+"""bench/pick_ab.py: the value a GPU call benchmarks after its A/B is the faster one only when no bit moved."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+
+import pick_ab  # noqa: E402
+
+
+def _rows(ms: dict, sha: str = "ab") -> list:
+    return [dict(model=m, order="subblock", width=w, replay_ms=t, logits_sha256=sha) for (m, w), t in ms.items()]
+
+
+BASE = {("qwen3-8b.gguf", 1): 2.75, ("qwen3-8b.gguf", 9): 4.33, ("qwen3-8b.gguf", 16): 5.08,
+        ("qwen3-0.6b.gguf", 9): 1.02}
+
+
+def test_faster_with_the_same_bits_wins_and_only_the_chosen_model_and_widths_count():
+    faster = dict(BASE, **{("qwen3-8b.gguf", 9): 4.10, ("qwen3-0.6b.gguf", 9): 9.0})  # the 0.6B is not compared
+    assert pick_ab.pick(_rows(BASE), _rows(faster), "8b", {9, 16}, 0.01)[0]
+    assert not pick_ab.pick(_rows(faster), _rows(BASE), "8b", {9, 16}, 0.01)[0]
+    slightly = dict(BASE, **{("qwen3-8b.gguf", 9): 4.30})  # 0.3% less: under the 1% asked
+    assert not pick_ab.pick(_rows(BASE), _rows(slightly), "8b", {9, 16}, 0.01)[0]
+
+
+def test_different_bits_or_missing_rows_keep_the_base(tmp_path, capsys):
+    faster = dict(BASE, **{("qwen3-8b.gguf", 9): 3.0})
+    wins, why = pick_ab.pick(_rows(BASE), _rows(faster, sha="cd"), "8b", {9, 16}, 0.01)
+    assert not wins and "digests differ" in why
+    assert not pick_ab.pick(_rows(BASE), _rows({("qwen3-8b.gguf", 9): 3.0}), "8b", {9, 16}, 0.01)[0]
+    (tmp_path / "replay-V-0.json").write_text(json.dumps({"rows": _rows(BASE)}))
+    assert pick_ab.main([str(tmp_path), "V", "0", "wide"]) == 0  # no file for "wide": the base, said why
+    out = capsys.readouterr()
+    assert out.out.strip() == "0" and "cannot compare" in out.err
+    (tmp_path / "replay-V-wide.json").write_text(json.dumps({"rows": _rows(faster)}))
+    pick_ab.main([str(tmp_path), "V", "0", "wide"])
+    assert capsys.readouterr().out.strip() == "wide"
