@@ -21,15 +21,15 @@ BASE = {("qwen3-8b.gguf", 1): 2.75, ("qwen3-8b.gguf", 9): 4.33, ("qwen3-8b.gguf"
 
 
 def test_faster_with_the_same_bits_wins_and_only_the_chosen_model_and_widths_count():
-    faster = dict(BASE, **{("qwen3-8b.gguf", 9): 4.10, ("qwen3-0.6b.gguf", 9): 9.0})  # the 0.6B is not compared
+    faster = {**BASE, ("qwen3-8b.gguf", 9): 4.10, ("qwen3-0.6b.gguf", 9): 9.0}  # the 0.6B is not compared
     assert pick_ab.pick(_rows(BASE), _rows(faster), "8b", {9, 16}, 0.01)[0]
     assert not pick_ab.pick(_rows(faster), _rows(BASE), "8b", {9, 16}, 0.01)[0]
-    slightly = dict(BASE, **{("qwen3-8b.gguf", 9): 4.30})  # 0.3% less: under the 1% asked
+    slightly = {**BASE, ("qwen3-8b.gguf", 9): 4.30}  # 0.3% less: under the 1% asked
     assert not pick_ab.pick(_rows(BASE), _rows(slightly), "8b", {9, 16}, 0.01)[0]
 
 
 def test_different_bits_or_missing_rows_keep_the_base(tmp_path, capsys):
-    faster = dict(BASE, **{("qwen3-8b.gguf", 9): 3.0})
+    faster = {**BASE, ("qwen3-8b.gguf", 9): 3.0}
     wins, why = pick_ab.pick(_rows(BASE), _rows(faster, sha="cd"), "8b", {9, 16}, 0.01)
     assert not wins and "digests differ" in why
     assert not pick_ab.pick(_rows(BASE), _rows({("qwen3-8b.gguf", 9): 3.0}), "8b", {9, 16}, 0.01)[0]
