@@ -179,54 +179,87 @@ if verify:
         print(f"{order_name:<19}" + "".join(f"{per_width[w]:>8.2f}" for w in sorted(per_width)))
 
 # %% [markdown]
-# Where the price comes from, kernel by kernel: the mat-vec benchmark times each of Qwen3-8B's five
-# mat-vec shapes for 1 to 16 columns (`invariant`: launches of at most 8 columns; `invariant16`: the
-# same invariant geometry in one launch of up to 16):
+# Where the price comes from, kernel by kernel: every order's mat-vec of each of Qwen3-8B's five shapes,
+# launched as a forward pass launches it, for 1 to 16 columns. Read from the newest committed
+# `price-of-exactness.json` that has them (`bench/bench_mmq.py --all-orders`: isolated launches, weights
+# rotated through copies larger than L2, in the same GPU call as the whole-pass benchmark above; an open
+# marker is a width where a column's bits differ from the same column at width 16), else from the older
+# mat-vec benchmark `bench_mmvq.json` (time ÷ one column; `invariant16`: the invariant geometry in one
+# launch of up to 16).
 
 # %%
-if mmvq is not None:
+def newest_matvec_orders():
+    """(path, data) of the newest committed price-of-exactness.json with per-order mat-vec rows, or (None, None)."""
+    found = [(date, str(f), f, data) for date, f, data in _dated("price-of-exactness.json") if data.get("matvec_orders")]
+    return max(found)[2:] if found else (None, None)
+
+
+mv_path, mv = newest_matvec_orders()
+MATVEC = {}  # shape -> order -> {columns: (µs, this column's bits equal its bits at width 16)}
+if mv is not None:
+    for row in mv["matvec_orders"]:
+        key = f"{row['shape']} ({row['qtype']})"
+        MATVEC.setdefault(key, {}).setdefault(row["order"], {})[row["ncols"]] = (row["us"], row["bits_equal_width16"])
+    fig, axes = plt.subplots(1, len(MATVEC), figsize=(3.3 * len(MATVEC), 3.2), squeeze=False, layout="constrained")
+    for ax, (shape, per_order) in zip(axes[0], MATVEC.items()):
+        for order_name, per_w in per_order.items():
+            ws = sorted(per_w)
+            color, marker = style(order_name)
+            ax.plot(ws, [per_w[w][0] for w in ws], color=color, lw=1, label=order_name)
+            for same in (True, False):  # filled: the column's bits are its width-16 bits; open: they differ
+                pts = [(w, per_w[w][0]) for w in ws if per_w[w][1] == same]
+                if pts:
+                    ax.plot(*zip(*pts), ls="", marker=marker, ms=4, color=color,
+                            markerfacecolor=color if same else "white")
+        ax.axvline(8.5, color="k", ls=":", lw=1)
+        ax.set_title(shape, fontsize=8)
+        ax.set_xlabel("columns")
+        ax.set_xticks([1, 4, 8, 12, 16])
+    axes[0, 0].set_ylabel("µs per mat-vec")
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside right upper", fontsize="small")
+    fig.suptitle(f"every order's mat-vec against columns ({rel(mv_path)}, {mv['device']}, commit {mv['commit']})",
+                 fontsize=10)
+    plt.show()
+    print(f"{'shape':<40} {'order':<16}" + "".join(f"{w:>7}" for w in (1, 3, 8, 9, 16)) + "   (µs)")
+    for shape, per_order in MATVEC.items():
+        for order_name, per_w in per_order.items():
+            print(f"{shape:<40} {order_name:<16}" + "".join(f"{per_w[w][0]:>7.1f}" for w in (1, 3, 8, 9, 16)))
+elif mmvq is not None:
     per_shape = {}
     for row in mmvq["results"]:
         key = f"{row['shape']} ({row['qtype']})"
         per_shape.setdefault(key, {}).setdefault(row["order"], {})[row["ncols"]] = row["time_us"]
-    n = len(per_shape)
-    cols = 3
-    rows = -(-n // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.1 * rows), squeeze=False, sharey=True,
-                             layout="constrained")
-    for ax, (shape, per_order) in zip(axes.flat, per_shape.items()):
+    fig, axes = plt.subplots(1, len(per_shape), figsize=(3.3 * len(per_shape), 3.2), squeeze=False,
+                             sharey=True, layout="constrained")
+    for ax, (shape, per_order) in zip(axes[0], per_shape.items()):
         for order_name, per_w in per_order.items():
             ws = sorted(per_w)
             color, marker = style(order_name)
             ax.plot(ws, [per_w[w] / per_w[1] for w in ws], marker=marker, ms=4, color=color, label=order_name)
         ax.axvline(8.5, color="k", ls=":", lw=1)
-        ax.set_title(shape, fontsize=9)
+        ax.set_title(shape, fontsize=8)
         ax.set_xlabel("columns")
         ax.set_xticks([1, 4, 8, 12, 16])
-        ax.set_yscale("log", base=2)  # the old tiled stand-in's jump (committed run) would flatten the rest
-    for ax in axes[:, 0]:
-        ax.set_ylabel("time ÷ time of 1 column")
-    for ax in list(axes.flat)[n:]:
-        ax.axis("off")
-    handles, labels = axes.flat[0].get_legend_handles_labels()
-    if n < axes.size:  # an empty panel holds the legend, off the data
-        axes.flat[n].legend(handles, labels, loc="center", title="order")
-    else:
-        fig.legend(handles, labels, loc="outside right upper", fontsize="small")
+        ax.set_yscale("log", base=2)
+    axes[0, 0].set_ylabel("time ÷ time of 1 column")
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside right upper", fontsize="small")
     fig.suptitle(f"mat-vec cost against columns ({rel(mmvq_path)}, {mmvq['meta'].get('device', '?')})", fontsize=10)
     plt.show()
 else:
-    print("No committed mat-vec benchmark (bench_mmvq.json) in this checkout.")
+    print("No committed mat-vec benchmark (price-of-exactness.json or bench_mmvq.json) in this checkout.")
 
 # %% [markdown]
 # How to read them: a flat line is free width, a climbing line is a price per column. The invariant
-# order pays a little per column inside a launch (every column keeps 4 warps) and jumps at 9, where a
-# second launch reads the weights again. Past 8 columns the variant line of this committed run is the
-# tiled dp4a stand-in the variant order used then, not a tuned kernel: its jump is not a price stock
-# llama.cpp pays. The variant order now runs llama.cpp's MMQ order on int8 tensor cores there
-# (`hiraishin/kernels/mmq_stock`): 1.8-3.0x one column at 9-16 columns, 1.7-8x faster than the stand-in
-# (`bench/results/2026-12-01-h200-mmq-stock/`), so stock is cheap past 8 tokens because it switches to a
-# faster kernel whose sums differ — the variant line of a new run, or of this notebook timed live.
+# order pays a little per column inside a launch (every column keeps its one-column geometry) and jumps
+# at 9, where a second launch reads the weights again. The variant order's line climbs as steeply up to
+# 8 columns (llama.cpp's mat-vec, whose warps per column shrink as columns are added: open markers, the
+# bits move with the width), then drops onto llama.cpp's MMQ order on int8 tensor cores
+# (`hiraishin/kernels/mmq_stock`): stock is cheap past 8 tokens because it switches to a faster kernel
+# whose sums differ. The sub-block order is flat from 1 to 8 columns and steps once at 9, where a CUDA
+# block's warps take a second MMA n-tile of 8 columns: exact at every width, from 5 columns on the
+# cheapest line on every shape, and 0.8-1.3x the variant's one column at one column (attn_k/attn_v the 1.3x).
 #
 # Attention, from the attention benchmark (Qwen3-8B heads, 32/8), time per launch against the number of
 # queries at each KV length:
@@ -356,6 +389,15 @@ assert SOURCE is not None, "no timing source: neither a GPU nor committed result
 assert matvec_plan(ReductionOrder.BATCH_INVARIANT, 9, "Q4_K").launches() == [(0, 5), (5, 4)]
 assert all(matvec_plan(ReductionOrder.BATCH_INVARIANT, w, "Q4_K").nwarps == 4 for w in WIDTHS)
 assert matvec_plan(ReductionOrder.BATCH_VARIANT, 9, "Q4_K").kernel == "mmq_stock"
+if MATVEC:  # the prose on the committed per-order mat-vecs: exact orders keep a column's bits, the variant does not
+    for shape, per_order in MATVEC.items():
+        assert all(same for _, same in per_order["subblock"].values()), shape
+        assert all(same for _, same in per_order["batch_invariant"].values()), shape
+        assert not all(same for _, same in per_order["batch_variant"].values()), shape
+        sub = per_order["subblock"]
+        assert sub[8][0] < 1.4 * sub[1][0] and sub[9][0] > sub[8][0], shape  # flat to 8, a step at 9
+        assert all(sub[w][0] <= min(p[w][0] for p in per_order.values()) for w in range(5, 17)), shape
+        assert 0.75 <= sub[1][0] / per_order["batch_variant"][1][0] <= 1.35, shape
 assert verify and all(ms > 0 for pw in verify.values() for ms in pw.values())
 assert all(s > 0 for s, _ in speedup.values())
 if ABLATION is not None:  # the norms cost more than SwiGLU, and the small launches are a real share

@@ -129,12 +129,18 @@ def test_launch_variants_change_no_bit(cp, qtype, k, n, xlayout, monkeypatch):
 def _q4_k_switch_keeps_bits(cp, monkeypatch, env: str, define: str, k: int, n: int, nwarps: int, widths,
                             seed: int, multi: bool) -> int:
     """Q4_K launches of ``widths`` columns with the opt-in switch ``env`` set equal the emulator (and, ``multi``,
-    in an hx_mmq_multi launch of two weights); no spills. Returns how many of them compiled ``define`` in."""
+    in an hx_mmq_multi launch of two weights); no spills. Returns how many of them compiled ``define`` in. The
+    other opt-in weight-load switches are cleared first: a session's environment (a GPU run under
+    HIRAISHIN_MMQ_STAGE_W=wide, which takes precedence over HX_PIPELINE_W) must not decide what is tested."""
     import dataclasses
 
     from hiraishin.kernels import quantize
     from hiraishin.kernels.mmq import emulate
-    from hiraishin.kernels.mmq.launch import MMQLaunch, MMQMultiLaunch, kernel_defines
+    from hiraishin.kernels.mmq.launch import (ENV_MMQ_PIPELINE_W, ENV_MMQ_PREFETCH_NEXT, ENV_MMQ_STAGE_W, MMQLaunch,
+                                              MMQMultiLaunch, kernel_defines)
+
+    for other in (ENV_MMQ_PIPELINE_W, ENV_MMQ_PREFETCH_NEXT, ENV_MMQ_STAGE_W):
+        monkeypatch.delenv(other, raising=False)
     from hiraishin.plans.subblock import subblock_plan
     from hiraishin.quant import random_blocks
 

@@ -100,9 +100,11 @@ ENV_MMQ_PIPELINE_W = "HIRAISHIN_MMQ_PIPELINE_W"
 # with their partial sums: more than the 48 KB a block may declare statically). Off unless
 # HIRAISHIN_MMQ_STAGE_W is "1" (every Q4_K launch) or "wide" (only the launches of two n-tiles per warp, 9..16
 # columns: latency-bound, each warp walking its segments one round trip after another). H200, SUBBLOCK replays,
-# same digests (bench/results/2026-12-03-h200-session10/b-lazy-scales-stage-w, "1" where the static memory
-# fitted): the 0.6B shape faster (0.833 -> 0.817 ms one token, 1.023 -> 1.002 at 9, 1.162 -> 1.122 at 16), the
-# 8B slower at one token (2.750 -> 2.814; 3 tokens 3.119 -> 3.132).
+# same digests: "1" where the static memory fitted (bench/results/2026-12-03-h200-session10/b-lazy-scales-stage-w)
+# made the 0.6B faster (0.833 -> 0.817 ms one token) and the 8B slower at one token (2.750 -> 2.814); "wide"
+# (bench/results/2026-12-03-h200-session11/c-price-of-exactness-stage-wide) the 8B 4.325 -> 4.297 / 4.588 ->
+# 4.549 / 5.072 -> 4.997 ms at 9 / 12 / 16 tokens, the 0.6B 1.022 -> 1.001 / 1.088 -> 1.052 / 1.157 -> 1.122,
+# widths 1 and 3 unchanged. A candidate default once every GPU test has passed under it (not yet).
 ENV_MMQ_STAGE_W = "HIRAISHIN_MMQ_STAGE_W"
 MMQ_STAGE_W_VALUES = ("0", "1", "wide")
 SMEM_OPTIN_BYTES = 227 * 1024  # sm_90: the most a CUDA block may opt in to (cudaDevAttrMaxSharedMemoryPerBlockOptin)
