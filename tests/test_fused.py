@@ -23,6 +23,7 @@ from hiraishin.kernels.fused.emulate import (
 )
 from hiraishin.kernels.fused.launch import SOURCE, norm_geometry, norm_slices
 from hiraishin.kernels.quantize.launch import output_shape, quantize_defines
+from hiraishin.kernels.quantize.layout import LAYOUT_COLUMN_GROUP, mma8_columns
 from hiraishin.kernels.rmsnorm.emulate import block_threads
 from hiraishin.kernels.rope.emulate import rope_tables
 
@@ -190,9 +191,15 @@ def _unfused_rms_q8(shim, f, x, w, layout, tag):
     return f.get(f"{tag}uq.bin", np.uint8, qshape), y
 
 
-# (rows, n, layouts): 1024 and 4096 (1024 threads), 800 (not a multiple of 256: llama.cpp's layout only).
-NORM_CASES = [(3, 1024, (None, "Q4_K", "Q6_K", "MMA_Q4_K", "MMA_Q6_K")), (1, 4096, ("Q4_K", "Q6_K", "MMA_Q6_K")),
-              (5, 800, (None,))]
+def _real(q, layout, rows):
+    """The bytes of the ``rows`` real columns (an interleaving layout's padding columns are not written)."""
+    return mma8_columns(q, rows) if layout in LAYOUT_COLUMN_GROUP else q
+
+
+# (rows, n, layouts): 1024 and 4096 (1024 threads), 800 (not a multiple of 256: llama.cpp's layout only);
+# the interleaved MMA8 layouts for one group of columns and for two (9 rows: the second holds one).
+NORM_CASES = [(3, 1024, (None, "Q4_K", "Q6_K", "MMA_Q4_K", "MMA_Q6_K", "MMA8_Q4_K")), (1, 4096, ("Q4_K", "Q6_K", "MMA_Q6_K")),
+              (5, 800, (None,)), (9, 256, ("MMA8_Q4_K", "MMA8_Q6_K"))]
 
 
 @pytest.mark.parametrize("rows,n,layouts", NORM_CASES)
@@ -210,9 +217,9 @@ def test_rms_norm_q8_1_source_equals_unfused_and_emulator(shim, tmp_path, rows, 
                 [(True, norm_slices(n)), (True, 1), (True, 3)]:
             run(exe, f.put("x.bin", x), f.put("w.bin", w), rows, n, EPS_ARG, uq.size, f.path("q.bin"),
                 f.path("y.bin") if with_y else "-", block_threads(n), 0, "-", slices)
-            got_q = f.get("q.bin", np.uint8, uq.shape)
-            np.testing.assert_array_equal(got_q, uq, err_msg=f"fused vs unfused q8_1, layout {layout}")
-            np.testing.assert_array_equal(got_q, eq, err_msg=f"fused vs emulator q8_1, layout {layout}")
+            got_q = _real(f.get("q.bin", np.uint8, uq.shape), layout, rows)
+            np.testing.assert_array_equal(got_q, _real(uq, layout, rows), err_msg=f"fused vs unfused q8_1, layout {layout}")
+            np.testing.assert_array_equal(got_q, _real(eq, layout, rows), err_msg=f"fused vs emulator q8_1, layout {layout}")
             if with_y:
                 got_y = f.get("y.bin", np.float32, (rows, n))
                 np.testing.assert_array_equal(bits(got_y), bits(uy))

@@ -171,7 +171,8 @@ SHIM_CASES = [("Q4_K", 1024, 19, (1, 3, 9), 0, 4, 0), ("Q4_K", 5120, 17, (1, 2),
 SWITCHES = {"default": {}, "llama-layout": {"HIRAISHIN_MMQ_XLAYOUT": "0"}, "live-on": {"HIRAISHIN_MMQ_LIVE": "1"},
             "prefetch-next": {"HIRAISHIN_MMQ_PREFETCH_NEXT": "1"},  # (the L2 hint is a no-op in the shim)
             "pipeline-w": {"HIRAISHIN_MMQ_PIPELINE_W": "1"},  # (Q4_K cases; Q6_K ones run without it)
-            "stage-w": {"HIRAISHIN_MMQ_STAGE_W": "1"}}  # (Q4_K cases; cp.async a plain copy in the shim)
+            "stage-w": {"HIRAISHIN_MMQ_STAGE_W": "1"},  # (Q4_K cases; cp.async a plain copy in the shim)
+            "interleaved": {"HIRAISHIN_MMQ_XLAYOUT": "2"}}  # the MMA8 layouts: 8 columns' records interleaved
 
 
 @pytest.mark.parametrize("switch", list(SWITCHES))
@@ -206,7 +207,7 @@ def test_mmq_source_equals_emulator_on_cpu(tmp_path, case, switch, monkeypatch):
     for wd in widths:
         plan = dataclasses.replace(subblock_plan(wd, qtype, k), nwarps=nwarps)
         plans.append(plan)
-        if wd > 8 and switch in ("default", "llama-layout"):  # 9..16 columns as two interleaved one-tile blocks
+        if wd > 8 and switch in ("default", "llama-layout", "interleaved"):  # 9..16 columns as two one-tile blocks
             plans.append(dataclasses.replace(plan, cols_per_block=8, interleave=2))
         if wd > 8 and switch != "live-on":  # and as one block whose warps split over two one-tile column groups
             plans.append(dataclasses.replace(plan, warp_split=2, nwarps=2 * nwarps))
@@ -278,6 +279,29 @@ def test_staging_switch_picks_the_launches_and_their_dynamic_shared_memory(monke
         kernel_defines(subblock_plan(16, "Q4_K", 4096, n=4096))
 
 
+def test_interleaved_layouts_are_q4_k_only_and_the_switch_is_checked(monkeypatch):
+    """HIRAISHIN_MMQ_XLAYOUT=2: Q4_K kernels read the MMA8 layouts (HX_XLAYOUT 2), Q6_K ones keep the MMA layouts
+    (more registers with them); 0 and 1 as before; any other value is named."""
+    import importlib
+
+    from hiraishin.plans import subblock_plan
+
+    mmq_launch = importlib.import_module("hiraishin.kernels.mmq.launch")
+    seen = {}
+    for x in (0, 1, 2):
+        monkeypatch.setattr(mmq_launch, "MMQ_XLAYOUT", x)
+        for qtype in ("Q4_K", "Q6_K"):
+            plan = subblock_plan(9, qtype, 4096, n=4096)
+            seen[x, qtype] = (mmq_launch.kernel_defines(plan)["HX_XLAYOUT"], mmq_launch.activation_layout(plan))
+    assert seen == {(0, "Q4_K"): (0, None), (0, "Q6_K"): (0, None), (1, "Q4_K"): (1, "MMA_Q4_K"),
+                    (1, "Q6_K"): (1, "MMA_Q6_K"), (2, "Q4_K"): (2, "MMA8_Q4_K"), (2, "Q6_K"): (1, "MMA_Q6_K")}
+    monkeypatch.setenv(mmq_launch.ENV_MMQ_XLAYOUT, "2")
+    assert mmq_launch._read_xlayout() == 2
+    monkeypatch.setenv(mmq_launch.ENV_MMQ_XLAYOUT, "interleaved")
+    with pytest.raises(ValueError, match="HIRAISHIN_MMQ_XLAYOUT='interleaved'"):
+        mmq_launch._read_xlayout()
+
+
 MMQ_MULTI_MAIN = r"""
 int main(int argc, char** argv) {
     // argv: weights of the three row counts one after another, q8_1, n0, n1, n2, ncols, out
@@ -296,11 +320,14 @@ int main(int argc, char** argv) {
 }"""
 
 
+@pytest.mark.parametrize("xlayout", [1, 2])
 @pytest.mark.parametrize("qtype,widths", [("Q4_K", (1, 3, 12, 16)), ("Q6_K", (2, 16))])
-def test_mmq_multi_source_equals_separate_emulators_on_cpu(tmp_path, qtype, widths):
+def test_mmq_multi_source_equals_separate_emulators_on_cpu(tmp_path, qtype, widths, xlayout, monkeypatch):
     """Q, K and V (or gate and up) in one hx_mmq_multi launch: each weight's rows have the bits of its
-    own launch (the emulator), for row counts the 16-row tile does not divide."""
+    own launch (the emulator), for row counts the 16-row tile does not divide; in the MMA layouts and in their
+    columns-interleaved forms."""
     import dataclasses
+    import importlib
     import sys
     from pathlib import Path
 
@@ -311,6 +338,7 @@ def test_mmq_multi_source_equals_separate_emulators_on_cpu(tmp_path, qtype, widt
 
     if GXX is None:
         pytest.skip("needs g++ (C++20)")
+    monkeypatch.setattr(importlib.import_module("hiraishin.kernels.mmq.launch"), "MMQ_XLAYOUT", xlayout)
     k, ns = 512, (19, 5, 33)
     builder = ShimBuilder(tmp_path)
     (tmp_path / "hx_mma_shim.h").write_text(MMA_SHIM_H)

@@ -82,12 +82,12 @@ def test_no_register_spills(cp, qtype, k, n):
         assert attrs["local_size_bytes"] == 0, (qtype, k, wd, attrs)
 
 
-@pytest.mark.parametrize("xlayout", [1, 0])
+@pytest.mark.parametrize("xlayout", [1, 0, 2])
 @pytest.mark.parametrize("qtype,k,n", [("Q4_K", 5120, 333), ("Q6_K", 768, 45), ("Q6_K", 12288, 77), ("Q4_K", 4096, 50)])
 def test_launch_variants_change_no_bit(cp, qtype, k, n, xlayout, monkeypatch):
     """Warps per CUDA block, register caps, the activation prefetch and the shared-lane epilogue
-    (HX_LIVE, widths 2..4) are launch facts, with the activations in the MMA layouts or in llama.cpp's
-    (HX_XLAYOUT)."""
+    (HX_LIVE, widths 2..4) are launch facts, with the activations in the MMA layouts, in llama.cpp's or in the
+    columns-interleaved MMA8 layouts (HX_XLAYOUT 1, 0, 2)."""
     import dataclasses
     import importlib
 
@@ -113,7 +113,7 @@ def test_launch_variants_change_no_bit(cp, qtype, k, n, xlayout, monkeypatch):
         if base.warp_split > 1:  # two warps per K-segment
             warps = {2 * nw for nw in warps if 2 * nw <= 16}
         for nw in sorted(warps):
-            for cap in (64, 96, None) if xlayout else (None,):  # (llama.cpp's layout: fewer variants to compile)
+            for cap in (64, 96, None) if xlayout == 1 else (None,):  # (other layouts: fewer variants to compile)
                 few = base.cols_per_block == 8 and wd > 1
                 for pre, live in ((0, 0), (1, 0), (0, 1)) if few else ((0, 0), (1, 0)) if wd == 1 else ((0, 0),):
                     monkeypatch.setenv(ENV_MMQ_LIVE, str(live))
@@ -222,8 +222,8 @@ def test_multi_launch_equals_separate_launches(cp, qtype, k, ns, width):
 
 def test_passes_with_multi_launches_equal_passes_without(tiny_model_path, monkeypatch):
     """MMQ_MULTI (on; HIRAISHIN_MMQ_MULTI=0 turns it off): SUBBLOCK passes with Q/K/V and gate/up grouped give the
-    same logits as with every mat-vec its own launch, and (MMQ_XLAYOUT=0) as with the activations in llama.cpp's
-    q8_1 blocks instead of the MMA layouts."""
+    same logits as with every mat-vec its own launch, and (MMQ_XLAYOUT=0, 2) as with the activations in llama.cpp's
+    q8_1 blocks or the columns-interleaved MMA8 layouts instead of the MMA layouts."""
     import importlib
 
     from hiraishin import Qwen3, ReductionOrder
@@ -250,6 +250,10 @@ def test_passes_with_multi_launches_equal_passes_without(tiny_model_path, monkey
     _, llama_layout = run()
     for w, a, b in zip((1, 3, 9), llama_layout, grouped):
         assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), f"{w} tokens, llama.cpp's layout"
+    monkeypatch.setattr(mmq_launch, "MMQ_XLAYOUT", 2)  # and in the columns-interleaved MMA8 layouts (every writer)
+    _, interleaved = run()
+    for w, a, b in zip((1, 3, 9), interleaved, grouped):
+        assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), f"{w} tokens, MMA8 layouts"
     from hiraishin.plans import SubBlockPlan
 
     assert any(isinstance(key[2], SubBlockPlan) and len(ns) > 1 for key, ns in m.ops._multis), "nothing was grouped"

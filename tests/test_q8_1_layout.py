@@ -13,6 +13,21 @@ from hiraishin.kernels.quantize.layout import LAYOUT_BYTES, to_layout
 
 def _reference(xq, qtype):
     """The layout byte by byte, from the module docstring's table, with plain loops."""
+    if qtype.startswith("MMA8_"):  # per group of 8 columns and super-block: ds of each column, then per pair k
+        mma = _reference(xq, "MMA_" + qtype[5:])
+        ncols, width = mma.shape
+        rows = -(-ncols // 8) * 8
+        mma = np.concatenate([mma, np.repeat(mma[-1:], rows - ncols, axis=0)])
+        out = np.zeros(rows * width, np.uint8)
+        for col in range(rows):
+            j, c = divmod(col, 8)
+            for sb in range(width // 288):
+                base = (j * (width // 288) + sb) * 2304
+                out[base + 32 * c:base + 32 * c + 32] = mma[col, 288 * sb:288 * sb + 32]
+                for k in range(4):
+                    at = base + 256 + 512 * k + 64 * c
+                    out[at:at + 64] = mma[col, 288 * sb + 32 + 64 * k:288 * sb + 96 + 64 * k]
+        return out.reshape(rows, width)
     ncols, nbytes = xq.shape
     nsb = nbytes // 288
     out = np.zeros((ncols, nsb * LAYOUT_BYTES[qtype]), np.uint8)
@@ -65,8 +80,22 @@ def test_to_layout_follows_the_definition(qtype):
     x[1, :256] = 0.0  # an all-zero super-block: d = 0, sums 0
     xq = quantize_q8_1(x)
     got = to_layout(xq, qtype)
-    assert got.shape == (3, 3 * LAYOUT_BYTES[qtype])
+    assert got.shape == (8 if qtype.startswith("MMA8_") else 3, 3 * LAYOUT_BYTES[qtype])
     np.testing.assert_array_equal(got, _reference(xq, qtype))
+
+
+@pytest.mark.parametrize("ncols", [1, 8, 9, 17])
+def test_mma8_columns_undo_the_interleaving(ncols):
+    """mma8_columns(to_layout(xq, MMA8_*)) is the per-column MMA layout, for partial and whole groups."""
+    from hiraishin.kernels.quantize.layout import mma8_columns
+
+    xq = quantize_q8_1(np.random.default_rng(ncols).standard_normal((ncols, 512)).astype(np.float32))
+    for qtype in ("Q4_K", "Q6_K"):
+        inter = to_layout(xq, "MMA8_" + qtype)
+        assert inter.shape == (-(-ncols // 8) * 8, 2 * 288)
+        np.testing.assert_array_equal(mma8_columns(inter, ncols), to_layout(xq, "MMA_" + qtype))
+    with pytest.raises(QuantError, match="mma8_columns"):
+        mma8_columns(inter[:, :100], ncols)
 
 
 def test_to_layout_bad_inputs_name_the_problem():

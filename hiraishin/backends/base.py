@@ -139,7 +139,8 @@ class Backend:
     def quantize_q8_1(self, x, layout: str | None = None):
         """q8_1 bytes (ncols, K/32*36) of float32 ``x`` (ncols, K); ``layout`` ``"Q4_K"``/``"Q6_K"``:
         the mat-vec kernel's own layout for that weight type, ``"MMA_Q4_K"``/``"MMA_Q6_K"`` the sub-block
-        MMA kernel's (K a multiple of 256)."""
+        MMA kernel's, ``"MMA8_Q4_K"``/``"MMA8_Q6_K"`` those with each group of 8 columns interleaved (rows
+        rounded up to whole groups: ``quantize.layout.layout_rows``) (K a multiple of 256)."""
         from ..kernels.quantize.layout import LAYOUT_BYTES, SUPER_BLOCK
 
         x = self._arr(x)

@@ -30,19 +30,22 @@ bytewise, the two integer results scaled by their int8 scales and added as integ
 change no bit: warps, register cap, activation prefetch (tuned per shape for launches of 2..8
 columns: ``plans/subblock.py`` ``SUBBLOCK_FEW_COLS_TUNING``; of 9..16 columns, with the columns per
 CUDA block and the warp split: ``SUBBLOCK_WIDE_COLS_TUNING``, empty (the side-by-side blocks won
-isolated and lost in whole passes on the H200; the warp split is not timed yet); both replaced by
+isolated and lost in whole passes on the H200; the warp split lost 30% in whole passes); both replaced by
 ``HIRAISHIN_MMQ_TUNING``),
 the activation layout (``HX_XLAYOUT``: the MMA layouts of ``quantize/layout.py``, where a lane's
 B fragments of two q8_1 blocks are one 16-byte load and the fp16 scales of four another, and Q4_K
 rows are read 8 bytes per pair of k slots; ``HIRAISHIN_MMQ_XLAYOUT=0``: llama.cpp's 36-byte blocks,
-read 4 bytes at a time, which kept L1 the bound of these launches on the H200), and four
+read 4 bytes at a time, which kept L1 the bound of these launches on the H200; ``=2``: for Q4_K the MMA8
+layouts, the records of each n-tile's 8 columns interleaved so that a load whose lanes read 8 columns reads
+512 contiguous bytes — opt-in, bit-tested on the CPU shim, not yet timed), and four
 measured-slower alternatives kept as opt-in switches: ``HX_LIVE`` (the integer C moved across the
 warp so all lanes share the float work of <= 4 live columns; ``HIRAISHIN_MMQ_LIVE=1``),
 ``HX_PREFETCH_NEXT`` (an L2 hint for the next super-block; ``HIRAISHIN_MMQ_PREFETCH_NEXT=1``) and
 ``HX_PIPELINE_W`` (Q4_K: the next super-block's loads issued into registers before the current one's
 MMAs; ``HIRAISHIN_MMQ_PIPELINE_W=1``) and ``HX_STAGE_W`` (Q4_K: the next super-block copied into shared
 memory with cp.async, the first copy before the PDL wait; ``HIRAISHIN_MMQ_STAGE_W=1``: faster on the
-0.6B's short rows, slower on the 8B's).
+0.6B's short rows, slower on the 8B's; ``=wide``, only the 9..16-column launches: 0.6-3% faster, same
+bits, a candidate default).
 
 Upstream facts mirrored (llama.cpp ggml-cuda ``mmq.cuh`` / ``mma.cuh``; reference section 4): MMQ
 accumulates per 32-value sub-block in k order, ``sum += dA*dB*C_int32`` then the Q4_K min term
@@ -57,7 +60,7 @@ API: ``plan = hiraishin.plans.subblock.subblock_plan(ncols, qtype, k, n=rows)``;
 q8_1 layout, (ncols, K/32*36) uint8, converted to the kernel's ``launch.activation_layout(plan)``; a
 forward pass quantizes straight into it; ``out`` float32 (ncols, N)). Measured on an H200:
 ``bench/results/2026-12-01-h200-mmq/README.md``, ``bench/results/2026-12-03-h200-session9/README.md``,
-``bench/results/2026-12-03-h200-session10/README.md``.
+``bench/results/2026-12-03-h200-session10/README.md``, ``bench/results/2026-12-03-h200-session11/README.md``.
 
 Files: ``mma_rows.cu`` (mma.sync helpers and weight-row loads, shared with ``kernels/mmq_stock``),
 ``mmq.cu`` (``hx_mmq``, and ``hx_mmq_multi``: up to three weights of one plan in one launch, the same

@@ -18,7 +18,7 @@ from ...quant import BLOCK_BYTES, GGML_TYPE_ID, QK_K
 from ..compile import blocks_for_register_cap, get_kernel, relax_register_cap
 from ..compile import precompile as compile_many
 from ..mmvq.launch import MULTI_MAX_WEIGHTS, multi_weight_args
-from ..quantize.layout import MMA_LAYOUTS, as_layout
+from ..quantize.layout import MMA8_LAYOUTS, MMA_LAYOUTS, as_layout
 
 __all__ = [
     "ENV_MMQ_XLAYOUT",
@@ -136,20 +136,47 @@ def stage_bytes(defines: dict) -> int:
 # llama.cpp's 36-byte blocks read 4 bytes at a time. Nsight Compute on the H200 (bench/results/
 # 2026-12-03-h200-session9): with llama.cpp's layout the several-column gate/up launch of the 8B keeps
 # L1 89.96% busy at 39% of DRAM bandwidth. Where the integers come from only: no bit changes.
-# HIRAISHIN_MMQ_XLAYOUT=0 reads llama.cpp's layout (the A/B). Read once, at import (the backend asks per
-# prepared mat-vec); a test may set MMQ_XLAYOUT itself.
+# HIRAISHIN_MMQ_XLAYOUT=0 reads llama.cpp's layout (the A/B); =2 the MMA layouts with each group of 8 columns
+# interleaved (MMA8_*: a lane load that reads 8 columns reads 512 contiguous bytes, not 8 lines; Nsight Compute
+# on the 9-16-column launches, bench/results/2026-12-03-h200-session11: L1/TEX 71-81% busy, the busiest unit):
+# opt-in, not yet timed. Read once, at import (the backend asks per prepared mat-vec); a test may set
+# MMQ_XLAYOUT itself.
 ENV_MMQ_XLAYOUT = "HIRAISHIN_MMQ_XLAYOUT"
-MMQ_XLAYOUT = int(os.environ.get(ENV_MMQ_XLAYOUT, "1").strip() != "0")
+MMQ_XLAYOUT_VALUES = ("0", "1", "2")
+
+
+def _read_xlayout() -> int:
+    value = os.environ.get(ENV_MMQ_XLAYOUT, "").strip() or "1"
+    if value not in MMQ_XLAYOUT_VALUES:
+        raise ValueError(f"${ENV_MMQ_XLAYOUT}={value!r}: expected one of {', '.join(MMQ_XLAYOUT_VALUES)}")
+    return int(value)
+
+
+MMQ_XLAYOUT = _read_xlayout()
 
 
 def xlayout_enabled() -> int:
-    """1 when the kernels read the MMA layouts (:data:`MMQ_XLAYOUT`), else 0."""
+    """HX_XLAYOUT of the sub-block kernels (:data:`MMQ_XLAYOUT`): 0 llama.cpp's q8_1 blocks, 1 the MMA layouts,
+    2 their columns-interleaved forms."""
     return MMQ_XLAYOUT
+
+
+# The weight types whose kernels read the MMA8 layouts under HIRAISHIN_MMQ_XLAYOUT=2. Not Q6_K: ptxas (sm_90,
+# bench/regs_mmq.py) puts its 9-16-column launches at 164 registers with them (128 without), one CUDA block per
+# SM instead of two; its kernels keep the MMA layouts.
+MMA8_QTYPES = ("Q4_K",)
+
+
+def plan_xlayout(plan: SubBlockPlan) -> int:
+    """HX_XLAYOUT of ``plan``'s kernel: :func:`xlayout_enabled`, but 1 for a weight type not in
+    :data:`MMA8_QTYPES` under 2."""
+    x = xlayout_enabled()
+    return 1 if x == 2 and plan.qtype not in MMA8_QTYPES else x
 
 
 def activation_layout(plan: SubBlockPlan) -> str | None:
     """The q8_1 layout ``plan``'s kernel reads its activations in (``quantize.layout``; None: llama.cpp's)."""
-    return MMA_LAYOUTS[plan.qtype] if xlayout_enabled() else None
+    return {0: None, 1: MMA_LAYOUTS[plan.qtype], 2: MMA8_LAYOUTS[plan.qtype]}[plan_xlayout(plan)]
 
 
 def _prefetch_w(k: int) -> int:
@@ -211,7 +238,7 @@ def kernel_defines(plan: SubBlockPlan, max_regs: int | None | str = "default",
         "HX_PREFETCH_NEXT": 0 if stage else _switch(ENV_MMQ_PREFETCH_NEXT),
         "HX_PIPELINE_W": _switch(ENV_MMQ_PIPELINE_W) if plan.qtype == "Q4_K" and not stage else 0,
         "HX_STAGE_W": int(stage),
-        "HX_XLAYOUT": xlayout_enabled(),
+        "HX_XLAYOUT": plan_xlayout(plan),
         "HX_CGROUPS": plan.interleave,
         "HX_WSPLIT": plan.warp_split,
     }

@@ -8,7 +8,8 @@
 #ifndef HX_Q4_SCALE_FP16
 #define HX_Q4_SCALE_FP16 0
 #endif
-// HX_XLAYOUT (0/1; mmq.cu): 1 when the activations come in the MMA layouts of quantize/layout.py.
+// HX_XLAYOUT (0/1/2; mmq.cu): 1 when the activations come in the MMA layouts of quantize/layout.py, 2 in their
+// columns-interleaved forms (MMA8_*: the same bytes, each group of 8 columns' records interleaved).
 // Q4_K rows are then read 8 bytes at a time: lane t takes bytes 8t..8t+7 of each 32-byte chunk of qs
 // (values 8t..8t+7 of two sub-blocks) for the MMA k slots 4t..4t+3 and 16+4t..16+4t+3, and MMA_Q4_K
 // puts the activation values 8t..8t+7 in the same slots: each product pairs the same two values.
@@ -164,6 +165,19 @@ __device__ __forceinline__ int hx_q6_vals(const hx_row_sb& r, int n, int bb, int
 // Where lane (g, t) of an MMA warp reads: its two weight rows (row0 + g and row0 + g + 8, clamped to
 // the last row), and per n-tile of 8 columns from col0 the activations of B column g and of C columns
 // 2t, 2t + 1 (clamped to the last column; clamped reads are never written back).
+// Where column col's activations begin in xq: its ints (the B fragments; ints = true) and its ds words.
+// Per-column records (HX_XLAYOUT 0, 1): both at the column's record; HX_XLAYOUT 2: inside its group of 8
+// columns (quantize/layout.py MMA8_*: per super-block the 8 columns' ds words, 32 bytes each, then per pair of
+// q8_1 blocks the 8 columns' 64 bytes). mmq.cu's HX_X_DS / HX_X_INT offsets are relative to these.
+__device__ __forceinline__ const unsigned char* hx_x_col(const unsigned char* xq, const int col, const bool ints) {
+#if HX_XLAYOUT == 2
+    const unsigned char* grp = xq + (size_t)(col >> 3) * HX_NB * (8 * 8 * HX_Q8_BYTES);
+    return grp + (ints ? 8 * 32 + 64 * (col & 7) : 32 * (col & 7));
+#else
+    return xq + (size_t)col * HX_NB * 8 * HX_Q8_BYTES;
+#endif
+}
+
 struct hx_mma_ptrs {
     const unsigned char* wA;
     const unsigned char* wB;
@@ -175,15 +189,14 @@ __device__ __forceinline__ hx_mma_ptrs hx_mma_pointers(const unsigned char* w, c
                                                        const int nrows, const int ncols, const int row0,
                                                        const int col0, const int g, const int t) {
     const size_t row_bytes = (size_t)HX_NB * HX_BLOCK_BYTES;
-    const size_t x_bytes = (size_t)HX_NB * 8 * HX_Q8_BYTES;  // q8_1 bytes per column
     hx_mma_ptrs p;
     p.wA = w + (size_t)min(row0 + g, nrows - 1) * row_bytes;
     p.wB = w + (size_t)min(row0 + g + 8, nrows - 1) * row_bytes;
 #pragma unroll
     for (int nt = 0; nt < HX_NT; ++nt) {
-        p.xb[nt] = xq + (size_t)min(col0 + 8 * nt + g, ncols - 1) * x_bytes;
-        p.xc[nt][0] = xq + (size_t)min(col0 + 8 * nt + 2 * t, ncols - 1) * x_bytes;
-        p.xc[nt][1] = xq + (size_t)min(col0 + 8 * nt + 2 * t + 1, ncols - 1) * x_bytes;
+        p.xb[nt] = hx_x_col(xq, min(col0 + 8 * nt + g, ncols - 1), true);
+        p.xc[nt][0] = hx_x_col(xq, min(col0 + 8 * nt + 2 * t, ncols - 1), false);
+        p.xc[nt][1] = hx_x_col(xq, min(col0 + 8 * nt + 2 * t + 1, ncols - 1), false);
     }
     return p;
 }

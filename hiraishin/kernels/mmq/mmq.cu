@@ -21,7 +21,9 @@
 // Activations: llama.cpp's q8_1 blocks (fp16 d, fp16 s, int8 q[32]; 36 bytes), one row of
 // K/32 blocks per column; or, HX_XLAYOUT 1, the same bytes regrouped per super-block so that a lane
 // loads its B fragments of two blocks in one 16-byte load and the ds words of four blocks in another
-// (quantize/layout.py MMA_Q4_K / MMA_Q6_K; Q4_K rows then read with mma_rows.cu's 8-byte k slots).
+// (quantize/layout.py MMA_Q4_K / MMA_Q6_K; Q4_K rows then read with mma_rows.cu's 8-byte k slots); or,
+// HX_XLAYOUT 2, those records with each group of 8 columns interleaved (MMA8_*), so that the 8 lanes of a
+// load that read 8 columns read 512 contiguous bytes.
 // Only where the integers and fp16 scales are fetched from changes: no float operation does.
 // Fragment facts (PTX ISA, mma.m16n8k32 / m16n8k16 .s8; lane = 4g + t):
 // A regs a0 (row g, k 4t..4t+3), a1 (row g+8, same k), [k32: a2 (row g, k 16+4t..), a3 (row
@@ -120,7 +122,10 @@
 // Byte offsets, in a column's activations, of block jj (0..7) of super-block i: its ds word, and its
 // int for the MMA k slots 4t.. (h = 0) or 16 + 4t.. (h = 1) of lane (g, t).
 #define HX_X_REC (8 * HX_Q8_BYTES)
-#if HX_XLAYOUT
+#if HX_XLAYOUT == 2  // (relative to mma_rows.cu hx_x_col: a group's super-block records are 8 columns' worth)
+#define HX_X_DS(i, jj) ((size_t)(i) * 8 * HX_X_REC + 4 * (jj))
+#define HX_X_INT(i, jj, t, h) ((size_t)(i) * 8 * HX_X_REC + 512 * ((jj) >> 1) + 16 * (t) + 8 * ((jj) & 1) + 4 * (h))
+#elif HX_XLAYOUT
 #define HX_X_DS(i, jj) ((size_t)(i) * HX_X_REC + 4 * (jj))
 #define HX_X_INT(i, jj, t, h) ((size_t)(i) * HX_X_REC + 32 + 64 * ((jj) >> 1) + 16 * (t) + 8 * ((jj) & 1) + 4 * (h))
 #else
@@ -178,8 +183,7 @@ __device__ __forceinline__ void hx_mmq_tile(const unsigned char* __restrict__ w,
 #pragma unroll
     for (int u = 0; u < HX_LIVE_NE; ++u) {
         live_col[u] = HX_LIVE == 2 ? t & 1 : 2 * (t >> 1) + u;
-        const size_t x_bytes = (size_t)HX_NB * 8 * HX_Q8_BYTES;
-        live_x[u] = xq + (size_t)min(col0 + live_col[u], ncols - 1) * x_bytes;
+        live_x[u] = hx_x_col(xq, min(col0 + live_col[u], ncols - 1), false);
     }
 #endif
 

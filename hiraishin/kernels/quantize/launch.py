@@ -6,7 +6,7 @@ import numpy as np
 
 from ...quant import BLOCK_BYTES, BLOCK_ELEMS
 from ..compile import get_kernel
-from .layout import LAYOUT_BYTES, LAYOUT_IDS, SUPER_BLOCK
+from .layout import LAYOUT_BYTES, LAYOUT_IDS, SUPER_BLOCK, layout_rows
 
 __all__ = ["QUANTIZE_WARPS_PER_BLOCK", "QuantizeLaunch", "quantize_defines", "quantize_kernel", "output_shape",
            "launch"]
@@ -30,10 +30,11 @@ def quantize_kernel(layout: str | None = None):
 
 
 def output_shape(T: int, K: int, layout: str | None = None) -> tuple[int, int]:
-    """Shape of the uint8 q8_1 bytes of (T, K) activations in ``layout``."""
+    """Shape of the uint8 q8_1 bytes of (T, K) activations in ``layout`` (an interleaving layout's rows are
+    whole groups of columns: ``layout.layout_rows``)."""
     if layout is None:
         return T, K // BLOCK_ELEMS["Q8_1"] * BLOCK_BYTES["Q8_1"]
-    return T, K // SUPER_BLOCK * LAYOUT_BYTES[layout]
+    return layout_rows(T, layout), K // SUPER_BLOCK * LAYOUT_BYTES[layout]
 
 
 class QuantizeLaunch:

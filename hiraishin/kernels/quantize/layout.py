@@ -38,6 +38,21 @@ column launches, bench/results/2026-12-03-h200-session9)::
                        32-byte chunk for the same MMA k slots, so every product pairs the same two
                        values and the exact integer dot product is unchanged)
 
+``MMA8_Q4_K`` / ``MMA8_Q6_K`` hold the same 288-byte records with the columns of each n-tile of 8 (columns
+8j..8j+7) interleaved, so that one 16-byte load per lane of an MMA warp, whose lanes read 8 columns at once,
+covers 512 contiguous bytes (4 cache lines, where per-column records put the 8 columns 8 lines apart; on the
+H200 L1/TEX is the busiest unit of the 9-16-column launches, bench/results/2026-12-03-h200-session11). Per
+group of 8 columns and super-block, 2304 bytes::
+
+    MMA8_Q6_K / MMA8_Q4_K, 2304 bytes (c = column % 8):
+      [32c, +32)                  column c's 32 bytes of ds words ([0, 32) of its MMA record)
+      [256 + 512k + 64c, +64)     column c's 64 bytes of pair k ([32 + 64k, +64) of its MMA record)
+
+The buffer holds ceil(ncols / 8) whole groups; the columns past the last real one (padding) are never
+read (the kernels clamp their column to the last real one), :func:`to_layout` fills them with copies of the
+last column and the CUDA writers leave them as they find them: :func:`mma8_columns` gives the real columns'
+per-column records back, which is what tests compare.
+
 Rows of weights with K values have K / 256 super-blocks, so a column is K/256 * 288 (Q6_K and the
 MMA layouts) or K/256 * 416 (Q4_K) bytes. The quantize kernel writes these layouts directly
 (``quantize.launch(x, out, layout=...)``); :func:`to_layout` converts llama.cpp-layout bytes
@@ -51,19 +66,23 @@ import numpy as np
 from ...errors import QuantError
 from ...quant import BLOCK_BYTES, QK_K
 
-__all__ = ["LAYOUT_TYPES", "LAYOUT_BYTES", "LAYOUT_IDS", "MMA_LAYOUTS", "SUPER_BLOCK", "as_layout", "layout_for", "to_layout"]
+__all__ = ["LAYOUT_TYPES", "LAYOUT_BYTES", "LAYOUT_COLUMN_GROUP", "LAYOUT_IDS", "MMA_LAYOUTS", "MMA8_LAYOUTS",
+           "SUPER_BLOCK", "as_layout", "layout_for", "layout_rows", "mma8_columns", "to_layout"]
 
 Q8_1_BLOCK_BYTES = BLOCK_BYTES["Q8_1"]
 SUPER_BLOCK = QK_K  # values per layout unit: one Q4_K/Q6_K weight super-block
 
 # Bytes per weight super-block (per 8 q8_1 blocks) of each layout.
-LAYOUT_BYTES = {"Q6_K": 288, "Q4_K": 416, "MMA_Q6_K": 288, "MMA_Q4_K": 288}
+LAYOUT_BYTES = {"Q6_K": 288, "Q4_K": 416, "MMA_Q6_K": 288, "MMA_Q4_K": 288, "MMA8_Q6_K": 288, "MMA8_Q4_K": 288}
 LAYOUT_TYPES = ("Q6_K", "Q4_K")  # the mat-vec kernel's layouts, one per weight type
-# The sub-block MMA kernel's layout per weight type (hiraishin/kernels/mmq).
+# The sub-block MMA kernel's layout per weight type (hiraishin/kernels/mmq), and its columns-interleaved form.
 MMA_LAYOUTS = {"Q4_K": "MMA_Q4_K", "Q6_K": "MMA_Q6_K"}
+MMA8_LAYOUTS = {"Q4_K": "MMA8_Q4_K", "Q6_K": "MMA8_Q6_K"}
+# Columns whose records a layout interleaves (an MMA n-tile: the N of m16n8k32); 1 for the others.
+LAYOUT_COLUMN_GROUP = {"MMA8_Q4_K": 8, "MMA8_Q6_K": 8}
 # HX_LAYOUT of the kernels that write a layout (quantize_q8_1.cu): the mat-vec layouts by their
-# weight's ggml type id, the MMA layouts by 100 + it.
-LAYOUT_IDS = {"Q4_K": 12, "Q6_K": 14, "MMA_Q4_K": 112, "MMA_Q6_K": 114}
+# weight's ggml type id, the MMA layouts by 100 + it, their interleaved forms by 200 + it.
+LAYOUT_IDS = {"Q4_K": 12, "Q6_K": 14, "MMA_Q4_K": 112, "MMA_Q6_K": 114, "MMA8_Q4_K": 212, "MMA8_Q6_K": 214}
 _BLOCKS_PER_SUPER = 8
 
 # (thread, slot) -> (q8_1 block, int) of the ints region.
@@ -84,11 +103,20 @@ def layout_for(qtype: str) -> str | None:
     return qtype if qtype in LAYOUT_TYPES else None
 
 
+def layout_rows(ncols: int, layout: str | None) -> int:
+    """Rows (columns of activations, padding included) of a buffer of ``ncols`` columns in ``layout``."""
+    group = LAYOUT_COLUMN_GROUP.get(layout, 1)
+    return -(-ncols // group) * group
+
+
 def to_layout(xq, qtype: str):
-    """q8_1 bytes (ncols, K/32*36) in llama.cpp's layout -> the ``qtype`` layout (ncols, K/256*bytes).
+    """q8_1 bytes (ncols, K/32*36) in llama.cpp's layout -> the ``qtype`` layout (:func:`layout_rows` rows,
+    K/256*bytes each).
 
     Works on numpy and cupy arrays (the result is of the same kind).
     """
+    if qtype in LAYOUT_COLUMN_GROUP:
+        return _interleave(to_layout(xq, "MMA_" + qtype[len("MMA8_"):]), LAYOUT_COLUMN_GROUP[qtype])
     if qtype not in LAYOUT_BYTES:
         raise QuantError(f"no mat-vec activation layout for {qtype!r}; layouts exist for {list(LAYOUT_BYTES)}")
     xp = _array_module(xq)
@@ -117,6 +145,39 @@ def to_layout(xq, qtype: str):
         parts = [ints[:, :, xp.asarray(_Q4_K_BLOCK), xp.asarray(_Q4_K_INT)], d, sums.astype(xp.int32)]
     out = xp.concatenate([xp.ascontiguousarray(p).reshape(ncols, nsb, -1).view(xp.uint8) for p in parts], axis=2)
     return out.reshape(ncols, nsb * LAYOUT_BYTES[qtype])
+
+
+def _interleave(mma, group: int):
+    """Per-column MMA records (ncols, nsb*288) -> the columns of each group of ``group`` interleaved, the last
+    group padded with copies of the last column."""
+    xp = _array_module(mma)
+    ncols, width = mma.shape
+    nsb = width // 288
+    if ncols == 0:
+        return mma
+    rows = layout_rows(ncols, "MMA8_Q4_K")
+    pad = xp.concatenate([mma, xp.repeat(mma[-1:], rows - ncols, axis=0)]) if rows > ncols else mma
+    rec = pad.reshape(rows // group, group, nsb, 288)
+    ds = rec[..., :32].transpose(0, 2, 1, 3).reshape(rows // group, nsb, group * 32)
+    ints = rec[..., 32:].reshape(rows // group, group, nsb, 4, 64).transpose(0, 2, 3, 1, 4)
+    out = xp.concatenate([ds, ints.reshape(rows // group, nsb, group * 256)], axis=2)
+    return xp.ascontiguousarray(out).reshape(rows, width)
+
+
+def mma8_columns(buf, ncols: int):
+    """The per-column MMA records (``ncols``, nsb*288) of the real columns of an MMA8 buffer (the inverse of
+    :func:`to_layout`'s interleaving; padding dropped)."""
+    xp = _array_module(buf)
+    rows, width = buf.shape
+    group = LAYOUT_COLUMN_GROUP["MMA8_Q4_K"]
+    if rows % group or width % 288 or rows < ncols:
+        raise QuantError(f"mma8_columns needs (8j, K/256*288) bytes holding {ncols} columns; got {tuple(buf.shape)}")
+    nsb = width // 288
+    g = xp.ascontiguousarray(buf).reshape(rows // group, nsb, 2304)
+    ds = g[..., :256].reshape(rows // group, nsb, group, 32).transpose(0, 2, 1, 3)
+    ints = g[..., 256:].reshape(rows // group, nsb, 4, group, 64).transpose(0, 3, 1, 2, 4)
+    rec = xp.concatenate([ds, ints.reshape(rows // group, group, nsb, 256)], axis=3)
+    return xp.ascontiguousarray(rec).reshape(rows, width)[:ncols]
 
 
 def as_layout(xq, layout: str | None):

@@ -14,6 +14,9 @@
 // thread, d as float32 (the fp16 value, exactly) and, for Q4_K, per-thread integer sums.
 // 112 / 114 (MMA_Q4_K / MMA_Q6_K: 100 + the type id): the sub-block MMA kernel's records of
 // 288 bytes: the 8 blocks' ds words, then per pair of blocks the ints of each MMA lane side by side.
+// 212 / 214 (MMA8_Q4_K / MMA8_Q6_K: 200 + the type id): the same records with the columns of each group of
+// 8 interleaved (per group and super-block: the 8 columns' ds words, then per pair the 8 columns' 64 bytes);
+// y then holds whole groups of 8 columns (the padding columns are not written).
 // Launch: grid (ceil(K/32 / HX_Q8_WARPS), ncols), block (32 * HX_Q8_WARPS).
 
 // HX_Q8_1_BYTES (36) and the type ids come from hiraishin.quant (compile.py format_defines).
@@ -33,14 +36,14 @@
 template <int LAYOUT, int RECORD_BYTES>
 __device__ __forceinline__ void hx_q8_1_store_as(unsigned char* __restrict__ y, const int col, const int nb,
                                                  const int ib, const int lane, const float xi) {
-    static_assert(LAYOUT == 0 || LAYOUT == 12 || LAYOUT == 14 || LAYOUT == 112 || LAYOUT == 114,
-                  "layout must be 0, 12 (Q4_K), 14 (Q6_K), 112 (MMA_Q4_K) or 114 (MMA_Q6_K)");
+    static_assert(LAYOUT == 0 || LAYOUT == 12 || LAYOUT == 14 || LAYOUT == 112 || LAYOUT == 114 || LAYOUT == 212 ||
+                  LAYOUT == 214, "layout must be 0, 12 (Q4_K), 14 (Q6_K), 112 / 114 (MMA_*) or 212 / 214 (MMA8_*)");
     const float amax = hx_warp_max(fabsf(xi));
     const float d = __fdiv_rn(amax, 127.0f);
     const float q = amax == 0.0f ? 0.0f : roundf(__fdiv_rn(xi, d));
 
     const int qi = (int)q;
-    if constexpr (LAYOUT == 0 || LAYOUT == 112 || LAYOUT == 114) {
+    if constexpr (LAYOUT == 0 || LAYOUT >= 100) {
         const float sum = hx_warp_sum(xi);  // all lanes take part in the butterfly
         const unsigned int ds = (unsigned int)hx_f2h(d) | ((unsigned int)hx_f2h(sum) << 16);
         if constexpr (LAYOUT == 0) {
@@ -48,12 +51,20 @@ __device__ __forceinline__ void hx_q8_1_store_as(unsigned char* __restrict__ y, 
             blk[4 + lane] = (unsigned char)(signed char)qi;
             if (lane == 0) *(unsigned int*)blk = ds;
         } else {  // quantize/layout.py: int m = lane / 4 goes to MMA lane t, slot u of block b's pair
-            unsigned char* rec = y + ((long long)col * (nb / 8) + ib / 8) * RECORD_BYTES;
             const int b = ib % 8, m = lane / 4;
-            const int t = LAYOUT == 114 ? m % 4 : m / 2;
-            const int u = LAYOUT == 114 ? m / 4 : m % 2;
-            rec[32 + 64 * (b / 2) + 16 * t + 8 * (b % 2) + 4 * u + lane % 4] = (unsigned char)(signed char)qi;
-            if (lane == 0) *(unsigned int*)(rec + 4 * b) = ds;
+            const int t = LAYOUT % 100 == 14 ? m % 4 : m / 2;
+            const int u = LAYOUT % 100 == 14 ? m / 4 : m % 2;
+            const int at = 16 * t + 8 * (b % 2) + 4 * u + lane % 4;  // in the pair's 64 bytes of this column
+            if constexpr (LAYOUT < 200) {
+                unsigned char* rec = y + ((long long)col * (nb / 8) + ib / 8) * RECORD_BYTES;
+                rec[32 + 64 * (b / 2) + at] = (unsigned char)(signed char)qi;
+                if (lane == 0) *(unsigned int*)(rec + 4 * b) = ds;
+            } else {  // the record of super-block ib / 8 of column group col / 8, column col % 8 in it
+                unsigned char* grp = y + ((long long)(col / 8) * (nb / 8) + ib / 8) * (8 * RECORD_BYTES);
+                const int c = col % 8;
+                grp[256 + 512 * (b / 2) + 64 * c + at] = (unsigned char)(signed char)qi;
+                if (lane == 0) *(unsigned int*)(grp + 32 * c + 4 * b) = ds;
+            }
         }
     } else {
         const int b = ib % 8;
