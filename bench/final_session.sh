@@ -42,6 +42,9 @@
 #   stalls    bench/ncu_stalls.sh over STALL_PROFILES (e.g. "qwen3-8b subblock 16 hx_mmq"), NCU_EXTRA sections
 #             beside its own: what bounds a launch (memory latency, a pipe, issue) at a width;
 #   kernels   per-kernel times under Nsight Compute (bench/kernel_times.sh), if time is left.
+# A call that measures a switch and then benchmarks whichever setting won runs this script twice, the
+# second time under `export VAR=$(python3 bench/pick_ab.py $OUT VAR BASE CANDIDATE)` (faster by a set margin
+# with every logits digest equal, else BASE).
 # Usage on the device (repo root): HIRAISHIN_COMMIT=<commit> [STEPS=tests] bash bench/final_session.sh
 # Everything lands in $OUT (session.log with it). Stock llama.cpp beside us is bench/llama_cpp_session.sh,
 # a call of its own (its speculative example, with the renamed --spec-draft-n-max, is still to be run).

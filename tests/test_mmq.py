@@ -295,11 +295,14 @@ def test_interleaved_layouts_are_q4_k_only_and_the_switch_is_checked(monkeypatch
             seen[x, qtype] = (mmq_launch.kernel_defines(plan)["HX_XLAYOUT"], mmq_launch.activation_layout(plan))
     assert seen == {(0, "Q4_K"): (0, None), (0, "Q6_K"): (0, None), (1, "Q4_K"): (1, "MMA_Q4_K"),
                     (1, "Q6_K"): (1, "MMA_Q6_K"), (2, "Q4_K"): (2, "MMA8_Q4_K"), (2, "Q6_K"): (1, "MMA_Q6_K")}
+    choice = (mmq_launch.ENV_MMQ_XLAYOUT, mmq_launch.MMQ_XLAYOUT_VALUES, "1")  # as MMQ_XLAYOUT is read at import
     monkeypatch.setenv(mmq_launch.ENV_MMQ_XLAYOUT, "2")
-    assert mmq_launch._read_xlayout() == 2
+    assert mmq_launch._env_choice(*choice) == "2"
+    monkeypatch.delenv(mmq_launch.ENV_MMQ_XLAYOUT)
+    assert mmq_launch._env_choice(*choice) == "1"
     monkeypatch.setenv(mmq_launch.ENV_MMQ_XLAYOUT, "interleaved")
     with pytest.raises(ValueError, match="HIRAISHIN_MMQ_XLAYOUT='interleaved'"):
-        mmq_launch._read_xlayout()
+        mmq_launch._env_choice(*choice)
 
 
 MMQ_MULTI_MAIN = r"""

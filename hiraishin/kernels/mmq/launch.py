@@ -86,6 +86,14 @@ def _switch(var: str) -> int:
     return int(os.environ.get(var, "").strip() == "1")
 
 
+def _env_choice(var: str, values: tuple, default: str) -> str:
+    """The value of the environment variable ``var`` (``default`` when unset or empty), one of ``values``."""
+    value = os.environ.get(var, "").strip() or default
+    if value not in values:
+        raise ValueError(f"${var}={value!r}: expected one of {', '.join(values)}")
+    return value
+
+
 # HX_PIPELINE_W (Q4_K): each warp issues the loads of its next super-block before the MMAs of the
 # current one (registers, not a cache hint; the same loads and float operations, mmq.cu). Off unless
 # HIRAISHIN_MMQ_PIPELINE_W=1: slower on the H200 (SUBBLOCK replays, same digests, bench/results/
@@ -108,13 +116,6 @@ ENV_MMQ_PIPELINE_W = "HIRAISHIN_MMQ_PIPELINE_W"
 ENV_MMQ_STAGE_W = "HIRAISHIN_MMQ_STAGE_W"
 MMQ_STAGE_W_VALUES = ("0", "1", "wide")
 SMEM_OPTIN_BYTES = 227 * 1024  # sm_90: the most a CUDA block may opt in to (cudaDevAttrMaxSharedMemoryPerBlockOptin)
-
-
-def _stage_switch() -> str:
-    value = os.environ.get(ENV_MMQ_STAGE_W, "").strip() or "0"
-    if value not in MMQ_STAGE_W_VALUES:
-        raise ValueError(f"${ENV_MMQ_STAGE_W}={value!r}: expected one of {', '.join(MMQ_STAGE_W_VALUES)}")
-    return value
 
 
 def stage_fits(plan: SubBlockPlan, pcols: int) -> bool:
@@ -143,16 +144,7 @@ def stage_bytes(defines: dict) -> int:
 # MMQ_XLAYOUT itself.
 ENV_MMQ_XLAYOUT = "HIRAISHIN_MMQ_XLAYOUT"
 MMQ_XLAYOUT_VALUES = ("0", "1", "2")
-
-
-def _read_xlayout() -> int:
-    value = os.environ.get(ENV_MMQ_XLAYOUT, "").strip() or "1"
-    if value not in MMQ_XLAYOUT_VALUES:
-        raise ValueError(f"${ENV_MMQ_XLAYOUT}={value!r}: expected one of {', '.join(MMQ_XLAYOUT_VALUES)}")
-    return int(value)
-
-
-MMQ_XLAYOUT = _read_xlayout()
+MMQ_XLAYOUT = int(_env_choice(ENV_MMQ_XLAYOUT, MMQ_XLAYOUT_VALUES, "1"))
 
 
 def xlayout_enabled() -> int:
@@ -220,7 +212,7 @@ def kernel_defines(plan: SubBlockPlan, max_regs: int | None | str = "default",
     min_blocks = blocks_for_register_cap(regs, threads)
     live = live_cols(plan, pre if nt == 1 else 0)
     pcols = 1 if plan.kernel == "onecol" else live or plan.cols_per_block
-    switch = _stage_switch()
+    switch = _env_choice(ENV_MMQ_STAGE_W, MMQ_STAGE_W_VALUES, "0")
     stage = (switch == "1" or (switch == "wide" and nt == 2)) and stage_fits(plan, pcols)
     return {
         "HX_QTYPE": GGML_TYPE_ID[plan.qtype],

@@ -147,21 +147,26 @@ def to_layout(xq, qtype: str):
     return out.reshape(ncols, nsb * LAYOUT_BYTES[qtype])
 
 
+# An MMA record (per column and super-block): the ds words of its 8 q8_1 blocks, then 4 pairs of blocks.
+_MMA_RECORD = LAYOUT_BYTES["MMA_Q4_K"]
+_MMA_DS = 4 * _BLOCKS_PER_SUPER
+_MMA_PAIRS, _MMA_PAIR = 4, 64
+
+
 def _interleave(mma, group: int):
     """Per-column MMA records (ncols, nsb*288) -> the columns of each group of ``group`` interleaved, the last
     group padded with copies of the last column."""
     xp = _array_module(mma)
     ncols, width = mma.shape
-    nsb = width // 288
+    nsb, groups = width // _MMA_RECORD, -(-ncols // group)
     if ncols == 0:
         return mma
-    rows = layout_rows(ncols, "MMA8_Q4_K")
-    pad = xp.concatenate([mma, xp.repeat(mma[-1:], rows - ncols, axis=0)]) if rows > ncols else mma
-    rec = pad.reshape(rows // group, group, nsb, 288)
-    ds = rec[..., :32].transpose(0, 2, 1, 3).reshape(rows // group, nsb, group * 32)
-    ints = rec[..., 32:].reshape(rows // group, group, nsb, 4, 64).transpose(0, 2, 3, 1, 4)
-    out = xp.concatenate([ds, ints.reshape(rows // group, nsb, group * 256)], axis=2)
-    return xp.ascontiguousarray(out).reshape(rows, width)
+    pad = xp.concatenate([mma, xp.repeat(mma[-1:], groups * group - ncols, axis=0)])
+    rec = pad.reshape(groups, group, nsb, _MMA_RECORD)
+    ds = rec[..., :_MMA_DS].transpose(0, 2, 1, 3).reshape(groups, nsb, group * _MMA_DS)
+    ints = rec[..., _MMA_DS:].reshape(groups, group, nsb, _MMA_PAIRS, _MMA_PAIR).transpose(0, 2, 3, 1, 4)
+    out = xp.concatenate([ds, ints.reshape(groups, nsb, group * _MMA_PAIRS * _MMA_PAIR)], axis=2)
+    return xp.ascontiguousarray(out).reshape(groups * group, width)
 
 
 def mma8_columns(buf, ncols: int):
@@ -170,13 +175,14 @@ def mma8_columns(buf, ncols: int):
     xp = _array_module(buf)
     rows, width = buf.shape
     group = LAYOUT_COLUMN_GROUP["MMA8_Q4_K"]
-    if rows % group or width % 288 or rows < ncols:
-        raise QuantError(f"mma8_columns needs (8j, K/256*288) bytes holding {ncols} columns; got {tuple(buf.shape)}")
-    nsb = width // 288
-    g = xp.ascontiguousarray(buf).reshape(rows // group, nsb, 2304)
-    ds = g[..., :256].reshape(rows // group, nsb, group, 32).transpose(0, 2, 1, 3)
-    ints = g[..., 256:].reshape(rows // group, nsb, 4, group, 64).transpose(0, 3, 1, 2, 4)
-    rec = xp.concatenate([ds, ints.reshape(rows // group, group, nsb, 256)], axis=3)
+    if rows % group or width % _MMA_RECORD or rows < ncols:
+        raise QuantError(f"mma8_columns needs ({group}j, K/256*{_MMA_RECORD}) bytes holding {ncols} columns; "
+                         f"got {tuple(buf.shape)}")
+    nsb, groups = width // _MMA_RECORD, rows // group
+    g = xp.ascontiguousarray(buf).reshape(groups, nsb, group * _MMA_RECORD)
+    ds = g[..., :group * _MMA_DS].reshape(groups, nsb, group, _MMA_DS).transpose(0, 2, 1, 3)
+    ints = g[..., group * _MMA_DS:].reshape(groups, nsb, _MMA_PAIRS, group, _MMA_PAIR).transpose(0, 3, 1, 2, 4)
+    rec = xp.concatenate([ds, ints.reshape(groups, group, nsb, _MMA_PAIRS * _MMA_PAIR)], axis=3)
     return xp.ascontiguousarray(rec).reshape(rows, width)[:ncols]
 
 
