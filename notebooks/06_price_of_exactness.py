@@ -194,33 +194,50 @@ def newest_matvec_orders():
     return max(found)[2:] if found else (None, None)
 
 
+def matvec_panels(per_shape, title, ylabel, point):
+    """One panel per shape, one line per order: ``per_shape[shape][order][columns]``, drawn by
+    ``point(ax, order, {columns: value}, color, marker)``; dotted at the 8-column launch limit."""
+    fig, axes = plt.subplots(1, len(per_shape), figsize=(3.3 * len(per_shape), 3.2), squeeze=False,
+                             layout="constrained")
+    for ax, (shape, per_order) in zip(axes[0], per_shape.items()):
+        for order_name, per_w in per_order.items():
+            point(ax, order_name, per_w, *style(order_name))
+        ax.axvline(8.5, color="k", ls=":", lw=1)
+        ax.set_title(shape, fontsize=8)
+        ax.set_xlabel("columns")
+        ax.set_xticks([1, 4, 8, 12, 16])
+    axes[0, 0].set_ylabel(ylabel)
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside right upper", fontsize="small")
+    fig.suptitle(title, fontsize=10)
+    plt.show()
+
+
+def _us_points(ax, order_name, per_w, color, marker):
+    """µs against columns; filled where a column's bits are its width-16 bits, open where they differ."""
+    ws = sorted(per_w)
+    ax.plot(ws, [per_w[w][0] for w in ws], color=color, lw=1, label=order_name)
+    for same in (True, False):
+        pts = [(w, per_w[w][0]) for w in ws if per_w[w][1] == same]
+        if pts:
+            ax.plot(*zip(*pts), ls="", marker=marker, ms=4, color=color, markerfacecolor=color if same else "white")
+
+
+def _ratio_points(ax, order_name, per_w, color, marker):
+    """time ÷ time of one column, on a log scale (the old tiled stand-in's jump would flatten the rest)."""
+    ws = sorted(per_w)
+    ax.plot(ws, [per_w[w] / per_w[1] for w in ws], marker=marker, ms=4, color=color, label=order_name)
+    ax.set_yscale("log", base=2)
+
+
 mv_path, mv = newest_matvec_orders()
 MATVEC = {}  # shape -> order -> {columns: (µs, this column's bits equal its bits at width 16)}
 if mv is not None:
     for row in mv["matvec_orders"]:
         key = f"{row['shape']} ({row['qtype']})"
         MATVEC.setdefault(key, {}).setdefault(row["order"], {})[row["ncols"]] = (row["us"], row["bits_equal_width16"])
-    fig, axes = plt.subplots(1, len(MATVEC), figsize=(3.3 * len(MATVEC), 3.2), squeeze=False, layout="constrained")
-    for ax, (shape, per_order) in zip(axes[0], MATVEC.items()):
-        for order_name, per_w in per_order.items():
-            ws = sorted(per_w)
-            color, marker = style(order_name)
-            ax.plot(ws, [per_w[w][0] for w in ws], color=color, lw=1, label=order_name)
-            for same in (True, False):  # filled: the column's bits are its width-16 bits; open: they differ
-                pts = [(w, per_w[w][0]) for w in ws if per_w[w][1] == same]
-                if pts:
-                    ax.plot(*zip(*pts), ls="", marker=marker, ms=4, color=color,
-                            markerfacecolor=color if same else "white")
-        ax.axvline(8.5, color="k", ls=":", lw=1)
-        ax.set_title(shape, fontsize=8)
-        ax.set_xlabel("columns")
-        ax.set_xticks([1, 4, 8, 12, 16])
-    axes[0, 0].set_ylabel("µs per mat-vec")
-    handles, labels = axes[0, 0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside right upper", fontsize="small")
-    fig.suptitle(f"every order's mat-vec against columns ({rel(mv_path)}, {mv['device']}, commit {mv['commit']})",
-                 fontsize=10)
-    plt.show()
+    matvec_panels(MATVEC, f"every order's mat-vec against columns ({rel(mv_path)}, {mv['device']}, commit "
+                  f"{mv['commit']})", "µs per mat-vec", _us_points)
     print(f"{'shape':<40} {'order':<16}" + "".join(f"{w:>7}" for w in (1, 3, 8, 9, 16)) + "   (µs)")
     for shape, per_order in MATVEC.items():
         for order_name, per_w in per_order.items():
@@ -230,23 +247,8 @@ elif mmvq is not None:
     for row in mmvq["results"]:
         key = f"{row['shape']} ({row['qtype']})"
         per_shape.setdefault(key, {}).setdefault(row["order"], {})[row["ncols"]] = row["time_us"]
-    fig, axes = plt.subplots(1, len(per_shape), figsize=(3.3 * len(per_shape), 3.2), squeeze=False,
-                             sharey=True, layout="constrained")
-    for ax, (shape, per_order) in zip(axes[0], per_shape.items()):
-        for order_name, per_w in per_order.items():
-            ws = sorted(per_w)
-            color, marker = style(order_name)
-            ax.plot(ws, [per_w[w] / per_w[1] for w in ws], marker=marker, ms=4, color=color, label=order_name)
-        ax.axvline(8.5, color="k", ls=":", lw=1)
-        ax.set_title(shape, fontsize=8)
-        ax.set_xlabel("columns")
-        ax.set_xticks([1, 4, 8, 12, 16])
-        ax.set_yscale("log", base=2)
-    axes[0, 0].set_ylabel("time ÷ time of 1 column")
-    handles, labels = axes[0, 0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside right upper", fontsize="small")
-    fig.suptitle(f"mat-vec cost against columns ({rel(mmvq_path)}, {mmvq['meta'].get('device', '?')})", fontsize=10)
-    plt.show()
+    matvec_panels(per_shape, f"mat-vec cost against columns ({rel(mmvq_path)}, {mmvq['meta'].get('device', '?')})",
+                  "time ÷ time of 1 column", _ratio_points)
 else:
     print("No committed mat-vec benchmark (price-of-exactness.json or bench_mmvq.json) in this checkout.")
 
