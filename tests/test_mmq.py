@@ -167,12 +167,15 @@ SHIM_CASES = [("Q4_K", 1024, 19, (1, 3, 9), 0, 4, 0), ("Q4_K", 5120, 17, (1, 2),
               ("Q6_K", 1024, 17, (1, 2, 8), 0, 2, 1), ("Q6_K", 512, 33, (2, 4), 0, 2, 0)]
 
 
-# "llama-layout": the kernels read llama.cpp's q8_1 blocks (HIRAISHIN_MMQ_XLAYOUT=0) instead of the MMA layouts.
-SWITCHES = {"default": {}, "llama-layout": {"HIRAISHIN_MMQ_XLAYOUT": "0"}, "live-on": {"HIRAISHIN_MMQ_LIVE": "1"},
+# "default": the MMA layouts, their MMA8 forms for Q4_K launches of 9+ columns; "mma-layouts": the MMA layouts at
+# every width (HIRAISHIN_MMQ_XLAYOUT=1); "llama-layout": llama.cpp's q8_1 blocks (=0).
+SWITCHES = {"default": {}, "mma-layouts": {"HIRAISHIN_MMQ_XLAYOUT": "1"}, "llama-layout": {"HIRAISHIN_MMQ_XLAYOUT": "0"},
+            "live-on": {"HIRAISHIN_MMQ_LIVE": "1"},
             "prefetch-next": {"HIRAISHIN_MMQ_PREFETCH_NEXT": "1"},  # (the L2 hint is a no-op in the shim)
             "pipeline-w": {"HIRAISHIN_MMQ_PIPELINE_W": "1"},  # (Q4_K cases; Q6_K ones run without it)
             "stage-w": {"HIRAISHIN_MMQ_STAGE_W": "1"},  # (Q4_K cases; cp.async a plain copy in the shim)
-            "interleaved": {"HIRAISHIN_MMQ_XLAYOUT": "2"}}  # the MMA8 layouts: 8 columns' records interleaved
+            # the MMA8 layouts (8 columns' records interleaved) at every width
+            "interleaved": {"HIRAISHIN_MMQ_XLAYOUT": "2", "HIRAISHIN_MMQ_MMA8_MIN_COLS": "1"}}
 
 
 @pytest.mark.parametrize("switch", list(SWITCHES))
@@ -195,7 +198,10 @@ def test_mmq_source_equals_emulator_on_cpu(tmp_path, case, switch, monkeypatch):
         pytest.skip("needs g++ (C++20)")
     for var, value in SWITCHES[switch].items():
         monkeypatch.setenv(var, value)
-    monkeypatch.setattr(mmq_launch, "MMQ_XLAYOUT", int(SWITCHES[switch].get("HIRAISHIN_MMQ_XLAYOUT", "1")))
+    chosen = SWITCHES[switch]  # (both read at import)
+    monkeypatch.setattr(mmq_launch, "MMQ_XLAYOUT", int(chosen.get("HIRAISHIN_MMQ_XLAYOUT", mmq_launch.DEFAULT_MMQ_XLAYOUT)))
+    monkeypatch.setattr(mmq_launch, "MMA8_MIN_COLS",
+                        int(chosen.get("HIRAISHIN_MMQ_MMA8_MIN_COLS", mmq_launch.DEFAULT_MMA8_MIN_COLS)))
     qtype, k, n, widths, shift, nwarps, prefetch = case
     builder = ShimBuilder(tmp_path)
     (tmp_path / "hx_mma_shim.h").write_text(MMA_SHIM_H)
@@ -207,7 +213,7 @@ def test_mmq_source_equals_emulator_on_cpu(tmp_path, case, switch, monkeypatch):
     for wd in widths:
         plan = dataclasses.replace(subblock_plan(wd, qtype, k), nwarps=nwarps)
         plans.append(plan)
-        if wd > 8 and switch in ("default", "llama-layout", "interleaved"):  # 9..16 columns as two one-tile blocks
+        if wd > 8 and switch in ("default", "mma-layouts", "llama-layout", "interleaved"):  # 9..16 columns as two one-tile blocks
             plans.append(dataclasses.replace(plan, cols_per_block=8, interleave=2))
         if wd > 8 and switch != "live-on":  # and as one block whose warps split over two one-tile column groups
             plans.append(dataclasses.replace(plan, warp_split=2, nwarps=2 * nwarps))
@@ -342,6 +348,7 @@ def test_mmq_multi_source_equals_separate_emulators_on_cpu(tmp_path, qtype, widt
     if GXX is None:
         pytest.skip("needs g++ (C++20)")
     monkeypatch.setattr(importlib.import_module("hiraishin.kernels.mmq.launch"), "MMQ_XLAYOUT", xlayout)
+    monkeypatch.setattr(importlib.import_module("hiraishin.kernels.mmq.launch"), "MMA8_MIN_COLS", 1)  # every width
     k, ns = 512, (19, 5, 33)
     builder = ShimBuilder(tmp_path)
     (tmp_path / "hx_mma_shim.h").write_text(MMA_SHIM_H)

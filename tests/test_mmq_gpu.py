@@ -92,6 +92,7 @@ def test_launch_variants_change_no_bit(cp, qtype, k, n, xlayout, monkeypatch):
     import importlib
 
     monkeypatch.setattr(importlib.import_module("hiraishin.kernels.mmq.launch"), "MMQ_XLAYOUT", xlayout)
+    monkeypatch.setattr(importlib.import_module("hiraishin.kernels.mmq.launch"), "MMA8_MIN_COLS", 1)  # every width
 
     from hiraishin.kernels import quantize
     from hiraishin.kernels.mmq import emulate
@@ -222,8 +223,9 @@ def test_multi_launch_equals_separate_launches(cp, qtype, k, ns, width):
 
 def test_passes_with_multi_launches_equal_passes_without(tiny_model_path, monkeypatch):
     """MMQ_MULTI (on; HIRAISHIN_MMQ_MULTI=0 turns it off): SUBBLOCK passes with Q/K/V and gate/up grouped give the
-    same logits as with every mat-vec its own launch, and (MMQ_XLAYOUT=0, 2) as with the activations in llama.cpp's
-    q8_1 blocks or the columns-interleaved MMA8 layouts instead of the MMA layouts."""
+    same logits as with every mat-vec its own launch, and (MMQ_XLAYOUT=0, 1, 2 with MMA8_MIN_COLS=1) as with the
+    activations in llama.cpp's q8_1 blocks, in the MMA layouts or in the columns-interleaved MMA8 layouts at every
+    width instead of the default (MMA8 for launches of 9+ columns)."""
     import importlib
 
     from hiraishin import Qwen3, ReductionOrder
@@ -250,7 +252,12 @@ def test_passes_with_multi_launches_equal_passes_without(tiny_model_path, monkey
     _, llama_layout = run()
     for w, a, b in zip((1, 3, 9), llama_layout, grouped):
         assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), f"{w} tokens, llama.cpp's layout"
+    monkeypatch.setattr(mmq_launch, "MMQ_XLAYOUT", 1)  # and in the MMA layouts at every width
+    _, mma_layouts = run()
+    for w, a, b in zip((1, 3, 9), mma_layouts, grouped):
+        assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), f"{w} tokens, MMA layouts"
     monkeypatch.setattr(mmq_launch, "MMQ_XLAYOUT", 2)  # and in the columns-interleaved MMA8 layouts (every writer)
+    monkeypatch.setattr(mmq_launch, "MMA8_MIN_COLS", 1)  # at every width
     _, interleaved = run()
     for w, a, b in zip((1, 3, 9), interleaved, grouped):
         assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), f"{w} tokens, MMA8 layouts"

@@ -50,9 +50,10 @@ def test_warp_split_file_fits_80_registers_where_two_n_tiles_take_128(tmp_path, 
 
 
 @pytest.mark.parametrize("switch", [("HIRAISHIN_MMQ_XLAYOUT", "2"), ("HIRAISHIN_MMQ_STAGE_W", "wide")])
-def test_opt_in_wide_switches_keep_two_blocks_per_sm(tmp_path, regs, monkeypatch, switch):
-    """The MMA8 layouts and the staging of the 9..16-column launches, each alone, keep the Q4_K two-n-tile launch
-    at the library's register cap without spills (2 blocks of 8 warps per SM), what their A/B on a GPU assumes."""
+def test_wide_switches_keep_two_blocks_per_sm(tmp_path, regs, monkeypatch, switch):
+    """The MMA8 layouts (the default at 9+ columns) and the opt-in staging of the 9..16-column launches, each
+    alone, keep the Q4_K two-n-tile launch at the library's register cap without spills (2 blocks of 8 warps per
+    SM), what their A/B on a GPU assumed."""
     import importlib
 
     from hiraishin.plans.subblock import subblock_plan
@@ -60,8 +61,8 @@ def test_opt_in_wide_switches_keep_two_blocks_per_sm(tmp_path, regs, monkeypatch
     var, value = switch
     monkeypatch.setenv(var, value)
     mmq_launch = importlib.import_module("hiraishin.kernels.mmq.launch")
-    if var == mmq_launch.ENV_MMQ_XLAYOUT:
-        monkeypatch.setattr(mmq_launch, "MMQ_XLAYOUT", int(value))  # (read at import)
+    # (read at import) the MMA8 layouts alone, or the staging with the MMA layouts (the two together: 180 registers)
+    monkeypatch.setattr(mmq_launch, "MMQ_XLAYOUT", int(value) if var == mmq_launch.ENV_MMQ_XLAYOUT else 1)
     plan = subblock_plan(16, "Q4_K", 4096, n=12288)
     key = "HX_XLAYOUT" if var == mmq_launch.ENV_MMQ_XLAYOUT else "HX_STAGE_W"
     assert mmq_launch.kernel_defines(plan)[key] == (2 if key == "HX_XLAYOUT" else 1)  # the switch took

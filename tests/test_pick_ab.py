@@ -40,3 +40,21 @@ def test_different_bits_or_missing_rows_keep_the_base(tmp_path, capsys):
     (tmp_path / "replay-V-wide.json").write_text(json.dumps({"rows": _rows(faster)}))
     pick_ab.main([str(tmp_path), "V", "0", "wide"])
     assert capsys.readouterr().out.strip() == "wide"
+
+
+def test_threshold_is_the_smallest_width_from_which_every_width_wins(tmp_path, capsys):
+    widths = (2, 4, 6, 8)
+    base = {("qwen3-8b.gguf", w): 3.0 + 0.1 * w for w in widths}
+    cand = {**base, ("qwen3-8b.gguf", 6): 3.3, ("qwen3-8b.gguf", 8): 3.4}  # faster at 6 and 8 only
+    assert pick_ab.pick_threshold(_rows(base), _rows(cand), "8b", set(widths), 0.01)[0] == 6
+    cand[("qwen3-8b.gguf", 2)] = 2.0  # a win below a loss does not count: the threshold needs every width above
+    assert pick_ab.pick_threshold(_rows(base), _rows(cand), "8b", set(widths), 0.01)[0] == 6
+    assert pick_ab.pick_threshold(_rows(base), _rows(base), "8b", set(widths), 0.01)[0] is None
+    (tmp_path / "replay-MIN-9.json").write_text(json.dumps({"rows": _rows(base)}))
+    (tmp_path / "replay-MIN-2.json").write_text(json.dumps({"rows": _rows(cand, sha="cd")}))
+    pick_ab.main([str(tmp_path), "MIN", "9", "2", "--threshold", "--widths", "2,4,6,8"])
+    out = capsys.readouterr()  # different bits: the base
+    assert out.out.strip() == "9" and "digests differ" in out.err
+    (tmp_path / "replay-MIN-2.json").write_text(json.dumps({"rows": _rows(cand)}))
+    pick_ab.main([str(tmp_path), "MIN", "9", "2", "--threshold", "--widths", "2,4,6,8"])
+    assert capsys.readouterr().out.strip() == "6"

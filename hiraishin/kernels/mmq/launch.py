@@ -22,6 +22,8 @@ from ..quantize.layout import MMA8_LAYOUTS, MMA_LAYOUTS, as_layout
 
 __all__ = [
     "ENV_MMQ_XLAYOUT",
+    "ENV_MMQ_MMA8_MIN_COLS",
+    "MMA8_MIN_COLS",
     "activation_layout",
     "xlayout_enabled",
     "MMQ_XLAYOUT",
@@ -112,7 +114,8 @@ ENV_MMQ_PIPELINE_W = "HIRAISHIN_MMQ_PIPELINE_W"
 # made the 0.6B faster (0.833 -> 0.817 ms one token) and the 8B slower at one token (2.750 -> 2.814); "wide"
 # (bench/results/2026-12-03-h200-session11/c-price-of-exactness-stage-wide) the 8B 4.325 -> 4.297 / 4.588 ->
 # 4.549 / 5.072 -> 4.997 ms at 9 / 12 / 16 tokens, the 0.6B 1.022 -> 1.001 / 1.088 -> 1.052 / 1.157 -> 1.122,
-# widths 1 and 3 unchanged. A candidate default once every GPU test has passed under it (not yet).
+# widths 1 and 3 unchanged. Not with the MMA8 layouts (the default from session 12, 4-10% on the same passes):
+# the two together spill at the 128-register cap (ptxas), relaxed to one block per SM; stage with XLAYOUT=1.
 ENV_MMQ_STAGE_W = "HIRAISHIN_MMQ_STAGE_W"
 MMQ_STAGE_W_VALUES = ("0", "1", "wide")
 SMEM_OPTIN_BYTES = 227 * 1024  # sm_90: the most a CUDA block may opt in to (cudaDevAttrMaxSharedMemoryPerBlockOptin)
@@ -139,18 +142,27 @@ def stage_bytes(defines: dict) -> int:
 # L1 89.96% busy at 39% of DRAM bandwidth. Where the integers come from only: no bit changes.
 # HIRAISHIN_MMQ_XLAYOUT=0 reads llama.cpp's layout (the A/B); =2 the MMA layouts with each group of 8 columns
 # interleaved (MMA8_*: a lane load that reads 8 columns reads 512 contiguous bytes, not 8 lines; Nsight Compute
-# on the 9-16-column launches, bench/results/2026-12-03-h200-session11: L1/TEX 71-81% busy, the busiest unit):
-# opt-in, not yet timed. Read once, at import (the backend asks per prepared mat-vec); a test may set
-# MMQ_XLAYOUT itself.
+# on the 9-16-column launches, bench/results/2026-12-03-h200-session11: L1/TEX 71-81% busy, the busiest unit),
+# the default, for launches of at least MMA8_MIN_COLS columns (replays, =1 -> =2, same digests, bench/results/
+# 2026-12-03-h200-session12: the 8B 4.354 -> 4.175 ms at 9 tokens, 4.612 -> 4.246 at 12, 5.104 -> 4.614 at 16;
+# but 2.751 -> 2.789 at 1 and 3.115 -> 3.164 at 3, where a lane load also reads the padding columns). Read once,
+# at import (the backend asks per prepared mat-vec); a test may set MMQ_XLAYOUT / MMA8_MIN_COLS itself.
 ENV_MMQ_XLAYOUT = "HIRAISHIN_MMQ_XLAYOUT"
 MMQ_XLAYOUT_VALUES = ("0", "1", "2")
-MMQ_XLAYOUT = int(_env_choice(ENV_MMQ_XLAYOUT, MMQ_XLAYOUT_VALUES, "1"))
+DEFAULT_MMQ_XLAYOUT = 2
+MMQ_XLAYOUT = int(_env_choice(ENV_MMQ_XLAYOUT, MMQ_XLAYOUT_VALUES, str(DEFAULT_MMQ_XLAYOUT)))
+# Under HIRAISHIN_MMQ_XLAYOUT=2, launches of fewer columns keep the MMA layouts (the widths measured above;
+# HIRAISHIN_MMQ_MMA8_MIN_COLS=c moves the bound, for the A/B that sets it).
+ENV_MMQ_MMA8_MIN_COLS = "HIRAISHIN_MMQ_MMA8_MIN_COLS"
+DEFAULT_MMA8_MIN_COLS = 9
+MMA8_MIN_COLS = int(_env_choice(ENV_MMQ_MMA8_MIN_COLS, tuple(str(c) for c in range(1, 17)), str(DEFAULT_MMA8_MIN_COLS)))
 
 
-def xlayout_enabled() -> int:
-    """HX_XLAYOUT of the sub-block kernels (:data:`MMQ_XLAYOUT`): 0 llama.cpp's q8_1 blocks, 1 the MMA layouts,
-    2 their columns-interleaved forms."""
-    return MMQ_XLAYOUT
+def xlayout_enabled() -> tuple[int, int]:
+    """The layout switch of the sub-block kernels: (:data:`MMQ_XLAYOUT`: 0 llama.cpp's q8_1 blocks, 1 the MMA
+    layouts, 2 their columns-interleaved forms; :data:`MMA8_MIN_COLS`, the fewest columns of a launch reading
+    the latter)."""
+    return MMQ_XLAYOUT, MMA8_MIN_COLS
 
 
 # The weight types whose kernels read the MMA8 layouts under HIRAISHIN_MMQ_XLAYOUT=2. Not Q6_K: ptxas (sm_90,
@@ -160,10 +172,10 @@ MMA8_QTYPES = ("Q4_K",)
 
 
 def plan_xlayout(plan: SubBlockPlan) -> int:
-    """HX_XLAYOUT of ``plan``'s kernel: :func:`xlayout_enabled`, but 1 for a weight type not in
-    :data:`MMA8_QTYPES` under 2."""
-    x = xlayout_enabled()
-    return 1 if x == 2 and plan.qtype not in MMA8_QTYPES else x
+    """HX_XLAYOUT of ``plan``'s kernel: :data:`MMQ_XLAYOUT`, but under 2 the MMA layouts (1) for a weight type
+    not in :data:`MMA8_QTYPES` or a launch of fewer than :data:`MMA8_MIN_COLS` columns."""
+    x, min_cols = xlayout_enabled()
+    return 1 if x == 2 and (plan.qtype not in MMA8_QTYPES or plan.ncols < min_cols) else x
 
 
 def activation_layout(plan: SubBlockPlan) -> str | None:
