@@ -123,7 +123,7 @@ def main(argv=None) -> int:
     rng = np.random.default_rng(0)
     results, checks = [], []
     for label, qtype, k, n in SHAPES:
-        rows, ref, ws, x, xq, w_bytes = subblock_case(cp, rng, qtype, k, n, max(WIDTHS), l2)
+        rows, ref, ws, x, acts, w_bytes = subblock_case(cp, rng, qtype, k, n, max(WIDTHS), l2)
         print(f"\n{label} {qtype}: {w_bytes / 1e6:.1f} MB, {len(ws)} rotating copies")
         print(f"{'kernel':>14} {'cols':>4} {'us':>8} {'GB/s':>6} {'copy':>6} {'x own 1':>7} {'x var 1':>7} bits")
 
@@ -147,11 +147,12 @@ def main(argv=None) -> int:
         for wd in WIDTHS:
             plan = subblock_plan(wd, qtype, k, n=n)
             out = cp.empty((wd, n), dtype=cp.float32)
-            lw = prepared_launch(n, plan)  # xq is in the layout it reads (benchlib.subblock_case)
-            lw(ws[0], xq[:wd], out)
+            lw = prepared_launch(n, plan)
+            xq = acts(wd, lw.layout)  # in the layout it reads
+            lw(ws[0], xq, out)
             got = cp.asnumpy(out)[:, rows]
             equal = bool(np.array_equal(got.view(np.uint32), ref[:wd].view(np.uint32)))
-            fn = _rotating(ws, lw, xq[:wd], out)
+            fn = _rotating(ws, lw, xq, out)
             for i in range(3):
                 fn(i)
             sec = median_event_time(cp, fn, args.reps, args.batches, spin, cycles)
@@ -186,10 +187,11 @@ def main(argv=None) -> int:
                         plan = dataclasses.replace(base, nwarps=nw)
                         lw = MMQLaunch(n, plan, max_regs=cap, prefetch=pre)
                         out = cp.empty((wd, n), dtype=cp.float32)
-                        lw(ws[0], xq[:wd], out)
+                        xq = acts(wd, lw.layout)
+                        lw(ws[0], xq, out)
                         equal = bool(np.array_equal(cp.asnumpy(out)[:, rows].view(np.uint32),
                                                     ref[:wd].view(np.uint32)))
-                        fn = _rotating(ws, lw, xq[:wd], out)
+                        fn = _rotating(ws, lw, xq, out)
                         for i in range(3):
                             fn(i)
                         sec = median_event_time(cp, fn, args.reps, args.batches, spin, cycles)
@@ -203,7 +205,7 @@ def main(argv=None) -> int:
                         print(f"  sweep cols {wd:>2} nwarps {nw:>2} cap {cap!s:>4} pre {pre} regs {regs:>3} "
                               f"spill {spills:>3}: {sec * 1e6:8.1f} us  x var1 {sec / t_var:5.2f} "
                               f"{'equal' if equal else 'DIFFER'}")
-        del ws, x, xq
+        del ws, x, acts
         cp.get_default_memory_pool().free_all_blocks()
 
     print("\ntargets (x BATCH_VARIANT one column):")

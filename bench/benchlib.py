@@ -104,16 +104,34 @@ def rotating_copies(cp, host_array, l2_bytes: int) -> list:
     return [first] + [first.copy() for _ in range(n_copies - 1)]
 
 
+class Activations:
+    """The q8_1 bytes of the first ``wd`` columns of the device activations ``x`` in a kernel's layout
+    (``mmq.launch.activation_layout``; cached): what a launch of ``wd`` columns reads. A layout may depend on
+    the width (the MMA8 layouts from ``MMA8_MIN_COLS`` columns on), so each width has its own buffer."""
+
+    def __init__(self, cp, x):
+        self.cp, self.x, self._made = cp, x, {}
+
+    def __call__(self, wd: int, layout: str | None):
+        from hiraishin.kernels import quantize
+        from hiraishin.kernels.quantize.launch import output_shape
+
+        key = (wd, layout)
+        if key not in self._made:
+            xq = self.cp.empty(output_shape(wd, self.x.shape[1], layout), dtype=self.cp.uint8)
+            quantize.launch(self.x[:wd], xq, layout)
+            self._made[key] = xq
+        return self._made[key]
+
+
 def subblock_case(cp, rng, qtype: str, k: int, n: int, ncols: int, l2_bytes: int):
     """One sub-block mat-vec benchmark case: random ``qtype`` weights (n, k) rotated through copies
-    (:func:`rotating_copies`), ``ncols`` random activation rows and their q8_1 bytes on the device,
-    the rows checked (the first and last 32 and 64 drawn from ``rng``) and the emulator's outputs
-    for them (the sub-block order: one column's bits are every width's). ``xq`` is in the layout the
-    MMA kernels read (``mmq.launch.activation_layout``). Returns ``(rows, ref, ws, x, xq, weight bytes)``."""
+    (:func:`rotating_copies`), ``ncols`` random activation rows on the device and their q8_1 bytes per width
+    and layout (:class:`Activations`; call ``acts(wd, launch.layout)``), the rows checked (the first and last
+    32 and 64 drawn from ``rng``) and the emulator's outputs for them (the sub-block order: one column's bits
+    are every width's). Returns ``(rows, ref, ws, x, acts, weight bytes)``."""
     from hiraishin.kernels import quantize
     from hiraishin.kernels.mmq import emulate as mmq_emulate
-    from hiraishin.kernels.mmq.launch import activation_layout
-    from hiraishin.kernels.quantize.launch import output_shape
     from hiraishin.plans.subblock import subblock_plan
     from hiraishin.quant import random_blocks
 
@@ -123,10 +141,7 @@ def subblock_case(cp, rng, qtype: str, k: int, n: int, ncols: int, l2_bytes: int
     ref = mmq_emulate(w_host[rows], qtype, quantize.emulate(x_host), subblock_plan(1, qtype, k))
     ws = rotating_copies(cp, w_host, l2_bytes)
     x = cp.asarray(x_host)
-    layout = activation_layout(subblock_plan(1, qtype, k))
-    xq = cp.empty(output_shape(ncols, k, layout), dtype=cp.uint8)
-    quantize.launch(x, xq, layout)
-    return rows, ref, ws, x, xq, w_host.nbytes
+    return rows, ref, ws, x, Activations(cp, x), w_host.nbytes
 
 
 # Qwen3-8B's mat-vec shapes (reference section 8: hidden 4096, kv heads 8 x 128, ffn 12288,

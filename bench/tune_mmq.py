@@ -90,17 +90,18 @@ def main(argv=None) -> int:
     rows_out = []
     table = dict(SUBBLOCK_MMA_TUNING)  # the library's table, with what this sweep keeps over it
     for label, qtype, k, n in shapes:
-        rows, ref, ws, x, xq, _ = subblock_case(cp, rng, qtype, k, n, max(widths), l2)
+        rows, ref, ws, x, acts, _ = subblock_case(cp, rng, qtype, k, n, max(widths), l2)
 
-        def timed(make, ws=ws, xq=xq, ref=ref, rows=rows, n=n):
+        def timed(make, ws=ws, acts=acts, ref=ref, rows=rows, n=n):
             total, equal = 0.0, True
             per = {}
             for wd in widths:
                 launch = make(wd)
                 out = cp.empty((wd, n), dtype=cp.float32)
-                launch(ws[0], xq[:wd], out)
+                xq = acts(wd, launch.layout)  # in the layout it reads
+                launch(ws[0], xq, out)
                 equal &= bool(np.array_equal(cp.asnumpy(out)[:, rows].view(np.uint32), ref[:wd].view(np.uint32)))
-                fn = (lambda i, lw=launch, o=out, wd=wd: lw(ws[i % len(ws)], xq[:wd], o))
+                fn = (lambda i, lw=launch, o=out, xq=xq: lw(ws[i % len(ws)], xq, o))
                 for i in range(3):
                     fn(i)
                 per[wd] = median_event_time(cp, fn, args.reps, args.batches, spin, cycles) * 1e6
@@ -134,7 +135,7 @@ def main(argv=None) -> int:
             if wide:
                 table[key].update(cols_per_block=best[4], warp_split=best[5])
             print(f"  kept {table[key]}: {best[0]:.1f} vs {t_lib:.1f} us", flush=True)
-        del ws, x, xq
+        del ws, x, acts
         cp.get_default_memory_pool().free_all_blocks()
 
     all_equal = all(r["bits_equal_emulator"] for r in rows_out)

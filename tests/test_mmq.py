@@ -167,7 +167,7 @@ SHIM_CASES = [("Q4_K", 1024, 19, (1, 3, 9), 0, 4, 0), ("Q4_K", 5120, 17, (1, 2),
               ("Q6_K", 1024, 17, (1, 2, 8), 0, 2, 1), ("Q6_K", 512, 33, (2, 4), 0, 2, 0)]
 
 
-# "default": the MMA layouts, their MMA8 forms for Q4_K launches of 9+ columns; "mma-layouts": the MMA layouts at
+# "default": the MMA layouts, their MMA8 forms for Q4_K launches of 6+ columns; "mma-layouts": the MMA layouts at
 # every width (HIRAISHIN_MMQ_XLAYOUT=1); "llama-layout": llama.cpp's q8_1 blocks (=0).
 SWITCHES = {"default": {}, "mma-layouts": {"HIRAISHIN_MMQ_XLAYOUT": "1"}, "llama-layout": {"HIRAISHIN_MMQ_XLAYOUT": "0"},
             "live-on": {"HIRAISHIN_MMQ_LIVE": "1"},

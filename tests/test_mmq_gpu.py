@@ -225,7 +225,7 @@ def test_passes_with_multi_launches_equal_passes_without(tiny_model_path, monkey
     """MMQ_MULTI (on; HIRAISHIN_MMQ_MULTI=0 turns it off): SUBBLOCK passes with Q/K/V and gate/up grouped give the
     same logits as with every mat-vec its own launch, and (MMQ_XLAYOUT=0, 1, 2 with MMA8_MIN_COLS=1) as with the
     activations in llama.cpp's q8_1 blocks, in the MMA layouts or in the columns-interleaved MMA8 layouts at every
-    width instead of the default (MMA8 for launches of 9+ columns)."""
+    width instead of the default (MMA8 for launches of 6+ columns)."""
     import importlib
 
     from hiraishin import Qwen3, ReductionOrder

@@ -27,7 +27,7 @@ def regs():
 def test_library_launches_compile_without_spills(tmp_path, regs, qtype, k, n):
     from hiraishin.plans.subblock import subblock_plan
 
-    for wd in (1, 3, 16):
+    for wd in (1, 3, 6, 16):  # (6: the fewest columns of the MMA8 layouts)
         report, _ = regs.library_kernel(subblock_plan(wd, qtype, k, n=n), "default", str(tmp_path))
         assert report["hx_mmq"][1] == 0, (qtype, k, n, wd, report)
 
@@ -51,7 +51,7 @@ def test_warp_split_file_fits_80_registers_where_two_n_tiles_take_128(tmp_path, 
 
 @pytest.mark.parametrize("switch", [("HIRAISHIN_MMQ_XLAYOUT", "2"), ("HIRAISHIN_MMQ_STAGE_W", "wide")])
 def test_wide_switches_keep_two_blocks_per_sm(tmp_path, regs, monkeypatch, switch):
-    """The MMA8 layouts (the default at 9+ columns) and the opt-in staging of the 9..16-column launches, each
+    """The MMA8 layouts (the default from 6 columns) and the opt-in staging of the 9..16-column launches, each
     alone, keep the Q4_K two-n-tile launch at the library's register cap without spills (2 blocks of 8 warps per
     SM), what their A/B on a GPU assumed."""
     import importlib

@@ -37,7 +37,7 @@ B fragments of two q8_1 blocks are one 16-byte load and the fp16 scales of four 
 rows are read 8 bytes per pair of k slots; ``HIRAISHIN_MMQ_XLAYOUT=0``: llama.cpp's 36-byte blocks,
 read 4 bytes at a time, which kept L1 the bound of these launches on the H200; ``=2``: for Q4_K the MMA8
 layouts, the records of each n-tile's 8 columns interleaved so that a load whose lanes read 8 columns reads
-512 contiguous bytes, the default for launches of 9+ columns (``MMA8_MIN_COLS``; 4-10% faster 9-16-token
+512 contiguous bytes, the default for launches of 6+ columns (``MMA8_MIN_COLS``; 1.5-10% faster 6-16-token
 passes of the 8B on the H200; ``HIRAISHIN_MMQ_XLAYOUT=1``: the MMA layouts at every width), and four
 measured-slower alternatives kept as opt-in switches: ``HX_LIVE`` (the integer C moved across the
 warp so all lanes share the float work of <= 4 live columns; ``HIRAISHIN_MMQ_LIVE=1``),

@@ -143,18 +143,21 @@ def stage_bytes(defines: dict) -> int:
 # HIRAISHIN_MMQ_XLAYOUT=0 reads llama.cpp's layout (the A/B); =2 the MMA layouts with each group of 8 columns
 # interleaved (MMA8_*: a lane load that reads 8 columns reads 512 contiguous bytes, not 8 lines; Nsight Compute
 # on the 9-16-column launches, bench/results/2026-12-03-h200-session11: L1/TEX 71-81% busy, the busiest unit),
-# the default, for launches of at least MMA8_MIN_COLS columns (replays, =1 -> =2, same digests, bench/results/
-# 2026-12-03-h200-session12: the 8B 4.354 -> 4.175 ms at 9 tokens, 4.612 -> 4.246 at 12, 5.104 -> 4.614 at 16;
-# but 2.751 -> 2.789 at 1 and 3.115 -> 3.164 at 3, where a lane load also reads the padding columns). Read once,
-# at import (the backend asks per prepared mat-vec); a test may set MMQ_XLAYOUT / MMA8_MIN_COLS itself.
+# the default, for launches of at least MMA8_MIN_COLS columns. H200, SUBBLOCK replays, same digests
+# (bench/results/2026-12-03-h200-session12): =1 -> =2 the 8B 4.354 -> 4.175 ms at 9 tokens, 4.612 -> 4.246 at
+# 12, 5.104 -> 4.614 at 16, but 2.751 -> 2.789 at 1 and 3.115 -> 3.164 at 3 (a lane load then reads mostly
+# padding columns). Read once, at import (the backend asks per prepared mat-vec); a test may set MMQ_XLAYOUT /
+# MMA8_MIN_COLS itself.
 ENV_MMQ_XLAYOUT = "HIRAISHIN_MMQ_XLAYOUT"
 MMQ_XLAYOUT_VALUES = ("0", "1", "2")
 DEFAULT_MMQ_XLAYOUT = 2
 MMQ_XLAYOUT = int(_env_choice(ENV_MMQ_XLAYOUT, MMQ_XLAYOUT_VALUES, str(DEFAULT_MMQ_XLAYOUT)))
-# Under HIRAISHIN_MMQ_XLAYOUT=2, launches of fewer columns keep the MMA layouts (the widths measured above;
-# HIRAISHIN_MMQ_MMA8_MIN_COLS=c moves the bound, for the A/B that sets it).
+# Under HIRAISHIN_MMQ_XLAYOUT=2, launches of fewer columns keep the MMA layouts. 6: the smallest width from
+# which on every width was >= 1% faster with MMA8 (same session, bench/pick_ab.py --threshold, the 8B, bound 9
+# -> 2: 3.353 -> 3.305 ms at 6 tokens, 3.441 -> 3.354 at 7, 3.482 -> 3.384 at 8; 5: 3.287 -> 3.259, 0.85%; 2:
+# 2.955 -> 3.009, slower). HIRAISHIN_MMQ_MMA8_MIN_COLS=c moves the bound (for that A/B).
 ENV_MMQ_MMA8_MIN_COLS = "HIRAISHIN_MMQ_MMA8_MIN_COLS"
-DEFAULT_MMA8_MIN_COLS = 9
+DEFAULT_MMA8_MIN_COLS = 6
 MMA8_MIN_COLS = int(_env_choice(ENV_MMQ_MMA8_MIN_COLS, tuple(str(c) for c in range(1, 17)), str(DEFAULT_MMA8_MIN_COLS)))
 
 
