@@ -114,8 +114,9 @@ SUBBLOCK_FEW_COLS_TUNING = {
 # (bench/results/2026-12-03-h200-session10/a-tune-wide): the sweep at 9 and 16 columns kept two one-tile
 # blocks for the 4096-row Q4_K and Q6_K shapes (attn Q/K/V/O, isolated launches faster), but whole SUBBLOCK
 # passes of the 8B with them, same digests, were slower: 4.335 -> 4.657 ms at 9 tokens, 4.574 -> 4.867 at
-# 12, 5.055 -> 5.346 at 16 (the 0.6B unchanged). So none is kept. The warp split is written and bit-tested
-# (CPU shim; tests/test_mmq_gpu.py) but not yet timed on a GPU: STEPS=tune TUNE_SETS=9,16 sweeps it.
+# 12, 5.055 -> 5.346 at 16 (the 0.6B unchanged). So none is kept. The warp split (bench/tuning/split-wide.json
+# for every wide launch) was 30% slower in whole passes (bench/results/2026-12-03-h200-session11/
+# a-warp-split-matvec: 4.327 -> 5.611 ms at 9 tokens): kept as a tested launch fact for the sweeps.
 SUBBLOCK_WIDE_COLS_TUNING: dict = {}
 WIDE_SUFFIX = "/wide"
 # A tuning file replacing both tables, for A/B runs of a launch sweep (bench/tune_mmq.py writes one):

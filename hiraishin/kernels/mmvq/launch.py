@@ -85,8 +85,9 @@ def register_cap_blocks(qtype: str, ncols: int, rows: int, nwarps: int, nblocks:
 # HX_PREFETCH_AHEAD: a CUDA block also asks L2 for the weight rows of the block this many indices
 # later, one wave of resident blocks (SMs x the most 32*nwarps-thread blocks an SM holds), so a
 # matrix of several waves streams from DRAM a wave ahead of its readers (mmvq.cu,
-# hx_prefetch_rows). Off (0) unless HIRAISHIN_PREFETCH_AHEAD=1: not yet timed on a GPU (the A/B is
-# bench/kernel_times.sh); 0 also without a CUDA device (compile checks).
+# hx_prefetch_rows). Off (0) unless HIRAISHIN_PREFETCH_AHEAD=1: same bits but slower on the H200 (replays,
+# bench/results/2026-12-02-h200-session6/b-bench-tests: the 8B 2.540 -> 2.671 ms one token, 3.459 -> 3.610
+# three; the 0.6B 0.708 -> 0.723); 0 also without a CUDA device (compile checks).
 ENV_PREFETCH_AHEAD = "HIRAISHIN_PREFETCH_AHEAD"
 
 
