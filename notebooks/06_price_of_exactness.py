@@ -259,9 +259,12 @@ else:
 # 8 columns (llama.cpp's mat-vec, whose warps per column shrink as columns are added: open markers, the
 # bits move with the width), then drops onto llama.cpp's MMQ order on int8 tensor cores
 # (`hiraishin/kernels/mmq_stock`): stock is cheap past 8 tokens because it switches to a faster kernel
-# whose sums differ. The sub-block order is flat from 1 to 8 columns and steps once at 9, where a CUDA
+# whose sums differ. The sub-block order is nearly flat from 1 to 8 columns and steps at 9, where a CUDA
 # block's warps take a second MMA n-tile of 8 columns: exact at every width, from 5 columns on the
 # cheapest line on every shape, and 0.8-1.3x the variant's one column at one column (attn_k/attn_v the 1.3x).
+# (In runs from session 12 on, Q4_K launches of 6+ columns read the columns-interleaved MMA8 layouts, faster
+# in whole passes; the lone 4096-row attn_q/attn_output launch is slower with them, so its small step comes
+# at 6.)
 #
 # Attention, from the attention benchmark (Qwen3-8B heads, 32/8), time per launch against the number of
 # queries at each KV length:
@@ -397,7 +400,8 @@ if MATVEC:  # the prose on the committed per-order mat-vecs: exact orders keep a
         assert all(same for _, same in per_order["batch_invariant"].values()), shape
         assert not all(same for _, same in per_order["batch_variant"].values()), shape
         sub = per_order["subblock"]
-        assert sub[8][0] < 1.4 * sub[1][0] and sub[9][0] > sub[8][0], shape  # flat to 8, a step at 9
+        # nearly flat to 8 columns; the second n-tile (9..16) costs more than any width of one up to 5
+        assert sub[8][0] < 1.4 * sub[1][0] and sub[9][0] > max(sub[w][0] for w in range(1, 6)), shape
         assert all(sub[w][0] <= min(p[w][0] for p in per_order.values()) for w in range(5, 17)), shape
         assert 0.75 <= sub[1][0] / per_order["batch_variant"][1][0] <= 1.35, shape
 assert verify and all(ms > 0 for pw in verify.values() for ms in pw.values())
