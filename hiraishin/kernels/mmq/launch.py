@@ -145,8 +145,9 @@ def stage_bytes(defines: dict) -> int:
 # on the 9-16-column launches, bench/results/2026-12-03-h200-session11: L1/TEX 71-81% busy, the busiest unit),
 # the default, for launches of at least MMA8_MIN_COLS columns. H200, SUBBLOCK replays, same digests
 # (bench/results/2026-12-03-h200-session12): =1 -> =2 the 8B 4.354 -> 4.175 ms at 9 tokens, 4.612 -> 4.246 at
-# 12, 5.104 -> 4.614 at 16, but 2.751 -> 2.789 at 1 and 3.115 -> 3.164 at 3 (a lane load then reads mostly
-# padding columns). Read once, at import (the backend asks per prepared mat-vec); a test may set MMQ_XLAYOUT /
+# 12, 5.104 -> 4.614 at 16, but 2.751 -> 2.789 at 1 and 3.115 -> 3.164 at 3 (where few of a group's 8 columns
+# are real, the lanes of a load clamp to the same column and interleaving saves no lines; why it then costs
+# more was not measured). Read once, at import (the backend asks per prepared mat-vec); a test may set MMQ_XLAYOUT /
 # MMA8_MIN_COLS itself.
 ENV_MMQ_XLAYOUT = "HIRAISHIN_MMQ_XLAYOUT"
 MMQ_XLAYOUT_VALUES = ("0", "1", "2")
