@@ -301,6 +301,9 @@ def test_interleaved_layouts_are_q4_k_only_and_the_switch_is_checked(monkeypatch
             seen[x, qtype] = (mmq_launch.kernel_defines(plan)["HX_XLAYOUT"], mmq_launch.activation_layout(plan))
     assert seen == {(0, "Q4_K"): (0, None), (0, "Q6_K"): (0, None), (1, "Q4_K"): (1, "MMA_Q4_K"),
                     (1, "Q6_K"): (1, "MMA_Q6_K"), (2, "Q4_K"): (2, "MMA8_Q4_K"), (2, "Q6_K"): (1, "MMA_Q6_K")}
+    monkeypatch.setattr(mmq_launch, "MMQ_XLAYOUT", 2)  # launches below MMA8_MIN_COLS columns keep the MMA layouts
+    monkeypatch.setattr(mmq_launch, "MMA8_MIN_COLS", 6)
+    assert [mmq_launch.plan_xlayout(subblock_plan(w, "Q4_K", 4096, n=4096)) for w in (1, 5, 6, 16)] == [1, 1, 2, 2]
     choice = (mmq_launch.ENV_MMQ_XLAYOUT, mmq_launch.MMQ_XLAYOUT_VALUES, "1")  # as MMQ_XLAYOUT is read at import
     monkeypatch.setenv(mmq_launch.ENV_MMQ_XLAYOUT, "2")
     assert mmq_launch._env_choice(*choice) == "2"

@@ -30,7 +30,7 @@ from ..kernels.fused.launch import (
 from ..kernels.mmq.launch import launch as mmq_launch
 from ..kernels.mmq.launch import MMQMultiLaunch
 from ..kernels.mmq.launch import multi_enabled as mmq_multi_enabled
-from ..kernels.mmq.launch import xlayout_enabled as mmq_xlayout
+from ..kernels.mmq.launch import xlayout_setting as mmq_xlayout
 from ..kernels.mmq.launch import prepared_launch as mmq_prepared_launch
 from ..kernels.mmq_stock.launch import launch as mmq_stock_launch
 from ..kernels.mmq_stock.launch import prepared_launch as mmq_stock_prepared_launch

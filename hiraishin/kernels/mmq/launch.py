@@ -25,7 +25,7 @@ __all__ = [
     "ENV_MMQ_MMA8_MIN_COLS",
     "MMA8_MIN_COLS",
     "activation_layout",
-    "xlayout_enabled",
+    "xlayout_setting",
     "MMQ_XLAYOUT",
     "ENV_MMQ_LIVE",
     "ENV_MMQ_MULTI",
@@ -162,10 +162,10 @@ DEFAULT_MMA8_MIN_COLS = 6
 MMA8_MIN_COLS = int(_env_choice(ENV_MMQ_MMA8_MIN_COLS, tuple(str(c) for c in range(1, 17)), str(DEFAULT_MMA8_MIN_COLS)))
 
 
-def xlayout_enabled() -> tuple[int, int]:
-    """The layout switch of the sub-block kernels: (:data:`MMQ_XLAYOUT`: 0 llama.cpp's q8_1 blocks, 1 the MMA
-    layouts, 2 their columns-interleaved forms; :data:`MMA8_MIN_COLS`, the fewest columns of a launch reading
-    the latter)."""
+def xlayout_setting() -> tuple[int, int]:
+    """The layout setting of the sub-block kernels, part of a prepared launch's cache key: (:data:`MMQ_XLAYOUT`:
+    0 llama.cpp's q8_1 blocks, 1 the MMA layouts, 2 their columns-interleaved forms; :data:`MMA8_MIN_COLS`, the
+    fewest columns of a launch reading the latter)."""
     return MMQ_XLAYOUT, MMA8_MIN_COLS
 
 
@@ -178,7 +178,7 @@ MMA8_QTYPES = ("Q4_K",)
 def plan_xlayout(plan: SubBlockPlan) -> int:
     """HX_XLAYOUT of ``plan``'s kernel: :data:`MMQ_XLAYOUT`, but under 2 the MMA layouts (1) for a weight type
     not in :data:`MMA8_QTYPES` or a launch of fewer than :data:`MMA8_MIN_COLS` columns."""
-    x, min_cols = xlayout_enabled()
+    x, min_cols = xlayout_setting()
     return 1 if x == 2 and (plan.qtype not in MMA8_QTYPES or plan.ncols < min_cols) else x
 
 
@@ -342,7 +342,7 @@ _launches: dict = {}
 
 def prepared_launch(n: int, plan: SubBlockPlan) -> MMQLaunch:
     """The cached :class:`MMQLaunch` for ``n`` rows and ``plan``."""
-    key = (n, plan, xlayout_enabled())  # the layout the launch reads follows the environment
+    key = (n, plan, xlayout_setting())  # the layout the launch reads follows the environment
     hit = _launches.get(key)
     if hit is None:
         hit = _launches[key] = MMQLaunch(n, plan)
