@@ -1,7 +1,9 @@
 """What each kind of small launch costs a graph-replayed one-token pass: the pass timed whole, then
 with one kind of launch left out of the captured graph (the outputs are garbage; only the time is
 read). The difference is the most that fusing that launch away could save, the figure to weigh a
-fusion by before writing it.
+fusion by before writing it. Two variants replace rather than remove: the norm launch by an elementwise
+launch of the same reads and q8_1 writes (a norm whose reduction is off the chain), and the lone Q6_K V
+mat-vec beside the Q+K launch left out (one launch for both types).
 
     python3 bench/ablate_pass.py MODEL.gguf [MODEL.gguf ...] [--order invariant] [--steps 40] [--json F] [--plot PNG]
     python3 bench/ablate_pass.py --from-json F --plot PNG   # the figure of an earlier run
@@ -13,6 +15,7 @@ no-ops, captures its graph, and times back-to-back replays (``bench/host_overhea
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 from unittest import mock
@@ -34,6 +37,32 @@ def _skip_qk(q, k, v, q_norm_w, k_norm_w, eps, pos, cos_t, sin_t, q_out, k_cache
     return q_out
 
 
+def _norm_as_elementwise(a, b, w, eps, out_sum, out_q, out_norm=None, layout=None, out_q2=None, layout2=None):
+    # the add + RMSNorm + q8_1 launch replaced by an elementwise one of the same reads and q8_1 writes
+    # (SwiGLU's): what a norm whose reduction is off the chain (its scale applied after the mat-vec)
+    # could cost at most
+    return cuda_backend.launch_swiglu_q8_1(a, b, out_q, None, layout)
+
+
+_run_matvecs = cuda_backend.CudaOps._run_matvecs
+
+
+def _grouped_only(self, weights, mvs, xqs, T, outs):
+    # a mat-vec launched alone beside a group of one call (the Q6_K attn_v beside the Q4_K Q+K
+    # launch) left out: what one launch for both types could save at most
+    groups = {mv.group if mv.group is not None else ("alone", i) for i, mv in enumerate(mvs)}
+    if len(groups) > 1 and any(g[0] != "alone" for g in groups):
+        keep = [i for i, mv in enumerate(mvs) if mv.group is not None]
+        out = _run_matvecs(self, [weights[i] for i in keep], [mvs[i] for i in keep], xqs, T,
+                           None if outs is None else [outs[i] for i in keep])
+        res = [None] * len(mvs)
+        for i, r in zip(keep, out):
+            res[i] = r
+        return [r if r is not None else (outs[i] if outs is not None and outs[i] is not None else
+                                         self._empty((T, mvs[i].n), "float32")) for i, r in enumerate(res)]
+    return _run_matvecs(self, weights, mvs, xqs, T, outs)
+
+
 # variant name -> launchers of hiraishin.backends.cuda left out of the pass
 VARIANTS = {
     "whole pass": {},
@@ -42,6 +71,8 @@ VARIANTS = {
     "no qk norm+rope+kv": {"launch_qk_norm_rope_kv": _skip_qk},
     "no combine": {"launch_combine_q8_1": _skip},
     "no attention partials": {"launch_partials": _skip},
+    "norm as elementwise": {"launch_add_rms_norm_q8_1": _norm_as_elementwise},
+    "no lone V mat-vec": {"CudaOps._run_matvecs": _grouped_only},
     "mat-vecs only": {"launch_add_rms_norm_q8_1": _skip, "launch_swiglu_q8_1": _skip,
                       "launch_qk_norm_rope_kv": _skip_qk, "launch_combine_q8_1": _skip, "launch_partials": _skip},
 }
@@ -54,7 +85,7 @@ def plot(rows: list, path) -> None:
     from hiraishin.atomic import atomic_write
 
     models = list(dict.fromkeys(r["model"] for r in rows))
-    kinds = [v for v in VARIANTS if v != "whole pass"]
+    kinds = [v for v in dict.fromkeys(r["variant"] for r in rows) if v != "whole pass"]
     fig = Figure(figsize=(8, 3.6), layout="constrained")
     ax = fig.add_subplot()
     height = 0.8 / len(models)
@@ -79,6 +110,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     host_overhead.add_arguments(ap, models="*")
     ap.add_argument("--plot", help="also draw the savings as a PNG")
+    ap.add_argument("--variants", help="comma-separated variant names to run (default: all; the whole pass always)")
     ap.add_argument("--from-json", help="draw --plot from this earlier run's JSON instead of measuring")
     args = ap.parse_args(argv)
     if args.from_json:
@@ -90,11 +122,23 @@ def main(argv=None) -> int:
         return 0
     if not args.models:
         ap.error("give at least one MODEL.gguf (or --from-json F --plot PNG)")
+    chosen = list(VARIANTS)
+    if args.variants:
+        chosen = ["whole pass"] + [v.strip() for v in args.variants.split(",") if v.strip() != "whole pass"]
+        unknown = [v for v in chosen if v not in VARIANTS]
+        if unknown:
+            ap.error(f"unknown variants {unknown}; known: {list(VARIANTS)}")
     rows = []
     for path in args.models:
         base = None
-        for name, patches in VARIANTS.items():
-            with mock.patch.multiple(cuda_backend, **patches):
+        for name in chosen:
+            patches = VARIANTS[name]
+            module = {k: v for k, v in patches.items() if "." not in k}
+            ops = {k.split(".", 1)[1]: v for k, v in patches.items() if k.startswith("CudaOps.")}
+            with contextlib.ExitStack() as stack:
+                for target, attrs in ((cuda_backend, module), (cuda_backend.CudaOps, ops)):
+                    if attrs:
+                        stack.enter_context(mock.patch.multiple(target, **attrs))
                 r = host_overhead.measure(path, args.order, args.steps)
             ms = r["back_to_back_replay_ms"]
             base = ms if base is None else base
