@@ -90,3 +90,50 @@ def test_grouped_matvecs_equal_separate_ones(qtype, width):
         together = be.mul_mats([(w, qtype) for w in ws], x, order)
         for w, got in zip(ws, together):
             np.testing.assert_array_equal(_bits(be.to_host(got)), _bits(be.to_host(be.mul_mat(w, qtype, x, order))))
+
+
+@pytest.mark.parametrize("k", [1024, 4096])
+@pytest.mark.parametrize("width", [1, 2, 3, 8])
+def test_mixed_type_matvecs_equal_separate_ones(monkeypatch, k, width):
+    """Q4_K Q and K beside a Q6_K V in one mmvq_mixed launch (HIRAISHIN_MMVQ_MIXED=1) give each weight's
+    own bits, and the launch is the mixed one."""
+    from hiraishin.backends import get_backend
+    from hiraishin.kernels.mmvq.launch import ENV_MIXED
+    from hiraishin.quant import random_blocks
+
+    monkeypatch.setenv(ENV_MIXED, "1")
+    be = get_backend("cuda")
+    weights = [(be.to_device(random_blocks(q, n, k, seed=n + i)), q)
+               for i, (q, n) in enumerate((("Q4_K", 2048), ("Q4_K", 1024), ("Q6_K", 1024)))]
+    x = be.to_device(np.random.default_rng(width).standard_normal((width, k)).astype(np.float32))
+    for order in ORDERS[:2]:
+        together = be.mul_mats(weights, x, order)
+        for (w, q), got in zip(weights, together):
+            np.testing.assert_array_equal(_bits(be.to_host(got)), _bits(be.to_host(be.mul_mat(w, q, x, order))),
+                                          err_msg=f"{order.name} {q}")
+    assert any(key[0] == "mixed" for key in be.ops._multis), "no mmvq_mixed launch was made"
+
+
+def test_mixed_type_launches_keep_every_pass_bit(monkeypatch, tiny_model_path):
+    """Whole passes (eager and graph-replayed, widths 1..4) with and without mmvq_mixed: the same logits."""
+    from hiraishin.kernels.mmvq.launch import ENV_MIXED
+
+    prompt = np.random.default_rng(3).integers(0, 1000, 20).tolist()
+    order = ReductionOrder.BATCH_INVARIANT
+    outs = {}
+    for setting in ("0", "1"):
+        monkeypatch.setenv(ENV_MIXED, setting)
+        for graphs in (False, True):
+            m = Qwen3.from_gguf(tiny_model_path, device="cuda", progress=False, cuda_graphs=graphs, n_ctx=256)
+            m.forward(prompt, 0, order)
+            got = []
+            for width in range(1, 5):
+                toks = [(7 * width + j) % m.config.n_vocab for j in range(width)]
+                for _ in range(2 if graphs else 1):  # capture, then replay
+                    logits = m.forward(toks, 20, order)
+                got.append(_bits(logits))
+            outs[(setting, graphs)] = got
+    want = outs[("0", False)]
+    for key, got in outs.items():
+        for width, (a, b) in enumerate(zip(got, want), start=1):
+            np.testing.assert_array_equal(a, b, err_msg=f"{ENV_MIXED}={key[0]} graphs={key[1]} width {width}")

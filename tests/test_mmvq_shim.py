@@ -60,6 +60,25 @@ int main(int argc, char** argv) {
               [&] { mmvq_multi(y.data(), wp[0], op[0], n[0], nb[0], wp[1], op[1], n[1], nb[1], wp[2], op[2], n[2]); });
     hx_write(argv[6], out.data(), out.size() * 4);
 }''',
+"mmvq_mixed": r'''
+int main(int argc, char** argv) {
+    // argv: weights 0, 1, 2 (one file each), q8_1 in type A's and in type B's layout, n0, n1, n2, out
+    int n[3] = {atoi(argv[6]), atoi(argv[7]), atoi(argv[8])};
+    auto w0 = hx_read(argv[1]); auto w1 = hx_read(argv[2]); auto w2 = hx_read(argv[3]);
+    auto ya = hx_read(argv[4]); auto yb = hx_read(argv[5]);
+    int nb[3]; unsigned blocks = 0;
+    for (int i = 0; i < 3; ++i) {
+        const int rpb = i < HX_B_FIRST ? HX_A_RPB : HX_B_RPB;
+        nb[i] = (n[i] + rpb - 1) / rpb; blocks += nb[i];
+    }
+    std::vector<float> out((size_t)HX_NCOLS * (n[0] + n[1] + n[2]), -12345.0f);
+    float* op[3] = {out.data(), out.data() + (size_t)HX_NCOLS * n[0], out.data() + (size_t)HX_NCOLS * (n[0] + n[1])};
+    const int rmax = HX_A_RPB > HX_B_RPB ? HX_A_RPB : HX_B_RPB;
+    hx_launch({blocks, 1, 1}, {32, (unsigned)HX_NWARPS, 1}, (size_t)(HX_NWARPS - 1) * HX_NCOLS * rmax * 32 * 4,
+              [&] { mmvq_mixed(ya.data(), yb.data(), w0.data(), op[0], n[0], nb[0], w1.data(), op[1], n[1], nb[1],
+                               w2.data(), op[2], n[2]); });
+    hx_write(argv[9], out.data(), out.size() * 4);
+}''',
 "mmq_tiled": r'''
 int main(int argc, char** argv) {
     int nrows = atoi(argv[3]), ncols = atoi(argv[4]), k = atoi(argv[5]);
@@ -169,6 +188,37 @@ def test_mmvq_multi_source_equals_separate_emulators(build, tmp_path, qtype):
             at += ncols * n
             np.testing.assert_array_equal(_bits(part), _bits(mmvq.emulate(w, qtype, xq[:ncols], plan)),
                                           err_msg=f"{defines} weight of {n} rows")
+
+
+@pytest.mark.parametrize("qtypes", [("Q4_K", "Q4_K", "Q6_K"), ("Q4_K", "Q6_K", "Q6_K"), ("Q6_K", "Q4_K", "Q4_K")])
+def test_mmvq_mixed_source_equals_separate_emulators(build, tmp_path, qtypes):
+    """Weights of two types in one launch (mmvq_mixed: Q4_K attn_q, attn_k beside a Q6_K attn_v): each
+    weight's rows, read from its type's layout with its type's rows per block, give the bits of its own
+    mat-vec."""
+    from hiraishin.kernels.mmvq.launch import MIXED_SOURCES, mixed_defines
+
+    k, ns = 1024, (11, 5, 7)  # row counts the rows per block do not divide
+    ws = [random_weights(q, n, k, seed=20 + i) for i, (q, n) in enumerate(zip(qtypes, ns))]
+    xq = quantize.emulate((np.random.default_rng(5).standard_normal((5, k)) * 2).astype(np.float32))
+    for i, w in enumerate(ws):
+        w.tofile(tmp_path / f"w{i}.bin")
+    qa, qb = qtypes[0], qtypes[-1]
+    b_first = qtypes.index(qb)
+    for ncols, rows_a, rows_b, nwarps in ((1, 2, 1, 4), (1, 4, 4, 4), (3, 2, 2, 4), (5, 1, 2, 2)):
+        defines = mixed_defines(qa, rows_a, qb, rows_b, ncols, nwarps, k // 256, k // 256, b_first)
+        to_layout(xq[:ncols], qa).tofile(tmp_path / "ya.bin")
+        to_layout(xq[:ncols], qb).tofile(tmp_path / "yb.bin")
+        _run(build(MIXED_SOURCES, defines, "mmvq_mixed"), *(tmp_path / f"w{i}.bin" for i in range(3)),
+             tmp_path / "ya.bin", tmp_path / "yb.bin", *ns, tmp_path / "o.bin")
+        got = np.fromfile(tmp_path / "o.bin", np.float32)
+        at = 0
+        for i, (w, q, n) in enumerate(zip(ws, qtypes, ns)):
+            rows = rows_a if i < b_first else rows_b
+            plan = MatVecPlan("mmvq", q, nwarps=nwarps, rows_per_block=rows, cols_per_launch=ncols, ncols=ncols)
+            part = got[at:at + ncols * n].reshape(ncols, n)
+            at += ncols * n
+            np.testing.assert_array_equal(_bits(part), _bits(mmvq.emulate(w, q, xq[:ncols], plan)),
+                                          err_msg=f"{defines} weight {i} ({q}, {n} rows)")
 
 
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q8_0"])

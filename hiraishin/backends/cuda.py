@@ -34,7 +34,8 @@ from ..kernels.mmq.launch import xlayout_setting as mmq_xlayout
 from ..kernels.mmq.launch import prepared_launch as mmq_prepared_launch
 from ..kernels.mmq_stock.launch import launch as mmq_stock_launch
 from ..kernels.mmq_stock.launch import prepared_launch as mmq_stock_prepared_launch
-from ..kernels.mmvq.launch import MULTI_MAX_WEIGHTS, MultiMatVecLaunch, prepared_plan
+from ..kernels.mmvq.launch import MULTI_MAX_WEIGHTS, MixedMatVecLaunch, MultiMatVecLaunch, prepared_plan
+from ..kernels.mmvq.launch import mixed_enabled as mmvq_mixed_enabled
 from ..kernels.norm_mmvq import launch as norm_mmvq
 from ..kernels.quantize.launch import QuantizeLaunch
 from ..kernels.quantize.launch import output_shape as quantize_output_shape
@@ -229,6 +230,13 @@ class CudaOps:
         groups: dict = {}
         for i, mv in enumerate(mvs):
             groups.setdefault(mv.group if mv.group is not None else ("alone", i), []).append(i)
+        if len(groups) == 2 and len(mvs) <= MULTI_MAX_WEIGHTS and mmvq_mixed_enabled():
+            mixed = self._mixed_launch(list(groups.items()), mvs, T)
+            if mixed is not None:  # two types in one mmvq_mixed launch (Q4_K Q, K beside a Q6_K V)
+                (_, ia), (_, ib) = groups.items()
+                mixed([weights[i][0] for i in ia + ib], xqs[mvs[ia[0]].layout], xqs[mvs[ib[0]].layout],
+                      [results[i] for i in ia + ib])
+                return results
         for key, idx in groups.items():
             if key[0] == "alone" or len(idx) == 1:
                 for i in idx:
@@ -239,6 +247,27 @@ class CudaOps:
                 multi = self._multi_launch(key, tuple(mvs[i].n for i in part), T)
                 multi([weights[i][0] for i in part], xqs[mvs[part[0]].layout], [results[i] for i in part])
         return results
+
+    def _mixed_launch(self, groups: list, mvs, T: int):
+        """The ``mmvq_mixed`` launch for two groups of one-launch mmvq mat-vecs of different types with
+        the same warps (the weights of the first group first, as they come), or None where they do not
+        qualify."""
+        (ka, ia), (kb, ib) = groups
+        if ka[0] == "alone" or kb[0] == "alone" or ka[0] == kb[0] or max(ia) > min(ib):
+            return None
+        pa, pb = ka[2], kb[2]
+        if not (isinstance(pa, MatVecPlan) and isinstance(pb, MatVecPlan) and pa.nwarps == pb.nwarps):
+            return None
+        ns = tuple(mvs[i].n for i in ia + ib)
+        cache_key = ("mixed", ka, kb, ns, T)
+        hit = self._multis.get(cache_key)
+        if hit is None:
+            ta = matvec_traits(ka[0])
+            k = ka[1] // ta.block_bytes * ta.qk
+            hit = self._multis[cache_key] = MixedMatVecLaunch(
+                tuple(mvs[i].qtype for i in ia + ib), ns,
+                tuple(pa.rows_per_block for _ in ia) + tuple(pb.rows_per_block for _ in ib), k, T, pa.nwarps)
+        return hit
 
     def _multi_launch(self, key, ns: tuple, T: int):
         hit = self._multis.get((key, ns))

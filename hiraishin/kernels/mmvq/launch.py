@@ -31,6 +31,11 @@ __all__ = [
     "MatVecLaunch",
     "PlanLaunches",
     "MultiMatVecLaunch",
+    "MixedMatVecLaunch",
+    "MIXED_SOURCES",
+    "mixed_defines",
+    "mixed_enabled",
+    "ENV_MIXED",
     "MULTI_MAX_WEIGHTS",
     "multi_weight_args",
     "register_cap_blocks",
@@ -192,6 +197,73 @@ class MultiMatVecLaunch:
 
     def __call__(self, ws, xq, outs):
         self.kernel(self.grid, self.block, (xq, *multi_weight_args(ws, outs, self.ns, self.nblk)),
+                    shared_mem=self.shared)
+        return outs
+
+
+# mmvq_mixed (mixed.cu): each weight type's rows are mmvq.cu compiled with that type's defines, in a
+# namespace of its own, then the kernel.
+MIXED_SOURCES = ("mmvq/type_a.cuh", SOURCE, "mmvq/type_end.cuh", "mmvq/type_b.cuh", SOURCE, "mmvq/type_end.cuh",
+                 "mmvq/mixed.cu")
+# Per-type defines of kernel_defines that mixed.cu takes as HX_A_* / HX_B_*; the rest are common.
+_MIXED_PER_TYPE = ("HX_QTYPE", "HX_QK", "HX_BLOCK_BYTES", "HX_VDR", "HX_TPB", "HX_Y_STEP", "HX_RPB", "HX_NBLOCKS",
+                   "HX_UNROLL")
+ENV_MIXED = "HIRAISHIN_MMVQ_MIXED"
+
+
+def mixed_enabled() -> bool:
+    """Whether weights of two types that read one input (Q4_K attn_q/attn_k beside a Q6_K attn_v)
+    share one ``mmvq_mixed`` launch (``HIRAISHIN_MMVQ_MIXED``; read per call)."""
+    return os.environ.get(ENV_MIXED, "0").strip() == "1"
+
+
+def mixed_defines(qtype_a: str, rows_a: int, qtype_b: str, rows_b: int, ncols: int, nwarps: int, nblocks_a: int,
+                  nblocks_b: int, b_first: int) -> dict:
+    """The defines of ``mmvq_mixed``: each type's ``kernel_defines`` (with its own rows per block and
+    super-blocks per row) as HX_A_* / HX_B_*, the common column count and warps, the looser of the two
+    register caps, and HX_B_FIRST (the first weight slot of type B)."""
+    da = kernel_defines(qtype_a, ncols, rows_a, nwarps, nblocks_a, ahead=0)
+    db = kernel_defines(qtype_b, ncols, rows_b, nwarps, nblocks_b, ahead=0)
+    out = {f"HX_A_{k[3:]}": da[k] for k in _MIXED_PER_TYPE}
+    out.update({f"HX_B_{k[3:]}": db[k] for k in _MIXED_PER_TYPE})
+    out.update({"HX_NCOLS": int(ncols), "HX_NWARPS": int(nwarps), "HX_PREFETCH_AHEAD": 0,
+                "HX_MIN_BLOCKS": min(da["HX_MIN_BLOCKS"], db["HX_MIN_BLOCKS"]), "HX_B_FIRST": int(b_first)})
+    return out
+
+
+class MixedMatVecLaunch:
+    """One ``mmvq_mixed`` launch: up to three weights of two types with one input, the ones of
+    ``qtypes[0]``'s type first.
+
+    ``qtypes``, ``ns`` and ``rows`` (rows per CUDA block) per weight; ``k`` values per row;
+    ``ncols`` columns; ``nwarps`` warps (one count for both types). Call it with the weights, the
+    activations in each type's layout (``ya``, ``yb``) and one ``out`` per weight. Each row is
+    summed exactly as by ``mmvq`` for its type and geometry: the same bits as separate launches.
+    """
+
+    __slots__ = ("kernel", "grid", "block", "shared", "nblk", "ns")
+
+    def __init__(self, qtypes: tuple, ns: tuple, rows: tuple, k: int, ncols: int, nwarps: int):
+        kinds = list(dict.fromkeys(qtypes))
+        if len(kinds) != 2 or not 2 <= len(ns) <= MULTI_MAX_WEIGHTS or len(qtypes) != len(ns) or len(rows) != len(ns):
+            raise ValueError(f"mmvq_mixed takes 2..{MULTI_MAX_WEIGHTS} weights of two types, got {qtypes}")
+        b_first = qtypes.index(kinds[1])
+        if any(q != kinds[1] for q in qtypes[b_first:]):
+            raise ValueError(f"mmvq_mixed needs the weights of one type before the other's, got {qtypes}")
+        ta, tb = matvec_traits(kinds[0]), matvec_traits(kinds[1])
+        defines = mixed_defines(kinds[0], rows[0], kinds[1], rows[b_first], ncols, nwarps, k // ta.qk, k // tb.qk,
+                                b_first)
+        self.kernel = get_kernel(MIXED_SOURCES, "mmvq_mixed", defines)
+        if defines["HX_MIN_BLOCKS"] > 1 and self.kernel.local_size_bytes > 0:
+            self.kernel = get_kernel(MIXED_SOURCES, "mmvq_mixed", {**defines, "HX_MIN_BLOCKS": 1})  # no spills
+        self.ns = tuple(np.int32(n) for n in ns)
+        self.nblk = tuple(np.int32((n + r - 1) // r) for n, r in zip(ns, rows))
+        self.grid = (int(sum(self.nblk)), 1, 1)
+        self.block = (32, nwarps, 1)
+        self.shared = (nwarps - 1) * ncols * max(rows) * 32 * 4
+
+    def __call__(self, ws, ya, yb, outs):
+        self.kernel(self.grid, self.block, (ya, yb, *multi_weight_args(ws, outs, self.ns, self.nblk)),
                     shared_mem=self.shared)
         return outs
 

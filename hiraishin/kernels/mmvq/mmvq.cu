@@ -439,6 +439,9 @@ __device__ __forceinline__ void hx_mmvq_rows(const u8* __restrict__ w, const u8*
     }
 }
 
+// The kernels. mixed.cu compiles this file twice, once per weight type in a namespace of its own, for
+// the device functions above only (HX_MMVQ_NO_KERNELS): extern "C" names cannot be namespaced.
+#ifndef HX_MMVQ_NO_KERNELS
 extern "C" __global__ void __launch_bounds__(32 * HX_NWARPS, HX_MIN_BLOCKS)
 mmvq(const u8* __restrict__ w, const u8* __restrict__ y, float* __restrict__ dst, const int nrows,
      const long long stride_dst) {
@@ -487,3 +490,4 @@ mmvq_multi(const u8* __restrict__ y, const u8* __restrict__ w0, float* __restric
         hx_mmvq_rows(w2, y, dst2, nrows2, nrows2, HX_RPB * (b - nblk0 - nblk1), threadIdx.y, tmp_shared);
     }
 }
+#endif  // HX_MMVQ_NO_KERNELS
