@@ -208,13 +208,17 @@ MIXED_SOURCES = ("mmvq/type_a.cuh", SOURCE, "mmvq/type_end.cuh", "mmvq/type_b.cu
 # Per-type defines of kernel_defines that mixed.cu takes as HX_A_* / HX_B_*; the rest are common.
 _MIXED_PER_TYPE = ("HX_QTYPE", "HX_QK", "HX_BLOCK_BYTES", "HX_VDR", "HX_TPB", "HX_Y_STEP", "HX_RPB", "HX_NBLOCKS",
                    "HX_UNROLL")
+# On (1) by default: one dependent launch fewer in the layers with a Q6_K attn_v, the same bits (H200 graph
+# replays, BATCH_INVARIANT, 0 -> 1: the 0.6B 0.710 -> 0.698 / 0.850 -> 0.835 / 0.886 -> 0.872 ms at 1 / 2 / 3
+# tokens, the 8B 2.547 -> 2.528 / 2.980 -> 2.978 / 3.459 -> 3.443; same logits digests;
+# bench/results/2026-12-03-h200-session13/a-ablate-mixed). HIRAISHIN_MMVQ_MIXED=0: a launch per type.
 ENV_MIXED = "HIRAISHIN_MMVQ_MIXED"
 
 
 def mixed_enabled() -> bool:
     """Whether weights of two types that read one input (Q4_K attn_q/attn_k beside a Q6_K attn_v)
-    share one ``mmvq_mixed`` launch (``HIRAISHIN_MMVQ_MIXED``; read per call)."""
-    return os.environ.get(ENV_MIXED, "0").strip() == "1"
+    share one ``mmvq_mixed`` launch (``HIRAISHIN_MMVQ_MIXED``, default 1; read per call)."""
+    return os.environ.get(ENV_MIXED, "1").strip() != "0"
 
 
 def mixed_defines(qtype_a: str, rows_a: int, qtype_b: str, rows_b: int, ncols: int, nwarps: int, nblocks_a: int,
