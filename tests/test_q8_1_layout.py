@@ -67,7 +67,7 @@ def _reference(xq, qtype):
                     cc, p = t // 4, t % 4
                     for b in (2 * cc, 2 * cc + 1):
                         s = int(qint(b, p).view(np.int8).sum()) + int(qint(b, p + 4).view(np.int8).sum())
-                        rec += np.float32(s).tobytes()  # the integer sum as float32 (exact)
+                        rec += np.int32(s).tobytes()
             base = sb * LAYOUT_BYTES[qtype]
             out[c, base:base + len(rec)] = np.frombuffer(bytes(rec), np.uint8)
     return out

@@ -36,9 +36,6 @@ __all__ = [
     "mixed_defines",
     "mixed_enabled",
     "ENV_MIXED",
-    "MMVQ_DOT_FMA_MIN_COLS",
-    "ENV_DOT_FMA_MIN_COLS",
-    "dot_fma_min_cols",
     "MULTI_MAX_WEIGHTS",
     "multi_weight_args",
     "register_cap_blocks",
@@ -110,27 +107,6 @@ def prefetch_ahead(nwarps: int) -> int:
     return sms * min(THREADS_PER_SM // (32 * nwarps), BLOCKS_PER_SM)
 
 
-# HX_DOT_FMA: the product of each integer dot and its weight scale made by one FMA on a biased dp4a result
-# (mmvq.cu hx_scaled_dot) instead of an integer multiply and an int -> float conversion: the same value, bit
-# for bit, one instruction fewer per sub-block and column, but two more per weight block and thread (the
-# scales as floats and their products with the bias), so it pays from MMVQ_DOT_FMA_MIN_COLS columns on
-# (2 per column saved against 4 per block, Q4_K: even at 2 columns, ahead from 3).
-# HIRAISHIN_MMVQ_DOT_FMA_MIN_COLS moves the bound (1..17; 17: never).
-MMVQ_DOT_FMA_MIN_COLS = 3
-ENV_DOT_FMA_MIN_COLS = "HIRAISHIN_MMVQ_DOT_FMA_MIN_COLS"
-
-
-def dot_fma_min_cols() -> int:
-    """The column count from which mmvq launches use HX_DOT_FMA (:data:`MMVQ_DOT_FMA_MIN_COLS`, or the
-    environment's ``HIRAISHIN_MMVQ_DOT_FMA_MIN_COLS``)."""
-    raw = os.environ.get(ENV_DOT_FMA_MIN_COLS, "").strip()
-    if not raw:
-        return MMVQ_DOT_FMA_MIN_COLS
-    if not raw.isdigit() or not 1 <= int(raw) <= 17:
-        raise ValueError(f"{ENV_DOT_FMA_MIN_COLS} must be an integer in 1..17, got {raw!r}")
-    return int(raw)
-
-
 def kernel_defines(qtype: str, ncols: int, rows_per_block: int, nwarps: int, nblocks: int,
                    unroll: int | None = None, min_blocks: int | None = None, ahead: int | None = None) -> dict:
     """The ``#define``\\ s that compile ``mmvq.cu`` for one launch geometry and row length.
@@ -151,7 +127,6 @@ def kernel_defines(qtype: str, ncols: int, rows_per_block: int, nwarps: int, nbl
             "HX_TPB": t.threads_per_block, "HX_Y_STEP": y_step, "HX_NCOLS": int(ncols),
             "HX_RPB": int(rows_per_block), "HX_NWARPS": int(nwarps), "HX_NBLOCKS": int(nblocks),
             "HX_UNROLL": int(unroll), "HX_MIN_BLOCKS": int(min_blocks),
-            "HX_DOT_FMA": int(qtype in ("Q4_K", "Q6_K") and ncols >= dot_fma_min_cols()),
             "HX_PREFETCH_AHEAD": int(prefetch_ahead(int(nwarps)) if ahead is None else ahead)}
 
 
@@ -256,7 +231,6 @@ def mixed_defines(qtype_a: str, rows_a: int, qtype_b: str, rows_b: int, ncols: i
     out = {f"HX_A_{k[3:]}": da[k] for k in _MIXED_PER_TYPE}
     out.update({f"HX_B_{k[3:]}": db[k] for k in _MIXED_PER_TYPE})
     out.update({"HX_NCOLS": int(ncols), "HX_NWARPS": int(nwarps), "HX_PREFETCH_AHEAD": 0,
-                "HX_DOT_FMA": int(da["HX_DOT_FMA"] and db["HX_DOT_FMA"]),
                 "HX_MIN_BLOCKS": min(da["HX_MIN_BLOCKS"], db["HX_MIN_BLOCKS"]), "HX_B_FIRST": int(b_first)})
     return out
 

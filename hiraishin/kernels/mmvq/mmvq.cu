@@ -21,11 +21,7 @@
 //     quant ints with 4-byte loads, where the weight's alignment allows it (checked at run time;
 //     otherwise narrower loads of the same bytes);
 //   * Q4_K and Q6_K activations come in the threads' own layout (hiraishin/kernels/quantize/layout.py): one 8/16-byte
-//     load per column and kind of data, scales already float32, Q4_K's value sums precomputed (as float32:
-//     small integers, exact);
-//   * with HX_DOT_FMA (several columns: launch.py MMVQ_DOT_FMA_MIN_COLS) the product of an integer dot and
-//     a weight scale is formed in float with one FMA instead of an integer multiply and a conversion, the
-//     same value (hx_scaled_dot below), so a column costs fewer instructions.
+//     load per column and kind of data, scales already float32, Q4_K's value sums precomputed.
 //
 // Compile-time: HX_QTYPE (HX_Q4_K | HX_Q6_K | HX_Q8_0), HX_NCOLS (1..16), HX_RPB (1..8),
 // HX_NWARPS (1..16), HX_NBLOCKS (weight blocks per row), HX_UNROLL (kbx iterations per unrolled
@@ -87,24 +83,6 @@ __device__ __forceinline__ int hx_dp4a(int a, int b, int c) {
     return __dp4a(a, b, c);
 }
 
-// The float value of an integer product dot * sc, both factors known to be small, computed without an
-// integer multiply and conversion. The dp4a chain that makes dot starts from HX_MAGIC_BITS instead of 0,
-// so it ends at HX_MAGIC_BITS + dot: the bits of the float HX_MAGIC + dot (HX_MAGIC = 1.5 * 2^23, whose
-// neighbours are 1 apart; exact for |dot| < 2^22). With scf = sc and nsc = -HX_MAGIC * sc (both exact:
-// |sc| <= 128 has at most 8 significant bits), fma((HX_MAGIC + dot), scf, nsc) forms
-// (HX_MAGIC + dot) * sc - HX_MAGIC * sc = dot * sc exactly before its one rounding, and |dot * sc| < 2^24
-// is a float: the value __int2float_rn(dot * sc) gives, bit for bit (a zero product is +0 either way).
-// Q4_K: |dot| <= 8 * 15 * 127, sc <= 63; Q6_K: |dot| <= 4 * 32 * 127, |sc| <= 128 (tests/test_mmvq_emulator.py
-// bounds the sums the same way).
-#define HX_MAGIC_BITS 0x4B400000
-#define HX_MAGIC 12582912.0f
-#ifndef HX_DOT_FMA
-#define HX_DOT_FMA 0
-#endif
-__device__ __forceinline__ float hx_scaled_dot(const int biased_dot, const float scf, const float nsc) {
-    return __fmaf_rn(__int_as_float(biased_dot), scf, nsc);
-}
-
 // Bytewise x - 32 for bytes in 0..63, no borrow between bytes (what __vsubss4(x, 0x20202020)
 // gives in this range): set bit 7 of each byte, subtract, flip bit 7 back.
 __device__ __forceinline__ int hx_sub32_bytes(int x) {
@@ -130,7 +108,7 @@ struct hx_sites {
     const u8* q[HX_RPB];    // its quant int 16 + 32c + pos
     const u8* yq;           // activations, Q4_K layout: thread T = tid % 16's 4 ints,
     const u8* yd;           // the float32 d of q8_1 blocks 2c and 2c+1,
-    const u8* ys;           // and T's two value sums (float32, exact integers)
+    const u8* ys;           // and T's two integer sums
     // 6-bit scales/mins of sub-blocks 2c, 2c+1 (get_scale_min_k4), as byte pairs:
     //   c < 2:  sc = bytes 2c,2c+1 of scales & 63,  m = bytes 2c+4,2c+5 & 63
     //   c >= 2: sc = low nibbles of bytes 2c+4,2c+5 | top 2 bits of bytes 2c-4,2c-3 << 4
@@ -160,11 +138,7 @@ __device__ __forceinline__ hx_sites hx_sites_init(const u8* const* wrow, const u
 }
 struct hx_wblock {
     int a[2][2];  // nibbles of sub-blocks 2c (a[0]) and 2c+1 (a[1]), ints pos/4 and pos/4 + 4
-    int sc[2];
-    float mf[2];  // the 6-bit mins as floats (exact)
-#if HX_DOT_FMA
-    float scf[2], nsc[2];  // the 6-bit scales as floats and -HX_MAGIC times them (hx_scaled_dot)
-#endif
+    int sc[2], m[2];
     float d, dmin;
 };
 template <bool FAST>  // FAST: the super-blocks are 16-byte aligned
@@ -192,46 +166,29 @@ __device__ __forceinline__ hx_wblock hx_load_w(const hx_sites& s, const int i, c
     b.a[1][1] = (v1 >> 4) & 0x0F0F0F0F;
     b.sc[0] = (int)(pair_sc & 0xFF);
     b.sc[1] = (int)(pair_sc >> 8);
-    b.mf[0] = __int2float_rn((int)(pair_m & 0xFF));
-    b.mf[1] = __int2float_rn((int)(pair_m >> 8));
-#if HX_DOT_FMA
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        b.scf[i] = __int2float_rn(b.sc[i]);
-        b.nsc[i] = __fmul_rn(b.scf[i], -HX_MAGIC);
-    }
-#endif
+    b.m[0] = (int)(pair_m & 0xFF);
+    b.m[1] = (int)(pair_m >> 8);
     b.d = hx_h2f((unsigned short)(dm & 0xFFFF));
     b.dmin = hx_h2f((unsigned short)(dm >> 16));
     return b;
 }
 __device__ __forceinline__ float hx_dot(float acc, const hx_wblock& b, const hx_sites& s, const int yoff) {
     // u: ints pos/4, pos/4 + 4 of q8_1 block 2c, then of 2c+1; sums: dp4a(0x01010101, .) of each
-    // pair (what llama.cpp computes as dot2), exact integers from the quantize kernel, as floats.
-    // llama.cpp's float operands are __int2float_rn(dot1 * sc) and __int2float_rn(sum * m); sum * m
-    // (|sum| <= 8 * 127, m <= 63) is formed here as the product of two exact floats, itself exact.
+    // pair (what llama.cpp computes as dot2), exact integers from the quantize kernel.
     const int4 u = hx_ldy<int4>(s.yq + yoff);
     const float2 d8 = hx_ldy<float2>(s.yd + yoff);
-    const float2 sums = hx_ldy<float2>(s.ys + yoff);
+    const int2 sums = hx_ldy<int2>(s.ys + yoff);
     float sumf_d = 0.0f;
     float sumf_m = 0.0f;
     {
-#if HX_DOT_FMA
-        const float p = hx_scaled_dot(hx_dp4a(b.a[0][1], u.y, hx_dp4a(b.a[0][0], u.x, HX_MAGIC_BITS)), b.scf[0], b.nsc[0]);
-#else
-        const float p = __int2float_rn(hx_dp4a(b.a[0][1], u.y, hx_dp4a(b.a[0][0], u.x, 0)) * b.sc[0]);
-#endif
-        sumf_d = __fmaf_rn(d8.x, p, sumf_d);
-        sumf_m = __fmaf_rn(d8.x, __fmul_rn(sums.x, b.mf[0]), sumf_m);
+        const int dot1 = hx_dp4a(b.a[0][1], u.y, hx_dp4a(b.a[0][0], u.x, 0));
+        sumf_d = __fmaf_rn(d8.x, __int2float_rn(dot1 * b.sc[0]), sumf_d);
+        sumf_m = __fmaf_rn(d8.x, __int2float_rn(sums.x * b.m[0]), sumf_m);
     }
     {
-#if HX_DOT_FMA
-        const float p = hx_scaled_dot(hx_dp4a(b.a[1][1], u.w, hx_dp4a(b.a[1][0], u.z, HX_MAGIC_BITS)), b.scf[1], b.nsc[1]);
-#else
-        const float p = __int2float_rn(hx_dp4a(b.a[1][1], u.w, hx_dp4a(b.a[1][0], u.z, 0)) * b.sc[1]);
-#endif
-        sumf_d = __fmaf_rn(d8.y, p, sumf_d);
-        sumf_m = __fmaf_rn(d8.y, __fmul_rn(sums.y, b.mf[1]), sumf_m);
+        const int dot1 = hx_dp4a(b.a[1][1], u.w, hx_dp4a(b.a[1][0], u.z, 0));
+        sumf_d = __fmaf_rn(d8.y, __int2float_rn(dot1 * b.sc[1]), sumf_d);
+        sumf_m = __fmaf_rn(d8.y, __int2float_rn(sums.y * b.m[1]), sumf_m);
     }
     const float ret = __fmaf_rn(b.d, sumf_d, -__fmul_rn(b.dmin, sumf_m));
     return __fadd_rn(acc, ret);
@@ -279,9 +236,6 @@ __device__ __forceinline__ hx_sites hx_sites_init(const u8* const* wrow, const u
 struct hx_wblock {
     int vi[2];
     int sc[2];
-#if HX_DOT_FMA
-    float scf[2], nsc[2];  // the int8 scales as floats and -HX_MAGIC times them (hx_scaled_dot)
-#endif
     float d;
 };
 template <bool FAST>  // FAST: the super-blocks are 4-byte aligned
@@ -295,13 +249,6 @@ __device__ __forceinline__ hx_wblock hx_load_w(const hx_sites& s, const int i, c
     b.vi[1] = HX_Q6_SUB_IN_DOT ? q1 : hx_sub32_bytes(q1);
     b.sc[0] = hx_ld_s8(s.sc[i] + woff);
     b.sc[1] = hx_ld_s8(s.sc[i] + woff + 4);
-#if HX_DOT_FMA
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-        b.scf[j] = __int2float_rn(b.sc[j]);
-        b.nsc[j] = __fmul_rn(b.scf[j], -HX_MAGIC);
-    }
-#endif
     b.d = hx_h2f(hx_ld_u16(s.blk[i] + woff + 208));
     return b;
 }
@@ -313,14 +260,9 @@ __device__ __forceinline__ float hx_dot(float acc, const hx_wblock& b, const hx_
     float sumf = 0.0f;
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-        const int start = HX_DOT_FMA ? HX_MAGIC_BITS : 0;  // hx_scaled_dot's bias, or none
-        const int dot = HX_Q6_SUB_IN_DOT ? hx_dp4a(b.vi[i], u[i], hx_dp4a((int)0xE0E0E0E0, u[i], start))
-                                         : hx_dp4a(b.vi[i], u[i], start);
-#if HX_DOT_FMA
-        sumf = __fmaf_rn(d8[i], hx_scaled_dot(dot, b.scf[i], b.nsc[i]), sumf);
-#else
+        const int dot = HX_Q6_SUB_IN_DOT ? hx_dp4a(b.vi[i], u[i], hx_dp4a((int)0xE0E0E0E0, u[i], 0))
+                                         : hx_dp4a(b.vi[i], u[i], 0);
         sumf = __fmaf_rn(d8[i], __int2float_rn(dot * b.sc[i]), sumf);
-#endif
     }
     return __fmaf_rn(b.d, sumf, acc);
 }

@@ -7,8 +7,7 @@ fixed (they decide the bits); where the integers come from is not. So on the GPU
 activations of a Q4_K or Q6_K mat-vec are stored in the order the threads read them: per
 weight super-block (256 values, 8 q8_1 blocks), each thread's ints side by side, the block
 scales as float32 (exactly the fp16 value), and for Q4_K the integer sums the dot product
-needs (what llama.cpp computes with two ``dp4a(0x01010101, u, .)`` per block), as float32 (exact: at most
-8 * 127 in magnitude), which the kernel multiplies by the weight's min in float. A thread then
+needs (what llama.cpp computes with two ``dp4a(0x01010101, u, .)`` per block). A thread then
 makes one 8- or 16-byte load per kind of data and column. Same values, same results:
 ``mmvq.cu`` on this layout equals the emulator on llama.cpp's, bit for bit.
 
@@ -21,7 +20,7 @@ Per super-block (block ``b`` = 0..7 of its 8 q8_1 blocks; ``int m`` = values 4m.
     Q4_K, 416 bytes: thread T = 4c + p (c, p in 0..3) of vec_dot_q4_K_q8_1
       [0, 256)    T: ints p, p+4 of block 2c, ints p, p+4 of block 2c+1   (16 bytes per thread)
       [256, 288)  float32 d of blocks 0..7                      (thread T reads the pair c)
-      [288, 416)  T: sum of the 8 values of ints p, p+4 of block 2c, the same of 2c+1 (float32, exact)
+      [288, 416)  T: int32 sum of the 8 values of ints p, p+4 of block 2c, the same of 2c+1
 
 The int8 tensor-core kernels of the sub-block order (``hiraishin/kernels/mmq``) read their own pair of
 layouts, ``MMA_Q4_K`` and ``MMA_Q6_K``, 288 bytes per super-block like llama.cpp's 8 blocks, so that
@@ -143,7 +142,7 @@ def to_layout(xq, qtype: str):
         int_sums = vals.astype(xp.int32).sum(axis=-1)  # (ncols, nsb, 8 blocks, 8 ints)
         pair_sums = int_sums[..., 0:4] + int_sums[..., 4:8]  # ints p and p+4
         sums = pair_sums.reshape(ncols, nsb, 4, 2, 4).transpose(0, 1, 2, 4, 3)  # [c, p, block 2c+i]
-        parts = [ints[:, :, xp.asarray(_Q4_K_BLOCK), xp.asarray(_Q4_K_INT)], d, sums.astype(xp.float32)]  # exact
+        parts = [ints[:, :, xp.asarray(_Q4_K_BLOCK), xp.asarray(_Q4_K_INT)], d, sums.astype(xp.int32)]
     out = xp.concatenate([xp.ascontiguousarray(p).reshape(ncols, nsb, -1).view(xp.uint8) for p in parts], axis=2)
     return out.reshape(ncols, nsb * LAYOUT_BYTES[qtype])
 

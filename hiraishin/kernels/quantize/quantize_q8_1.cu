@@ -11,7 +11,7 @@
 // fp16 d, fp16 s, int8 qs[32]. HX_Q6_K / HX_Q4_K: the same values in the order the mat-vec
 // threads for that weight type read them (hiraishin/kernels/quantize/layout.py has the tables):
 // per 8 blocks (one weight super-block) a record of 288 / 416 bytes with the ints regrouped per
-// thread, d as float32 (the fp16 value, exactly) and, for Q4_K, per-thread integer sums (as float32, exact).
+// thread, d as float32 (the fp16 value, exactly) and, for Q4_K, per-thread integer sums.
 // 112 / 114 (MMA_Q4_K / MMA_Q6_K: 100 + the type id): the sub-block MMA kernel's records of
 // 288 bytes: the 8 blocks' ds words, then per pair of blocks the ints of each MMA lane side by side.
 // 212 / 214 (MMA8_Q4_K / MMA8_Q6_K: 200 + the type id): the same records with the columns of each group of
@@ -88,8 +88,8 @@ __device__ __forceinline__ void hx_q8_1_store_as(unsigned char* __restrict__ y, 
             s += __shfl_xor_sync(0xffffffffu, s, 1, 32);
             s += __shfl_xor_sync(0xffffffffu, s, 2, 32);
             s += __shfl_xor_sync(0xffffffffu, s, 16, 32);
-            if (lane < 16 && e == 0) {  // as float32: |s| <= 8 * 127, exact; the mat-vec multiplies it in float
-                *(float*)(rec + 288 + 8 * (4 * c + p) + 4 * i) = __int2float_rn(s);
+            if (lane < 16 && e == 0) {
+                *(int*)(rec + 288 + 8 * (4 * c + p) + 4 * i) = s;
             }
         }
     }
