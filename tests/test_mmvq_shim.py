@@ -167,6 +167,51 @@ def test_mmvq_source_equals_emulator(build, tmp_path, qtype):
         np.testing.assert_array_equal(_bits(got), _bits(emu), err_msg=f"{defines} weight offset {shift}")
 
 
+def _extreme_weights(qtype: str, n: int, k: int) -> np.ndarray:
+    """Rows whose integer dots and scales reach their bounds: Q4_K nibbles 15 or 0
+    with 6-bit scales and mins 63 or 0; Q6_K 6-bit values 63 or 0 (-32 after the offset) with int8 scales
+    -128, 127 or 0; per row a different mix, fp16 super-block scales 1."""
+    w = random_weights(qtype, n, k, seed=7).copy()
+    blocks = w.reshape(n, k // 256, -1)
+    one = np.array([1.0], np.float16).view(np.uint8)
+    for r in range(n):
+        for sb in range(k // 256):
+            b = blocks[r, sb]
+            kind = (r + sb) % 4
+            if qtype == "Q4_K":
+                b[0:2] = one
+                b[2:4] = one
+                b[4:16] = (0xFF, 0xFF, 0x00, 0xFF, 0xFF, 0x00, 0xFF, 0xFF, 0xF0, 0x0F, 0xFF, 0x00)[::1 if kind % 2 else -1]
+                b[16:144] = 0xFF if kind < 2 else np.where(np.arange(128) % 3 == 0, 0x00, 0xFF)
+            else:
+                b[0:128] = 0xFF if kind < 2 else 0x00  # ql
+                b[128:192] = 0xFF if kind % 2 == 0 else 0x00  # qh
+                b[192:208] = np.array([-128, 127, 0, -128, 127, 127, -128, 0] * 2, np.int8).view(np.uint8)
+                b[208:210] = one
+    return w
+
+
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K"])
+def test_mmvq_source_equals_emulator_at_the_bounds(build, tmp_path, qtype):
+    """Integer dots and scales at their largest (activations all +-127, the weights above) and zero
+    activations: one- and several-column launches equal the emulator."""
+    t = MATVEC_TRAITS[qtype]
+    n, k = 8, 1024
+    w = _extreme_weights(qtype, n, k)
+    x = np.where(np.arange(k) % 5 == 0, -1.0, 1.0).astype(np.float32) * np.array([[1.0], [-1.0], [0.5]], np.float32)
+    x[2, 512:] = 0.0  # zero activations: every product +0
+    xq = quantize.emulate(x)
+    w.tofile(tmp_path / "w.bin")
+    for ncols in (1, 2, 3):
+        defines = kernel_defines(qtype, ncols, 2, 4, k // t.qk)
+        to_layout(xq[:ncols], qtype).tofile(tmp_path / "y.bin")
+        _run(build("mmvq/mmvq.cu", defines, "mmvq"), tmp_path / "w.bin", tmp_path / "y.bin", n, 0, tmp_path / "o.bin")
+        got = np.fromfile(tmp_path / "o.bin", np.float32).reshape(ncols, n)
+        plan = MatVecPlan("mmvq", qtype, nwarps=4, rows_per_block=2, cols_per_launch=ncols, ncols=ncols)
+        np.testing.assert_array_equal(_bits(got), _bits(mmvq.emulate(w, qtype, xq[:ncols], plan)),
+                                      err_msg=f"{defines}")
+
+
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K"])
 def test_mmvq_multi_source_equals_separate_emulators(build, tmp_path, qtype):
     """Q, K and V in one launch (mmvq_multi): each weight's rows give the bits of its own mat-vec."""
