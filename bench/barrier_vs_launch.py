@@ -1,0 +1,152 @@
+"""What one dependent step costs on the device: a kernel launch in a CUDA graph (with and without
+programmatic dependent launch) against a grid-wide barrier inside one persistent kernel.
+
+A decode pass is a chain of about ten dependent launches a layer, and the ablations say each costs
+its place in the chain whatever it does (session 13: the norm launch replaced by an elementwise one
+of the same reads and writes saved 11 of its 98 µs a 0.6B pass). A persistent kernel per layer would
+put grid barriers where the launches are; it pays only if a barrier is cheaper than a launch
+boundary. Both are timed here with the same trivial step: every CUDA block reads, from L2, the
+value another block wrote in the step before and writes its own (so each step depends on the last).
+
+    python3 bench/barrier_vs_launch.py [--steps 256] [--blocks 132,264,528,1056] [--threads 128] [--json F]
+
+Chains: ``--steps`` launches of a grid of B blocks captured in one graph (PDL: the launches made with
+programmatic stream serialization, each block waiting in ``griddepcontrol.wait``), replayed back to
+back. Persistent: one cooperative launch of B blocks doing ``--steps`` steps with a barrier after
+each (an atomic arrival on a global counter, then a spin on it with acquire loads), timed at
+``steps`` and ``2 * steps`` so that the launch itself drops out. Prints µs per step; the JSON holds
+the raw seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from benchlib import replay_seconds, write_rows_json  # noqa: E402
+
+KERNELS = r"""
+// One step of a chain: block b writes dst[b] = src[(b + 1) % gridDim.x] + 1 (read from L2: another
+// block wrote it in the step before).
+extern "C" __global__ void hx_chain_step(const float* src, float* dst) {
+    HX_PDL_ENTRY();
+    if (threadIdx.x == 0) {
+        dst[blockIdx.x] = __ldcg(src + (blockIdx.x + 1) % gridDim.x) + 1.0f;
+    }
+}
+
+__device__ __forceinline__ unsigned int hx_load_acquire(const unsigned int* p) {
+    unsigned int v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+// The same steps in one launch, a grid barrier after each: thread 0 of every block makes its writes
+// visible (__threadfence), arrives (atomicAdd) and spins until all gridDim.x blocks of this step have.
+extern "C" __global__ void hx_persistent_steps(float* a, float* b, unsigned int* count, const int steps) {
+    const unsigned int g = gridDim.x;
+    for (int s = 0; s < steps; ++s) {
+        const float* src = (s & 1) ? b : a;
+        float* dst = (s & 1) ? a : b;
+        if (threadIdx.x == 0) {
+            dst[blockIdx.x] = __ldcg(src + (blockIdx.x + 1) % g) + 1.0f;
+            __threadfence();
+            atomicAdd(count, 1u);
+            const unsigned int target = (unsigned int)(s + 1) * g;
+            while (hx_load_acquire(count) < target) {
+            }
+        }
+        __syncthreads();
+    }
+}
+"""
+
+
+def _kernels():
+    import cupy
+
+    from hiraishin.kernels.compile import NVRTC_OPTIONS, load_source
+    from hiraishin.kernels.pdl import PdlKernel
+
+    mod = cupy.RawModule(code=load_source() + KERNELS, options=NVRTC_OPTIONS, backend="nvrtc")
+    return PdlKernel(mod.get_function("hx_chain_step"), True), mod.get_function("hx_persistent_steps")
+
+
+def chain_seconds(step, blocks: int, threads: int, steps: int, pdl: bool, replays: int) -> float:
+    """Seconds per launch of ``steps`` dependent launches captured in one graph (replayed back to back)."""
+    import cupy
+
+    from hiraishin.kernels.pdl import pdl_scope
+
+    a = cupy.zeros(blocks, cupy.float32)
+    b = cupy.zeros(blocks, cupy.float32)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        step((blocks,), (threads,), (a, b))  # compile and load before the capture
+        stream.synchronize()
+        stream.begin_capture()
+        with pdl_scope(pdl):
+            for s in range(steps):
+                src, dst = (a, b) if s % 2 == 0 else (b, a)
+                step((blocks,), (threads,), (src, dst))
+        graph = stream.end_capture()
+    graph.launch(stream)
+    per_graph = min(replay_seconds(graph, stream, replays))
+    return per_graph / steps
+
+
+def persistent_seconds(kernel, blocks: int, threads: int, steps: int, repeats: int = 5) -> float:
+    """Seconds per step of the persistent kernel: (time of 2 * steps - time of steps) / steps, best of
+    ``repeats`` each (cooperative launches: a grid that cannot be co-resident is an error, not a hang)."""
+    import cupy
+
+    a = cupy.zeros(blocks, cupy.float32)
+    b = cupy.zeros(blocks, cupy.float32)
+    count = cupy.zeros(1, cupy.uint32)
+
+    def once(n: int) -> float:
+        best = float("inf")
+        for _ in range(repeats):
+            count.fill(0)
+            cupy.cuda.runtime.deviceSynchronize()
+            t0 = time.perf_counter()
+            kernel((blocks,), (threads,), (a, b, count, cupy.int32(n)), enable_cooperative_groups=True)
+            cupy.cuda.runtime.deviceSynchronize()
+            best = min(best, time.perf_counter() - t0)
+        return best
+
+    once(steps)  # load
+    return (once(2 * steps) - once(steps)) / steps
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steps", type=int, default=256)
+    ap.add_argument("--blocks", default="132,264,528,1056")
+    ap.add_argument("--threads", type=int, default=128)
+    ap.add_argument("--replays", type=int, default=20)
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+    step, persistent = _kernels()
+    rows = []
+    for blocks in (int(b) for b in args.blocks.split(",")):
+        for kind in ("launch chain", "launch chain, PDL", "persistent, grid barrier"):
+            if kind.startswith("persistent"):
+                s = persistent_seconds(persistent, blocks, args.threads, args.steps)
+            else:
+                s = chain_seconds(step, blocks, args.threads, args.steps, kind.endswith("PDL"), args.replays)
+            rows.append({"kind": kind, "blocks": blocks, "threads": args.threads, "steps": args.steps,
+                         "seconds_per_step": s})
+            print(f"{blocks:5d} blocks x {args.threads} threads  {kind:26s} {1e6 * s:6.2f} us a step", flush=True)
+    if args.json:
+        write_rows_json(args.json, rows)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
