@@ -73,8 +73,12 @@ def _kernels():
     from hiraishin.kernels.compile import NVRTC_OPTIONS, load_source
     from hiraishin.kernels.pdl import PdlKernel
 
-    mod = cupy.RawModule(code=load_source() + KERNELS, options=NVRTC_OPTIONS, backend="nvrtc")
-    return PdlKernel(mod.get_function("hx_chain_step"), True), mod.get_function("hx_persistent_steps")
+    code = load_source() + KERNELS
+    mod = cupy.RawModule(code=code, options=NVRTC_OPTIONS, backend="nvrtc")
+    # a cooperative launch: a grid that cannot be co-resident is an error, not a hang
+    persistent = cupy.RawKernel(code, "hx_persistent_steps", options=NVRTC_OPTIONS, backend="nvrtc",
+                                enable_cooperative_groups=True)
+    return PdlKernel(mod.get_function("hx_chain_step"), True), persistent
 
 
 def chain_seconds(step, blocks: int, threads: int, steps: int, pdl: bool, replays: int) -> float:
@@ -102,7 +106,7 @@ def chain_seconds(step, blocks: int, threads: int, steps: int, pdl: bool, replay
 
 def persistent_seconds(kernel, blocks: int, threads: int, steps: int, repeats: int = 5) -> float:
     """Seconds per step of the persistent kernel: (time of 2 * steps - time of steps) / steps, best of
-    ``repeats`` each (cooperative launches: a grid that cannot be co-resident is an error, not a hang)."""
+    ``repeats`` each."""
     import cupy
 
     a = cupy.zeros(blocks, cupy.float32)
@@ -115,7 +119,7 @@ def persistent_seconds(kernel, blocks: int, threads: int, steps: int, repeats: i
             count.fill(0)
             cupy.cuda.runtime.deviceSynchronize()
             t0 = time.perf_counter()
-            kernel((blocks,), (threads,), (a, b, count, cupy.int32(n)), enable_cooperative_groups=True)
+            kernel((blocks,), (threads,), (a, b, count, cupy.int32(n)))
             cupy.cuda.runtime.deviceSynchronize()
             best = min(best, time.perf_counter() - t0)
         return best
