@@ -224,7 +224,8 @@ class CudaOps:
 
     def _run_matvecs(self, weights, mvs, xqs, T: int, outs):
         """Every mat-vec of ``weights`` (prepared ``mvs``) on its activations ``xqs[layout]``; the
-        ones of one group (Q, K, V of one type; gate and up) in one ``mmvq_multi`` launch."""
+        ones of one group (Q, K, V of one type; gate and up) in one ``mmvq_multi`` launch, and two groups
+        of different types (Q4_K Q and K, a Q6_K V) in one ``mmvq_mixed`` launch."""
         results = [self._empty((T, mv.n), _F32) if outs is None or outs[i] is None else outs[i]
                    for i, mv in enumerate(mvs)]
         groups: dict = {}

@@ -11,6 +11,9 @@ Files, side by side:
 * ``mmvq.cu``: the kernel; geometry, row length and block facts are compile-time ``#define``\\ s;
   on the GPU it reads Q4_K/Q6_K activations in its own per-thread layout
   (:mod:`hiraishin.kernels.quantize.layout`), same values, same bits;
+* ``mixed.cu`` (with ``type_a.cuh``, ``type_b.cuh``, ``type_end.cuh``): ``mmvq_mixed``, weights of two
+  types that read one input in one launch (Q4_K attn_q/attn_k beside a Q6_K attn_v), each type's rows
+  ``mmvq.cu``'s own code compiled in a namespace of its own: the same bits as a launch per type;
 * :mod:`.launch`: ``launch(w, qtype, y, plan, out)`` and the prepared launches behind it, with the
   measured compile-time tuning (unroll, register caps) as named constants;
 * :mod:`.emulate`: ``emulate(w, qtype, xq, plan)`` on numpy arrays (llama.cpp's q8_1 layout).
