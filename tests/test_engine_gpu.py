@@ -133,6 +133,8 @@ def test_mixed_type_launches_keep_every_pass_bit(monkeypatch, tiny_model_path):
                     logits = m.forward(toks, 20, order)
                 got.append(_bits(logits))
             outs[(setting, graphs)] = got
+            if setting == "1":  # the tiny shape's layers 2 and 3 hold a Q6_K attn_v: the mixed launch ran
+                assert any(key[0] == "mixed" for key in m.backend.ops._multis), "no mmvq_mixed launch was made"
     want = outs[("0", False)]
     for key, got in outs.items():
         for width, (a, b) in enumerate(zip(got, want), start=1):
