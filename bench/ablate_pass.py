@@ -49,10 +49,13 @@ _run_matvecs = cuda_backend.CudaOps._run_matvecs
 
 def _grouped_only(self, weights, mvs, xqs, T, outs):
     # a mat-vec launched alone beside a group of one call (the Q6_K attn_v beside the Q4_K Q+K
-    # launch) left out: what one launch for both types could save at most
-    groups = {mv.group if mv.group is not None else ("alone", i) for i, mv in enumerate(mvs)}
-    if len(groups) > 1 and any(g[0] != "alone" for g in groups):
-        keep = [i for i, mv in enumerate(mvs) if mv.group is not None]
+    # launch) left out: what one launch for both types could save at most. Alone means alone in its
+    # group: V has a group key of its own (its type), with one member.
+    members: dict = {}
+    for i, mv in enumerate(mvs):
+        members.setdefault(mv.group if mv.group is not None else ("alone", i), []).append(i)
+    if len(members) > 1 and any(len(idx) > 1 for idx in members.values()):
+        keep = sorted(i for idx in members.values() if len(idx) > 1 for i in idx)
         out = _run_matvecs(self, [weights[i] for i in keep], [mvs[i] for i in keep], xqs, T,
                            None if outs is None else [outs[i] for i in keep])
         res = [None] * len(mvs)
