@@ -327,6 +327,60 @@ else:
 # draft model of ~300 launches has a floor of its own, and a speculative decoder gains when the draft
 # gets cheaper *relative to* the target, not when both lose the same fixed cost.
 #
+# Is a norm launch dear because of its reduction (a sum over the whole row before any value can be
+# quantized), or because it is a launch? A later ablation *replaced* the norm launches by elementwise
+# launches of the same reads and q8_1 writes (SwiGLU's kernel: what a norm whose scale is applied after
+# the mat-vec would cost at most), and a micro-benchmark timed one dependent step two ways: as a launch in
+# a CUDA graph, and as a grid-wide barrier inside one persistent kernel (`bench/barrier_vs_launch.py`).
+
+# %%
+def newest_rows(pattern, want):
+    """(path, rows) of the newest committed file matching ``pattern`` whose rows hold every variant/kind in ``want``."""
+    found = []
+    for f in RESULTS.rglob(pattern):
+        data = json.loads(f.read_text())
+        if want <= {r.get("variant", r.get("kind")) for r in data.get("rows", [])}:
+            found.append((data.get("date", ""), str(f), f, data["rows"]))
+    return max(found)[2:] if found else (None, None)
+
+
+REPLACED = {}  # model -> (µs saved without the norm launches, µs saved with elementwise launches in their place)
+for model_file in ("ablate-0.6b.json", "ablate-8b.json"):
+    path, rows = newest_rows(model_file, {"whole pass", "no add+norm", "norm as elementwise"})
+    if rows:
+        by = {r["variant"]: r for r in rows}
+        REPLACED[rows[0]["model"]] = (1e3 * by["no add+norm"]["saved_ms"], 1e3 * by["norm as elementwise"]["saved_ms"])
+        print("read:", rel(path))
+for model, (removed, replaced) in REPLACED.items():
+    print(f"{model:<17} norm launches removed: saves {removed:6.1f} µs; replaced by elementwise launches: "
+          f"saves {replaced:5.1f} µs ({replaced / removed:.0%} of it)")
+
+STEP_KINDS = ("launch chain", "launch chain, PDL", "persistent, grid barrier")
+barrier_path, STEPS = newest_rows("barrier-vs-launch.json", set(STEP_KINDS))
+if STEPS:
+    print("read:", rel(barrier_path))
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    for kind, colour in zip(STEP_KINDS, ("tab:gray", "tab:blue", "tab:red")):
+        pts = sorted((r["blocks"], 1e6 * r["seconds_per_step"]) for r in STEPS if r["kind"] == kind)
+        ax.plot(*zip(*pts), marker="o", color=colour, label=kind)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("CUDA blocks of 128 threads")
+    ax.set_ylabel("µs per dependent step")
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=8)
+    ax.set_title("one dependent step: a launch in a graph, or a grid barrier", fontsize=10)
+    plt.show()
+else:
+    print("No barrier-vs-launch.json is committed under bench/results/ yet.")
+
+# %% [markdown]
+# An elementwise launch in the norm's place costs nearly all that the norm did: the reduction is not the
+# price, the step is. And a step is cheapest as a launch with programmatic dependent launch (under a µs for
+# a few hundred CUDA blocks); a grid barrier in a persistent kernel, one counter every block arrives at,
+# costs more and grows with the blocks. So the way to a cheaper draft is fewer steps per layer (work
+# merged into a neighbour without lengthening its critical path), not a persistent kernel with a simple
+# barrier in place of the launches.
+#
 # ## What is left of the speed-up
 #
 # The measured end-to-end speed-up of speculative decoding per order comes from the whole-decoder
@@ -394,6 +448,13 @@ assert SOURCE is not None, "no timing source: neither a GPU nor committed result
 assert matvec_plan(ReductionOrder.BATCH_INVARIANT, 9, "Q4_K").launches() == [(0, 5), (5, 4)]
 assert all(matvec_plan(ReductionOrder.BATCH_INVARIANT, w, "Q4_K").nwarps == 4 for w in WIDTHS)
 assert matvec_plan(ReductionOrder.BATCH_VARIANT, 9, "Q4_K").kernel == "mmq_stock"
+for model, (removed, replaced) in REPLACED.items():  # "the reduction is not the price, the step is"
+    assert replaced < 0.25 * removed, model
+if STEPS:  # "a step is cheapest as a PDL launch; a one-counter barrier costs more and grows with the blocks"
+    per = {(r["kind"], r["blocks"]): r["seconds_per_step"] for r in STEPS}
+    blocks = sorted({b for _, b in per})
+    assert all(per["launch chain, PDL", b] < per["persistent, grid barrier", b] for b in blocks)
+    assert per["persistent, grid barrier", blocks[-1]] > per["persistent, grid barrier", blocks[0]]
 if MATVEC:  # the prose on the committed per-order mat-vecs: exact orders keep a column's bits, the variant does not
     for shape, per_order in MATVEC.items():
         assert all(same for _, same in per_order["subblock"].values()), shape
