@@ -13,7 +13,9 @@ value another block wrote in the step before and writes its own (so each step de
 Chains: ``--steps`` launches of a grid of B blocks captured in one graph (PDL: the launches made with
 programmatic stream serialization, each block waiting in ``griddepcontrol.wait``), replayed back to
 back. Persistent: one cooperative launch of B blocks doing ``--steps`` steps with a barrier after
-each (an atomic arrival on a global counter, then a spin on it with acquire loads), timed at
+each (an atomic arrival on a global counter, then a spin on it with acquire loads; or the tree form:
+arrivals on one counter per group of TREE_GROUP blocks, the groups' last arrivals on the root, a step
+flag raised by the last of all that every block spins on), timed at
 ``steps`` and ``2 * steps`` so that the launch itself drops out. Prints µs per step; the JSON holds
 the raw seconds.
 """
@@ -48,6 +50,34 @@ __device__ __forceinline__ unsigned int hx_load_acquire(const unsigned int* p) {
 
 // The same steps in one launch, a grid barrier after each: thread 0 of every block makes its writes
 // visible (__threadfence), arrives (atomicAdd) and spins until all gridDim.x blocks of this step have.
+// count[0] is the one counter; with HX_TREE set, blocks arrive in groups of HX_TREE at count[1 + group],
+// the last of a group arrives at count[0] for it, and the last group's last block raises the step number
+// in count[1 + ngroups], which every block spins on (fewer arrivals on one address).
+#ifndef HX_TREE
+#define HX_TREE 0
+#endif
+__device__ __forceinline__ void hx_grid_barrier(unsigned int* count, const int s) {
+    const unsigned int g = gridDim.x;
+#if HX_TREE == 0
+    atomicAdd(count, 1u);
+    while (hx_load_acquire(count) < (unsigned int)(s + 1) * g) {
+    }
+#else
+    const unsigned int group = blockIdx.x / HX_TREE;
+    const unsigned int ngroups = (g + HX_TREE - 1) / HX_TREE;
+    const unsigned int members = min((unsigned int)HX_TREE, g - group * HX_TREE);
+    unsigned int* flag = count + 1 + ngroups;
+    if (atomicAdd(count + 1 + group, 1u) == (unsigned int)(s + 1) * members - 1) {  // the group's last
+        if (atomicAdd(count, 1u) == (unsigned int)(s + 1) * ngroups - 1) {          // the grid's last
+            __threadfence();
+            atomicExch(flag, (unsigned int)(s + 1));
+        }
+    }
+    while (hx_load_acquire(flag) < (unsigned int)(s + 1)) {
+    }
+#endif
+}
+
 extern "C" __global__ void hx_persistent_steps(float* a, float* b, unsigned int* count, const int steps) {
     const unsigned int g = gridDim.x;
     for (int s = 0; s < steps; ++s) {
@@ -56,10 +86,7 @@ extern "C" __global__ void hx_persistent_steps(float* a, float* b, unsigned int*
         if (threadIdx.x == 0) {
             dst[blockIdx.x] = __ldcg(src + (blockIdx.x + 1) % g) + 1.0f;
             __threadfence();
-            atomicAdd(count, 1u);
-            const unsigned int target = (unsigned int)(s + 1) * g;
-            while (hx_load_acquire(count) < target) {
-            }
+            hx_grid_barrier(count, s);
         }
         __syncthreads();
     }
@@ -75,10 +102,14 @@ def _kernels():
 
     code = load_source() + KERNELS
     mod = cupy.RawModule(code=code, options=NVRTC_OPTIONS, backend="nvrtc")
-    # a cooperative launch: a grid that cannot be co-resident is an error, not a hang
-    persistent = cupy.RawKernel(code, "hx_persistent_steps", options=NVRTC_OPTIONS, backend="nvrtc",
-                                enable_cooperative_groups=True)
+    # cooperative launches: a grid that cannot be co-resident is an error, not a hang
+    persistent = {tree: cupy.RawKernel(f"#define HX_TREE {tree}\n" + code, "hx_persistent_steps", options=NVRTC_OPTIONS,
+                                       backend="nvrtc", enable_cooperative_groups=True) for tree in (0, TREE_GROUP)}
     return PdlKernel(mod.get_function("hx_chain_step"), True), persistent
+
+
+# Blocks per first-level counter of the tree barrier (a guess to try, not a tuned figure).
+TREE_GROUP = 16
 
 
 def chain_seconds(step, blocks: int, threads: int, steps: int, pdl: bool, replays: int) -> float:
@@ -111,7 +142,7 @@ def persistent_seconds(kernel, blocks: int, threads: int, steps: int, repeats: i
 
     a = cupy.zeros(blocks, cupy.float32)
     b = cupy.zeros(blocks, cupy.float32)
-    count = cupy.zeros(1, cupy.uint32)
+    count = cupy.zeros(2 + blocks, cupy.uint32)  # the root, one counter per group, the step flag
 
     def once(n: int) -> float:
         best = float("inf")
@@ -128,6 +159,10 @@ def persistent_seconds(kernel, blocks: int, threads: int, steps: int, repeats: i
     return (once(2 * steps) - once(steps)) / steps
 
 
+KINDS = ("launch chain", "launch chain, PDL", "persistent, grid barrier",
+         f"persistent, tree barrier ({TREE_GROUP})")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=256)
@@ -139,14 +174,15 @@ def main(argv=None) -> int:
     step, persistent = _kernels()
     rows = []
     for blocks in (int(b) for b in args.blocks.split(",")):
-        for kind in ("launch chain", "launch chain, PDL", "persistent, grid barrier"):
+        for kind in KINDS:
             if kind.startswith("persistent"):
-                s = persistent_seconds(persistent, blocks, args.threads, args.steps)
+                tree = TREE_GROUP if "tree" in kind else 0
+                s = persistent_seconds(persistent[tree], blocks, args.threads, args.steps)
             else:
                 s = chain_seconds(step, blocks, args.threads, args.steps, kind.endswith("PDL"), args.replays)
             rows.append({"kind": kind, "blocks": blocks, "threads": args.threads, "steps": args.steps,
                          "seconds_per_step": s})
-            print(f"{blocks:5d} blocks x {args.threads} threads  {kind:26s} {1e6 * s:6.2f} us a step", flush=True)
+            print(f"{blocks:5d} blocks x {args.threads} threads  {kind:30s} {1e6 * s:6.2f} us a step", flush=True)
     if args.json:
         write_rows_json(args.json, rows)
     return 0
