@@ -25,6 +25,20 @@ from hiraishin.quant import dequantize, random_blocks
 CASES = [("Q4_K", 1024, 37), ("Q6_K", 768, 19), ("Q4_K", 5120, 5), ("Q6_K", 256, 3)]
 
 
+def _activations(xq, wd: int, layout):
+    """The first ``wd`` columns of q8_1 bytes ``xq`` in ``layout``; in an MMA8 layout the padding columns of
+    the last group hold other (random) activations, not copies of the last column: the kernels read them
+    and must drop what they compute."""
+    from hiraishin.kernels.quantize.layout import LAYOUT_COLUMN_GROUP, layout_rows
+
+    extra = layout_rows(wd, layout) - wd if layout in LAYOUT_COLUMN_GROUP else 0
+    if extra:
+        k = xq.shape[1] // 36 * 32
+        junk = quantize.emulate((np.random.default_rng(wd).standard_normal((extra, k)) * 50).astype(np.float32))
+        return as_layout(np.concatenate([xq[:wd], junk]), layout)
+    return as_layout(xq[:wd], layout)
+
+
 def _inputs(qtype, k, n, ncols=37, seed=0):
     w = random_blocks(qtype, n, k, seed=seed)
     x = np.random.default_rng(seed + 1).standard_normal((ncols, k)).astype(np.float32)
@@ -174,8 +188,10 @@ SWITCHES = {"default": {}, "mma-layouts": {"HIRAISHIN_MMQ_XLAYOUT": "1"}, "llama
             "prefetch-next": {"HIRAISHIN_MMQ_PREFETCH_NEXT": "1"},  # (the L2 hint is a no-op in the shim)
             "pipeline-w": {"HIRAISHIN_MMQ_PIPELINE_W": "1"},  # (Q4_K cases; Q6_K ones run without it)
             "stage-w": {"HIRAISHIN_MMQ_STAGE_W": "1"},  # (Q4_K cases; cp.async a plain copy in the shim)
-            # the MMA8 layouts (8 columns' records interleaved) at every width
-            "interleaved": {"HIRAISHIN_MMQ_XLAYOUT": "2", "HIRAISHIN_MMQ_MMA8_MIN_COLS": "1"}}
+            # the MMA8 layouts (8 columns' records interleaved) at every width; and for Q6_K too
+            "interleaved": {"HIRAISHIN_MMQ_XLAYOUT": "2", "HIRAISHIN_MMQ_MMA8_MIN_COLS": "1"},
+            "interleaved-q6k": {"HIRAISHIN_MMQ_XLAYOUT": "2", "HIRAISHIN_MMQ_MMA8_MIN_COLS": "1",
+                                "HIRAISHIN_MMQ_MMA8_Q6K": "1"}}
 
 
 @pytest.mark.parametrize("switch", list(SWITCHES))
@@ -202,6 +218,7 @@ def test_mmq_source_equals_emulator_on_cpu(tmp_path, case, switch, monkeypatch):
     monkeypatch.setattr(mmq_launch, "MMQ_XLAYOUT", int(chosen.get("HIRAISHIN_MMQ_XLAYOUT", mmq_launch.DEFAULT_MMQ_XLAYOUT)))
     monkeypatch.setattr(mmq_launch, "MMA8_MIN_COLS",
                         int(chosen.get("HIRAISHIN_MMQ_MMA8_MIN_COLS", mmq_launch.DEFAULT_MMA8_MIN_COLS)))
+    monkeypatch.setattr(mmq_launch, "MMA8_Q6K", chosen.get("HIRAISHIN_MMQ_MMA8_Q6K") == "1")
     qtype, k, n, widths, shift, nwarps, prefetch = case
     builder = ShimBuilder(tmp_path)
     (tmp_path / "hx_mma_shim.h").write_text(MMA_SHIM_H)
@@ -213,7 +230,7 @@ def test_mmq_source_equals_emulator_on_cpu(tmp_path, case, switch, monkeypatch):
     for wd in widths:
         plan = dataclasses.replace(subblock_plan(wd, qtype, k), nwarps=nwarps)
         plans.append(plan)
-        if wd > 8 and switch in ("default", "mma-layouts", "llama-layout", "interleaved"):  # 9..16 columns as two one-tile blocks
+        if wd > 8 and switch in ("default", "mma-layouts", "llama-layout", "interleaved", "interleaved-q6k"):  # 9..16 columns as two one-tile blocks
             plans.append(dataclasses.replace(plan, cols_per_block=8, interleave=2))
         if wd > 8 and switch != "live-on":  # and as one block whose warps split over two one-tile column groups
             plans.append(dataclasses.replace(plan, warp_split=2, nwarps=2 * nwarps))
@@ -221,11 +238,49 @@ def test_mmq_source_equals_emulator_on_cpu(tmp_path, case, switch, monkeypatch):
         wd = plan.ncols
         defines = dict(kernel_defines(plan, None, prefetch), HX_SHIM=1)
         exe = builder.build(SOURCE, defines, MMQ_MAIN, "mmq")
-        as_layout(xq[:wd], activation_layout(plan)).tofile(tmp_path / "x.bin")
+        _activations(xq, wd, activation_layout(plan)).tofile(tmp_path / "x.bin")
         run(exe, tmp_path / "w.bin", tmp_path / "x.bin", n, wd, shift, tmp_path / "o.bin")
         got = np.fromfile(tmp_path / "o.bin", np.float32).reshape(wd, n)
         np.testing.assert_array_equal(got.view(np.uint32), ref[:wd].view(np.uint32),
                                       err_msg=f"{defines} weight offset {shift}")
+
+
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K"])
+def test_mma8_launches_past_the_last_group_read_within_the_buffer(tmp_path, qtype, monkeypatch):
+    """Prefill widths in the MMA8 layouts (17 and 23 columns: a CUDA block of 16 columns whose second n-tile lies
+    past the last group of 8, which it then reads in place of one that does not exist) give the emulator's bits.
+    (That the read stays inside the buffer, which holds exactly its whole groups, the shim cannot see:
+    compute-sanitizer memcheck on a GPU can.)"""
+    import dataclasses
+    import importlib
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from cuda_shim import GXX, ShimBuilder, run
+
+    from hiraishin.kernels.mmq.launch import SOURCE, activation_layout, kernel_defines
+
+    if GXX is None:
+        pytest.skip("needs g++ (C++20)")
+    mmq_launch = importlib.import_module("hiraishin.kernels.mmq.launch")
+    monkeypatch.setattr(mmq_launch, "MMQ_XLAYOUT", 2)
+    monkeypatch.setattr(mmq_launch, "MMA8_MIN_COLS", 1)
+    monkeypatch.setattr(mmq_launch, "MMA8_Q6K", True)
+    k, n = 512, 19
+    builder = ShimBuilder(tmp_path)
+    (tmp_path / "hx_mma_shim.h").write_text(MMA_SHIM_H)
+    w, xq = _inputs(qtype, k, n, ncols=23, seed=5)
+    w.tofile(tmp_path / "w.bin")
+    ref = emulate(w, qtype, xq, subblock_plan(1, qtype, k))
+    for wd in (17, 23):
+        plan = dataclasses.replace(subblock_plan(wd, qtype, k), nwarps=2)
+        assert plan.cols_per_block == 16 and activation_layout(plan).startswith("MMA8_")
+        exe = builder.build(SOURCE, dict(kernel_defines(plan, None), HX_SHIM=1), MMQ_MAIN, "mmq")
+        _activations(xq, wd, activation_layout(plan)).tofile(tmp_path / "x.bin")
+        run(exe, tmp_path / "w.bin", tmp_path / "x.bin", n, wd, 0, tmp_path / "o.bin")
+        got = np.fromfile(tmp_path / "o.bin", np.float32).reshape(wd, n)
+        np.testing.assert_array_equal(got.view(np.uint32), ref[:wd].view(np.uint32), err_msg=f"{qtype} {wd} columns")
 
 
 def test_committed_tuning_files_are_valid_and_library_json_is_the_library(monkeypatch):
@@ -287,7 +342,7 @@ def test_staging_switch_picks_the_launches_and_their_dynamic_shared_memory(monke
 
 def test_interleaved_layouts_are_q4_k_only_and_the_switch_is_checked(monkeypatch):
     """HIRAISHIN_MMQ_XLAYOUT=2: Q4_K kernels read the MMA8 layouts (HX_XLAYOUT 2), Q6_K ones keep the MMA layouts
-    (more registers with them); 0 and 1 as before; any other value is named."""
+    unless HIRAISHIN_MMQ_MMA8_Q6K=1; 0 and 1 as before; any other value is named."""
     import importlib
 
     from hiraishin.plans import subblock_plan
@@ -301,6 +356,11 @@ def test_interleaved_layouts_are_q4_k_only_and_the_switch_is_checked(monkeypatch
             seen[x, qtype] = (mmq_launch.kernel_defines(plan)["HX_XLAYOUT"], mmq_launch.activation_layout(plan))
     assert seen == {(0, "Q4_K"): (0, None), (0, "Q6_K"): (0, None), (1, "Q4_K"): (1, "MMA_Q4_K"),
                     (1, "Q6_K"): (1, "MMA_Q6_K"), (2, "Q4_K"): (2, "MMA8_Q4_K"), (2, "Q6_K"): (1, "MMA_Q6_K")}
+    monkeypatch.setattr(mmq_launch, "MMA8_Q6K", True)  # HIRAISHIN_MMQ_MMA8_Q6K=1: Q6_K reads them too
+    plan = subblock_plan(9, "Q6_K", 4096, n=4096)
+    assert (mmq_launch.kernel_defines(plan)["HX_XLAYOUT"], mmq_launch.activation_layout(plan)) == (2, "MMA8_Q6_K")
+    assert mmq_launch.xlayout_setting()[2] == ("Q4_K", "Q6_K")  # part of every prepared launch's cache key
+    monkeypatch.setattr(mmq_launch, "MMA8_Q6K", False)
     monkeypatch.setattr(mmq_launch, "MMQ_XLAYOUT", 2)  # launches below MMA8_MIN_COLS columns keep the MMA layouts
     monkeypatch.setattr(mmq_launch, "MMA8_MIN_COLS", 6)
     assert [mmq_launch.plan_xlayout(subblock_plan(w, "Q4_K", 4096, n=4096)) for w in (1, 5, 6, 16)] == [1, 1, 2, 2]
@@ -352,6 +412,7 @@ def test_mmq_multi_source_equals_separate_emulators_on_cpu(tmp_path, qtype, widt
         pytest.skip("needs g++ (C++20)")
     monkeypatch.setattr(importlib.import_module("hiraishin.kernels.mmq.launch"), "MMQ_XLAYOUT", xlayout)
     monkeypatch.setattr(importlib.import_module("hiraishin.kernels.mmq.launch"), "MMA8_MIN_COLS", 1)  # every width
+    monkeypatch.setattr(importlib.import_module("hiraishin.kernels.mmq.launch"), "MMA8_Q6K", True)  # both types
     k, ns = 512, (19, 5, 33)
     builder = ShimBuilder(tmp_path)
     (tmp_path / "hx_mma_shim.h").write_text(MMA_SHIM_H)
@@ -365,7 +426,7 @@ def test_mmq_multi_source_equals_separate_emulators_on_cpu(tmp_path, qtype, widt
         elif wd > 12:  # one CUDA block whose warps split over two one-tile column groups
             plan = dataclasses.replace(plan, warp_split=2)
         exe = builder.build(SOURCE, dict(kernel_defines(plan, None), HX_SHIM=1), MMQ_MULTI_MAIN, "mmq_multi")
-        as_layout(xq[:wd], activation_layout(plan)).tofile(tmp_path / "x.bin")
+        _activations(xq, wd, activation_layout(plan)).tofile(tmp_path / "x.bin")
         run(exe, tmp_path / "w.bin", tmp_path / "x.bin", *ns, wd, tmp_path / "o.bin")
         got = np.fromfile(tmp_path / "o.bin", np.float32)
         at = 0

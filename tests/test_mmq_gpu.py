@@ -87,12 +87,13 @@ def test_no_register_spills(cp, qtype, k, n):
 def test_launch_variants_change_no_bit(cp, qtype, k, n, xlayout, monkeypatch):
     """Warps per CUDA block, register caps, the activation prefetch and the shared-lane epilogue
     (HX_LIVE, widths 2..4) are launch facts, with the activations in the MMA layouts, in llama.cpp's or in the
-    columns-interleaved MMA8 layouts (HX_XLAYOUT 1, 0, 2)."""
+    columns-interleaved MMA8 layouts (HX_XLAYOUT 1, 0, 2; Q6_K too, as HIRAISHIN_MMQ_MMA8_Q6K=1 has it)."""
     import dataclasses
     import importlib
 
     monkeypatch.setattr(importlib.import_module("hiraishin.kernels.mmq.launch"), "MMQ_XLAYOUT", xlayout)
     monkeypatch.setattr(importlib.import_module("hiraishin.kernels.mmq.launch"), "MMA8_MIN_COLS", 1)  # every width
+    monkeypatch.setattr(importlib.import_module("hiraishin.kernels.mmq.launch"), "MMA8_Q6K", True)
 
     from hiraishin.kernels import quantize
     from hiraishin.kernels.mmq import emulate
@@ -261,6 +262,10 @@ def test_passes_with_multi_launches_equal_passes_without(tiny_model_path, monkey
     _, interleaved = run()
     for w, a, b in zip((1, 3, 9), interleaved, grouped):
         assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), f"{w} tokens, MMA8 layouts"
+    monkeypatch.setattr(mmq_launch, "MMA8_Q6K", True)  # and Q6_K's launches in them too (HIRAISHIN_MMQ_MMA8_Q6K=1)
+    _, interleaved_q6k = run()
+    for w, a, b in zip((1, 3, 9), interleaved_q6k, grouped):
+        assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), f"{w} tokens, MMA8 layouts for Q6_K too"
     from hiraishin.plans import SubBlockPlan
 
     assert any(isinstance(key[2], SubBlockPlan) and len(ns) > 1 for key, ns in m.ops._multis), "nothing was grouped"

@@ -39,7 +39,7 @@ from ..kernels.mmvq.launch import mixed_enabled as mmvq_mixed_enabled
 from ..kernels.norm_mmvq import launch as norm_mmvq
 from ..kernels.quantize.launch import QuantizeLaunch
 from ..kernels.quantize.launch import output_shape as quantize_output_shape
-from ..kernels.quantize.layout import as_layout, layout_for
+from ..kernels.quantize.layout import LAYOUT_COLUMN_GROUP, as_layout, layout_for
 from ..plans import MMQStockPlan, SubBlockPlan
 from ..plans.matvec import MatVecPlan, matvec_traits
 from .base import Backend
@@ -122,14 +122,16 @@ class CudaOps:
         self._argmax: dict = {}  # (T, n) -> hx_argmax_rows scratch (partials, counters)
         self._scratch: dict = {}
 
-    def scratch(self, name: str, shape: tuple, dtype=_F32):
-        """A buffer reused across calls for small passes (see the module docstring), else a new one."""
+    def scratch(self, name: str, shape: tuple, dtype=_F32, zeroed: bool = False):
+        """A buffer reused across calls for small passes (see the module docstring), else a new one;
+        ``zeroed``: filled with zeros when it is made (what no writer of it ever writes stays 0)."""
+        make = self.xp.zeros if zeroed else self._empty
         if shape[0] > SCRATCH_MAX_TOKENS:
-            return self._empty(shape, dtype)
+            return make(shape, dtype)
         key = (name, shape, dtype)
         buf = self._scratch.get(key)
         if buf is None:
-            buf = self._scratch[key] = self._empty(shape, dtype)
+            buf = self._scratch[key] = make(shape, dtype)
         return buf
 
     def positions(self, start_pos: int, n: int):
@@ -375,8 +377,13 @@ class CudaOps:
                                       cache.v(layer))
 
     def _q8_1_scratch(self, T: int, K: int, layout):
-        """The reused buffer of (T, K) activations' q8_1 bytes in ``layout`` (one per shape and layout)."""
-        return self.scratch(f"q8_1 {layout}", quantize_output_shape(T, K, layout), _U8)
+        """The reused buffer of (T, K) activations' q8_1 bytes in ``layout`` (one per shape and layout). An
+        MMA8 buffer holds whole groups of 8 columns (one buffer serves every width of the same group count) and
+        the sub-block kernels also read the padding columns past a pass's last one (and drop what they
+        compute), so the buffer starts as zeros: a padding column holds 0 or an earlier pass's values, never
+        uninitialized memory."""
+        return self.scratch(f"q8_1 {layout}", quantize_output_shape(T, K, layout), _U8,
+                            zeroed=layout in LAYOUT_COLUMN_GROUP)
 
     def flash_attn(self, q, k_cache, v_cache, q_pos, plan, out=None, kv_from_positions=False):
         T, H, D = q.shape

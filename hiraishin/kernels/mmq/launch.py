@@ -26,6 +26,8 @@ __all__ = [
     "MMA8_MIN_COLS",
     "activation_layout",
     "xlayout_setting",
+    "mma8_qtypes",
+    "ENV_MMQ_MMA8_Q6K",
     "MMQ_XLAYOUT",
     "ENV_MMQ_LIVE",
     "ENV_MMQ_MULTI",
@@ -162,24 +164,34 @@ DEFAULT_MMA8_MIN_COLS = 6
 MMA8_MIN_COLS = int(_env_choice(ENV_MMQ_MMA8_MIN_COLS, tuple(str(c) for c in range(1, 17)), str(DEFAULT_MMA8_MIN_COLS)))
 
 
-def xlayout_setting() -> tuple[int, int]:
+# The weight types whose kernels read the MMA8 layouts under HIRAISHIN_MMQ_XLAYOUT=2: Q4_K, and Q6_K under
+# HIRAISHIN_MMQ_MMA8_Q6K=1 (opt-in: not yet timed). Q6_K was left out because ptxas (sm_90, bench/regs_mmq.py)
+# put its 9-16-column launches at 164 registers with them (128 with the MMA layouts), one CUDA block per SM
+# instead of two. Since each n-tile's activations are addressed from its group's base (mma_rows.cu
+# hx_mma_pointers: no per-column pointers), the Qwen3-8B Q6_K launches fit the library's register caps with no
+# spills: ffn_down 16 columns 128 registers at 2 blocks of 8 warps, the output head 128 at 4 blocks of 4 warps,
+# 8 columns 108-110 (nvcc 13.0 here, no GPU). Read once, at import (a test may set MMA8_Q6K itself).
+ENV_MMQ_MMA8_Q6K = "HIRAISHIN_MMQ_MMA8_Q6K"
+MMA8_Q6K = _env_choice(ENV_MMQ_MMA8_Q6K, ("0", "1"), "0") == "1"
+
+
+def mma8_qtypes() -> tuple:
+    """The weight types whose kernels read the MMA8 layouts under HIRAISHIN_MMQ_XLAYOUT=2."""
+    return ("Q4_K", "Q6_K") if MMA8_Q6K else ("Q4_K",)
+
+
+def xlayout_setting() -> tuple:
     """The layout setting of the sub-block kernels, part of a prepared launch's cache key: (:data:`MMQ_XLAYOUT`:
     0 llama.cpp's q8_1 blocks, 1 the MMA layouts, 2 their columns-interleaved forms; :data:`MMA8_MIN_COLS`, the
-    fewest columns of a launch reading the latter)."""
-    return MMQ_XLAYOUT, MMA8_MIN_COLS
-
-
-# The weight types whose kernels read the MMA8 layouts under HIRAISHIN_MMQ_XLAYOUT=2. Not Q6_K: ptxas (sm_90,
-# bench/regs_mmq.py) puts its 9-16-column launches at 164 registers with them (128 without), one CUDA block per
-# SM instead of two; its kernels keep the MMA layouts.
-MMA8_QTYPES = ("Q4_K",)
+    fewest columns of a launch reading the latter; the weight types that read them, :func:`mma8_qtypes`)."""
+    return MMQ_XLAYOUT, MMA8_MIN_COLS, mma8_qtypes()
 
 
 def plan_xlayout(plan: SubBlockPlan) -> int:
     """HX_XLAYOUT of ``plan``'s kernel: :data:`MMQ_XLAYOUT`, but under 2 the MMA layouts (1) for a weight type
-    not in :data:`MMA8_QTYPES` or a launch of fewer than :data:`MMA8_MIN_COLS` columns."""
-    x, min_cols = xlayout_setting()
-    return 1 if x == 2 and (plan.qtype not in MMA8_QTYPES or plan.ncols < min_cols) else x
+    not in :func:`mma8_qtypes` or a launch of fewer than :data:`MMA8_MIN_COLS` columns."""
+    x, min_cols, qtypes = xlayout_setting()
+    return 1 if x == 2 and (plan.qtype not in qtypes or plan.ncols < min_cols) else x
 
 
 def activation_layout(plan: SubBlockPlan) -> str | None:

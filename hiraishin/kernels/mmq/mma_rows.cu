@@ -164,7 +164,8 @@ __device__ __forceinline__ int hx_q6_vals(const hx_row_sb& r, int n, int bb, int
 
 // Where lane (g, t) of an MMA warp reads: its two weight rows (row0 + g and row0 + g + 8, clamped to
 // the last row), and per n-tile of 8 columns from col0 the activations of B column g and of C columns
-// 2t, 2t + 1 (clamped to the last column; clamped reads are never written back).
+// 2t, 2t + 1 (clamped to the last column, or under HX_XLAYOUT 2 to the last group's padding; what such a
+// column computes is never written back).
 // Where column col's activations begin in xq: its ints (the B fragments; ints = true) and its ds words.
 // Per-column records (HX_XLAYOUT 0, 1): both at the column's record; HX_XLAYOUT 2: inside its group of 8
 // columns (quantize/layout.py MMA8_*: per super-block the 8 columns' ds words, 32 bytes each, then per pair of
@@ -194,9 +195,20 @@ __device__ __forceinline__ hx_mma_ptrs hx_mma_pointers(const unsigned char* w, c
     p.wB = w + (size_t)min(row0 + g + 8, nrows - 1) * row_bytes;
 #pragma unroll
     for (int nt = 0; nt < HX_NT; ++nt) {
+#if HX_XLAYOUT == 2
+        // n-tile nt is one group of 8 columns (col0 is a multiple of 8): its record base, the group index
+        // clamped to the last group; inside it the columns are not clamped, so C columns 2t and 2t + 1 are 32
+        // bytes apart and one pointer serves both, and a column past ncols - 1 reads the group's padding,
+        // never written back (fewer live pointers: ptxas keeps the two-n-tile Q6_K launch at 128 registers).
+        const unsigned char* grp = xq + (size_t)min((col0 >> 3) + nt, (ncols - 1) >> 3) * HX_NB * (8 * 8 * HX_Q8_BYTES);
+        p.xb[nt] = grp + 8 * 32 + 64 * g;
+        p.xc[nt][0] = grp + 32 * (2 * t);
+        p.xc[nt][1] = p.xc[nt][0] + 32;
+#else
         p.xb[nt] = hx_x_col(xq, min(col0 + 8 * nt + g, ncols - 1), true);
         p.xc[nt][0] = hx_x_col(xq, min(col0 + 8 * nt + 2 * t, ncols - 1), false);
         p.xc[nt][1] = hx_x_col(xq, min(col0 + 8 * nt + 2 * t + 1, ncols - 1), false);
+#endif
     }
     return p;
 }
