@@ -200,10 +200,10 @@ __device__ __forceinline__ hx_mma_ptrs hx_mma_pointers(const unsigned char* w, c
         // clamped to the last group; inside it the columns are not clamped, so C columns 2t and 2t + 1 are 32
         // bytes apart and one pointer serves both, and a column past ncols - 1 reads the group's padding,
         // never written back (fewer live pointers: ptxas keeps the two-n-tile Q6_K launch at 128 registers).
-        const unsigned char* grp = xq + (size_t)min((col0 >> 3) + nt, (ncols - 1) >> 3) * HX_NB * (8 * 8 * HX_Q8_BYTES);
-        p.xb[nt] = grp + 8 * 32 + 64 * g;
-        p.xc[nt][0] = grp + 32 * (2 * t);
-        p.xc[nt][1] = p.xc[nt][0] + 32;
+        const unsigned char* grp = hx_x_col(xq, 8 * min((col0 >> 3) + nt, (ncols - 1) >> 3), false);
+        p.xb[nt] = hx_x_col(grp, g, true);           // column g of the group
+        p.xc[nt][0] = hx_x_col(grp, 2 * t, false);   // columns 2t and 2t + 1
+        p.xc[nt][1] = hx_x_col(grp, 2 * t + 1, false);
 #else
         p.xb[nt] = hx_x_col(xq, min(col0 + 8 * nt + g, ncols - 1), true);
         p.xc[nt][0] = hx_x_col(xq, min(col0 + 8 * nt + 2 * t, ncols - 1), false);
