@@ -95,13 +95,14 @@ def test_grouped_matvecs_equal_separate_ones(qtype, width):
 @pytest.mark.parametrize("k", [1024, 4096])
 @pytest.mark.parametrize("width", [1, 2, 3, 8])
 def test_mixed_type_matvecs_equal_separate_ones(monkeypatch, k, width):
-    """Q4_K Q and K beside a Q6_K V in one mmvq_mixed launch (HIRAISHIN_MMVQ_MIXED=1) give each weight's
+    """Q4_K Q and K beside a Q6_K V in one mmvq_mixed launch (HIRAISHIN_MMVQ_MIXED, on) give each weight's
     own bits, and the launch is the mixed one."""
+    import importlib
+
     from hiraishin.backends import get_backend
-    from hiraishin.kernels.mmvq.launch import ENV_MIXED
     from hiraishin.quant import random_blocks
 
-    monkeypatch.setenv(ENV_MIXED, "1")
+    monkeypatch.setattr(importlib.import_module("hiraishin.kernels.mmvq.launch"), "MIXED", True)
     be = get_backend("cuda")
     weights = [(be.to_device(random_blocks(q, n, k, seed=n + i)), q)
                for i, (q, n) in enumerate((("Q4_K", 2048), ("Q4_K", 1024), ("Q6_K", 1024)))]
@@ -116,13 +117,16 @@ def test_mixed_type_matvecs_equal_separate_ones(monkeypatch, k, width):
 
 def test_mixed_type_launches_keep_every_pass_bit(monkeypatch, tiny_model_path):
     """Whole passes (eager and graph-replayed, widths 1..4) with and without mmvq_mixed: the same logits."""
+    import importlib
+
     from hiraishin.kernels.mmvq.launch import ENV_MIXED
 
+    mmvq_launch = importlib.import_module("hiraishin.kernels.mmvq.launch")
     prompt = np.random.default_rng(3).integers(0, 1000, 20).tolist()
     order = ReductionOrder.BATCH_INVARIANT
     outs = {}
     for setting in ("0", "1"):
-        monkeypatch.setenv(ENV_MIXED, setting)
+        monkeypatch.setattr(mmvq_launch, "MIXED", setting == "1")
         for graphs in (False, True):
             m = Qwen3.from_gguf(tiny_model_path, device="cuda", progress=False, cuda_graphs=graphs, n_ctx=256)
             m.forward(prompt, 0, order)
@@ -133,8 +137,9 @@ def test_mixed_type_launches_keep_every_pass_bit(monkeypatch, tiny_model_path):
                     logits = m.forward(toks, 20, order)
                 got.append(_bits(logits))
             outs[(setting, graphs)] = got
-            if setting == "1":  # the tiny shape's layers 2 and 3 hold a Q6_K attn_v: the mixed launch ran
-                assert any(key[0] == "mixed" for key in m.backend.ops._multis), "no mmvq_mixed launch was made"
+            # the tiny shape's layers 2 and 3 hold a Q6_K attn_v: the mixed launch ran exactly when it is on
+            mixed = any(key[0] == "mixed" for key in m.backend.ops._multis)
+            assert mixed == (setting == "1"), f"{ENV_MIXED}={setting}: mmvq_mixed launches made: {mixed}"
     want = outs[("0", False)]
     for key, got in outs.items():
         for width, (a, b) in enumerate(zip(got, want), start=1):

@@ -36,6 +36,7 @@ __all__ = [
     "mixed_defines",
     "mixed_enabled",
     "ENV_MIXED",
+    "MIXED",
     "MULTI_MAX_WEIGHTS",
     "multi_weight_args",
     "register_cap_blocks",
@@ -130,16 +131,17 @@ def kernel_defines(qtype: str, ncols: int, rows_per_block: int, nwarps: int, nbl
             "HX_PREFETCH_AHEAD": int(prefetch_ahead(int(nwarps)) if ahead is None else ahead)}
 
 
-def mmvq_kernel(defines: dict):
-    """The compiled mmvq kernel for ``defines`` and the defines it was compiled with.
+def mmvq_kernel(defines: dict, source=SOURCE, name: str = "mmvq"):
+    """The compiled kernel ``name`` of ``source`` (mmvq.cu's ``mmvq`` by default) for ``defines`` and the
+    defines it was compiled with.
 
     A register cap (HX_MIN_BLOCKS > 1) that makes the compiler spill is dropped: spilling to
     local memory costs more than the occupancy the cap buys. (Bits are the same either way.)
     """
-    kernel = get_kernel(SOURCE, "mmvq", defines)
+    kernel = get_kernel(source, name, defines)
     if defines.get("HX_MIN_BLOCKS", 1) > 1 and kernel.local_size_bytes > 0:
         defines = {**defines, "HX_MIN_BLOCKS": 1}
-        kernel = get_kernel(SOURCE, "mmvq", defines)
+        kernel = get_kernel(source, name, defines)
     return kernel, defines
 
 
@@ -186,9 +188,7 @@ class MultiMatVecLaunch:
         if not 1 <= len(ns) <= MULTI_MAX_WEIGHTS:
             raise ValueError(f"mmvq_multi takes 1..{MULTI_MAX_WEIGHTS} weights, got {len(ns)}")
         defines = prepared_launch(qtype, ns[0], k, ncols, rows_per_block, nwarps).defines
-        self.kernel = get_kernel(SOURCE, "mmvq_multi", defines)
-        if defines.get("HX_MIN_BLOCKS", 1) > 1 and self.kernel.local_size_bytes > 0:
-            self.kernel = get_kernel(SOURCE, "mmvq_multi", {**defines, "HX_MIN_BLOCKS": 1})  # no spills
+        self.kernel, _ = mmvq_kernel(defines, SOURCE, "mmvq_multi")
         self.ns = tuple(np.int32(n) for n in ns)
         self.nblk = tuple(np.int32((n + rows_per_block - 1) // rows_per_block) for n in ns)
         self.grid = (int(sum(self.nblk)), 1, 1)
@@ -212,13 +212,16 @@ _MIXED_PER_TYPE = ("HX_QTYPE", "HX_QK", "HX_BLOCK_BYTES", "HX_VDR", "HX_TPB", "H
 # replays, BATCH_INVARIANT, 0 -> 1: the 0.6B 0.710 -> 0.698 / 0.850 -> 0.835 / 0.886 -> 0.872 ms at 1 / 2 / 3
 # tokens, the 8B 2.547 -> 2.528 / 2.980 -> 2.978 / 3.459 -> 3.443; same logits digests;
 # bench/results/2026-12-03-h200-session13/a-ablate-mixed). HIRAISHIN_MMVQ_MIXED=0: a launch per type.
+# Read once, at import, as the sub-block kernels' switches are (the backend asks per grouped call; a test may
+# set MIXED itself).
 ENV_MIXED = "HIRAISHIN_MMVQ_MIXED"
+MIXED = os.environ.get(ENV_MIXED, "1").strip() != "0"
 
 
 def mixed_enabled() -> bool:
     """Whether weights of two types that read one input (Q4_K attn_q/attn_k beside a Q6_K attn_v)
-    share one ``mmvq_mixed`` launch (``HIRAISHIN_MMVQ_MIXED``, default 1; read per call)."""
-    return os.environ.get(ENV_MIXED, "1").strip() != "0"
+    share one ``mmvq_mixed`` launch (:data:`MIXED`: ``HIRAISHIN_MMVQ_MIXED`` at import, default 1)."""
+    return MIXED
 
 
 def mixed_defines(qtype_a: str, rows_a: int, qtype_b: str, rows_b: int, ncols: int, nwarps: int, nblocks_a: int,
@@ -257,9 +260,7 @@ class MixedMatVecLaunch:
         ta, tb = matvec_traits(kinds[0]), matvec_traits(kinds[1])
         defines = mixed_defines(kinds[0], rows[0], kinds[1], rows[b_first], ncols, nwarps, k // ta.qk, k // tb.qk,
                                 b_first)
-        self.kernel = get_kernel(MIXED_SOURCES, "mmvq_mixed", defines)
-        if defines["HX_MIN_BLOCKS"] > 1 and self.kernel.local_size_bytes > 0:
-            self.kernel = get_kernel(MIXED_SOURCES, "mmvq_mixed", {**defines, "HX_MIN_BLOCKS": 1})  # no spills
+        self.kernel, _ = mmvq_kernel(defines, MIXED_SOURCES, "mmvq_mixed")
         self.ns = tuple(np.int32(n) for n in ns)
         self.nblk = tuple(np.int32((n + r - 1) // r) for n, r in zip(ns, rows))
         self.grid = (int(sum(self.nblk)), 1, 1)
