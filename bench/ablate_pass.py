@@ -73,11 +73,12 @@ VARIANTS = {
     "no swiglu": {"launch_swiglu_q8_1": _skip},
     "no qk norm+rope+kv": {"launch_qk_norm_rope_kv": _skip_qk},
     "no combine": {"launch_combine_q8_1": _skip},
-    "no attention partials": {"launch_partials": _skip},
+    "no attention partials": {"launch_partials": _skip, "launch_attention_q8_1": _skip},
     "norm as elementwise": {"launch_add_rms_norm_q8_1": _norm_as_elementwise},
     "no lone V mat-vec": {"CudaOps._run_matvecs": _grouped_only},
     "mat-vecs only": {"launch_add_rms_norm_q8_1": _skip, "launch_swiglu_q8_1": _skip,
-                      "launch_qk_norm_rope_kv": _skip_qk, "launch_combine_q8_1": _skip, "launch_partials": _skip},
+                      "launch_qk_norm_rope_kv": _skip_qk, "launch_combine_q8_1": _skip, "launch_partials": _skip,
+                      "launch_attention_q8_1": _skip},
 }
 
 

@@ -8,7 +8,8 @@ put grid barriers where the launches are; it pays only if a barrier is cheaper t
 boundary. Both are timed here with the same trivial step: every CUDA block reads, from L2, the
 value another block wrote in the step before and writes its own (so each step depends on the last).
 
-    python3 bench/barrier_vs_launch.py [--steps 256] [--blocks 132,264,528,1056] [--threads 128] [--json F]
+    python3 bench/barrier_vs_launch.py [--steps 256] [--blocks 132,264,528,1056] [--threads 128]
+                                       [--only last,one-block] [--json F]
 
 Chains: ``--steps`` launches of a grid of B blocks captured in one graph (PDL: the launches made with
 programmatic stream serialization, each block waiting in ``griddepcontrol.wait``), replayed back to
@@ -18,6 +19,20 @@ arrivals on one counter per group of TREE_GROUP blocks, the groups' last arrival
 flag raised by the last of all that every block spins on), timed at
 ``steps`` and ``2 * steps`` so that the launch itself drops out. Prints µs per step; the JSON holds
 the raw seconds.
+
+Last block: several launches of a pass are a wide kernel followed by a small one-block step over
+what all its blocks wrote (an RMSNorm over a row, an attention combine). Each is a place in the chain,
+so fusing the small step into the tail of the wide kernel could save a launch boundary: every block
+writes its value, makes it visible (``__threadfence``) and counts itself in (``atomicAdd``); the block
+that arrives last does the one-block step and resets the counter (so a graph can replay it). It
+still waits for the slowest block, as a second launch would, but pays an atomic a block instead of a
+launch boundary. Both are timed as ``--steps`` dependent pairs in one graph, all launches PDL: a
+wide step (B blocks, each reading the one-block step's last output) then a one-block step (one block
+of ``--threads`` summing the B values) as two launches, against one launch of the wide step whose
+last block does the sum.
+Before timing, one replay from zeroed buffers must give both the same bits (the same sums in the same
+order) and leave the counter at 0. Prints µs per pair; the JSON holds seconds per pair.
+``--only`` (substrings of the kind names, comma-separated) times some kinds only.
 """
 
 from __future__ import annotations
@@ -91,6 +106,67 @@ extern "C" __global__ void hx_persistent_steps(float* a, float* b, unsigned int*
         __syncthreads();
     }
 }
+
+// A wide step then a one-block step over what it wrote. Wide: block b writes many[b] = one[0] + b
+// (one[0]: the one-block step before, read from L2).
+extern "C" __global__ void hx_wide_step(const float* one, float* many) {
+    HX_PDL_ENTRY();
+    if (threadIdx.x == 0) {
+        many[blockIdx.x] = __ldcg(one) + (float)blockIdx.x;
+    }
+}
+
+// One block sums many[0..n) (strided loads from L2, then a shared-memory tree over any blockDim.x up
+// to HX_ONE_MAX_THREADS); thread 0 writes one[0] = sum * 1e-6 (the values stay small). Called by every
+// thread of the block.
+#define HX_ONE_MAX_THREADS 1024
+__device__ __forceinline__ void hx_one_block_sum(const float* many, float* one, const int n) {
+    __shared__ float part[HX_ONE_MAX_THREADS];
+    const unsigned int t = threadIdx.x;
+    float sum = 0.0f;
+    for (int i = t; i < n; i += blockDim.x) {
+        sum += __ldcg(many + i);
+    }
+    part[t] = sum;
+    __syncthreads();
+    // halve from the power of two at or above blockDim.x, so any block size works
+    for (unsigned int w = (1u << (32 - __clz(blockDim.x - 1))) / 2; w > 0; w /= 2) {
+        if (t < w && t + w < blockDim.x) {
+            part[t] += part[t + w];
+        }
+        __syncthreads();
+    }
+    if (t == 0) {
+        one[0] = part[0] * 1e-6f;
+    }
+}
+
+extern "C" __global__ void hx_one_step(const float* many, float* one, const int n) {
+    HX_PDL_ENTRY();
+    hx_one_block_sum(many, one, n);
+}
+
+// Both in one launch: each block writes its value as hx_wide_step, makes it visible and counts itself
+// in; the block that arrives last (every other value is then visible to it) does hx_one_step's work
+// and resets the counter for the next launch.
+extern "C" __global__ void hx_wide_last(const float* one_in, float* many, float* one_out, unsigned int* count) {
+    HX_PDL_ENTRY();
+    __shared__ bool is_last;
+    if (threadIdx.x == 0) {
+        many[blockIdx.x] = __ldcg(one_in) + (float)blockIdx.x;
+        __threadfence();
+        is_last = atomicAdd(count, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!is_last) {
+        return;
+    }
+    __threadfence();
+    hx_one_block_sum(many, one_out, gridDim.x);
+    if (threadIdx.x == 0) {
+        *count = 0;
+    }
+}
 """
 
 
@@ -105,7 +181,8 @@ def _kernels():
     # cooperative launches: a grid that cannot be co-resident is an error, not a hang
     persistent = {tree: cupy.RawKernel(f"#define HX_TREE {tree}\n" + code, "hx_persistent_steps", options=NVRTC_OPTIONS,
                                        backend="nvrtc", enable_cooperative_groups=True) for tree in (0, TREE_GROUP)}
-    return PdlKernel(mod.get_function("hx_chain_step"), True), persistent
+    tail = {name: PdlKernel(mod.get_function(name), True) for name in ("hx_wide_step", "hx_one_step", "hx_wide_last")}
+    return PdlKernel(mod.get_function("hx_chain_step"), True), persistent, tail
 
 
 # Blocks per first-level counter of the tree barrier (a guess to try, not a tuned figure).
@@ -135,6 +212,46 @@ def chain_seconds(step, blocks: int, threads: int, steps: int, pdl: bool, replay
     return per_graph / steps
 
 
+def tail_seconds(tail: dict, blocks: int, threads: int, steps: int, last_block: bool, replays: int):
+    """Seconds per pair of ``steps`` dependent (wide step, one-block step) pairs captured in one graph
+    under PDL: two launches a pair, or one hx_wide_last launch (``last_block``). Also returns both
+    one-block outputs after one replay from zeroed buffers (the two ways must agree bit for bit)."""
+    import cupy
+
+    from hiraishin.kernels.pdl import pdl_scope
+
+    one_a = cupy.zeros(1, cupy.float32)
+    one_b = cupy.zeros(1, cupy.float32)
+    many = cupy.zeros(blocks, cupy.float32)
+    count = cupy.zeros(1, cupy.uint32)
+
+    def pair(src, dst):
+        if last_block:
+            tail["hx_wide_last"]((blocks,), (threads,), (src, many, dst, count))
+        else:
+            tail["hx_wide_step"]((blocks,), (threads,), (src, many))
+            tail["hx_one_step"]((1,), (threads,), (many, dst, cupy.int32(blocks)))
+
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        pair(one_a, one_b)  # compile and load before the capture
+        stream.synchronize()
+        stream.begin_capture()
+        with pdl_scope(True):
+            for s in range(steps):
+                pair(*((one_a, one_b) if s % 2 == 0 else (one_b, one_a)))
+        graph = stream.end_capture()
+        for buf in (one_a, one_b, many, count):
+            buf.fill(0)
+        graph.launch(stream)
+        stream.synchronize()
+        outputs = cupy.concatenate([one_a, one_b]).get()
+        if int(count.get()[0]) != 0:
+            raise RuntimeError(f"hx_wide_last left its counter at {int(count.get()[0])}, not 0")
+    per_graph = min(replay_seconds(graph, stream, replays))
+    return per_graph / steps, outputs
+
+
 def persistent_seconds(kernel, blocks: int, threads: int, steps: int, repeats: int = 5) -> float:
     """Seconds per step of the persistent kernel: (time of 2 * steps - time of steps) / steps, best of
     ``repeats`` each."""
@@ -161,6 +278,8 @@ def persistent_seconds(kernel, blocks: int, threads: int, steps: int, repeats: i
 
 KINDS = ("launch chain", "launch chain, PDL", "persistent, grid barrier",
          f"persistent, tree barrier ({TREE_GROUP})")
+# timed per pair (a wide step and a one-block step), not per step
+TAIL_KINDS = ("wide + one-block step, two PDL launches", "wide step, last block does the one-block step")
 
 
 def main(argv=None) -> int:
@@ -169,12 +288,27 @@ def main(argv=None) -> int:
     ap.add_argument("--blocks", default="132,264,528,1056")
     ap.add_argument("--threads", type=int, default=128)
     ap.add_argument("--replays", type=int, default=20)
+    ap.add_argument("--only", default="", help="comma-separated substrings of the kind names to time (default all)")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
-    step, persistent = _kernels()
+    only = [o for o in args.only.split(",") if o]
+    wanted = [k for k in KINDS + TAIL_KINDS if not only or any(o in k for o in only)]
+    if not wanted:
+        ap.error(f"--only {args.only!r} matches none of: {', '.join(KINDS + TAIL_KINDS)}")
+    width = max(len(k) for k in wanted)
+    step, persistent, tail = _kernels()
     rows = []
     for blocks in (int(b) for b in args.blocks.split(",")):
-        for kind in KINDS:
+        outputs = {}
+        for kind in wanted:
+            if kind in TAIL_KINDS:
+                s, outputs[kind] = tail_seconds(tail, blocks, args.threads, args.steps, "last block" in kind,
+                                                args.replays)
+                rows.append({"kind": kind, "blocks": blocks, "threads": args.threads, "steps": args.steps,
+                             "seconds_per_pair": s})
+                print(f"{blocks:5d} blocks x {args.threads} threads  {kind:{width}s} {1e6 * s:6.2f} us a pair",
+                      flush=True)
+                continue
             if kind.startswith("persistent"):
                 tree = TREE_GROUP if "tree" in kind else 0
                 s = persistent_seconds(persistent[tree], blocks, args.threads, args.steps)
@@ -182,7 +316,10 @@ def main(argv=None) -> int:
                 s = chain_seconds(step, blocks, args.threads, args.steps, kind.endswith("PDL"), args.replays)
             rows.append({"kind": kind, "blocks": blocks, "threads": args.threads, "steps": args.steps,
                          "seconds_per_step": s})
-            print(f"{blocks:5d} blocks x {args.threads} threads  {kind:30s} {1e6 * s:6.2f} us a step", flush=True)
+            print(f"{blocks:5d} blocks x {args.threads} threads  {kind:{width}s} {1e6 * s:6.2f} us a step", flush=True)
+        if len(outputs) == 2 and (outputs[TAIL_KINDS[0]] != outputs[TAIL_KINDS[1]]).any():
+            raise RuntimeError(f"{blocks} blocks: the last-block kernel gave {outputs[TAIL_KINDS[1]]}, "
+                               f"the two launches {outputs[TAIL_KINDS[0]]}")
     if args.json:
         write_rows_json(args.json, rows)
     return 0

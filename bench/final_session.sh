@@ -9,7 +9,8 @@
 #             pytest-xdist's -n 4 when carried in .whl: every GPU test took ~4 min on the H200);
 #   sanitize  compute-sanitizer racecheck, initcheck and memcheck (SANITIZERS) over whole passes
 #             (bench/sanitize_engine.py), each up to SANITIZE_TIMEOUT s (default 100; racecheck needed
-#             more than 70 s for two of its three orders: give it ~200 with the other steps off);
+#             more than 70 s for two of its three orders: give it ~200 with the other steps off; SANITIZE_ORDERS:
+#             the orders' bench names, default variant invariant fixed_split subblock);
 #   host      bench/host_overhead.py on both shapes: a decode step as a loop makes it against
 #             back-to-back replays of its graph (what the host adds per step);
 #   sweep     bench/sweep_mmvq.py over the launch variants of 2-4 columns (rows per CUDA block, unroll;
@@ -204,7 +205,7 @@ for tool in ${SANITIZERS:-racecheck initcheck memcheck}; do
     t=$(cap ${SANITIZE_TIMEOUT:-100} 20)
     (( t < 20 )) && { echo "== compute-sanitizer --tool $tool: no time left"; continue; }
     echo "== compute-sanitizer --tool $tool (up to $t s)"
-    timeout $t compute-sanitizer --tool $tool --error-exitcode 3 python3 bench/sanitize_engine.py \
+    timeout $t compute-sanitizer --tool $tool --error-exitcode 3 python3 bench/sanitize_engine.py ${SANITIZE_ORDERS:-} \
         > "$OUT/sanitizer-$tool.txt" 2>&1
     echo "exit $?"; tail -n 4 "$OUT/sanitizer-$tool.txt"
 done

@@ -1,13 +1,15 @@
 """The whole forward pass on small shapes, for compute-sanitizer: every kernel a pass launches.
 
-    compute-sanitizer --tool memcheck --error-exitcode 3 python bench/sanitize_engine.py
-    (also --tool racecheck, --tool initcheck)
+    compute-sanitizer --tool memcheck --error-exitcode 3 python bench/sanitize_engine.py [ORDER ...]
+    (also --tool racecheck, --tool initcheck; ORDER: names of hiraishin bench's orders, default
+    variant invariant fixed_split subblock)
 
 A custom synthetic Qwen3 whose matrix rows are not multiples of the kernels' rows per CUDA block
 (n_embd 768: 3 super-blocks per row; 6 query heads, 2 KV heads; n_ff 1280) runs eager passes
 (no CUDA graphs, the CuPy memory pool off so every array is its own allocation and a read past
 its end shows) under every order: 1 and 16 tokens at KV length 1, passes ending at and across the
-128-cell chunk and 256-cell pad boundaries, with the fused kernels (no recording), the unfused
+128-cell chunk and 256-cell pad boundaries (FIXED_SPLIT's one-block attention with its q8_1 store
+below 256 cells, two blocks past), with the fused kernels (no recording), the unfused
 ones (recording), grouped and single mat-vecs, the tiled and the int8 MMA kernels; then CUDA-graph
 passes of 1, 5 and 16 tokens (captured with programmatic dependent launch, replayed). Every pass is
 checked bit for bit against the CPU backend too.
@@ -30,10 +32,20 @@ PASSES = ((0, 1), (1, 15), (16, 16), (32, 96), (128, 1), (129, 16), (145, 110), 
 GRAPH_WIDTHS = (1, 5, 16)
 
 
-def main() -> int:
+DEFAULT_ORDERS = ("variant", "invariant", "fixed_split", "subblock")
+
+
+def main(argv=None) -> int:
     import cupy as cp
 
-    from hiraishin import Qwen3, ReductionOrder
+    from hiraishin import Qwen3
+    from hiraishin.benchmark import ORDERS
+
+    names = (sys.argv[1:] if argv is None else argv) or DEFAULT_ORDERS
+    unknown = [n for n in names if n not in ORDERS]
+    if unknown:
+        raise SystemExit(f"unknown order(s) {', '.join(unknown)}; choose from {', '.join(ORDERS)}")
+    orders = [ORDERS[n] for n in names]
     from hiraishin.model.synth import SynthShape, write_synthetic
 
     cp.cuda.set_allocator(None)  # every array its own cudaMalloc
@@ -46,7 +58,7 @@ def main() -> int:
     rng = np.random.default_rng(0)
     tokens = rng.integers(0, gpu.config.n_vocab, 300).tolist()
     bad = 0
-    for order in (ReductionOrder.BATCH_VARIANT, ReductionOrder.BATCH_INVARIANT, ReductionOrder.SUBBLOCK):
+    for order in orders:
         for record in (None, {}):
             gpu.reset()
             cpu.reset()
@@ -61,7 +73,7 @@ def main() -> int:
     # waits in HX_PDL_ENTRY), which eager passes never do. Each width runs eagerly, is captured,
     # then replayed at a later position with the same plan.
     graphs = Qwen3.from_gguf(path, device="cuda", progress=False, cuda_graphs=True, n_ctx=512)
-    for order in (ReductionOrder.BATCH_VARIANT, ReductionOrder.BATCH_INVARIANT, ReductionOrder.SUBBLOCK):
+    for order in orders:
         for n in GRAPH_WIDTHS:
             graphs.reset()
             cpu.reset()

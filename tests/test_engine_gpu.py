@@ -144,3 +144,37 @@ def test_mixed_type_launches_keep_every_pass_bit(monkeypatch, tiny_model_path):
     for key, got in outs.items():
         for width, (a, b) in enumerate(zip(got, want), start=1):
             np.testing.assert_array_equal(a, b, err_msg=f"{ENV_MIXED}={key[0]} graphs={key[1]} width {width}")
+
+
+@pytest.mark.parametrize("order", [ReductionOrder.FIXED_SPLIT,
+                                   ReductionOrder.custom(name="one_block", parallel_blocks=1)], ids=lambda o: o.name)
+def test_attention_q8_1_keeps_every_pass_bit(monkeypatch, tiny_model_path, order):
+    """Passes whose attention has one parallel block (FIXED_SPLIT under 256 cells; a custom P = 1, whose
+    verify passes use the shared-K/V kernel), eager and graph-replayed, widths 1..4 and 9, with and without
+    the attention kernel's own q8_1 store (HIRAISHIN_ATTN_Q8_1): the same logits, and the fused launch
+    ran exactly when it is on."""
+    from hiraishin.backends import cuda as cuda_backend
+    from hiraishin.kernels.fused import launch as fused_launch
+
+    calls = []
+    real = cuda_backend.launch_attention_q8_1
+    monkeypatch.setattr(cuda_backend, "launch_attention_q8_1", lambda *a, **k: calls.append(1) or real(*a, **k))
+    prompt = np.random.default_rng(5).integers(0, 1000, 20).tolist()
+    outs = {}
+    for setting in (False, True):
+        monkeypatch.setattr(fused_launch, "ATTN_Q8_1", setting)
+        for graphs in (False, True):
+            calls.clear()
+            m = Qwen3.from_gguf(tiny_model_path, device="cuda", progress=False, cuda_graphs=graphs, n_ctx=256)
+            m.forward(prompt, 0, order)
+            got = []
+            for width in (1, 2, 3, 4, 9):
+                toks = [(5 * width + j) % m.config.n_vocab for j in range(width)]
+                for _ in range(2 if graphs else 1):  # capture, then replay
+                    got.append(_bits(m.forward(toks, 20, order)))
+            outs[(setting, graphs)] = got
+            assert bool(calls) == setting, f"ATTN_Q8_1={setting}: fused attention launches made: {len(calls)}"
+    want = outs[(False, False)]
+    for key, got in outs.items():
+        for i, (a, b) in enumerate(zip(got, want if not key[1] else [w for w in want for _ in (0, 1)])):
+            np.testing.assert_array_equal(a, b, err_msg=f"ATTN_Q8_1={key[0]} graphs={key[1]} pass {i}")

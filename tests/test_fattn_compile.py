@@ -68,3 +68,26 @@ def test_combine_q8_1_compiles_without_spills(tmp_path):
     assert "fattn_combine_q8_1" in re.findall(r"Compiling entry function '(\w+)'", log)
     spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
     assert spills and all(s == ("0", "0") for s in spills), log
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not on PATH")
+@pytest.mark.parametrize("layout", [None, "MMA8_Q4_K"])
+@pytest.mark.parametrize("queries,build", SHARED_BUILDS[:len(SHARED_QUERIES)])
+def test_attention_q8_1_compiles_without_spills(tmp_path, layout, queries, build):
+    """The vector kernels with their q8_1 output (fused/launch.py attention_q8_1_epilogue): the same
+    register budget as without it, no spills, at every shared-kernel build the plans use."""
+    from hiraishin.kernels.fused.launch import attention_q8_1_epilogue
+
+    prelude, extra = attention_q8_1_epilogue(layout)
+    src = tmp_path / "attention_q8_1.cu"
+    src.write_text(defines_text({"HX_D": 128, **dict(extra), **shared_defines(queries, build)})
+                   + load_source(*prelude, SOURCE_VEC))
+    proc = subprocess.run([NVCC, *FLAGS, str(src), "-o", str(tmp_path / "out.o")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    log = proc.stderr + proc.stdout
+    functions = re.findall(r"Compiling entry function '(\w+)'", log)
+    assert {"fattn_vec_q1", "fattn_vec_qn", "fattn_vec_shared"} <= set(functions)
+    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    assert spills and all(s == ("0", "0") for s in spills), log
+    regs = dict(zip(functions, re.findall(r"Used (\d+) registers", log)))
+    print(f"attention q8_1 {layout}: registers {regs}")

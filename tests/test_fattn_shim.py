@@ -44,11 +44,11 @@ int main(int argc, char** argv) {
         const unsigned nblk = (unsigned)((T * (H / Hkv) + FV_SHARED_Q - 1) / FV_SHARED_Q);
         hx_launch({nblk, (unsigned)P, (unsigned)Hkv}, {32, 4, 1}, 0, [&] {
             fattn_vec_shared(Q, K, V, QP, dst.data(), parts.data(), meta.data(), T, H, Hkv, kv_len, kv_att, chunk,
-                             scale); });
+                             scale, nullptr); });
     } else {
         hx_launch({(unsigned)T, (unsigned)P, (unsigned)H}, {32, 4, 1}, 0, [&] {
             fattn_vec_q1(Q, K, V, QP, dst.data(), parts.data(), meta.data(), T, H, Hkv, kv_len, kv_att, chunk,
-                         scale); });
+                         scale, nullptr); });
     }
     if (P > 1) {
         hx_launch({(unsigned)T, (unsigned)H, 1}, {HX_D, 1, 1}, 8 * P, [&] {

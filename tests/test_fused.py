@@ -472,3 +472,102 @@ def test_combine_q8_1_equals_combine_then_quantize_and_emulator(shim, tmp_path, 
         assert np.array_equal(bits(o2), bits(want_o.reshape(-1))), "combine != emulator"
         if with_o:
             assert np.array_equal(bits(np.fromfile(paths["o"], np.float32)), bits(o2)), "fused o != combine"
+
+
+# ---- one-block vector attention + q8_1 (fattn_vec.cu compiled with HX_ATTN_Q8_1 after quantize_q8_1.cu)
+MAIN_ATTN_Q8 = _OPT + _OPT_WRITE + r'''
+int main(int argc, char** argv) {
+    // argv: q k v pos T H Hkv kv_att kind(0 q1, 1 qn, 2 shared) scale_bits q_bytes out_q out_o ("-": none)
+    //       out_q_unfused out_o_unfused
+    auto q = hx_read(argv[1]); auto k = hx_read(argv[2]); auto v = hx_read(argv[3]); auto pos = hx_read(argv[4]);
+    const int T = atoi(argv[5]), H = atoi(argv[6]), Hkv = atoi(argv[7]), kv_att = atoi(argv[8]), kind = atoi(argv[9]);
+    const unsigned scale_bits = (unsigned)strtoul(argv[10], nullptr, 10);
+    float scale; std::memcpy(&scale, &scale_bits, 4);
+    const size_t nq = (size_t)atoll(argv[11]), no = (size_t)T * H * HX_D;
+    // the same fill in both q8_1 buffers: bytes neither writes (an MMA8 group's padding columns) compare equal
+    std::vector<unsigned char> yq(nq, 0xAB), yq2(nq, 0xAB);
+    std::vector<float> o(no, -12345.0f), o2(no, -54321.0f);
+    float* op = hx_opt(argv[13], o);
+    const float* Q = (const float*)q.data();
+    const unsigned short* K = (const unsigned short*)k.data();
+    const unsigned short* V = (const unsigned short*)v.data();
+    const int* QP = (const int*)pos.data();
+    // kv_len from the positions (-1), as a forward pass launches it; P = 1: parts and meta are not written
+    auto attend = [&](float* dst, unsigned char* y) {
+        if (kind == 2) {
+            const unsigned nblk = (unsigned)((T * (H / Hkv) + FV_SHARED_Q - 1) / FV_SHARED_Q);
+            hx_launch({nblk, 1, (unsigned)Hkv}, {32, 4, 1}, 0, [&] {
+                fattn_vec_shared(Q, K, V, QP, dst, nullptr, nullptr, T, H, Hkv, -1, kv_att, 256, scale, y); });
+        } else if (kind == 1) {
+            hx_launch({(unsigned)((T + 1) / 2), 1, (unsigned)H}, {32, 4, 1}, 0, [&] {
+                fattn_vec_qn(Q, K, V, QP, dst, nullptr, nullptr, T, H, Hkv, -1, kv_att, 256, scale, y); });
+        } else {
+            hx_launch({(unsigned)T, 1, (unsigned)H}, {32, 4, 1}, 0, [&] {
+                fattn_vec_q1(Q, K, V, QP, dst, nullptr, nullptr, T, H, Hkv, -1, kv_att, 256, scale, y); });
+        }
+    };
+    attend(op, yq.data());
+    attend(o2.data(), nullptr);  // the unfused sequence: the attention, then quantize_q8_1's own launch
+    const int kk = H * HX_D;
+    hx_launch({(unsigned)((kk / 32 + 7) / 8), (unsigned)T, 1}, {256, 1, 1}, 0,
+              [&] { quantize_q8_1(o2.data(), yq2.data(), kk, kk); });
+    hx_write(argv[12], yq.data(), yq.size()); hx_opt_write(argv[13], o);
+    hx_write(argv[14], yq2.data(), yq2.size()); hx_write(argv[15], o2.data(), o2.size() * 4);
+}'''
+
+ATTN_KINDS = {0: "fattn_vec_q1", 1: "fattn_vec_qn", 2: "fattn_vec_shared"}
+
+
+@pytest.mark.parametrize("layout", [None, "Q4_K", "Q6_K", "MMA_Q4_K", "MMA8_Q4_K", "MMA8_Q6_K"])
+@pytest.mark.parametrize("kind,T,H,Hkv,kv_len,D", [
+    (0, 1, 16, 8, 33, 128),   # a decode step: one query, GQA 2
+    (1, 3, 4, 2, 200, 128),   # two queries per block, the last block half empty
+    (2, 5, 8, 2, 129, 64),    # shared K/V loads (4 queries of a KV head per block), 128 + 1 cells
+    (0, 1, 2, 1, 1, 128),     # one cell: a position-0 query sees only itself
+])
+def test_attention_q8_1_equals_attention_then_quantize_and_emulator(shim, tmp_path, layout, kind, T, H, Hkv,
+                                                                    kv_len, D):
+    """P = 1: the vector kernels' q8_1 store equals their float rows quantized by quantize_q8_1's own
+    launch, in every layout (the MMA8 group's padding columns left as they were), and the emulators."""
+    from fattn_inputs import make_inputs
+
+    from hiraishin.kernels.attention.emulate import attention_scale
+    from hiraishin.kernels.fused.emulate import emulate_attention_q8_1
+    from hiraishin.kernels.fused.launch import ATTN_Q8_1_PRELUDE
+    from hiraishin.plans.attention import AttentionPlan
+
+    if layout is not None and (H * D) % 256:
+        pytest.skip("the mat-vec layouts hold whole super-blocks of 256 values")
+    kv_attended = -(-kv_len // 256) * 256
+    plan = AttentionPlan("vec", 2 if kind == 1 else (4 if kind == 2 else 1), 1, chunk_cells=256, split_cells=256,
+                         kv_attended=kv_attended, shared_kv=kind == 2, kv_len=kv_len, n_head=H, n_head_kv=Hkv,
+                         n_queries=T, head_dim=D)
+    q, k, v = make_inputs(seed=kind * 1000 + T * 31 + kv_len, n_ctx=kv_len, n_head=H, n_head_kv=Hkv, head_dim=D,
+                          n_q=T)
+    q[0, 0] = 0.0  # a head of uniform weights
+    q_pos = np.arange(kv_len - T, kv_len, dtype=np.int32)
+    exe = shim.build((*ATTN_Q8_1_PRELUDE, "attention/fattn_vec.cu"),
+                     {**quantize_defines(layout), "HX_D": D, "HX_ATTN_Q8_1": 1, "FV_SHARED_Q": 4},
+                     MAIN_ATTN_Q8, f"attn_q8_{layout}_{D}")
+    paths = {n: tmp_path / f"{n}.bin" for n in ("q", "k", "v", "pos", "yq", "o", "yq2", "o2")}
+    for name, a in (("q", q), ("k", k.view(np.uint16)), ("v", v.view(np.uint16)), ("pos", q_pos)):
+        np.ascontiguousarray(a).tofile(paths[name])
+    nq = int(np.prod(output_shape(T, H * D, layout)))
+    want_q, want_o = emulate_attention_q8_1(q, k, v, q_pos, plan, layout)
+    want_q = np.asarray(want_q).reshape(-1)
+    group = LAYOUT_COLUMN_GROUP.get(layout)
+    for with_o in (True, False):
+        run(exe, paths["q"], paths["k"], paths["v"], paths["pos"], T, H, Hkv, kv_attended, kind,
+            int(attention_scale(D).view(np.uint32)), nq, paths["yq"], paths["o"] if with_o else "-", paths["yq2"],
+            paths["o2"])
+        yq, yq2 = np.fromfile(paths["yq"], np.uint8), np.fromfile(paths["yq2"], np.uint8)
+        o2 = np.fromfile(paths["o2"], np.float32)
+        assert np.array_equal(yq, yq2), f"{ATTN_KINDS[kind]} q8_1 != its rows, then quantize_q8_1"
+        assert np.array_equal(bits(o2), bits(want_o.reshape(-1))), "attention != emulator"
+        if group is None:
+            assert np.array_equal(yq, want_q), "fused q8_1 != emulator"
+        else:  # the emulator's padding columns are its own; compare the real ones
+            real = mma8_columns(yq.reshape(output_shape(T, H * D, layout)), T)
+            assert np.array_equal(real, mma8_columns(want_q.reshape(output_shape(T, H * D, layout)), T))
+        if with_o:
+            assert np.array_equal(bits(np.fromfile(paths["o"], np.float32)), bits(o2)), "fused o != attention"

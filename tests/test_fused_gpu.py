@@ -223,3 +223,45 @@ def test_fused_launches_replay_in_a_cuda_graph_with_new_positions():
             stream.synchronize()
             _same(got_q, cp.asnumpy(want_q), f"graph replay q at {p}")
             _same(got_k.view(np.uint16), cp.asnumpy(want_kc[p[0]:p[1] + 1]).view(np.uint16), f"graph replay K at {p}")
+
+
+# P = 1 vector attention with its q8_1 store: (kernel plan kind, T, H, Hkv, kv_len, D)
+ATTN_CASES = [("q1", 1, 16, 8, 33, 128), ("qn", 3, 4, 2, 200, 128), ("shared", 5, 8, 2, 129, 64),
+              ("shared", 16, 32, 8, 255, 128)]
+
+
+@pytest.mark.parametrize("kind,T,H,Hkv,kv_len,D", ATTN_CASES)
+def test_attention_q8_1_equals_attention_then_quantize_and_emulator(kind, T, H, Hkv, kv_len, D):
+    import cupy as cp
+    from fattn_inputs import make_inputs
+
+    from hiraishin.kernels import attention, quantize
+    from hiraishin.kernels.fused.emulate import emulate_attention_q8_1
+    from hiraishin.kernels.fused.launch import launch_attention_q8_1
+    from hiraishin.kernels.quantize.launch import output_shape
+    from hiraishin.kernels.quantize.layout import LAYOUT_COLUMN_GROUP, mma8_columns
+    from hiraishin.plans.attention import AttentionPlan
+
+    qpb = {"q1": 1, "qn": 2, "shared": 4}[kind]
+    plan = AttentionPlan("vec", qpb, 1, chunk_cells=256, split_cells=256, kv_attended=-(-kv_len // 256) * 256,
+                         shared_kv=kind == "shared", kv_len=kv_len, n_head=H, n_head_kv=Hkv, n_queries=T,
+                         head_dim=D)
+    q, k, v = make_inputs(seed=T * 31 + kv_len, n_ctx=kv_len, n_head=H, n_head_kv=Hkv, head_dim=D, n_q=T)
+    q_pos = np.arange(kv_len - T, kv_len, dtype=np.int32)
+    qd, kd, vd, pd = (cp.asarray(a) for a in (q, k, v, q_pos))
+    for layout in (None, "Q4_K", "Q6_K", "MMA_Q4_K", "MMA8_Q4_K", "MMA8_Q6_K") if H * D % 256 == 0 else (None,):
+        shape = output_shape(T, H * D, layout)
+        o = attention.launch(qd, kd, vd, pd, plan, cp.empty((T, H, D), cp.float32), kv_from_positions=True)
+        qu = quantize.launch(o.reshape(T, H * D), cp.full(shape, 0xAB, cp.uint8), layout)
+        of = cp.full((T, H, D), np.nan, cp.float32)
+        qf = launch_attention_q8_1(qd, kd, vd, pd, plan, cp.full(shape, 0xAB, cp.uint8), of, layout, True)
+        qf2 = launch_attention_q8_1(qd, kd, vd, pd, plan, cp.full(shape, 0xAB, cp.uint8), None, layout, True)
+        _same(cp.asnumpy(qf), cp.asnumpy(qu), f"{kind}: fused vs unfused q8_1 ({layout})")
+        _same(cp.asnumpy(qf2), cp.asnumpy(qu), f"{kind}: fused (no float out) vs unfused q8_1 ({layout})")
+        _same(cp.asnumpy(of), cp.asnumpy(o), f"{kind}: fused vs unfused rows")
+        qe, oe = emulate_attention_q8_1(q, k, v, q_pos, plan, layout)
+        _same(cp.asnumpy(of), oe, f"{kind}: fused rows vs emulator")
+        if layout in LAYOUT_COLUMN_GROUP:  # the emulator's padding columns are its own
+            _same(cp.asnumpy(mma8_columns(qf, T)), mma8_columns(np.asarray(qe), T), f"{kind}: vs emulator ({layout})")
+        else:
+            _same(cp.asnumpy(qf), qe, f"{kind}: fused vs emulator q8_1 ({layout})")

@@ -20,8 +20,10 @@ from ..errors import BackendError
 from ..kernels import attention, elementwise, rmsnorm, rope, tiled
 from ..kernels.attention.launch import current_profile, launch_combine, launch_partials
 from ..kernels.compile import cupy_available, require_cupy
+from ..kernels.fused import launch as fused_launch
 from ..kernels.fused.launch import (
     launch_add_rms_norm_q8_1,
+    launch_attention_q8_1,
     launch_combine_q8_1,
     launch_qk_norm_rope_kv,
     launch_rms_norm_q8_1,
@@ -402,14 +404,20 @@ class CudaOps:
     def attention_matvec(self, q, k_cache, v_cache, pos, kv_len: int, order, weight, out=None):
         """:meth:`causal_attention`, then the output projection ``weight`` (data, qtype) of its rows
         (T, H*D). With more than one parallel block the combine quantizes straight into the
-        projection's q8_1 layout (``fattn_combine_q8_1``: one launch instead of two, the same bits)."""
+        projection's q8_1 layout (``fattn_combine_q8_1``: one launch instead of two, the same bits);
+        with one (normalised inside the kernel) the vector kernel does (``HX_ATTN_Q8_1``, unless
+        ``HIRAISHIN_ATTN_Q8_1=0``): again the bits of a quantize launch after it."""
         T, H, D = q.shape
         plan = self.backend.attention_plan(order, T, kv_len, H, k_cache.shape[1], D)
-        if plan.parallel_blocks == 1:  # normalised inside the attention kernel: nothing to combine
+        if plan.parallel_blocks == 1 and (plan.kernel == "tile" or not fused_launch.ATTN_Q8_1):
             a = self.flash_attn(q, k_cache, v_cache, pos, plan, self.scratch("attn", (T, H, D)),
                                 kv_from_positions=True)
             return self.mul_mat(weight[0], weight[1], a.reshape(T, H * D), order, out)
         mvs, (layout,) = self._layouts((weight,), T, order)
+        if plan.parallel_blocks == 1:
+            xq = self._q8_1_scratch(T, H * D, layout)
+            launch_attention_q8_1(q, k_cache, v_cache, pos, plan, xq, None, layout, kv_from_positions=True)
+            return self._run_matvecs((weight,), mvs, {layout: xq}, T, (out,))[0]
         parts, meta = self.attention_scratch(plan, T, H, D)
         # dst is not written when P > 1: the partials stand in for it
         launch_partials(q, k_cache, v_cache, pos, plan, parts, parts, meta, kv_from_positions=True)

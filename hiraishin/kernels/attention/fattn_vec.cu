@@ -12,7 +12,9 @@
 //   * V: group g of warp w accumulates cells 32w + g + 4t, t = 0..7, into its 16 output dims;
 //   * end of block: block max over the 4 warps, rescale, per-warp then cross-warp butterfly sums,
 //     then o[d] = sum of the 16 (warp, group) partials, warp-major, group-minor.
-// P == 1: dst = o / S.  P > 1: parts = o, meta = (block max, S), merged by fattn_combine in block order.
+// P == 1: dst = o / S (compiled after quantize/quantize_q8_1.cu with HX_ATTN_Q8_1: also, or only, its
+// q8_1 in the output projection's layout, as quantize_q8_1 would write it: one launch fewer a layer).
+// P > 1: parts = o, meta = (block max, S), merged by fattn_combine in block order.
 //
 // fattn_vec_shared (SHARE_KV): the same arithmetic per query, but a block holds FV_SHARED_Q queries
 // of ONE KV head (grid (ceil(n_tokens * G / FV_SHARED_Q), P, n_head_kv), G = n_head / n_head_kv;
@@ -90,7 +92,9 @@ __device__ __forceinline__ void fattn_vec_impl(
     float* __restrict__ parts,              // (n_tokens, n_head, P, D), written when P > 1
     float* __restrict__ meta,               // (n_tokens, n_head, P, 2), written when P > 1
     const int n_tokens, const int n_head, const int n_head_kv, const int kv_len_arg,
-    const int kv_attended, const int chunk_cells, const float scale) {
+    const int kv_attended, const int chunk_cells, const float scale,
+    unsigned char* __restrict__ yq) {       // HX_ATTN_Q8_1, P == 1: the rows (n_tokens, n_head*D) as q8_1
+    // (dst, when not null, is written as well; without HX_ATTN_Q8_1 yq is not read)
     constexpr int D = HX_D;
     // kv_len_arg < 0: the KV length is the last query's position + 1, read from q_pos (a forward
     // pass's queries are the cache's last cells), so a CUDA graph of the pass replays at any position.
@@ -291,7 +295,13 @@ __device__ __forceinline__ void fattn_vec_impl(
             for (int wg = 0; wg < 16; ++wg) o = __fadd_rn(o, KQ[wg * D + tid]);
             const size_t row = (size_t)t * n_head + head_of(j);
             if (P == 1) {
-                dst[row * D + tid] = __fdiv_rn(o, S);
+                const float v = __fdiv_rn(o, S);
+                if (dst != nullptr) dst[row * D + tid] = v;
+#ifdef HX_ATTN_Q8_1
+                // quantize_q8_1 of the normalised row, as its own launch would do it: a warp holds the 32
+                // values of one q8_1 block (tid < D is uniform per warp, t per block; every lane calls it)
+                if (yq != nullptr) hx_q8_1_store(yq, t, n_head * D / 32, (head_of(j) * D + tid) / 32, tid % 32, v);
+#endif
             } else {
                 parts[(row * P + y) * D + tid] = o;
                 if (tid == 0) {
@@ -310,10 +320,10 @@ fattn_vec_q1(const float* __restrict__ Q, const unsigned short* __restrict__ K,
              const unsigned short* __restrict__ V, const int* __restrict__ q_pos,
              float* __restrict__ dst, float* __restrict__ parts, float* __restrict__ meta,
              const int n_tokens, const int n_head, const int n_head_kv, const int kv_len,
-             const int kv_attended, const int chunk_cells, const float scale) {
+             const int kv_attended, const int chunk_cells, const float scale, unsigned char* __restrict__ yq) {
     HX_PDL_ENTRY();
     fattn_vec_impl<1, false>(Q, K, V, q_pos, dst, parts, meta, n_tokens, n_head, n_head_kv, kv_len,
-                             kv_attended, chunk_cells, scale);
+                             kv_attended, chunk_cells, scale, yq);
 }
 
 // Two queries per block (llama.cpp's ncols = 2 instance): the same per-query arithmetic, more
@@ -323,10 +333,10 @@ fattn_vec_qn(const float* __restrict__ Q, const unsigned short* __restrict__ K,
              const unsigned short* __restrict__ V, const int* __restrict__ q_pos,
              float* __restrict__ dst, float* __restrict__ parts, float* __restrict__ meta,
              const int n_tokens, const int n_head, const int n_head_kv, const int kv_len,
-             const int kv_attended, const int chunk_cells, const float scale) {
+             const int kv_attended, const int chunk_cells, const float scale, unsigned char* __restrict__ yq) {
     HX_PDL_ENTRY();
     fattn_vec_impl<2, false>(Q, K, V, q_pos, dst, parts, meta, n_tokens, n_head, n_head_kv, kv_len,
-                             kv_attended, chunk_cells, scale);
+                             kv_attended, chunk_cells, scale, yq);
 }
 
 // FV_SHARED_Q queries of one KV head per block (see the top): the one-query arithmetic for each,
@@ -336,10 +346,11 @@ fattn_vec_shared(const float* __restrict__ Q, const unsigned short* __restrict__
                  const unsigned short* __restrict__ V, const int* __restrict__ q_pos,
                  float* __restrict__ dst, float* __restrict__ parts, float* __restrict__ meta,
                  const int n_tokens, const int n_head, const int n_head_kv, const int kv_len,
-                 const int kv_attended, const int chunk_cells, const float scale) {
+                 const int kv_attended, const int chunk_cells, const float scale,
+                 unsigned char* __restrict__ yq) {
     HX_PDL_ENTRY();
     fattn_vec_impl<FV_SHARED_Q, true>(Q, K, V, q_pos, dst, parts, meta, n_tokens, n_head, n_head_kv, kv_len,
-                                      kv_attended, chunk_cells, scale);
+                                      kv_attended, chunk_cells, scale, yq);
 }
 
 // Merge the P partials of one (token, head) in block order (llama.cpp flash_attn_combine_results,

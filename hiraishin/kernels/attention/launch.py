@@ -22,6 +22,7 @@ __all__ = ["launch", "launch_partials", "launch_combine", "measure_occupancy", "
            "kernel_report"]
 
 SOURCE_VEC = "attention/fattn_vec.cu"
+_NULL = np.uint64(0)  # a null device pointer argument
 SOURCE_TILE = "attention/fattn_tile.cu"
 
 
@@ -42,13 +43,17 @@ def shared_defines(queries: int, build: tuple[int, int] | None = None) -> dict:
 
 
 @functools.cache
-def _kernel(name: str, head_dim: int, queries: int = 0, build: tuple[int, int] | None = None):
+def _kernel(name: str, head_dim: int, queries: int = 0, build: tuple[int, int] | None = None,
+            epilogue: tuple = ((), ())):
+    """The compiled kernel; ``epilogue`` = (sources compiled before fattn_vec.cu, extra #define items):
+    the vector kernels' optional q8_1 output (``HX_ATTN_Q8_1``, see :mod:`hiraishin.kernels.fused`)."""
     if name == KERNEL_TILE:
         return get_kernel(SOURCE_TILE, name, defines={"HX_D": head_dim, "FT_TILE_Q": TILE_QUERIES,
                                                       "FT_TILE_KV": TILE_CELLS, "FT_NTHREADS": NTHREADS})
-    if name == KERNEL_SHARED:
-        return get_kernel(SOURCE_VEC, name, defines={"HX_D": head_dim, **shared_defines(queries, build)})
-    return get_kernel(SOURCE_VEC, name, defines={"HX_D": head_dim})
+    prelude, extra = epilogue
+    source = (*prelude, SOURCE_VEC) if prelude else SOURCE_VEC
+    defines = {"HX_D": head_dim, **(shared_defines(queries, build) if name == KERNEL_SHARED else {}), **dict(extra)}
+    return get_kernel(source, name, defines=defines)
 
 
 @functools.cache
@@ -65,7 +70,7 @@ KV_LEN_FROM_POSITIONS = -1
 
 
 def launch_partials(q, k_cache, v_cache, q_pos, plan: AttentionPlan, out, parts, meta, kv_from_positions=False,
-                    build: tuple[int, int] | None = None):
+                    build: tuple[int, int] | None = None, yq=None, epilogue: tuple = ((), ())):
     """The plan's attention kernel only. With ``P == 1`` it normalises in place into ``out`` (and
     writes no partials); with ``P > 1`` it writes ``parts`` (T, H, P, D) and ``meta`` (T, H, P, 2).
 
@@ -73,7 +78,8 @@ def launch_partials(q, k_cache, v_cache, q_pos, plan: AttentionPlan, out, parts,
     query's position + 1, which it is in a forward pass) instead of ``plan.kv_len``, so a CUDA
     graph of the launch replays at any position whose plan is the same. ``build``: the shared
     kernel's (unroll, queries in registers) instead of :data:`SHARED_BUILDS` (benchmarks; no bit
-    depends on it).
+    depends on it). ``yq`` with ``epilogue`` (vector kernels, ``P == 1``; :mod:`hiraishin.kernels.fused`):
+    the normalised rows are also written as q8_1 into ``yq`` (``out`` may then be None: not written).
     """
     T, H, D = q.shape
     P = plan.parallel_blocks
@@ -82,17 +88,24 @@ def launch_partials(q, k_cache, v_cache, q_pos, plan: AttentionPlan, out, parts,
     kv_len = KV_LEN_FROM_POSITIONS if kv_from_positions else _kv_len(plan)
     scale = _scale(D)
     n_head_kv = k_cache.shape[1]
+    args = (q, k_cache, v_cache, q_pos, _NULL if out is None else out, _NULL if parts is None else parts,
+            _NULL if meta is None else meta, np.int32(T), np.int32(H), np.int32(n_head_kv), np.int32(kv_len),
+            np.int32(plan.kv_attended))
     if plan.kernel == "tile":
-        kernel, grid, extent = _kernel(KERNEL_TILE, D), ((T + TILE_QUERIES - 1) // TILE_QUERIES, P, H), plan.split_cells
-    elif plan.shared_kv:  # the T * G queries of each KV head, queries_per_block per block
-        kernel = _kernel(KERNEL_SHARED, D, plan.queries_per_block, build)
-        grid, extent = (-(-T * (H // n_head_kv) // plan.queries_per_block), P, n_head_kv), plan.chunk_cells
+        if yq is not None:
+            raise ValueError("the tile kernel has no q8_1 output")
+        grid = ((T + TILE_QUERIES - 1) // TILE_QUERIES, P, H)
+        _kernel(KERNEL_TILE, D)(grid, (NTHREADS, 1, 1), args + (np.int32(plan.split_cells), np.float32(scale)))
+        return out
+    if yq is not None and P != 1:
+        raise ValueError(f"the q8_1 output needs one parallel block, the plan has P = {P}")
+    if plan.shared_kv:  # the T * G queries of each KV head, queries_per_block per block
+        kernel = _kernel(KERNEL_SHARED, D, plan.queries_per_block, build, epilogue)
+        grid = (-(-T * (H // n_head_kv) // plan.queries_per_block), P, n_head_kv)
     else:
-        kernel, grid, extent = _kernel(plan.kernel_name, D), (-(-T // plan.queries_per_block), P, H), plan.chunk_cells
-    kernel(
-        grid, (NTHREADS, 1, 1) if plan.kernel == "tile" else (32, NTHREADS // 32, 1),
-        (q, k_cache, v_cache, q_pos, out, parts, meta, np.int32(T), np.int32(H), np.int32(n_head_kv),
-         np.int32(kv_len), np.int32(plan.kv_attended), np.int32(extent), np.float32(scale)))
+        kernel, grid = _kernel(plan.kernel_name, D, 0, None, epilogue), (-(-T // plan.queries_per_block), P, H)
+    kernel(grid, (32, NTHREADS // 32, 1),
+           args + (np.int32(plan.chunk_cells), np.float32(scale), _NULL if yq is None else yq))
     return out
 
 

@@ -26,6 +26,9 @@ fused kernel (``fused.cu``)   equals, bit for bit
 ``fattn_combine_q8_1``        ``o = attention/fattn_vec.cu fattn_combine(parts, meta)`` (T, H, D), then
 (in ``fattn_vec.cu``)         ``quantize_q8_1(o)`` of its rows (T, H*D) in ``layout`` (the output
                               projection's input); optionally ``o`` too
+``fattn_vec_*`` with          one parallel block (``P = 1``): ``o = fattn_vec_*(q, K, V)`` (T, H, D), then
+``HX_ATTN_Q8_1``              ``quantize_q8_1(o)`` of its rows in ``layout``, stored by the threads that
+(in ``fattn_vec.cu``)         normalise ``o``; optionally ``o`` too (``launch_attention_q8_1``)
 ============================  ===========================================================================
 
 Geometry: the norm kernels run rmsnorm's tree of ``block_threads(n)`` threads, in a block of that
@@ -42,6 +45,7 @@ functions); :mod:`.emulate` (``emulate_*``, the compositions of the unfused emul
 
 from .emulate import (
     emulate_add_rms_norm_q8_1,
+    emulate_attention_q8_1,
     emulate_combine_q8_1,
     emulate_qk_norm_rope_kv,
     emulate_rms_norm_q8_1,
@@ -49,4 +53,4 @@ from .emulate import (
 )
 
 __all__ = ["emulate_rms_norm_q8_1", "emulate_add_rms_norm_q8_1", "emulate_swiglu_q8_1", "emulate_qk_norm_rope_kv",
-           "emulate_combine_q8_1"]
+           "emulate_combine_q8_1", "emulate_attention_q8_1"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import quantize
+from ..attention.emulate import emulate as _attention
 from ..attention.emulate import emulate_combine as _combine
 from ..elementwise.emulate import emulate_add as _add
 from ..elementwise.emulate import emulate_swiglu as _swiglu
@@ -17,7 +18,7 @@ from ..rmsnorm.emulate import emulate as _rms_norm
 from ..rope.emulate import emulate as _rope
 
 __all__ = ["emulate_rms_norm_q8_1", "emulate_add_rms_norm_q8_1", "emulate_swiglu_q8_1", "emulate_qk_norm_rope_kv",
-           "emulate_combine_q8_1"]
+           "emulate_combine_q8_1", "emulate_attention_q8_1"]
 
 
 def emulate_rms_norm_q8_1(x: np.ndarray, w: np.ndarray, eps: float, layout: str | None = None):
@@ -63,5 +64,17 @@ def emulate_combine_q8_1(parts: np.ndarray, meta: np.ndarray, layout: str | None
     """``(xq, o)``: ``o`` = the attention combine of ``parts`` (T, H, P, D) and ``meta`` (T, H, P, 2),
     float32 (T, H, D), and ``xq`` the q8_1 bytes of its rows (T, H*D) in ``layout``."""
     o = _combine(parts, meta)
+    T, H, D = o.shape
+    return quantize.emulate(np.ascontiguousarray(o).reshape(T, H * D), layout), o
+
+
+def emulate_attention_q8_1(q: np.ndarray, k_cache: np.ndarray, v_cache: np.ndarray, q_pos: np.ndarray, plan,
+                           layout: str | None = None):
+    """``(xq, o)``: ``o`` = the attention of a one-parallel-block vector ``plan`` (float32 (T, H, D)) and
+    ``xq`` the q8_1 bytes of its rows (T, H*D) in ``layout``: what fattn_vec.cu's kernels compiled with
+    HX_ATTN_Q8_1 write."""
+    if plan.parallel_blocks != 1:
+        raise ValueError(f"the attention's q8_1 output needs one parallel block, the plan has {plan.parallel_blocks}")
+    o = _attention(q, k_cache, v_cache, q_pos, plan)
     T, H, D = o.shape
     return quantize.emulate(np.ascontiguousarray(o).reshape(T, H * D), layout), o

@@ -10,8 +10,12 @@ that captured a call replays it for any position.
 
 from __future__ import annotations
 
+import functools
+import os
+
 import numpy as np
 
+from ..attention.launch import launch_partials
 from ..compile import get_kernel
 from ..quantize.launch import QUANTIZE_WARPS_PER_BLOCK, output_shape, quantize_defines
 from ..rmsnorm.emulate import block_threads
@@ -19,7 +23,8 @@ from ..rmsnorm.emulate import block_threads
 __all__ = ["SOURCE", "NULL", "NORM_BLOCK_THREADS", "NORM_PLAYED_MAX_VALUES", "fused_kernel", "norm_geometry",
            "norm_slices", "RmsNormQ8_1Launch", "AddRmsNormQ8_1Launch", "SwigluQ8_1Launch", "QkNormRopeKvLaunch",
            "launch_rms_norm_q8_1", "launch_add_rms_norm_q8_1", "launch_swiglu_q8_1", "launch_qk_norm_rope_kv",
-           "SOURCE_COMBINE", "CombineQ8_1Launch", "launch_combine_q8_1"]
+           "SOURCE_COMBINE", "CombineQ8_1Launch", "launch_combine_q8_1", "ATTN_Q8_1", "attention_q8_1_epilogue",
+           "launch_attention_q8_1"]
 
 # fused.cu is compiled after the unfused sources whose device functions it calls (hx_rms_scale,
 # hx_q8_1_store): one copy of that code for the fused and the unfused kernels.
@@ -27,6 +32,12 @@ SOURCE = ("rmsnorm/rmsnorm.cu", "quantize/quantize_q8_1.cu", "fused/fused.cu")
 # The attention combine with the q8_1 store behind it: fattn_vec.cu's fattn_combine_q8_1 (compiled
 # with HX_COMBINE_Q8_1) after quantize_q8_1.cu, whose hx_q8_1_store it calls.
 SOURCE_COMBINE = ("quantize/quantize_q8_1.cu", "attention/fattn_vec.cu")
+# The one-block (P == 1) vector attention with the q8_1 store of its normalised rows: fattn_vec.cu
+# compiled with HX_ATTN_Q8_1 after quantize_q8_1.cu, like the combine. On by default;
+# HIRAISHIN_ATTN_Q8_1=0 keeps the attention's float rows and a quantize launch of its own (the A/B).
+ATTN_Q8_1_PRELUDE = ("quantize/quantize_q8_1.cu",)
+ENV_ATTN_Q8_1 = "HIRAISHIN_ATTN_Q8_1"
+ATTN_Q8_1 = os.environ.get(ENV_ATTN_Q8_1, "1").strip() != "0"
 # A null device pointer: the optional float outputs are skipped when given this.
 NULL = np.uint64(0)
 _Q8_1_VALUES = 32  # values per q8_1 block (one warp's lanes)
@@ -255,3 +266,21 @@ def launch_combine_q8_1(parts, meta, out_q, out=None, layout: str | None = None)
     """:class:`CombineQ8_1Launch` for ``parts``' shape (cached), unchecked. Returns ``out_q``."""
     T, H, P, D = parts.shape
     return _cached(CombineQ8_1Launch, T, H, P, D, layout)(parts, meta, out_q, out)
+
+
+@functools.cache
+def attention_q8_1_epilogue(layout: str | None = None) -> tuple:
+    """The (prelude sources, #define items) that give fattn_vec.cu's vector kernels their q8_1 output in
+    ``layout`` (:func:`hiraishin.kernels.attention.launch.launch_partials`' ``epilogue``)."""
+    return ATTN_Q8_1_PRELUDE, tuple(sorted({**quantize_defines(layout), "HX_ATTN_Q8_1": 1}.items()))
+
+
+def launch_attention_q8_1(q, k_cache, v_cache, q_pos, plan, out_q, out=None, layout: str | None = None,
+                          kv_from_positions: bool = False):
+    """The attention of a one-parallel-block vector ``plan`` whose kernel also quantizes its normalised
+    rows (T, H*D) to q8_1 in ``layout`` (``out_q``: :func:`output_shape`), what a quantize launch after it
+    would write; ``out`` float32 (T, H, D) or None (not written). Unchecked, like the other launches.
+    Returns ``out_q``."""
+    launch_partials(q, k_cache, v_cache, q_pos, plan, out, None, None, kv_from_positions, yq=out_q,
+                    epilogue=attention_q8_1_epilogue(layout))
+    return out_q
