@@ -181,7 +181,7 @@ SHIM_CASES = [("Q4_K", 1024, 19, (1, 3, 9), 0, 4, 0), ("Q4_K", 5120, 17, (1, 2),
               ("Q6_K", 1024, 17, (1, 2, 8), 0, 2, 1), ("Q6_K", 512, 33, (2, 4), 0, 2, 0)]
 
 
-# "default": the MMA layouts, their MMA8 forms for Q4_K launches of 6+ columns; "mma-layouts": the MMA layouts at
+# "default": the MMA layouts, their MMA8 forms for launches of 6+ columns; "mma-layouts": the MMA layouts at
 # every width (HIRAISHIN_MMQ_XLAYOUT=1); "llama-layout": llama.cpp's q8_1 blocks (=0).
 SWITCHES = {"default": {}, "mma-layouts": {"HIRAISHIN_MMQ_XLAYOUT": "1"}, "llama-layout": {"HIRAISHIN_MMQ_XLAYOUT": "0"},
             "live-on": {"HIRAISHIN_MMQ_LIVE": "1"},
@@ -191,7 +191,10 @@ SWITCHES = {"default": {}, "mma-layouts": {"HIRAISHIN_MMQ_XLAYOUT": "1"}, "llama
             # the MMA8 layouts (8 columns' records interleaved) at every width; and for Q6_K too
             "interleaved": {"HIRAISHIN_MMQ_XLAYOUT": "2", "HIRAISHIN_MMQ_MMA8_MIN_COLS": "1"},
             "interleaved-q6k": {"HIRAISHIN_MMQ_XLAYOUT": "2", "HIRAISHIN_MMQ_MMA8_MIN_COLS": "1",
-                                "HIRAISHIN_MMQ_MMA8_Q6K": "1"}}
+                                "HIRAISHIN_MMQ_MMA8_Q6K": "1"},
+            # and the padding columns' loads skipped (zeros in their place)
+            "interleaved-skip": {"HIRAISHIN_MMQ_XLAYOUT": "2", "HIRAISHIN_MMQ_MMA8_MIN_COLS": "1",
+                                 "HIRAISHIN_MMQ_MMA8_Q6K": "1", "HIRAISHIN_MMQ_X_SKIP": "1"}}
 
 
 @pytest.mark.parametrize("switch", list(SWITCHES))
@@ -219,6 +222,7 @@ def test_mmq_source_equals_emulator_on_cpu(tmp_path, case, switch, monkeypatch):
     monkeypatch.setattr(mmq_launch, "MMA8_MIN_COLS",
                         int(chosen.get("HIRAISHIN_MMQ_MMA8_MIN_COLS", mmq_launch.DEFAULT_MMA8_MIN_COLS)))
     monkeypatch.setattr(mmq_launch, "MMA8_Q6K", chosen.get("HIRAISHIN_MMQ_MMA8_Q6K") == "1")
+    monkeypatch.setattr(mmq_launch, "MMQ_X_SKIP", chosen.get("HIRAISHIN_MMQ_X_SKIP") == "1")
     qtype, k, n, widths, shift, nwarps, prefetch = case
     builder = ShimBuilder(tmp_path)
     (tmp_path / "hx_mma_shim.h").write_text(MMA_SHIM_H)
@@ -245,8 +249,9 @@ def test_mmq_source_equals_emulator_on_cpu(tmp_path, case, switch, monkeypatch):
                                       err_msg=f"{defines} weight offset {shift}")
 
 
+@pytest.mark.parametrize("skip", [False, True], ids=["padding-read", "padding-skipped"])
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K"])
-def test_mma8_launches_past_the_last_group_read_within_the_buffer(tmp_path, qtype, monkeypatch):
+def test_mma8_launches_past_the_last_group_read_within_the_buffer(tmp_path, qtype, skip, monkeypatch):
     """Prefill widths in the MMA8 layouts (17 and 23 columns: a CUDA block of 16 columns whose second n-tile lies
     past the last group of 8, which it then reads in place of one that does not exist) give the emulator's bits.
     (That the read stays inside the buffer, which holds exactly its whole groups, the shim cannot see:
@@ -267,6 +272,7 @@ def test_mma8_launches_past_the_last_group_read_within_the_buffer(tmp_path, qtyp
     monkeypatch.setattr(mmq_launch, "MMQ_XLAYOUT", 2)
     monkeypatch.setattr(mmq_launch, "MMA8_MIN_COLS", 1)
     monkeypatch.setattr(mmq_launch, "MMA8_Q6K", True)
+    monkeypatch.setattr(mmq_launch, "MMQ_X_SKIP", skip)  # HIRAISHIN_MMQ_X_SKIP: the padding's loads skipped
     k, n = 512, 19
     builder = ShimBuilder(tmp_path)
     (tmp_path / "hx_mma_shim.h").write_text(MMA_SHIM_H)
@@ -341,13 +347,15 @@ def test_staging_switch_picks_the_launches_and_their_dynamic_shared_memory(monke
 
 
 def test_interleaved_layouts_are_q4_k_only_and_the_switch_is_checked(monkeypatch):
-    """HIRAISHIN_MMQ_XLAYOUT=2: Q4_K kernels read the MMA8 layouts (HX_XLAYOUT 2), Q6_K ones keep the MMA layouts
-    unless HIRAISHIN_MMQ_MMA8_Q6K=1; 0 and 1 as before; any other value is named."""
+    """HIRAISHIN_MMQ_XLAYOUT=2: Q4_K kernels read the MMA8 layouts (HX_XLAYOUT 2), Q6_K ones too unless
+    HIRAISHIN_MMQ_MMA8_Q6K=0 (then the MMA layouts); 0 and 1 as before; any other value is named."""
     import importlib
 
     from hiraishin.plans import subblock_plan
 
     mmq_launch = importlib.import_module("hiraishin.kernels.mmq.launch")
+    assert mmq_launch.MMA8_Q6K is (mmq_launch._env_choice(mmq_launch.ENV_MMQ_MMA8_Q6K, ("0", "1"), "1") == "1")
+    monkeypatch.setattr(mmq_launch, "MMA8_Q6K", False)  # HIRAISHIN_MMQ_MMA8_Q6K=0
     seen = {}
     for x in (0, 1, 2):
         monkeypatch.setattr(mmq_launch, "MMQ_XLAYOUT", x)
@@ -356,7 +364,7 @@ def test_interleaved_layouts_are_q4_k_only_and_the_switch_is_checked(monkeypatch
             seen[x, qtype] = (mmq_launch.kernel_defines(plan)["HX_XLAYOUT"], mmq_launch.activation_layout(plan))
     assert seen == {(0, "Q4_K"): (0, None), (0, "Q6_K"): (0, None), (1, "Q4_K"): (1, "MMA_Q4_K"),
                     (1, "Q6_K"): (1, "MMA_Q6_K"), (2, "Q4_K"): (2, "MMA8_Q4_K"), (2, "Q6_K"): (1, "MMA_Q6_K")}
-    monkeypatch.setattr(mmq_launch, "MMA8_Q6K", True)  # HIRAISHIN_MMQ_MMA8_Q6K=1: Q6_K reads them too
+    monkeypatch.setattr(mmq_launch, "MMA8_Q6K", True)  # the default: Q6_K reads them too
     plan = subblock_plan(9, "Q6_K", 4096, n=4096)
     assert (mmq_launch.kernel_defines(plan)["HX_XLAYOUT"], mmq_launch.activation_layout(plan)) == (2, "MMA8_Q6_K")
     assert mmq_launch.xlayout_setting()[2] == ("Q4_K", "Q6_K")  # part of every prepared launch's cache key
@@ -392,12 +400,12 @@ int main(int argc, char** argv) {
 }"""
 
 
-@pytest.mark.parametrize("xlayout", [1, 2])
+@pytest.mark.parametrize("xlayout", [1, 2, "2-skip"])
 @pytest.mark.parametrize("qtype,widths", [("Q4_K", (1, 3, 12, 16)), ("Q6_K", (2, 16))])
 def test_mmq_multi_source_equals_separate_emulators_on_cpu(tmp_path, qtype, widths, xlayout, monkeypatch):
     """Q, K and V (or gate and up) in one hx_mmq_multi launch: each weight's rows have the bits of its
     own launch (the emulator), for row counts the 16-row tile does not divide; in the MMA layouts and in their
-    columns-interleaved forms."""
+    columns-interleaved forms (2-skip: with the padding columns' loads skipped, HIRAISHIN_MMQ_X_SKIP=1)."""
     import dataclasses
     import importlib
     import sys
@@ -410,6 +418,8 @@ def test_mmq_multi_source_equals_separate_emulators_on_cpu(tmp_path, qtype, widt
 
     if GXX is None:
         pytest.skip("needs g++ (C++20)")
+    monkeypatch.setattr(importlib.import_module("hiraishin.kernels.mmq.launch"), "MMQ_X_SKIP", xlayout == "2-skip")
+    xlayout = 2 if xlayout == "2-skip" else xlayout
     monkeypatch.setattr(importlib.import_module("hiraishin.kernels.mmq.launch"), "MMQ_XLAYOUT", xlayout)
     monkeypatch.setattr(importlib.import_module("hiraishin.kernels.mmq.launch"), "MMA8_MIN_COLS", 1)  # every width
     monkeypatch.setattr(importlib.import_module("hiraishin.kernels.mmq.launch"), "MMA8_Q6K", True)  # both types

@@ -28,6 +28,7 @@ __all__ = [
     "xlayout_setting",
     "mma8_qtypes",
     "ENV_MMQ_MMA8_Q6K",
+    "ENV_MMQ_X_SKIP",
     "MMQ_XLAYOUT",
     "ENV_MMQ_LIVE",
     "ENV_MMQ_MULTI",
@@ -164,15 +165,24 @@ DEFAULT_MMA8_MIN_COLS = 6
 MMA8_MIN_COLS = int(_env_choice(ENV_MMQ_MMA8_MIN_COLS, tuple(str(c) for c in range(1, 17)), str(DEFAULT_MMA8_MIN_COLS)))
 
 
-# The weight types whose kernels read the MMA8 layouts under HIRAISHIN_MMQ_XLAYOUT=2: Q4_K, and Q6_K under
-# HIRAISHIN_MMQ_MMA8_Q6K=1 (opt-in: not yet timed). Q6_K was left out because ptxas (sm_90, bench/regs_mmq.py)
-# put its 9-16-column launches at 164 registers with them (128 with the MMA layouts), one CUDA block per SM
-# instead of two. Since each n-tile's activations are addressed from its group's base (mma_rows.cu
-# hx_mma_pointers: no per-column pointers), the Qwen3-8B Q6_K launches fit the library's register caps with no
-# spills: ffn_down 16 columns 128 registers at 2 blocks of 8 warps, the output head 128 at 4 blocks of 4 warps,
-# 8 columns 108-110 (nvcc 13.0 here, no GPU). Read once, at import (a test may set MMA8_Q6K itself).
+# The weight types whose kernels read the MMA8 layouts under HIRAISHIN_MMQ_XLAYOUT=2: Q4_K and Q6_K
+# (HIRAISHIN_MMQ_MMA8_Q6K=0: Q4_K only). Q6_K had been left out because ptxas (sm_90, bench/regs_mmq.py) put its
+# 9-16-column launches at 164 registers with them (128 with the MMA layouts), one CUDA block per SM instead of
+# two. Since each n-tile's activations are addressed from its group's base (mma_rows.cu hx_mma_pointers: no
+# per-column pointers), the Qwen3-8B Q6_K launches fit the library's register caps with no spills (ffn_down 16
+# columns 128 registers at 2 blocks of 8 warps, the output head 128 at 4 blocks of 4 warps). H200, SUBBLOCK graph
+# replays, same logits digests (bench/results/2026-12-04-h200-session14/a-attn-q8-q6k-tests), 0 -> 1: the 8B
+# 3.280 -> 3.243 / 4.153 -> 4.125 / 4.227 -> 4.176 / 4.537 -> 4.445 ms at 6 / 9 / 12 / 16 tokens, the 0.6B within
+# 0.7% (bench/pick_ab.py, 8B widths 9, 12, 16: 1.3% less in total). Read once, at import (a test may set
+# MMA8_Q6K itself).
 ENV_MMQ_MMA8_Q6K = "HIRAISHIN_MMQ_MMA8_Q6K"
-MMA8_Q6K = _env_choice(ENV_MMQ_MMA8_Q6K, ("0", "1"), "0") == "1"
+MMA8_Q6K = _env_choice(ENV_MMQ_MMA8_Q6K, ("0", "1"), "1") == "1"
+
+
+# HX_X_SKIP (mmq.cu): under the MMA8 layouts a lane skips the activation loads of padding columns (zeros
+# instead; no bit changes). HIRAISHIN_MMQ_X_SKIP=1 turns it on (opt-in until timed). Read once, at import.
+ENV_MMQ_X_SKIP = "HIRAISHIN_MMQ_X_SKIP"
+MMQ_X_SKIP = _env_choice(ENV_MMQ_X_SKIP, ("0", "1"), "0") == "1"
 
 
 def mma8_qtypes() -> tuple:
@@ -183,14 +193,15 @@ def mma8_qtypes() -> tuple:
 def xlayout_setting() -> tuple:
     """The layout setting of the sub-block kernels, part of a prepared launch's cache key: (:data:`MMQ_XLAYOUT`:
     0 llama.cpp's q8_1 blocks, 1 the MMA layouts, 2 their columns-interleaved forms; :data:`MMA8_MIN_COLS`, the
-    fewest columns of a launch reading the latter; the weight types that read them, :func:`mma8_qtypes`)."""
-    return MMQ_XLAYOUT, MMA8_MIN_COLS, mma8_qtypes()
+    fewest columns of a launch reading the latter; the weight types that read them, :func:`mma8_qtypes`; whether
+    their padding columns' loads are skipped, :data:`MMQ_X_SKIP`)."""
+    return MMQ_XLAYOUT, MMA8_MIN_COLS, mma8_qtypes(), MMQ_X_SKIP
 
 
 def plan_xlayout(plan: SubBlockPlan) -> int:
     """HX_XLAYOUT of ``plan``'s kernel: :data:`MMQ_XLAYOUT`, but under 2 the MMA layouts (1) for a weight type
     not in :func:`mma8_qtypes` or a launch of fewer than :data:`MMA8_MIN_COLS` columns."""
-    x, min_cols, qtypes = xlayout_setting()
+    x, min_cols, qtypes, _ = xlayout_setting()
     return 1 if x == 2 and (plan.qtype not in qtypes or plan.ncols < min_cols) else x
 
 
@@ -259,6 +270,7 @@ def kernel_defines(plan: SubBlockPlan, max_regs: int | None | str = "default",
         "HX_PIPELINE_W": _switch(ENV_MMQ_PIPELINE_W) if plan.qtype == "Q4_K" and not stage else 0,
         "HX_STAGE_W": int(stage),
         "HX_XLAYOUT": plan_xlayout(plan),
+        "HX_X_SKIP": int(MMQ_X_SKIP and plan_xlayout(plan) == 2),
         "HX_CGROUPS": plan.interleave,
         "HX_WSPLIT": plan.warp_split,
     }
