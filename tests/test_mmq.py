@@ -191,10 +191,7 @@ SWITCHES = {"default": {}, "mma-layouts": {"HIRAISHIN_MMQ_XLAYOUT": "1"}, "llama
             # the MMA8 layouts (8 columns' records interleaved) at every width; and for Q6_K too
             "interleaved": {"HIRAISHIN_MMQ_XLAYOUT": "2", "HIRAISHIN_MMQ_MMA8_MIN_COLS": "1"},
             "interleaved-q6k": {"HIRAISHIN_MMQ_XLAYOUT": "2", "HIRAISHIN_MMQ_MMA8_MIN_COLS": "1",
-                                "HIRAISHIN_MMQ_MMA8_Q6K": "1"},
-            # and the padding columns' loads skipped (zeros in their place)
-            "interleaved-skip": {"HIRAISHIN_MMQ_XLAYOUT": "2", "HIRAISHIN_MMQ_MMA8_MIN_COLS": "1",
-                                 "HIRAISHIN_MMQ_MMA8_Q6K": "1", "HIRAISHIN_MMQ_X_SKIP": "1"}}
+                                "HIRAISHIN_MMQ_MMA8_Q6K": "1"}}
 
 
 @pytest.mark.parametrize("switch", list(SWITCHES))
@@ -222,7 +219,6 @@ def test_mmq_source_equals_emulator_on_cpu(tmp_path, case, switch, monkeypatch):
     monkeypatch.setattr(mmq_launch, "MMA8_MIN_COLS",
                         int(chosen.get("HIRAISHIN_MMQ_MMA8_MIN_COLS", mmq_launch.DEFAULT_MMA8_MIN_COLS)))
     monkeypatch.setattr(mmq_launch, "MMA8_Q6K", chosen.get("HIRAISHIN_MMQ_MMA8_Q6K") == "1")
-    monkeypatch.setattr(mmq_launch, "MMQ_X_SKIP", chosen.get("HIRAISHIN_MMQ_X_SKIP") == "1")
     qtype, k, n, widths, shift, nwarps, prefetch = case
     builder = ShimBuilder(tmp_path)
     (tmp_path / "hx_mma_shim.h").write_text(MMA_SHIM_H)
@@ -249,9 +245,8 @@ def test_mmq_source_equals_emulator_on_cpu(tmp_path, case, switch, monkeypatch):
                                       err_msg=f"{defines} weight offset {shift}")
 
 
-@pytest.mark.parametrize("skip", [False, True], ids=["padding-read", "padding-skipped"])
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K"])
-def test_mma8_launches_past_the_last_group_read_within_the_buffer(tmp_path, qtype, skip, monkeypatch):
+def test_mma8_launches_past_the_last_group_read_within_the_buffer(tmp_path, qtype, monkeypatch):
     """Prefill widths in the MMA8 layouts (17 and 23 columns: a CUDA block of 16 columns whose second n-tile lies
     past the last group of 8, which it then reads in place of one that does not exist) give the emulator's bits.
     (That the read stays inside the buffer, which holds exactly its whole groups, the shim cannot see:
@@ -272,7 +267,6 @@ def test_mma8_launches_past_the_last_group_read_within_the_buffer(tmp_path, qtyp
     monkeypatch.setattr(mmq_launch, "MMQ_XLAYOUT", 2)
     monkeypatch.setattr(mmq_launch, "MMA8_MIN_COLS", 1)
     monkeypatch.setattr(mmq_launch, "MMA8_Q6K", True)
-    monkeypatch.setattr(mmq_launch, "MMQ_X_SKIP", skip)  # HIRAISHIN_MMQ_X_SKIP: the padding's loads skipped
     k, n = 512, 19
     builder = ShimBuilder(tmp_path)
     (tmp_path / "hx_mma_shim.h").write_text(MMA_SHIM_H)
@@ -400,12 +394,12 @@ int main(int argc, char** argv) {
 }"""
 
 
-@pytest.mark.parametrize("xlayout", [1, 2, "2-skip"])
+@pytest.mark.parametrize("xlayout", [1, 2])
 @pytest.mark.parametrize("qtype,widths", [("Q4_K", (1, 3, 12, 16)), ("Q6_K", (2, 16))])
 def test_mmq_multi_source_equals_separate_emulators_on_cpu(tmp_path, qtype, widths, xlayout, monkeypatch):
     """Q, K and V (or gate and up) in one hx_mmq_multi launch: each weight's rows have the bits of its
     own launch (the emulator), for row counts the 16-row tile does not divide; in the MMA layouts and in their
-    columns-interleaved forms (2-skip: with the padding columns' loads skipped, HIRAISHIN_MMQ_X_SKIP=1)."""
+    columns-interleaved forms."""
     import dataclasses
     import importlib
     import sys
@@ -418,8 +412,6 @@ def test_mmq_multi_source_equals_separate_emulators_on_cpu(tmp_path, qtype, widt
 
     if GXX is None:
         pytest.skip("needs g++ (C++20)")
-    monkeypatch.setattr(importlib.import_module("hiraishin.kernels.mmq.launch"), "MMQ_X_SKIP", xlayout == "2-skip")
-    xlayout = 2 if xlayout == "2-skip" else xlayout
     monkeypatch.setattr(importlib.import_module("hiraishin.kernels.mmq.launch"), "MMQ_XLAYOUT", xlayout)
     monkeypatch.setattr(importlib.import_module("hiraishin.kernels.mmq.launch"), "MMA8_MIN_COLS", 1)  # every width
     monkeypatch.setattr(importlib.import_module("hiraishin.kernels.mmq.launch"), "MMA8_Q6K", True)  # both types

@@ -82,18 +82,15 @@ def test_no_register_spills(cp, qtype, k, n):
         assert attrs["local_size_bytes"] == 0, (qtype, k, wd, attrs)
 
 
-@pytest.mark.parametrize("xlayout", [1, 0, 2, "2-skip"])
+@pytest.mark.parametrize("xlayout", [1, 0, 2])
 @pytest.mark.parametrize("qtype,k,n", [("Q4_K", 5120, 333), ("Q6_K", 768, 45), ("Q6_K", 12288, 77), ("Q4_K", 4096, 50)])
 def test_launch_variants_change_no_bit(cp, qtype, k, n, xlayout, monkeypatch):
     """Warps per CUDA block, register caps, the activation prefetch and the shared-lane epilogue
     (HX_LIVE, widths 2..4) are launch facts, with the activations in the MMA layouts, in llama.cpp's or in the
-    columns-interleaved MMA8 layouts (HX_XLAYOUT 1, 0, 2; Q6_K too, as HIRAISHIN_MMQ_MMA8_Q6K=1 has it; 2-skip:
-    with the padding columns' loads skipped, HIRAISHIN_MMQ_X_SKIP=1)."""
+    columns-interleaved MMA8 layouts (HX_XLAYOUT 1, 0, 2; Q6_K too, as HIRAISHIN_MMQ_MMA8_Q6K=1 has it)."""
     import dataclasses
     import importlib
 
-    monkeypatch.setattr(importlib.import_module("hiraishin.kernels.mmq.launch"), "MMQ_X_SKIP", xlayout == "2-skip")
-    xlayout = 2 if xlayout == "2-skip" else xlayout
     monkeypatch.setattr(importlib.import_module("hiraishin.kernels.mmq.launch"), "MMQ_XLAYOUT", xlayout)
     monkeypatch.setattr(importlib.import_module("hiraishin.kernels.mmq.launch"), "MMA8_MIN_COLS", 1)  # every width
     monkeypatch.setattr(importlib.import_module("hiraishin.kernels.mmq.launch"), "MMA8_Q6K", True)
@@ -269,10 +266,6 @@ def test_passes_with_multi_launches_equal_passes_without(tiny_model_path, monkey
     _, interleaved_q6k = run()
     for w, a, b in zip((1, 3, 9), interleaved_q6k, grouped):
         assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), f"{w} tokens, MMA8 layouts for Q6_K too"
-    monkeypatch.setattr(mmq_launch, "MMQ_X_SKIP", True)  # and the padding columns' loads skipped
-    _, skipped = run()
-    for w, a, b in zip((1, 3, 9), skipped, grouped):
-        assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), f"{w} tokens, MMA8 padding loads skipped"
     from hiraishin.plans import SubBlockPlan
 
     assert any(isinstance(key[2], SubBlockPlan) and len(ns) > 1 for key, ns in m.ops._multis), "nothing was grouped"

@@ -28,7 +28,6 @@ __all__ = [
     "xlayout_setting",
     "mma8_qtypes",
     "ENV_MMQ_MMA8_Q6K",
-    "ENV_MMQ_X_SKIP",
     "MMQ_XLAYOUT",
     "ENV_MMQ_LIVE",
     "ENV_MMQ_MULTI",
@@ -179,12 +178,6 @@ ENV_MMQ_MMA8_Q6K = "HIRAISHIN_MMQ_MMA8_Q6K"
 MMA8_Q6K = _env_choice(ENV_MMQ_MMA8_Q6K, ("0", "1"), "1") == "1"
 
 
-# HX_X_SKIP (mmq.cu): under the MMA8 layouts a lane skips the activation loads of padding columns (zeros
-# instead; no bit changes). HIRAISHIN_MMQ_X_SKIP=1 turns it on (opt-in until timed). Read once, at import.
-ENV_MMQ_X_SKIP = "HIRAISHIN_MMQ_X_SKIP"
-MMQ_X_SKIP = _env_choice(ENV_MMQ_X_SKIP, ("0", "1"), "0") == "1"
-
-
 def mma8_qtypes() -> tuple:
     """The weight types whose kernels read the MMA8 layouts under HIRAISHIN_MMQ_XLAYOUT=2."""
     return ("Q4_K", "Q6_K") if MMA8_Q6K else ("Q4_K",)
@@ -193,15 +186,14 @@ def mma8_qtypes() -> tuple:
 def xlayout_setting() -> tuple:
     """The layout setting of the sub-block kernels, part of a prepared launch's cache key: (:data:`MMQ_XLAYOUT`:
     0 llama.cpp's q8_1 blocks, 1 the MMA layouts, 2 their columns-interleaved forms; :data:`MMA8_MIN_COLS`, the
-    fewest columns of a launch reading the latter; the weight types that read them, :func:`mma8_qtypes`; whether
-    their padding columns' loads are skipped, :data:`MMQ_X_SKIP`)."""
-    return MMQ_XLAYOUT, MMA8_MIN_COLS, mma8_qtypes(), MMQ_X_SKIP
+    fewest columns of a launch reading the latter; the weight types that read them, :func:`mma8_qtypes`)."""
+    return MMQ_XLAYOUT, MMA8_MIN_COLS, mma8_qtypes()
 
 
 def plan_xlayout(plan: SubBlockPlan) -> int:
     """HX_XLAYOUT of ``plan``'s kernel: :data:`MMQ_XLAYOUT`, but under 2 the MMA layouts (1) for a weight type
     not in :func:`mma8_qtypes` or a launch of fewer than :data:`MMA8_MIN_COLS` columns."""
-    x, min_cols, qtypes, _ = xlayout_setting()
+    x, min_cols, qtypes = xlayout_setting()
     return 1 if x == 2 and (plan.qtype not in qtypes or plan.ncols < min_cols) else x
 
 
@@ -270,7 +262,6 @@ def kernel_defines(plan: SubBlockPlan, max_regs: int | None | str = "default",
         "HX_PIPELINE_W": _switch(ENV_MMQ_PIPELINE_W) if plan.qtype == "Q4_K" and not stage else 0,
         "HX_STAGE_W": int(stage),
         "HX_XLAYOUT": plan_xlayout(plan),
-        "HX_X_SKIP": int(MMQ_X_SKIP and plan_xlayout(plan) == 2),
         "HX_CGROUPS": plan.interleave,
         "HX_WSPLIT": plan.warp_split,
     }

@@ -200,6 +200,8 @@ __device__ __forceinline__ hx_mma_ptrs hx_mma_pointers(const unsigned char* w, c
         // clamped to the last group; inside it the columns are not clamped, so C columns 2t and 2t + 1 are 32
         // bytes apart and one pointer serves both, and a column past ncols - 1 reads the group's padding,
         // never written back (fewer live pointers: ptxas keeps the two-n-tile Q6_K launch at 128 registers).
+        // Skipping the padding columns' loads (zeros instead; the same bits) was tried: 3-5% slower SUBBLOCK
+        // passes of 9-16 tokens on the H200 (bench/results/2026-12-04-h200-session14/b-xskip-bench-tests).
         const unsigned char* grp = hx_x_col(xq, 8 * min((col0 >> 3) + nt, (ncols - 1) >> 3), false);
         p.xb[nt] = hx_x_col(grp, g, true);           // column g of the group
         p.xc[nt][0] = hx_x_col(grp, 2 * t, false);   // columns 2t and 2t + 1

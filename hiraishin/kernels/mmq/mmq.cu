@@ -117,20 +117,6 @@
 // dynamic shared memory a launch gives the kernel (launch.py stage_bytes computes the same)
 #define HX_STAGE_BYTES (HX_STAGE_W ? HX_NWARPS * 2 * HX_STAGE_ROWS_BYTES : 0)
 
-// HX_X_SKIP (0/1; HX_XLAYOUT 2): a lane loads the activations of its B column and its C columns only where they
-// are real columns (< ncols); a padding column of the last group gets zeros instead of the padding's bytes. A
-// padding column's sums are never written back and no real column's value depends on another's (an MMA's C
-// column n is A times B column n), so no bit changes; the loads of a partly real group then touch only the real
-// columns' lines (at 9 columns the second group's loads were 8 columns' lines for one real column).
-#ifndef HX_X_SKIP
-#define HX_X_SKIP 0
-#endif
-#if HX_X_SKIP && HX_XLAYOUT == 2
-#define HX_X_REAL(c) ((c) < ncols)
-#else
-#define HX_X_REAL(c) true
-#endif
-
 // mma.sync helpers and the weight-row loads: mma_rows.cu (compiled before this file; HX_XLAYOUT there).
 
 // Byte offsets, in a column's activations, of block jj (0..7) of super-block i: its ds word, and its
@@ -154,12 +140,6 @@ __device__ __forceinline__ unsigned int hx_u4_at(const uint4& v, const int i) {
 __device__ __forceinline__ uint4 hx_u4_zero() {
     uint4 v;
     v.x = v.y = v.z = v.w = 0u;
-    return v;
-}
-
-__device__ __forceinline__ int4 hx_i4_zero() {
-    int4 v;
-    v.x = v.y = v.z = v.w = 0;
     return v;
 }
 
@@ -192,8 +172,7 @@ __device__ __forceinline__ void hx_mmq_tile(const unsigned char* __restrict__ w,
     const int warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
     const int wcg = warp % HX_WSPLIT, wseg = warp / HX_WSPLIT;  // the warp's column group, first segment
-    const int xcol = col0 + HX_COLS * wcg;  // the warp's first column
-    const hx_mma_ptrs ptr = hx_mma_pointers(w, xq, nrows, ncols, row0, xcol, g, t);
+    const hx_mma_ptrs ptr = hx_mma_pointers(w, xq, nrows, ncols, row0, col0 + HX_COLS * wcg, g, t);
     const unsigned char* wA = ptr.wA;
     const unsigned char* wB = ptr.wB;
 #if HX_LIVE
@@ -350,15 +329,10 @@ __device__ __forceinline__ void hx_mmq_tile(const unsigned char* __restrict__ w,
 #if HX_PREFETCH_X
                     const int b0 = bxp[jj][0], b1 = bxp[jj][1];
 #elif HX_XLAYOUT
-                    if ((jj & 1) == 0) {
-                        xv[nt] = HX_X_REAL(xcol + 8 * nt + g) ? *(const int4*)(ptr.xb[nt] + HX_X_INT(i, jj, t, 0))
-                                                              : hx_i4_zero();
-                    }
+                    if ((jj & 1) == 0) xv[nt] = *(const int4*)(ptr.xb[nt] + HX_X_INT(i, jj, t, 0));
                     if ((jj & 3) == 0) {
-                        dv[nt][0] = HX_X_REAL(xcol + 8 * nt + 2 * t) ? *(const uint4*)(ptr.xc[nt][0] + HX_X_DS(i, jj))
-                                                                     : hx_u4_zero();
-                        dv[nt][1] = HX_ONECOL || !HX_X_REAL(xcol + 8 * nt + 2 * t + 1)
-                                        ? hx_u4_zero() : *(const uint4*)(ptr.xc[nt][1] + HX_X_DS(i, jj));
+                        dv[nt][0] = *(const uint4*)(ptr.xc[nt][0] + HX_X_DS(i, jj));
+                        dv[nt][1] = HX_ONECOL ? hx_u4_zero() : *(const uint4*)(ptr.xc[nt][1] + HX_X_DS(i, jj));
                     }
                     const int b0 = (jj & 1) ? xv[nt].z : xv[nt].x;
                     const int b1 = (jj & 1) ? xv[nt].w : xv[nt].y;
