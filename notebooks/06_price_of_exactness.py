@@ -377,9 +377,40 @@ else:
 # An elementwise launch in the norm's place costs nearly all that the norm did: the reduction is not the
 # price, the step is. And a step is cheapest as a launch with programmatic dependent launch (under a µs for
 # a few hundred CUDA blocks); a grid barrier in a persistent kernel, one counter every block arrives at,
-# costs more and grows with the blocks. So the way to a cheaper draft is fewer steps per layer (work
-# merged into a neighbour without lengthening its critical path), not a persistent kernel with a simple
-# barrier in place of the launches.
+# costs more and grows with the blocks.
+#
+# Two ways around a launch were timed next. A norm or an attention combine is a *one-block* step after a
+# wide one, so the wide kernel's last block to finish could do it: every block writes its value, makes it
+# visible (`__threadfence`) and counts itself in with an atomic; the one that arrives last sums what all
+# wrote. No block waits for another, so it is not a barrier. And a two-level barrier: blocks arrive in
+# groups of 16, the groups' last arrivals at one root counter, a flag every block spins on.
+
+# %%
+TAIL_KINDS = ("wide + one-block step, two PDL launches", "wide step, last block does the one-block step")
+tail_path, TAIL = newest_rows("barrier-last-block.json", set(TAIL_KINDS))
+if TAIL:
+    print("read:", rel(tail_path))
+    pair = {(r["kind"], r["blocks"]): 1e6 * r["seconds_per_pair"] for r in TAIL if "seconds_per_pair" in r}
+    tree = {r["blocks"]: 1e6 * r["seconds_per_step"] for r in TAIL if r["kind"].startswith("persistent, tree")}
+    one = {r["blocks"]: 1e6 * r["seconds_per_step"] for r in (STEPS or []) if r["kind"] == "persistent, grid barrier"}
+    print(f"{'blocks':>6} {'two PDL launches':>17} {'last block':>11} {'tree barrier':>13} {'one-counter barrier':>20}")
+    for b in sorted({b for _, b in pair}):
+        near = min(one, key=lambda c: abs(c - b)) if one else None  # the one-counter runs' nearest block count
+        other = f"{one[near]:>17.2f} µs" + (f" ({near} blocks)" if near != b else "") if one else ""
+        print(f"{b:>6} {pair[TAIL_KINDS[0], b]:>14.2f} µs {pair[TAIL_KINDS[1], b]:>8.2f} µs "
+              f"{tree.get(b, float('nan')):>10.2f} µs {other}")
+    print("(a pair: the wide step and the one-block step; the barriers: one step)")
+else:
+    print("No barrier-last-block.json is committed under bench/results/ yet.")
+
+# %% [markdown]
+# The last block costs *more* than a second launch: each block's fence and atomic, then one block's
+# serial tail, take longer than a PDL launch boundary, whose next kernel is already resident and waiting.
+# The tree barrier pays off only against the one-counter barrier at a thousand blocks, and stays above a
+# launch. So the way to a cheaper draft is fewer steps per layer (work merged into a neighbour's kernel
+# without lengthening its critical path, as the attention kernel now does with the q8_1 quantization of
+# its output when it runs as one parallel block), not a persistent kernel or a last-block tail in place
+# of the launches.
 #
 # ## What is left of the speed-up
 #
@@ -455,6 +486,11 @@ if STEPS:  # "a step is cheapest as a PDL launch; a one-counter barrier costs mo
     blocks = sorted({b for _, b in per})
     assert all(per["launch chain, PDL", b] < per["persistent, grid barrier", b] for b in blocks)
     assert per["persistent, grid barrier", blocks[-1]] > per["persistent, grid barrier", blocks[0]]
+if TAIL:  # "the last block costs more than a second launch; the tree barrier stays above a launch"
+    assert all(pair[TAIL_KINDS[1], b] > pair[TAIL_KINDS[0], b] for _, b in pair)
+    if STEPS:
+        pdl = {r["blocks"]: 1e6 * r["seconds_per_step"] for r in STEPS if r["kind"] == "launch chain, PDL"}
+        assert all(tree[b] > pdl[b] for b in tree if b in pdl)
 if MATVEC:  # the prose on the committed per-order mat-vecs: exact orders keep a column's bits, the variant does not
     for shape, per_order in MATVEC.items():
         assert all(same for _, same in per_order["subblock"].values()), shape
