@@ -22,8 +22,8 @@ __all__ = ["launch", "launch_partials", "launch_combine", "measure_occupancy", "
            "kernel_report"]
 
 SOURCE_VEC = "attention/fattn_vec.cu"
-_NULL = np.uint64(0)  # a null device pointer argument
 SOURCE_TILE = "attention/fattn_tile.cu"
+_NULL = np.uint64(0)  # a null device pointer argument
 
 
 # fattn_vec_shared's build per queries per block: (cells of a step each thread's loop unrolls,

@@ -33,8 +33,10 @@ SOURCE = ("rmsnorm/rmsnorm.cu", "quantize/quantize_q8_1.cu", "fused/fused.cu")
 # with HX_COMBINE_Q8_1) after quantize_q8_1.cu, whose hx_q8_1_store it calls.
 SOURCE_COMBINE = ("quantize/quantize_q8_1.cu", "attention/fattn_vec.cu")
 # The one-block (P == 1) vector attention with the q8_1 store of its normalised rows: fattn_vec.cu
-# compiled with HX_ATTN_Q8_1 after quantize_q8_1.cu, like the combine. On by default;
-# HIRAISHIN_ATTN_Q8_1=0 keeps the attention's float rows and a quantize launch of its own (the A/B).
+# compiled with HX_ATTN_Q8_1 after quantize_q8_1.cu, like the combine. On by default; HIRAISHIN_ATTN_Q8_1=0 keeps
+# the attention's float rows and a quantize launch of its own (the A/B). H200, FIXED_SPLIT graph replays, same
+# digests (bench/results/2026-12-04-h200-session14/a-attn-q8-q6k-tests), 0 -> 1: the 0.6B 0.712 -> 0.691 /
+# 0.883 -> 0.874 / 0.914 -> 0.906 ms at 1 / 2 / 3 tokens; the 8B within 0.3% (that launch was off its critical path).
 ATTN_Q8_1_PRELUDE = ("quantize/quantize_q8_1.cu",)
 ENV_ATTN_Q8_1 = "HIRAISHIN_ATTN_Q8_1"
 ATTN_Q8_1 = os.environ.get(ENV_ATTN_Q8_1, "1").strip() != "0"
