@@ -166,7 +166,7 @@ def test_results_depend_only_on_nwarps():
 
 
 def test_variant_plans_follow_the_generic_table():
-    for ncols, nwarps, rows in [(1, 4, 1), (2, 4, 2), (4, 4, 2), (5, 2, 2), (8, 2, 2)]:
+    for ncols, nwarps, rows in [(1, 4, 2), (2, 4, 2), (4, 4, 2), (5, 2, 2), (8, 2, 2)]:
         p = matvec_plan(VARIANT, ncols, "Q4_K")
         assert (p.kernel, p.nwarps, p.rows_per_block, p.cols_per_launch) == ("mmvq", nwarps, rows, ncols)
     p = matvec_plan(VARIANT, 9, "Q6_K")  # past 8 columns: llama.cpp's MMQ order (tests/test_mmq_stock.py)
@@ -183,12 +183,16 @@ def test_invariant_plans_split_wide_batches():
     assert matvec_plan(INVARIANT, 17, "Q8_0").launches() == [(0, 6), (6, 6), (12, 5)]
     assert matvec_plan(INVARIANT, 1, "Q6_K").rows_per_block == 1
     assert matvec_plan(INVARIANT, 1, "Q4_K").rows_per_block == 2  # faster on the H200, same bits
-    assert matvec_plan(VARIANT, 1, "Q4_K").rows_per_block == 1  # llama.cpp's choice
+    # one column is one launch under every policy: the variant takes the same (bit-neutral) rows per
+    # block, not llama.cpp's 1
+    for q, k in (("Q4_K", None), ("Q4_K", 1024), ("Q4_K", 2048), ("Q4_K", 4096), ("Q4_K", 12288),
+                 ("Q6_K", None), ("Q6_K", 1024), ("Q6_K", 4096), ("Q6_K", 12288), ("Q8_0", 4096)):
+        assert matvec_plan(VARIANT, 1, q, k=k) == matvec_plan(INVARIANT, 1, q, k=k), (q, k)
     # short rows (the row length given): llama.cpp's small_k puts nwarps rows in a block (Q4_K K=1024:
-    # 4 super-blocks < 8 per kbx step), under every policy; the exact policies also for one block per
-    # thread (Q6_K K=1024: 4 super-blocks, 4 per step), which llama.cpp leaves at one row
+    # 4 super-blocks < 8 per kbx step); one block per thread (Q6_K K=1024: 4 super-blocks, 4 per step),
+    # which llama.cpp leaves at one row, gets SHORT_ROW_ROWS
     assert matvec_plan(VARIANT, 1, "Q4_K", k=1024).rows_per_block == 4
-    assert matvec_plan(VARIANT, 1, "Q6_K", k=1024).rows_per_block == 1
+    assert matvec_plan(VARIANT, 1, "Q6_K", k=1024).rows_per_block == SHORT_ROW_ROWS
     assert matvec_plan(VARIANT, 2, "Q4_K", k=1024).rows_per_block == 2  # small_k is one column only
     assert matvec_plan(INVARIANT, 1, "Q4_K", k=1024).rows_per_block == 4
     assert matvec_plan(INVARIANT, 1, "Q6_K", k=1024).rows_per_block == SHORT_ROW_ROWS

@@ -16,8 +16,9 @@ batch, and why giving every column the one-column geometry fixes it.
 
 :func:`matvec_plan` (order, ncols, qtype, device) -> :class:`MatVecPlan`:
 
-* ``variant`` (stock llama.cpp): nwarps from the device's table keyed by the column count, 1 row
-  per CUDA block for one column else 2; past ``MMVQ_MAX_BATCH_SIZE`` = 8 columns llama.cpp's MMQ
+* ``variant`` (stock llama.cpp): nwarps from the device's table keyed by the column count, 2 rows
+  per CUDA block for several columns (llama.cpp's) and the invariant policy's rows for one (no bit
+  changes: llama.cpp's 1 row was slower); past ``MMVQ_MAX_BATCH_SIZE`` = 8 columns llama.cpp's MMQ
   order (:class:`~hiraishin.plans.mmq_stock.MMQStockPlan`, int8 tensor cores) for Q4_K/Q6_K and
   the tiled kernel for Q8_0.
 * ``invariant``: every column gets the one-column nwarps; any batch stays on the mat-vec
@@ -329,7 +330,7 @@ def _small_k(qtype: str, nwarps: int, k: int | None) -> bool:
     return k is not None and nwarps > 1 and k // MATVEC_TRAITS[qtype].qk < _blocks_per_step(qtype, nwarps)
 
 
-# Short rows under the exact policies: where every thread sums at most ONE weight block of a row
+# Short rows (one column, every policy): where every thread sums at most ONE weight block of a row
 # (blocks per row <= blocks per kbx step, e.g. Qwen3-0.6B's K = 1024 Q6_K output, 4 super-blocks
 # for 4 warps), a CUDA block of one row is all set-up and hand-over; this many rows per block
 # share them (threads issue that many independent row loads). Rows per block change no bits.
@@ -339,7 +340,7 @@ SHORT_ROW_ROWS = 4
 
 
 def _one_col_rows(qtype: str, nwarps: int, k: int | None) -> int:
-    """Rows per CUDA block of a one-column launch under the invariant and sub-block policies."""
+    """Rows per CUDA block of a one-column launch (every policy but ``custom`` with its own rows)."""
     if _small_k(qtype, nwarps, k):
         return nwarps
     if k is not None and k // MATVEC_TRAITS[qtype].qk <= _blocks_per_step(qtype, nwarps):
@@ -347,8 +348,8 @@ def _one_col_rows(qtype: str, nwarps: int, k: int | None) -> int:
     return INVARIANT_ONE_COL_ROWS.get(qtype, 1)
 
 
-# Rows per CUDA block for ONE column under the invariant policy, where it differs from
-# llama.cpp's 1 (rows per block change no output bits). Measured on an H200
+# Rows per CUDA block for ONE column under every policy, where it differs from llama.cpp's 1 (rows
+# per block change no output bits). Measured on an H200
 # (bench/NOTES_mmvq.md, sweep 2026-11-29): Q4_K 4096->12288 17.3 -> 15.2-15.8 us,
 # 4096->4096 8.8 -> 8.0-8.5 us; Q6_K is fastest with 1 row.
 INVARIANT_ONE_COL_ROWS = {"Q4_K": 2}
@@ -383,7 +384,11 @@ def matvec_plan(order, ncols: int, qtype: str, device=None, k: int | None = None
             return MatVecPlan(kernel="tiled", qtype=qtype, nwarps=TILE_THREADS // 32,
                               rows_per_block=TILE_ROWS, cols_per_launch=ncols, ncols=ncols)
         nwarps = _nwarps_from_table(profile, qtype, ncols)
-        rows = nwarps if ncols == 1 and _small_k(qtype, nwarps, k) else _default_rows_per_block(ncols)
+        # One column: the exact policies' rows per CUDA block (llama.cpp's are 1, or nwarps for
+        # small_k). Rows per block change no bit, and the variant's one-column nwarps are theirs, so
+        # the one-token pass is the same launch under every order and the price of exactness measures
+        # float order alone (H200, session 15: variant decode was 0.5 ms slower with llama.cpp's rows).
+        rows = _one_col_rows(qtype, nwarps, k) if ncols == 1 else _default_rows_per_block(ncols)
         return MatVecPlan(kernel="mmvq", qtype=qtype, nwarps=nwarps, rows_per_block=rows, cols_per_launch=ncols,
                           ncols=ncols)
     if policy in ("invariant", "subblock"):
