@@ -142,8 +142,10 @@ for i, row in enumerate(runs["old"][0]):
     old = [rs[i]["replay_ms"] for rs in runs["old"]]
     new = [rs[i]["replay_ms"] for rs in runs["new"]]
     digests = {rs[i]["logits_sha256"] for v in runs for rs in runs[v]}
+    finite = all(rs[i].get("logits_finite", True) for v in runs for rs in runs[v])
+    bits = ("same bits" if len(digests) == 1 else "BITS DIFFER") + ("" if finite else ", NON-FINITE LOGITS")
     print(f"{row['model']} {row['order']} width {row['width']}: old {' '.join(f'{t:.3f}' for t in old)} -> new "
-          f"{' '.join(f'{t:.3f}' for t in new)} ms ({'same bits' if len(digests) == 1 else 'BITS DIFFER'})")
+          f"{' '.join(f'{t:.3f}' for t in new)} ms ({bits})")
 PY
 fi
 

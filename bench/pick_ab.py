@@ -4,7 +4,7 @@
 
 Reads ``OUT/replay-VAR-<value>.json`` of both values and prints CANDIDATE when its replays of ``--model`` at
 ``--widths`` took at least ``--gain`` less time in total than BASE's with the same logits digests at every
-width (a change that must keep every bit), else BASE; the comparison goes to stderr. A rule fixed before the
+width (a change that must keep every bit; logits that are not all finite compare nothing), else BASE; the comparison goes to stderr. A rule fixed before the
 run, so that one call can measure a change and then benchmark whichever setting won.
 
 ``--threshold``: VAR is the fewest columns a change applies to (BASE: where it applies now, CANDIDATE: lower,
@@ -29,6 +29,8 @@ def pick(rows_base: list, rows_cand: list, model: str, widths: set, gain: float)
         return False, f"rows differ or none match ({sorted(a)} vs {sorted(b)})"
     if any(a[k]["logits_sha256"] != b[k]["logits_sha256"] for k in a):
         return False, "logits digests differ"
+    if not all(r.get("logits_finite", True) for r in (*a.values(), *b.values())):
+        return False, "non-finite logits: equal digests compare nothing"
     ta, tb = sum(r["replay_ms"] for r in a.values()), sum(r["replay_ms"] for r in b.values())
     return tb <= ta * (1 - gain), f"{ta:.3f} -> {tb:.3f} ms over {len(a)} replays"
 

@@ -58,3 +58,11 @@ def test_threshold_is_the_smallest_width_from_which_every_width_wins(tmp_path, c
     (tmp_path / "replay-MIN-2.json").write_text(json.dumps({"rows": _rows(cand)}))
     pick_ab.main([str(tmp_path), "MIN", "9", "2", "--threshold", "--widths", "2,4,6,8"])
     assert capsys.readouterr().out.strip() == "6"
+
+
+def test_non_finite_logits_never_win():
+    faster = {**BASE, ("qwen3-8b.gguf", 9): 3.0}
+    nan_rows = [dict(r, logits_finite=False) for r in _rows(faster)]
+    wins, why = pick_ab.pick(_rows(BASE), nan_rows, "8b", {9, 16}, 0.01)
+    assert not wins and "non-finite" in why
+    assert pick_ab.pick(_rows(BASE), [dict(r, logits_finite=True) for r in _rows(faster)], "8b", {9, 16}, 0.01)[0]

@@ -167,3 +167,18 @@ def test_bad_arguments(tmp_path):
         SynthShape("odd", n_embd=256, n_layer=1, n_head=2, n_head_kv=1, n_ff=300, vocab="micro", tied=True,
                    fill="gaussian")
     assert not list(tmp_path.iterdir())  # nothing half-written left behind
+
+
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q8_0"])
+def test_random_blocks_decode_to_centred_weights(qtype):
+    # The timing shapes' random blocks: finite weights of mean ~0. Q4_K's used to lean +0.04 (dmin in
+    # d's range), which made their activations overflow the fp16 sums of q8_1 and their MMA passes NaN.
+    from hiraishin.model.synth import _random_blocks
+    from hiraishin.quant import BLOCK_BYTES
+
+    qk = 32 if qtype == "Q8_0" else 256
+    raw = _random_blocks(np.random.default_rng(3), 256, 1024 // qk * BLOCK_BYTES[qtype], qtype)
+    w = dequantize(raw, qtype).astype(np.float64)
+    assert np.isfinite(w).all()
+    assert 1e-3 < w.std() < 0.2
+    assert abs(w.mean()) < 0.05 * w.std(), (w.mean(), w.std())

@@ -52,9 +52,14 @@ MATRIX_STD = 0.03
 MICRO_MATRIX_STD = 0.08
 NORM_NOISE_STD = 0.05
 # Random blocks (qwen3-0.6b, qwen3-8b): uniform ranges for the fp16 scale fields, so that the
-# decoded weights are finite and of order 1e-2. (Q6_K: d * int8 scale * (q - 32).)
+# decoded weights are finite, of order 1e-2 and of mean about 0. (Q6_K: d * int8 scale * (q - 32).)
+# Q4_K decodes d * sc * q - dmin * m with random 6-bit sc, m (mean 31.5) and 4-bit q (mean 7.5): dmin
+# at 7.5 x d centres it. With dmin in d's range (synth format 1) every weight leaned +0.04, the
+# activations grew through the layers (swiglu outputs ~4,000 on the 0.6B) until the fp16 block sums
+# of llama.cpp's q8_1 overflowed, and every pass through the int8 MMA kernels (SUBBLOCK, BATCH_VARIANT
+# past 8 columns) gave NaN logits: timing was unaffected, but their logits digests compared nothing.
 RANDOM_SCALE_RANGE = {
-    "Q4_K": {"d": (1e-4, 3e-4), "dmin": (1e-4, 3e-4)},
+    "Q4_K": {"d": (1e-4, 3e-4), "dmin": (7.5e-4, 2.25e-3)},
     "Q6_K": {"d": (6.2e-5, 1.2e-4)},
     "Q8_0": {"d": (2e-4, 6e-4)},
 }
@@ -188,7 +193,7 @@ def write_synthetic(path: str | os.PathLike[str], shape: str | SynthShape = "tin
 
     The same (shape, seed) always gives the same bytes. Tensors are streamed to disk piece by
     piece; the file appears under its name only once complete. ``qwen3-0.6b`` / ``qwen3-8b``
-    files are for timing only (random blocks: degenerate output).
+    files are for timing only (random blocks: finite, meaningless output).
     """
     spec = _resolve_shape(shape)
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
@@ -321,7 +326,7 @@ CACHE_ENV = "HIRAISHIN_CACHE"
 # The sidecar beside each cached file: its size and sha256 as written, and the generator version.
 SIDECAR_SUFFIX = ".sha256.json"
 # Bump when write_synthetic's bytes for a (shape, seed) change: older cache entries are rewritten.
-SYNTH_FORMAT = 1
+SYNTH_FORMAT = 2
 # Files up to this size are hashed on every use (sha256 runs at ~1 GB/s: 64 MiB costs well under
 # 0.1 s); larger ones only have their size checked unless ``verify="sha256"``.
 HASH_ON_USE_BYTES = 64 << 20
