@@ -48,7 +48,13 @@ SPIN_S = 0.003  # > the host's enqueue time of REPS launches (two kernels each)
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", help="directory for bench_verify_attention.json and .md")
+    parser.add_argument("--kv", default=",".join(map(str, KV_LENGTHS)),
+                        help="KV lengths, comma-separated (default %(default)s)")
+    parser.add_argument("--orders", default="invariant,fixed_split", help="invariant and/or fixed_split")
     args = parser.parse_args(argv)
+    kv_lengths = tuple(int(x) for x in args.kv.split(",") if x.strip())
+    if not kv_lengths or min(kv_lengths) < 16:
+        parser.error(f"--kv needs lengths of at least 16 cells (the widest pass), got {args.kv!r}")
 
     import cupy as cp
 
@@ -62,13 +68,17 @@ def main(argv=None) -> int:
     profile = current_profile(HEAD_DIM)
     spin, cycles = spin_kernel(cp), spin_cycles(cp, SPIN_S)
 
-    q_host, k_host, v_host, k0, v0 = attention_inputs(max(KV_LENGTHS))
+    orders = {"invariant": ReductionOrder.BATCH_INVARIANT, "fixed_split": ReductionOrder.FIXED_SPLIT}
+    chosen = [o.strip() for o in args.orders.split(",") if o.strip()]
+    if not chosen or any(o not in orders for o in chosen):
+        parser.error(f"--orders: pick from {sorted(orders)}, got {args.orders!r}")
+    q_host, k_host, v_host, k0, v0 = attention_inputs(max(kv_lengths))
     k, v, q_all = cp.asarray(k_host), cp.asarray(v_host), cp.asarray(q_host)
     group = N_HEAD // N_HEAD_KV
 
     rows = []
-    for order in (ReductionOrder.BATCH_INVARIANT, ReductionOrder.FIXED_SPLIT):
-        for kv_len in KV_LENGTHS:
+    for order in (orders[o] for o in chosen):
+        for kv_len in kv_lengths:
             for n in WIDTHS:
                 q = q_all[:n]
                 q_pos_host = np.arange(kv_len - n, kv_len, dtype=np.int32)

@@ -12,7 +12,8 @@ from hiraishin.order import ReductionOrder
 from hiraishin.plans import AttentionPlan, attention_plan, parallel_blocks_for
 from hiraishin.devices import get_profile
 from hiraishin.plans.attention import (KERNEL_Q1, KERNEL_QN, KERNEL_SHARED, KERNEL_TILE, SHARED_BLOCK_COST,
-                                       SHARED_QUERIES, shared_occupancy_key, shared_queries_for)
+                                       SHARED_MIN_KV, SHARED_QUERIES, shared_occupancy_key,
+                                       shared_queries_for)
 
 H200_LIKE = DeviceProfile(name="h200-like", compute_capability=900, sm_count=132,
                           occupancy={KERNEL_Q1: 3, KERNEL_QN: 2, KERNEL_TILE: 2})
@@ -46,7 +47,7 @@ def test_invariant_plan_ignores_the_query_count(kv_len):
     for n, plan in plans.items():
         # the order's geometry is the one-query plan's; only how queries share loads changes
         assert [getattr(plan, f) for f in geometry] == [getattr(first, f) for f in geometry]
-        nq = shared_queries_for(n, 32, 8, first.parallel_blocks, H200_LIKE)
+        nq = shared_queries_for(n, 32, 8, first.parallel_blocks, H200_LIKE) if kv_len >= SHARED_MIN_KV else 0
         assert plan.kernel_name == (KERNEL_SHARED if nq else KERNEL_Q1)
         assert plan.queries_per_block == (nq or 1) and plan.shared_kv == bool(nq)
 
@@ -206,3 +207,12 @@ def test_current_device_needs_cupy():
             get_backend("cuda", "current")
     else:
         pytest.skip("CuPy present: covered by tests/test_fattn_gpu.py")
+
+
+def test_short_caches_keep_the_one_query_kernel():
+    # a few L2-resident cells: sharing K/V loads saves nothing and the shared kernel was slower (H200)
+    for order in (ReductionOrder.BATCH_INVARIANT, ReductionOrder.SUBBLOCK, ReductionOrder.custom(parallel_blocks=3)):
+        for n in range(1, 17):
+            short = attention_plan(order, n, SHARED_MIN_KV - 1, 32, 8, device=H200_LIKE)
+            assert short.kernel_name == KERNEL_Q1 and not short.shared_kv
+        assert attention_plan(order, 16, SHARED_MIN_KV, 32, 8, device=H200_LIKE).shared_kv

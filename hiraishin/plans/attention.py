@@ -42,6 +42,7 @@ __all__ = [
     "shared_occupancy_key",
     "SHARED_BLOCKS_PER_SM",
     "SHARED_BLOCK_COST",
+    "SHARED_MIN_KV",
     "CHUNK_CELLS",
     "HEAD_DIMS",
     "QN_QUERIES",
@@ -68,6 +69,13 @@ SHARED_BLOCKS_PER_SM = {128: {2: 4, 4: 3, 8: 2}, 64: {2: 5, 4: 4, 8: 3}}
 # A block's time relative to fattn_vec_q1's, by queries per block (1 = fattn_vec_q1), over the same
 # cells: H200, Qwen3-8B heads, 32768 cells, one wave (bench/results/2026-12-01-h200-verify-attention).
 SHARED_BLOCK_COST = {1: 1.0, 2: 1.23, 4: 1.49, 8: 2.01}
+# Below this many filled cells the exact policies keep fattn_vec_q1 whatever the estimate says: the
+# block costs above are the K/V loads' (32768 cells), and sharing loads pays nothing where the cache
+# is a few L2-resident cells. H200, the synthetic 8B's SUBBLOCK pass of 16 tokens at 48 cells (Nsight
+# Compute, bench/results/2026-12-04-h200-session15): fattn_vec_shared (2 queries/block) 19.1 us a
+# layer against fattn_vec_q1's 7.1 us for 8 tokens; at 512 cells the shared builds were 0-11% faster
+# (bench/results/2026-12-01-h200-verify-attention).
+SHARED_MIN_KV = 512
 # The multi-query tile kernel (fattn_tile.cu gets these as #defines): queries per block, and cells
 # per shared-memory tile (its KV granularity).
 TILE_QUERIES = 8
@@ -306,8 +314,12 @@ def shared_queries_for(n_queries: int, n_head: int, n_head_kv: int, parallel_blo
     return best
 
 
-def _exact_vec(n_queries: int, n_head: int, n_head_kv: int, parallel_blocks: int, profile, head_dim: int) -> dict:
-    """The exact policies' kernel fields: fattn_vec_shared or fattn_vec_q1, whichever is estimated faster."""
+def _exact_vec(n_queries: int, n_head: int, n_head_kv: int, parallel_blocks: int, profile, head_dim: int,
+               kv_len: int) -> dict:
+    """The exact policies' kernel fields: fattn_vec_shared or fattn_vec_q1, whichever is estimated faster
+    (fattn_vec_q1 below :data:`SHARED_MIN_KV` filled cells)."""
+    if kv_len < SHARED_MIN_KV:
+        return dict(queries_per_block=1)
     nq = shared_queries_for(n_queries, n_head, n_head_kv, parallel_blocks, profile, head_dim)
     return dict(queries_per_block=nq, shared_kv=True) if nq else dict(queries_per_block=1)
 
@@ -370,7 +382,7 @@ def attention_plan(order, n_queries: int, kv_len: int, n_head: int, n_head_kv: i
             if policy == "invariant":
                 # several queries share the K/V loads; P and every query's order stay the one-query plan's
                 return AttentionPlan("vec", parallel_blocks=pb, chunk_cells=CHUNK_CELLS, kv_attended=kv_attended,
-                                     **_exact_vec(n_queries, n_head, n_head_kv, pb, profile, head_dim), **common)
+                                     **_exact_vec(n_queries, n_head, n_head_kv, pb, profile, head_dim, kv_len), **common)
             return AttentionPlan("vec", 1, pb, CHUNK_CELLS, kv_attended, None, **common)
         tile_cells = TILE_CELLS
         ntiles_kv = kv_attended // tile_cells
@@ -398,7 +410,7 @@ def attention_plan(order, n_queries: int, kv_len: int, n_head: int, n_head_kv: i
         kv_attended = _round_up(kv_len, KV_PAD)
         return AttentionPlan("vec", parallel_blocks=order.parallel_blocks, chunk_cells=CHUNK_CELLS,
                              kv_attended=kv_attended,
-                             **_exact_vec(n_queries, n_head, n_head_kv, order.parallel_blocks, profile, head_dim),
+                             **_exact_vec(n_queries, n_head, n_head_kv, order.parallel_blocks, profile, head_dim, kv_len),
                              **common)
 
     raise PlanError(f"order {order.name!r}: unknown attention policy {policy!r}")
