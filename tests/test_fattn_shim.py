@@ -65,13 +65,14 @@ def shim(tmp_path_factory):
     return ShimBuilder(tmp_path_factory.mktemp("fattn-shim"))
 
 
-def launch(shim, tmp_path, shared_q, qreg, q, k, v, q_pos, plan, shared, from_positions):
+def launch(shim, tmp_path, shared_q, qreg, q, k, v, q_pos, plan, shared, from_positions, skip=1):
     """One launch of fattn_vec_q1 (shared=False) or fattn_vec_shared (scaled queries in registers if
-    ``qreg``, else in shared memory), the combine after it when P > 1."""
+    ``qreg``, else in shared memory), the combine after it when P > 1. ``skip`` 0: the kernel also walks
+    the steps past the filled cells (FV_SKIP_PAST_FILLED)."""
     T, H, D = q.shape
     P = plan.parallel_blocks
-    exe = shim.build(SOURCE, {"HX_D": D, "FV_SHARED_Q": shared_q, "FV_SHARED_QREG": qreg}, MAIN,
-                     f"fattn_d{D}_q{shared_q}_r{qreg}")
+    exe = shim.build(SOURCE, {"HX_D": D, "FV_SHARED_Q": shared_q, "FV_SHARED_QREG": qreg, "FV_SKIP_PAST_FILLED": skip},
+                     MAIN, f"fattn_d{D}_q{shared_q}_r{qreg}_s{skip}")
     paths = {}
     for name, a in (("q", q), ("k", k.view(np.uint16)), ("v", v.view(np.uint16)), ("pos", q_pos.astype(np.int32))):
         paths[name] = tmp_path / f"{name}.bin"
@@ -129,6 +130,31 @@ def test_shared_kernel_equals_one_query_kernel_and_emulator(shim, tmp_path, case
         for got, want, what in ((shared[1], one[1], "partials vs one-query"), (shared[2], one[2], "meta vs one-query"),
                                 (shared[1], parts, "partials vs emulator"), (shared[2], meta, "meta vs emulator")):
             assert np.array_equal(bits(got), bits(want)), what
+
+
+# (kv_len, kv_attended, chunk cells, P, T): the padded range far past the filled cells, blocks with no
+# filled cell, a fixed 256-cell split whose second step is empty
+SKIP_CASES = [(1, 256, 128, 2, 1), (40, 1024, 128, 8, 3), (129, 512, 128, 4, 16), (200, 512, 256, 2, 5),
+              (300, 1024, 256, 4, 9), (255, 256, 128, 1, 2)]
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["q1", "shared"])
+@pytest.mark.parametrize("case", SKIP_CASES, ids=lambda c: f"kv{c[0]}-att{c[1]}-chunk{c[2]}-P{c[3]}-T{c[4]}")
+def test_skipping_steps_past_the_filled_cells_changes_no_bit(shim, tmp_path, case, shared):
+    """The kernels skip 128-cell steps that lie wholly past the filled cache (FV_SKIP_PAST_FILLED): the
+    same bits as walking their masked cells, for the outputs, partials and block maxima and sums."""
+    kv_len, kv_att, chunk, P, T = case
+    H, Hkv, D = 8, 2, 64
+    plan = AttentionPlan("vec", 4 if shared else 1, P, chunk_cells=chunk, kv_attended=kv_att, shared_kv=shared,
+                         kv_len=kv_len, n_head=H, n_head_kv=Hkv, n_queries=T, head_dim=D,
+                         split_cells=chunk if chunk > 128 else None)
+    q, k, v = make_inputs(seed=kv_len + 7 * T, n_ctx=kv_len, n_head=H, n_head_kv=Hkv, head_dim=D, n_q=T)
+    q_pos = np.arange(kv_len - T, kv_len, dtype=np.int32) if kv_len >= T else np.zeros(T, np.int32)
+    walked = launch(shim, tmp_path, 4, 0, q, k, v, q_pos, plan, shared, False, skip=0)
+    skipped = launch(shim, tmp_path, 4, 0, q, k, v, q_pos, plan, shared, False, skip=1)
+    for got, want, what in zip(skipped, walked, ("output", "partials", "meta")):
+        assert np.array_equal(bits(got), bits(want)), what
+    assert np.array_equal(bits(skipped[0]), bits(emulate(q, k, v, q_pos, plan))), "output vs emulator"
 
 
 @pytest.mark.parametrize("P", [1, 2])

@@ -50,8 +50,10 @@ def _vec_block(q, k, v, kvh, pos, kv_len, y, n_blocks, chunk_cells, kv_attended,
     part = np.empty(8, np.float32)
     n_chunks = kv_attended // chunk_cells
     c = y
-    while c < n_chunks:
+    while c < n_chunks and c * chunk_cells < kv_len:  # steps past the filled cells change nothing: skipped
         for k0 in range(c * chunk_cells, (c + 1) * chunk_cells, NTHREADS):
+            if k0 >= kv_len:
+                break
             for i in range(NTHREADS):
                 n = k0 + i
                 if n < kv_len and n <= pos:

@@ -34,6 +34,9 @@
 #endif
 static_assert(HX_D == 64 || HX_D == 128, "fattn_vec supports head dimensions 64 and 128");
 
+#ifndef FV_SKIP_PAST_FILLED
+#define FV_SKIP_PAST_FILLED 1
+#endif
 #define FV_NWARPS 4
 #define FV_NTHREADS 128
 #define FV_DIM_SLICES (HX_D / 64)  // 8-dim slices a thread owns: dims 64*b + 8*r + e, e = 0..7
@@ -172,9 +175,17 @@ __device__ __forceinline__ void fattn_vec_impl(
         for (int i = 0; i < FV_DIMS; ++i) VKQ[j][i] = 0.0f;
     }
 
+    // A step whose 128 cells all lie past the filled cache (the padding to 256 cells, or a whole chunk
+    // of a block) is skipped: its every cell is masked, so it would leave the state as it is (a =
+    // hx_expf(0) = 1, p = hx_expf(-inf) = 0: M, Ssum and VKQ unchanged but for a -0 accumulator turning
+    // +0, which the sum of the 16 partials, started at +0, cannot tell). kv_len is the block's, so the
+    // skip is uniform. A block left with nothing to walk writes the initial state, as it did after
+    // walking masked cells; the emulator skips the same steps. (FV_SKIP_PAST_FILLED 0 walks them: the
+    // shim test that both give the same bits.)
     const int n_chunks = kv_attended / chunk_cells;
-    for (int c = y; c < n_chunks; c += P) {
-        for (int k0 = c * chunk_cells; k0 < (c + 1) * chunk_cells; k0 += FV_NTHREADS) {
+    const int walk_end = FV_SKIP_PAST_FILLED ? kv_len : kv_attended;
+    for (int c = y; c < n_chunks && c * chunk_cells < walk_end; c += P) {
+        for (int k0 = c * chunk_cells; k0 < (c + 1) * chunk_cells && k0 < walk_end; k0 += FV_NTHREADS) {
             // Ask L2 for the V rows this group reads after the K phase (thread r = 0 of each group,
             // one request per 128-byte line), so they arrive while K.Q and the softmax run.
             if (r == 0) {
