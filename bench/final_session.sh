@@ -34,7 +34,8 @@
 #             a change that must keep every bit;
 #   abtree    bench/replay_widths.py from an older tree (AB_TREE, a folder holding its hiraishin/ and bench/, e.g.
 #             unpacked from a carried `git archive`) and from this one, AB_ROUNDS times in turn (default 2), under
-#             AB_ORDERS at AB_WIDTHS: replay times and logits digests of a change with no switch of its own;
+#             AB_ORDERS at AB_WIDTHS (after AB_CONTEXT prompt tokens if set): replay times and logits digests
+#             of a change with no switch of its own;
 #   pdl       the ab step for HIRAISHIN_PDL_TRIGGER=after_wait and =early (PDL_ORDERS, default invariant,subblock);
 #   draft     bench/replay_widths.py on the 0.6B draft under DRAFT_AB_ORDERS (default invariant,nwarps1,nwarps2;
 #             widths 1 and 2, the draft's passes): which order drafts fastest (only speed counts there);
@@ -125,12 +126,14 @@ fi
 
 if want abtree; then
     [ -d "${AB_TREE:-}/hiraishin" ] || { echo "abtree: AB_TREE=${AB_TREE:-} holds no hiraishin/"; exit 2; }
+    # AB_CONTEXT: the old tree may predate --context; this tree's script runs over its package instead
+    [ -n "${AB_CONTEXT:-}" ] && cp bench/replay_widths.py "$AB_TREE/bench/replay_widths.py"
     for r in $(seq 1 ${AB_ROUNDS:-2}); do
         for v in old new; do
             dir=$PWD; [ $v = old ] && dir=$(cd "$AB_TREE" && pwd)
             echo "== replays, $v tree, round $r ($(left) s left)"
             (cd "$dir" && PYTHONPATH=/tmp/site:$dir timeout $(cap 100) python3 bench/replay_widths.py \
-                ${AB_MODELS:-/tmp/qwen3-0.6b.gguf /tmp/qwen3-8b.gguf} --orders ${AB_ORDERS:-subblock} \
+                ${AB_CONTEXT:+--context $AB_CONTEXT} ${AB_MODELS:-/tmp/qwen3-0.6b.gguf /tmp/qwen3-8b.gguf} --orders ${AB_ORDERS:-subblock} \
                 --widths ${AB_WIDTHS:-1,3} --json "$OUT/replay-tree-$v-$r.json" 2>&1 | tail -n 14)
         done
     done

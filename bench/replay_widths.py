@@ -5,7 +5,8 @@ change a bit. Run it once per setting and compare the digests and the times.
     HIRAISHIN_PDL_TRIGGER=early python3 bench/replay_widths.py MODEL.gguf [...] \
         [--orders invariant,subblock] [--widths 1,3] [--steps 40] [--json F]
 
-Per (model, order, width): one eager pass and two captured replays at the same position, then
+Per (model, order, width), after a prompt of ``--context`` tokens (32): one eager pass and two captured
+replays at the same position, then
 ``--steps`` back-to-back replays of that width's graph, three times (the least per pass is kept);
 the digest is SHA-256 of the last replay's float32 logits.
 
@@ -33,21 +34,21 @@ from benchlib import replay_seconds, write_rows_json  # noqa: E402
 from hiraishin.benchmark import ORDERS, parse_widths  # noqa: E402
 from hiraishin.model.qwen3 import Qwen3  # noqa: E402
 
-PROMPT = 32  # tokens prefilled before the timed passes
+PROMPT = 32  # tokens prefilled before the timed passes (--context)
 
 
-def measure(path: str, order_names, widths, steps: int) -> list[dict]:
-    model = Qwen3.from_gguf(path, device="cuda", n_ctx=512, progress=False)
+def measure(path: str, order_names, widths, steps: int, context: int = PROMPT) -> list[dict]:
+    model = Qwen3.from_gguf(path, device="cuda", n_ctx=max(512, context + 32), progress=False)
     rows = []
     for name in order_names:
         order = ORDERS[name]
         for T in widths:
             model.reset()
-            model.forward(list(range(100, 100 + PROMPT)), 0, order=order)
+            model.forward([100 + i % 1000 for i in range(context)], 0, order=order)
             tokens = [7 + i for i in range(T)]
             for _ in range(3):  # eager, capture, replay: every pass at the same position
-                logits = model.forward(tokens, PROMPT, order=order)
-                model.rollback(PROMPT)
+                logits = model.forward(tokens, context, order=order)
+                model.rollback(context)
             host = np.ascontiguousarray(np.asarray(logits, np.float32))
             digest = hashlib.sha256(host.tobytes()).hexdigest()
             # equal digests of NaN logits compare nothing (synth format 1's timing models gave NaN through
@@ -56,14 +57,15 @@ def measure(path: str, order_names, widths, steps: int) -> list[dict]:
             graph = next(reversed(model.pass_graphs._graphs[(order, T)].values()))
             stream = model.pass_graphs.stream
             per_pass = replay_seconds(graph, stream, steps)
-            rows.append({"model": Path(path).name, "order": order.name, "width": T, "replay_ms": 1e3 * min(per_pass),
+            rows.append({"model": Path(path).name, "order": order.name, "width": T, "context": context,
+                         "replay_ms": 1e3 * min(per_pass),
                          "replay_s": per_pass, "logits_sha256": digest, "logits_finite": finite})
             print(f"{Path(path).name} {order.name:16s} width {T:2d}: {1e3 * min(per_pass):.3f} ms  {digest[:16]}"
                   f"{'' if finite else '  NON-FINITE LOGITS'}", flush=True)
     return rows
 
 
-def measure_ablated(path: str, order_names, widths, steps: int) -> list[dict]:
+def measure_ablated(path: str, order_names, widths, steps: int, context: int = PROMPT) -> list[dict]:
     """:func:`measure` under each of ablate_pass.py's variants (rows gain ``variant``)."""
     from ablate_pass import VARIANTS
 
@@ -78,7 +80,7 @@ def measure_ablated(path: str, order_names, widths, steps: int) -> list[dict]:
                 if attrs:  # mock.patch.multiple refuses an empty set ("whole pass")
                     stack.enter_context(mock.patch.multiple(target, **attrs))
             print(f"== {variant}", flush=True)
-            rows += [dict(r, variant=variant) for r in measure(path, order_names, widths, steps)]
+            rows += [dict(r, variant=variant) for r in measure(path, order_names, widths, steps, context)]
     return rows
 
 
@@ -102,13 +104,13 @@ MATVEC_VARIANTS = {
 }
 
 
-def measure_matvec_ablated(path: str, order_names, widths, steps: int) -> list[dict]:
+def measure_matvec_ablated(path: str, order_names, widths, steps: int, context: int = PROMPT) -> list[dict]:
     """:func:`measure` with each kind of sub-block mat-vec launch left out (rows gain ``variant``)."""
     import importlib
 
     mod = importlib.import_module("hiraishin.kernels.mmq.launch")
     single, multi = mod.MMQLaunch.__call__, mod.MMQMultiLaunch.__call__
-    rows = [dict(r, variant="whole pass") for r in measure(path, order_names, widths, steps)]
+    rows = [dict(r, variant="whole pass") for r in measure(path, order_names, widths, steps, context)]
     for variant, skip in MATVEC_VARIANTS.items():
         def call_single(self, w, xq, out, skip=skip):
             return out if skip((int(out.shape[1]),), _k_of(w)) else single(self, w, xq, out)
@@ -119,7 +121,7 @@ def measure_matvec_ablated(path: str, order_names, widths, steps: int) -> list[d
         with mock.patch.object(mod.MMQLaunch, "__call__", call_single), \
                 mock.patch.object(mod.MMQMultiLaunch, "__call__", call_multi):
             print(f"== {variant}", flush=True)
-            rows += [dict(r, variant=variant) for r in measure(path, order_names, widths, steps)]
+            rows += [dict(r, variant=variant) for r in measure(path, order_names, widths, steps, context)]
     return rows
 
 
@@ -146,10 +148,14 @@ def main(argv=None) -> int:
     ap.add_argument("--ablate", action="store_true", help="also leave out each kind of small launch (ablate_pass.py)")
     ap.add_argument("--ablate-matvecs", action="store_true",
                     help="also leave out each kind of sub-block mat-vec launch (the 8B's shapes; SUBBLOCK)")
+    ap.add_argument("--context", type=int, default=PROMPT,
+                    help="tokens prefilled before the timed passes (default %(default)s; the attention plan depends on it)")
     args = ap.parse_args(argv)
+    if args.context < 1:
+        ap.error(f"--context must be at least 1, got {args.context}")
     orders = orders_of(ap, args)
     run = measure_ablated if args.ablate else measure_matvec_ablated if args.ablate_matvecs else measure
-    rows = [r for path in args.models for r in run(path, orders, parse_widths(args.widths), args.steps)]
+    rows = [r for path in args.models for r in run(path, orders, parse_widths(args.widths), args.steps, args.context)]
     if args.json:
         # every switch a replay A/B may vary (final_session.sh's ab step), not only the PDL ones
         write_rows_json(args.json, rows, env={k: v for k, v in sorted(os.environ.items()) if k.startswith("HIRAISHIN_")})

@@ -22,14 +22,14 @@ def _bits(a):
 
 @pytest.fixture(scope="module")
 def models(tiny_model_path):
-    graphs = Qwen3.from_gguf(tiny_model_path, device="cuda", progress=False, cuda_graphs=True, n_ctx=1024)
-    eager = Qwen3.from_gguf(tiny_model_path, device="cuda", progress=False, cuda_graphs=False, n_ctx=1024)
-    cpu = Qwen3.from_gguf(tiny_model_path, device="cpu", progress=False, n_ctx=1024)
+    graphs = Qwen3.from_gguf(tiny_model_path, device="cuda", progress=False, cuda_graphs=True, n_ctx=1280)
+    eager = Qwen3.from_gguf(tiny_model_path, device="cuda", progress=False, cuda_graphs=False, n_ctx=1280)
+    cpu = Qwen3.from_gguf(tiny_model_path, device="cpu", progress=False, n_ctx=1280)
     return graphs, eager, cpu
 
 
-# 520 cells: past plans.attention.SHARED_MIN_KV, so the exact orders' wide passes take fattn_vec_shared
-@pytest.mark.parametrize("prompt_len", [40, 520])
+# 1040 cells: past plans.attention.SHARED_MIN_KV, so the exact orders' wide passes take fattn_vec_shared
+@pytest.mark.parametrize("prompt_len", [40, 1040])
 @pytest.mark.parametrize("order", ORDERS, ids=lambda o: o.name)
 def test_every_width_graph_equals_eager_recorded_and_cpu(models, order, prompt_len):
     graphs, eager, cpu = models

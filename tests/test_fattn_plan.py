@@ -10,10 +10,8 @@ from hiraishin.devices import DeviceProfile
 from hiraishin.errors import PlanError
 from hiraishin.order import ReductionOrder
 from hiraishin.plans import AttentionPlan, attention_plan, parallel_blocks_for
-from hiraishin.devices import get_profile
-from hiraishin.plans.attention import (KERNEL_Q1, KERNEL_QN, KERNEL_SHARED, KERNEL_TILE, SHARED_BLOCK_COST,
-                                       SHARED_MIN_KV, SHARED_QUERIES, shared_occupancy_key,
-                                       shared_queries_for)
+from hiraishin.plans.attention import (KERNEL_Q1, KERNEL_QN, KERNEL_SHARED, KERNEL_TILE, SHARED_MIN_KV,
+                                       SHARED_PICK, SHARED_QUERIES, shared_queries_for)
 
 H200_LIKE = DeviceProfile(name="h200-like", compute_capability=900, sm_count=132,
                           occupancy={KERNEL_Q1: 3, KERNEL_QN: 2, KERNEL_TILE: 2})
@@ -47,7 +45,7 @@ def test_invariant_plan_ignores_the_query_count(kv_len):
     for n, plan in plans.items():
         # the order's geometry is the one-query plan's; only how queries share loads changes
         assert [getattr(plan, f) for f in geometry] == [getattr(first, f) for f in geometry]
-        nq = shared_queries_for(n, 32, 8, first.parallel_blocks, H200_LIKE) if kv_len >= SHARED_MIN_KV else 0
+        nq = shared_queries_for(n, kv_len)
         assert plan.kernel_name == (KERNEL_SHARED if nq else KERNEL_Q1)
         assert plan.queries_per_block == (nq or 1) and plan.shared_kv == bool(nq)
 
@@ -58,29 +56,24 @@ def test_invariant_plan_ignores_the_query_count(kv_len):
 def test_exact_orders_share_kv_loads_in_multi_query_passes(order):
     for n in range(1, 17):
         for n_head, n_head_kv in ((32, 8), (16, 16), (64, 8), (12, 4)):
-            plan = attention_plan(order, n, 700, n_head, n_head_kv, device=H200_LIKE)
-            alone = attention_plan(order, 1, 700, n_head, n_head_kv, device=H200_LIKE)
+            plan = attention_plan(order, n, 1700, n_head, n_head_kv, device=H200_LIKE)
+            alone = attention_plan(order, 1, 1700, n_head, n_head_kv, device=H200_LIKE)
             assert (plan.parallel_blocks, plan.chunk_cells, plan.kv_attended) == (
                 alone.parallel_blocks, alone.chunk_cells, alone.kv_attended)
             assert plan.queries_per_block in ((1,) if not plan.shared_kv else SHARED_QUERIES)
-    assert attention_plan(order, 16, 700, 32, 8, device=H200_LIKE).shared_kv
-    variant = attention_plan(ReductionOrder.BATCH_VARIANT, 4, 700, 32, 8, device=H200_LIKE)
+    assert attention_plan(order, 16, 1700, 32, 8, device=H200_LIKE).shared_kv
+    variant = attention_plan(ReductionOrder.BATCH_VARIANT, 4, 1700, 32, 8, device=H200_LIKE)
     assert variant.kernel == "tile" and not variant.shared_kv  # stock llama.cpp keeps its kernel
 
 
-def test_shared_queries_per_block_by_waves():
-    """Waves x block time on the H200 profile (132 SMs; blocks per SM q1 4, shared q2/q4/q8 4/3/2),
-    Qwen3-8B heads, P = 16: the choices the 32768-cell measurement found fastest."""
-    h200 = get_profile("h200")
-    picks = [shared_queries_for(n, 32, 8, 16, h200) for n in (1, 2, 3, 4, 5, 8, 9, 16)]
-    assert picks == [0, 2, 4, 8, 4, 8, 4, 8]
-    # T = 3: q1 3 waves (1536 blocks / 528), q2 2 waves x 1.23, q4 1 wave x 1.49, q8 1 wave x 2.01
-    assert SHARED_BLOCK_COST[4] < 2 * SHARED_BLOCK_COST[2] < 3 * SHARED_BLOCK_COST[1]
-    # a measured occupancy in the profile overrides the table
-    fat = DeviceProfile(name="fat", compute_capability=900, sm_count=132,
-                        occupancy={KERNEL_Q1: 4, **{shared_occupancy_key(n): 8 for n in SHARED_QUERIES}})
-    assert shared_queries_for(16, 32, 8, 16, fat) == 8
-    assert shared_queries_for(1, 32, 8, 16, fat) == 0
+def test_shared_queries_per_block_as_measured():
+    """The H200 measurement's rule: 4 queries a block from 2 queries and SHARED_MIN_KV filled cells on,
+    whatever the heads or P; one query, or a short cache, keeps fattn_vec_q1."""
+    assert SHARED_PICK in SHARED_QUERIES and SHARED_MIN_KV % 256 == 0
+    assert [shared_queries_for(n, SHARED_MIN_KV) for n in (1, 2, 3, 9, 16)] == [0] + 4 * [SHARED_PICK]
+    assert [shared_queries_for(n, SHARED_MIN_KV - 1) for n in (1, 2, 16)] == [0, 0, 0]
+    plan = attention_plan(ReductionOrder.BATCH_INVARIANT, 9, 40000, 64, 8, device=H200_LIKE)
+    assert plan.queries_per_block == SHARED_PICK and plan.shared_kv
 
 
 def test_variant_plan_switches_kernel_and_split_with_the_batch():

@@ -11,7 +11,7 @@ max and sum; a combine kernel merges the ``P`` partial results in block order. W
 * which kernel: the vector kernel, or for multi-query launches under the variant policy the
   tile kernel, which orders everything differently. The exact policies may run a launch through
   ``fattn_vec_shared``: the vector kernel's order for every query, but the queries of one KV head
-  in a block share each K/V load (``AttentionPlan.shared_kv``), chosen by estimated time.
+  in a block share each K/V load (``AttentionPlan.shared_kv``), where that was measured faster.
 
 :func:`attention_plan` (order, shape, device) -> :class:`AttentionPlan`; :func:`parallel_blocks_for`
 is llama.cpp's efficiency loop. A plan is made for a device profile (``hiraishin.devices``):
@@ -40,9 +40,8 @@ __all__ = [
     "SHARED_QUERIES",
     "shared_queries_for",
     "shared_occupancy_key",
-    "SHARED_BLOCKS_PER_SM",
-    "SHARED_BLOCK_COST",
     "SHARED_MIN_KV",
+    "SHARED_PICK",
     "CHUNK_CELLS",
     "HEAD_DIMS",
     "QN_QUERIES",
@@ -61,21 +60,18 @@ KERNEL_SHARED = "fattn_vec_shared"
 # Queries of one KV head per fattn_vec_shared block. Each needs 16 x D float partials of its own
 # (the order's accumulators) in registers: 8 queries at D = 128 take 224 registers (nvcc sm_90).
 SHARED_QUERIES = (2, 4, 8)
-# Blocks per SM of fattn_vec_shared's builds (hiraishin.kernels.attention.launch.SHARED_BUILDS) by
-# head dim and queries per block: register-bound, measured on the H200 (64K registers per SM;
-# bench/results/2026-12-01-h200-verify-attention/fattn_kernels.json). The fallback where a device
-# profile has no measured occupancy of its own.
-SHARED_BLOCKS_PER_SM = {128: {2: 4, 4: 3, 8: 2}, 64: {2: 5, 4: 4, 8: 3}}
-# A block's time relative to fattn_vec_q1's, by queries per block (1 = fattn_vec_q1), over the same
-# cells: H200, Qwen3-8B heads, 32768 cells, one wave (bench/results/2026-12-01-h200-verify-attention).
-SHARED_BLOCK_COST = {1: 1.0, 2: 1.23, 4: 1.49, 8: 2.01}
-# Below this many filled cells the exact policies keep fattn_vec_q1 whatever the estimate says: the
-# block costs above are the K/V loads' (32768 cells), and sharing loads pays nothing where the cache
-# is a few L2-resident cells. H200, the synthetic 8B's SUBBLOCK pass of 16 tokens at 48 cells (Nsight
-# Compute, bench/results/2026-12-04-h200-session15): fattn_vec_shared (2 queries/block) 19.1 us a
-# layer against fattn_vec_q1's 7.1 us for 8 tokens; at 512 cells the shared builds were 0-11% faster
-# (bench/results/2026-12-01-h200-verify-attention).
-SHARED_MIN_KV = 512
+# Which launches share K/V loads, measured on the H200 (Qwen3-8B heads, launch + combine, isolated;
+# bench/results/2026-12-04-h200-session15, bench_verify_attention --kv 48..4096): fattn_vec_shared
+# with 4 queries per block and the queries in registers was within 12% of the fastest build at every
+# width of 2..16 from 1024 filled cells on (0.69-1.00x fattn_vec_q1's time at 1024, 2048 and 4096
+# cells; e.g. 16 tokens at 4096 cells 106.7 us against 148.6, where the wave estimate this replaces
+# picked a build taking 140.6). Below that, sharing loads saves little (few cells, in L2) and the
+# shared block's longer body costs more: at 48-256 cells fattn_vec_q1 was within 13% of the best
+# build at every width and up to 1.5x faster than 4 queries a block; at 512 cells mixed (0.86-1.35x
+# from 2 queries). The estimate's 2 queries a block at 48 cells cost the synthetic 8B's 16-token
+# SUBBLOCK pass 0.22 ms (19.1 us a layer).
+SHARED_MIN_KV = 1024  # filled cells from which a pass of several queries shares K/V loads
+SHARED_PICK = 4  # queries of one KV head per fattn_vec_shared block then
 # The multi-query tile kernel (fattn_tile.cu gets these as #defines): queries per block, and cells
 # per shared-memory tile (its KV granularity).
 TILE_QUERIES = 8
@@ -288,39 +284,17 @@ def shared_occupancy_key(queries: int) -> str:
     return f"{KERNEL_SHARED}/q{queries}"
 
 
-def shared_queries_for(n_queries: int, n_head: int, n_head_kv: int, parallel_blocks: int, profile,
-                       head_dim: int = 128) -> int:
-    """Queries per ``fattn_vec_shared`` block for one launch, 0 for ``fattn_vec_q1``.
-
-    Scheduling only: the bits are the one-query kernel's whatever this returns. The kernels are
-    latency-bound (a block's time barely depends on how full the GPU is), so the estimate is
-    waves x block time: ``ceil(blocks / (SMs x blocks per SM)) * SHARED_BLOCK_COST[n]`` with
-    ``ceil(n_queries * G / n) * n_head_kv * P`` blocks (``n = 1``: the one-query kernel's
-    ``n_queries * n_head * P``); the cheapest wins, ties to the fewer queries per block.
-    Blocks per SM: the profile's measured occupancy where it has it (the CUDA backend's current
-    GPU), else :data:`SHARED_BLOCKS_PER_SM`.
-    """
-    gqa = n_head // n_head_kv
-    best, best_cost = 0, None
-    for n in (1,) + SHARED_QUERIES:
-        if n == 1:
-            per_sm = profile.blocks_per_sm(KERNEL_Q1)
-        else:
-            per_sm = profile.occupancy.get(shared_occupancy_key(n), SHARED_BLOCKS_PER_SM[head_dim][n])
-        blocks = -(-n_queries * gqa // n) * n_head_kv * parallel_blocks
-        cost = -(-blocks // (profile.sm_count * per_sm)) * SHARED_BLOCK_COST[n]
-        if best_cost is None or cost < best_cost:
-            best, best_cost = (0 if n == 1 else n), cost
-    return best
+def shared_queries_for(n_queries: int, kv_len: int) -> int:
+    """Queries per ``fattn_vec_shared`` block for a launch of ``n_queries`` over ``kv_len`` filled
+    cells, 0 for ``fattn_vec_q1``: :data:`SHARED_PICK` from 2 queries and :data:`SHARED_MIN_KV` cells
+    on (the H200 measurement above). Scheduling only: the bits are the one-query kernel's whatever
+    this returns."""
+    return SHARED_PICK if n_queries >= 2 and kv_len >= SHARED_MIN_KV else 0
 
 
-def _exact_vec(n_queries: int, n_head: int, n_head_kv: int, parallel_blocks: int, profile, head_dim: int,
-               kv_len: int) -> dict:
-    """The exact policies' kernel fields: fattn_vec_shared or fattn_vec_q1, whichever is estimated faster
-    (fattn_vec_q1 below :data:`SHARED_MIN_KV` filled cells)."""
-    if kv_len < SHARED_MIN_KV:
-        return dict(queries_per_block=1)
-    nq = shared_queries_for(n_queries, n_head, n_head_kv, parallel_blocks, profile, head_dim)
+def _exact_vec(n_queries: int, kv_len: int) -> dict:
+    """The exact policies' kernel fields: fattn_vec_shared or fattn_vec_q1 (:func:`shared_queries_for`)."""
+    nq = shared_queries_for(n_queries, kv_len)
     return dict(queries_per_block=nq, shared_kv=True) if nq else dict(queries_per_block=1)
 
 
@@ -350,8 +324,8 @@ def attention_plan(order, n_queries: int, kv_len: int, n_head: int, n_head_kv: i
     * ``custom``: vector kernel with ``order.parallel_blocks`` blocks.
 
     Under the ``invariant`` and ``custom`` policies a launch runs ``fattn_vec_shared``
-    (:func:`shared_queries_for` queries of one KV head per block share each K/V load) where that is
-    estimated faster than ``fattn_vec_q1``: the same ``P``, chunks and per-query order as one query
+    (:func:`shared_queries_for` queries of one KV head per block share each K/V load) where that was
+    measured faster than ``fattn_vec_q1``: the same ``P``, chunks and per-query order as one query
     alone, so the same bits.
 
     ``device`` is a profile name, a :class:`DeviceProfile` (the CUDA backend passes the current
@@ -382,7 +356,7 @@ def attention_plan(order, n_queries: int, kv_len: int, n_head: int, n_head_kv: i
             if policy == "invariant":
                 # several queries share the K/V loads; P and every query's order stay the one-query plan's
                 return AttentionPlan("vec", parallel_blocks=pb, chunk_cells=CHUNK_CELLS, kv_attended=kv_attended,
-                                     **_exact_vec(n_queries, n_head, n_head_kv, pb, profile, head_dim, kv_len), **common)
+                                     **_exact_vec(n_queries, kv_len), **common)
             return AttentionPlan("vec", 1, pb, CHUNK_CELLS, kv_attended, None, **common)
         tile_cells = TILE_CELLS
         ntiles_kv = kv_attended // tile_cells
@@ -410,7 +384,7 @@ def attention_plan(order, n_queries: int, kv_len: int, n_head: int, n_head_kv: i
         kv_attended = _round_up(kv_len, KV_PAD)
         return AttentionPlan("vec", parallel_blocks=order.parallel_blocks, chunk_cells=CHUNK_CELLS,
                              kv_attended=kv_attended,
-                             **_exact_vec(n_queries, n_head, n_head_kv, order.parallel_blocks, profile, head_dim, kv_len),
+                             **_exact_vec(n_queries, kv_len),
                              **common)
 
     raise PlanError(f"order {order.name!r}: unknown attention policy {policy!r}")

@@ -30,9 +30,11 @@ _NULL = np.uint64(0)  # a null device pointer argument
 # 1 if the scaled queries sit in registers rather than shared memory). Scheduling only, no value
 # changes. Full unrolling of 8 queries spills at D = 128; these keep nvcc sm_90 spill-free
 # (tests/test_fattn_compile.py) and were the fastest builds timed on the H200
-# (bench/results/2026-12-01-h200-verify-attention: 4 queries u4 over u8, 8 queries u2 over u1).
-# The queries-in-registers builds (qreg 1) pass the shim and compile spill-free but are not timed yet.
-SHARED_BUILDS = {2: (8, 0), 4: (4, 0), 8: (2, 0)}
+# (bench/results/2026-12-01-h200-verify-attention: 4 queries u4 over u8, 8 queries u2 over u1; and
+# bench/results/2026-12-04-h200-session15: 4 queries u4 with the queries in registers took 0.61-1.05x
+# (median 0.77x) the time of the shared-memory build at 2-16 tokens and 1024-4096 cells; it is the build
+# the exact plans use, plans.attention.SHARED_PICK).
+SHARED_BUILDS = {2: (8, 0), 4: (4, 1), 8: (2, 0)}
 
 
 def shared_defines(queries: int, build: tuple[int, int] | None = None) -> dict:
