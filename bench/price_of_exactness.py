@@ -39,7 +39,8 @@ def build(bench: dict, mmq: dict | None, sources: list[str]) -> dict:
                                       "ncols": r["ncols"], "us": r["time_us"],
                                       "x_variant_one_col": r["ratio_to_variant_one_col"],
                                       "bits_equal_width16": r["bits_equal_width16"]})
-    spec = {name: {k: s[k] for k in ("speedup", "plain_ms_per_token", "speculative_ms_per_token") if k in s}
+    spec = {name: {k: s[k] for k in ("speedup", "plain_ms_per_token", "speculative_ms_per_token", "matches_plain",
+                                     "first_divergence") if k in s}
             for name, s in bench["speculative"].items()}
     return {"schema": "hiraishin-price-of-exactness/1", "device": bench["device"].get("name", "?"),
             "date": bench["date"], "commit": bench.get("commit", "?"), "model": bench["model"]["name"],
@@ -103,8 +104,13 @@ def markdown(poe: dict) -> str:
              "| width | " + " | ".join(orders) + " |", "|---|" + "---|" * len(orders)]
     for w in widths:
         lines.append(f"| {w} | " + " | ".join(f"{ms[(o, w)]:.2f}" for o in orders) + " |")
-    lines += ["", "Exact speculative decoding (oracle schedule, 8B target, 0.6B draft): " + ", ".join(
-        f"{o} {s['speedup']:.2f}x" for o, s in poe["speculative"].items()) + "."]
+    def _spec(o, s):  # a run whose tokens left plain decoding's is not exact speculation: say where
+        if s.get("matches_plain", True) is False:
+            return f"{o} {s['speedup']:.2f}x (tokens differ from plain decoding from token {s.get('first_divergence')})"
+        return f"{o} {s['speedup']:.2f}x"
+
+    lines += ["", "Speculative decoding (oracle schedule, 8B target, 0.6B draft): " + ", ".join(
+        _spec(o, s) for o, s in poe["speculative"].items()) + "."]
     if poe["matvec"]:
         lines += ["", "Mat-vec µs per Qwen3-8B shape (`batch_variant` 1 column; `subblock` at 1 / 3 / 9 / 16 columns):",
                   "", "| shape | variant 1 | subblock 1 | 3 | 9 | 16 |", "|---|---|---|---|---|---|"]

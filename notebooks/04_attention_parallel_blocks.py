@@ -80,11 +80,13 @@ print("the chunk from cell 384 is read by block", CHUNK3_BLOCK)
 #
 # ## The kernel
 #
-# The chunk loop of `fattn_vec.cu` (P is the grid's y dimension), and the combine, which merges the P
-# partials in block order:
+# The chunk loop of `fattn_vec.cu` (P is the grid's y dimension; steps wholly past the filled cells are
+# skipped, since their masked cells would change no bit), and the combine, which merges the P partials in
+# block order:
 
 # %%
-show_source("attention", "fattn_vec.cu", "for (int c = y; c < n_chunks; c += P)", before=1, after=1)
+show_source("attention", "fattn_vec.cu", "for (int c = y; c < n_chunks && c * chunk_cells < walk_end; c += P)",
+            before=2, after=1)
 show_source("attention", "fattn_vec.cu", "float kqmax = meta_sh[0];", after=8)
 
 # %% [markdown]
