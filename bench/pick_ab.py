@@ -4,8 +4,9 @@
 
 Reads ``OUT/replay-VAR-<value>.json`` of both values and prints CANDIDATE when its replays of ``--model`` at
 ``--widths`` took at least ``--gain`` less time in total than BASE's with the same logits digests at every
-width (a change that must keep every bit; logits that are not all finite compare nothing), else BASE; the comparison goes to stderr. A rule fixed before the
-run, so that one call can measure a change and then benchmark whichever setting won.
+width (a change that must keep every bit; logits that are not all finite compare nothing), else BASE; the
+comparison goes to stderr. A rule fixed before the run, so that one call can measure a change and then
+benchmark whichever setting won.
 
 ``--threshold``: VAR is the fewest columns a change applies to (BASE: where it applies now, CANDIDATE: lower,
 measured at the widths between); prints the smallest measured width from which on every measured width is at

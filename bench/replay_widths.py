@@ -149,7 +149,8 @@ def main(argv=None) -> int:
     ap.add_argument("--ablate-matvecs", action="store_true",
                     help="also leave out each kind of sub-block mat-vec launch (the 8B's shapes; SUBBLOCK)")
     ap.add_argument("--context", type=int, default=PROMPT,
-                    help="tokens prefilled before the timed passes (default %(default)s; the attention plan depends on it)")
+                    help="tokens prefilled before the timed passes (default %(default)s; the attention plan "
+                         "depends on it)")
     args = ap.parse_args(argv)
     if args.context < 1:
         ap.error(f"--context must be at least 1, got {args.context}")

@@ -387,7 +387,8 @@ def matvec_plan(order, ncols: int, qtype: str, device=None, k: int | None = None
         # One column: the exact policies' rows per CUDA block (llama.cpp's are 1, or nwarps for
         # small_k). Rows per block change no bit, and the variant's one-column nwarps are theirs, so
         # the one-token pass is the same launch under every order and the price of exactness measures
-        # float order alone (H200, session 15: variant decode was 0.5 ms slower with llama.cpp's rows).
+        # float order alone (H200 bench, synthetic 8B: the variant's decode 3.13 -> 2.59 ms, its 0.6B
+        # draft step 0.92 -> 0.82; bench/results/2026-12-04-h200-session15).
         rows = _one_col_rows(qtype, nwarps, k) if ncols == 1 else _default_rows_per_block(ncols)
         return MatVecPlan(kernel="mmvq", qtype=qtype, nwarps=nwarps, rows_per_block=rows, cols_per_launch=ncols,
                           ncols=ncols)

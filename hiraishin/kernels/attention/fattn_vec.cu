@@ -180,8 +180,10 @@ __device__ __forceinline__ void fattn_vec_impl(
     // hx_expf(0) = 1, p = hx_expf(-inf) = 0: M, Ssum and VKQ unchanged but for a -0 accumulator turning
     // +0, which the sum of the 16 partials, started at +0, cannot tell). kv_len is the block's, so the
     // skip is uniform. A block left with nothing to walk writes the initial state, as it did after
-    // walking masked cells; the emulator skips the same steps. (FV_SKIP_PAST_FILLED 0 walks them: the
-    // shim test that both give the same bits.)
+    // walking masked cells; the emulator skips the same steps. FV_SKIP_PAST_FILLED 0 walks them (a shim
+    // test checks that both give the same bits).
+    // H200, SUBBLOCK 9 / 16-token passes at 48 cells: 3.925 -> 3.894 / 4.104 -> 4.080 ms, same digests
+    // (bench/results/2026-12-04-h200-session15/c-skip-long-kv).
     const int n_chunks = kv_attended / chunk_cells;
     const int walk_end = FV_SKIP_PAST_FILLED ? kv_len : kv_attended;
     for (int c = y; c < n_chunks && c * chunk_cells < walk_end; c += P) {
