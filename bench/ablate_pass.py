@@ -82,6 +82,20 @@ VARIANTS = {
 }
 
 
+@contextlib.contextmanager
+def ablated(variant: str):
+    """The CUDA backend with ``VARIANTS[variant]``'s launches patched out (module functions by name,
+    ``CudaOps.<method>`` methods); "whole pass" patches nothing."""
+    patches = VARIANTS[variant]
+    module = {k: v for k, v in patches.items() if "." not in k}
+    ops = {k.split(".", 1)[1]: v for k, v in patches.items() if k.startswith("CudaOps.")}
+    with contextlib.ExitStack() as stack:
+        for target, attrs in ((cuda_backend, module), (cuda_backend.CudaOps, ops)):
+            if attrs:  # mock.patch.multiple refuses an empty set
+                stack.enter_context(mock.patch.multiple(target, **attrs))
+        yield
+
+
 def plot(rows: list, path) -> None:
     """Microseconds each kind of launch costs a pass (what leaving it out saved), one bar per model."""
     from matplotlib.figure import Figure
@@ -136,13 +150,7 @@ def main(argv=None) -> int:
     for path in args.models:
         base = None
         for name in chosen:
-            patches = VARIANTS[name]
-            module = {k: v for k, v in patches.items() if "." not in k}
-            ops = {k.split(".", 1)[1]: v for k, v in patches.items() if k.startswith("CudaOps.")}
-            with contextlib.ExitStack() as stack:
-                for target, attrs in ((cuda_backend, module), (cuda_backend.CudaOps, ops)):
-                    if attrs:
-                        stack.enter_context(mock.patch.multiple(target, **attrs))
+            with ablated(name):
                 r = host_overhead.measure(path, args.order, args.steps)
             ms = r["back_to_back_replay_ms"]
             base = ms if base is None else base

@@ -17,7 +17,6 @@ graph; garbage logits, only the time read) at these widths: where a verify pass'
 from __future__ import annotations
 
 import argparse
-import contextlib
 import hashlib
 import os
 import sys
@@ -67,18 +66,11 @@ def measure(path: str, order_names, widths, steps: int, context: int = PROMPT) -
 
 def measure_ablated(path: str, order_names, widths, steps: int, context: int = PROMPT) -> list[dict]:
     """:func:`measure` under each of ablate_pass.py's variants (rows gain ``variant``)."""
-    from ablate_pass import VARIANTS
-
-    from hiraishin.backends import cuda as cuda_backend
+    from ablate_pass import VARIANTS, ablated
 
     rows = []
-    for variant, patches in VARIANTS.items():
-        module = {k: v for k, v in patches.items() if "." not in k}  # as ablate_pass.py applies them
-        ops = {k.split(".", 1)[1]: v for k, v in patches.items() if k.startswith("CudaOps.")}
-        with contextlib.ExitStack() as stack:
-            for target, attrs in ((cuda_backend, module), (cuda_backend.CudaOps, ops)):
-                if attrs:  # mock.patch.multiple refuses an empty set ("whole pass")
-                    stack.enter_context(mock.patch.multiple(target, **attrs))
+    for variant in VARIANTS:
+        with ablated(variant):
             print(f"== {variant}", flush=True)
             rows += [dict(r, variant=variant) for r in measure(path, order_names, widths, steps, context)]
     return rows
