@@ -180,3 +180,38 @@ def test_attention_q8_1_keeps_every_pass_bit(monkeypatch, tiny_model_path, order
     for key, got in outs.items():
         for i, (a, b) in enumerate(zip(got, want if not key[1] else [w for w in want for _ in (0, 1)])):
             np.testing.assert_array_equal(a, b, err_msg=f"ATTN_Q8_1={key[0]} graphs={key[1]} pass {i}")
+
+
+@pytest.mark.parametrize("spec", ["o,ffn1,down1,qkv1", "o,qkv1/line"])
+def test_l2_ahead_keeps_every_pass_bit(monkeypatch, tiny_model_path, spec):
+    """Whole passes (eager and graph-replayed, widths 1, 3, 9) with and without L2 prefetches beside
+    them: the same logits, every graph captured (a side stream left unjoined would fail the capture)."""
+    import warnings
+
+    from hiraishin.model.l2_ahead import ENV_L2_AHEAD
+
+    prompt = np.random.default_rng(4).integers(0, 1000, 20).tolist()
+    order = ReductionOrder.SUBBLOCK
+    outs = {}
+    for setting in ("off", spec):
+        monkeypatch.setenv(ENV_L2_AHEAD, setting)
+        for graphs in (False, True):
+            m = Qwen3.from_gguf(tiny_model_path, device="cuda", progress=False, cuda_graphs=graphs, n_ctx=256)
+            m.forward(prompt, 0, order)
+            got = []
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")  # a failed capture warns and runs eagerly
+                for width in (1, 3, 9):
+                    toks = [(5 * width + j) % m.config.n_vocab for j in range(width)]
+                    for _ in range(3 if graphs else 1):  # eager, capture, replay
+                        logits = m.forward(toks, 20, order)
+                    got.append(_bits(logits))
+            if graphs:
+                assert m._graphs.captures == 3
+            if setting != "off":
+                assert m.backend.ops._ahead is not None and not m.backend.ops._ahead_open
+            outs[(setting, graphs)] = got
+    want = outs[("off", False)]
+    for key, got in outs.items():
+        for a, b in zip(got, want):
+            np.testing.assert_array_equal(a, b, err_msg=f"{key}")

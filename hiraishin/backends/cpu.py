@@ -24,6 +24,12 @@ class CpuOps:
     def positions(self, start_pos: int, n: int):
         return np.arange(start_pos, start_pos + n, dtype=np.int32)
 
+    def l2_ahead(self, spans, bulk: bool = True) -> None:
+        """Cache hints of the CUDA backend (``hiraishin/kernels/l2ahead``): nothing to do here."""
+
+    def l2_ahead_join(self) -> None:
+        """Nothing to join (see :meth:`l2_ahead`)."""
+
     def get_rows(self, table, qtype: str, ids, out=None):
         return elementwise.emulate_get_rows(table, qtype, ids)
 

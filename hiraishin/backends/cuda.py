@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import BackendError
-from ..kernels import attention, elementwise, rmsnorm, rope, tiled
+from ..kernels import attention, elementwise, l2ahead, rmsnorm, rope, tiled
 from ..kernels.attention.launch import current_profile, launch_combine, launch_partials
 from ..kernels.compile import cupy_available, require_cupy
 from ..kernels.fused import launch as fused_launch
@@ -123,6 +123,36 @@ class CudaOps:
         self._quantize: dict = {}
         self._argmax: dict = {}  # (T, n) -> hx_argmax_rows scratch (partials, counters)
         self._scratch: dict = {}
+        self._ahead = None  # (side stream, fork event, join event) of l2_ahead, made on first use
+        self._ahead_open = False  # launched on the side stream since the last join
+
+    def l2_ahead(self, spans, bulk: bool = True) -> None:
+        """Ask L2 for ``spans`` (``(array, limit)``, ``hiraishin/kernels/l2ahead``) from a stream
+        beside the current one, once the work enqueued so far has run; nothing waits for it until
+        :meth:`l2_ahead_join`. Cache hints only: no result changes."""
+        if not spans:
+            return
+        import cupy
+
+        if self._ahead is None:
+            self._ahead = (cupy.cuda.Stream(non_blocking=True), cupy.cuda.Event(disable_timing=True),
+                           cupy.cuda.Event(disable_timing=True))
+        side, fork, _ = self._ahead
+        fork.record(cupy.cuda.get_current_stream())
+        side.wait_event(fork)
+        l2ahead.launch(spans, side, bulk)
+        self._ahead_open = True
+
+    def l2_ahead_join(self) -> None:
+        """Make the current stream wait for the side stream's prefetches (a captured pass must end
+        joined; in eager passes it keeps the side stream from running past the pass)."""
+        if self._ahead_open:
+            import cupy
+
+            side, _, join = self._ahead
+            join.record(side)
+            cupy.cuda.get_current_stream().wait_event(join)
+            self._ahead_open = False
 
     def scratch(self, name: str, shape: tuple, dtype=_F32, zeroed: bool = False):
         """A buffer reused across calls for small passes (see the module docstring), else a new one;

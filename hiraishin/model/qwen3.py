@@ -23,6 +23,7 @@ from ..backends import Backend, get_backend
 from ..errors import HiraishinError
 from ..kernels.rope import rope_tables
 from ..order import ReductionOrder
+from .l2_ahead import l2_ahead_from_env
 from .weights import check_memory_fits, is_out_of_memory, load_weights, release_cached_memory
 
 __all__ = ["Qwen3", "ChainTokens", "DEFAULT_N_CTX"]
@@ -372,6 +373,7 @@ class Qwen3:
         cfg, ops, W = self.config, self.ops, self.weights
         T, eps, b = x.shape[0], cfg.rms_eps, buf.get
         carry = None  # (ffn_down, ffn_inp) of the previous layer: its output is their sum
+        ahead = l2_ahead_from_env()  # L2 prefetches beside the pass (cache hints: no bit changes)
         for il, L in enumerate(W.layers):
             qkv = ((L.attn_q.data, L.attn_q.qtype), (L.attn_k.data, L.attn_k.qtype), (L.attn_v.data, L.attn_v.qtype))
             if carry is None:
@@ -379,6 +381,8 @@ class Qwen3:
             else:
                 (q, k, v), x = ops.norm_matvecs(carry[0], L.attn_norm.data, eps, qkv, order, (b("q"), b("k"), b("v")),
                                                 residual=carry[1], out_sum=b("l_out"))
+            if ahead:
+                ops.l2_ahead(ahead.after_qkv(L), ahead.bulk)
             q = ops.qk_norm_rope_store(q.reshape(T, cfg.n_head, cfg.head_dim), k.reshape(T, cfg.n_head_kv, cfg.head_dim),
                                        v.reshape(T, cfg.n_head_kv, cfg.head_dim), L.attn_q_norm.data,
                                        L.attn_k_norm.data, eps, pos, self.rope_cos, self.rope_sin, self.cache, il,
@@ -388,10 +392,16 @@ class Qwen3:
             (g, u), x = ops.norm_matvecs(o, L.ffn_norm.data, eps, ((L.ffn_gate.data, L.ffn_gate.qtype),
                                                                    (L.ffn_up.data, L.ffn_up.qtype)), order,
                                          (b("ffn_gate"), b("ffn_up")), residual=x, out_sum=b("ffn_inp"))
+            if ahead:
+                nxt = W.layers[il + 1] if il + 1 < len(W.layers) else None
+                ops.l2_ahead(ahead.after_gate_up(L, (W.output.data,) if nxt is None else
+                                                 (nxt.attn_q.data, nxt.attn_k.data, nxt.attn_v.data)), ahead.bulk)
             d = ops.swiglu_matvec(g, u, (L.ffn_down.data, L.ffn_down.qtype), order, out=b("ffn_down"))
             carry = (d, x)
         (logits,), _ = ops.norm_matvecs(carry[0], W.output_norm.data, eps, ((W.output.data, W.output.qtype),), order,
                                         (b("logits"),), residual=carry[1], out_sum=b("l_out"))
+        if ahead:
+            ops.l2_ahead_join()  # the pass ends with its side stream (a graph capture must join it)
         return logits
 
     # One layer in three segments (the unfused ops; a recording pass runs these). Every op reads the pass's positions from the device array
