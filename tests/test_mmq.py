@@ -164,7 +164,7 @@ int main(int argc, char** argv) {
     std::vector<unsigned char> w(w0.size() + 16);
     std::memcpy(w.data() + shift, w0.data(), w0.size());
     std::vector<float> out((size_t)ncols * nrows, -12345.0f);
-    hx_launch({(unsigned)((nrows + 15) / 16 * HX_CGROUPS), (unsigned)((ncols + HX_CGROUPS * HX_BLOCK_COLS - 1) / (HX_CGROUPS * HX_BLOCK_COLS)), 1},
+    hx_launch({(unsigned)((nrows + HX_BLOCK_ROWS - 1) / HX_BLOCK_ROWS * HX_CGROUPS), (unsigned)((ncols + HX_CGROUPS * HX_BLOCK_COLS - 1) / (HX_CGROUPS * HX_BLOCK_COLS)), 1},
               {32u * HX_NWARPS, 1, 1}, HX_STAGE_BYTES,
               [&] { hx_mmq(w.data() + shift, x.data(), out.data(), nrows, ncols, (long long)nrows); });
     hx_write(argv[6], out.data(), out.size() * 4);
@@ -234,6 +234,8 @@ def test_mmq_source_equals_emulator_on_cpu(tmp_path, case, switch, monkeypatch):
             plans.append(dataclasses.replace(plan, cols_per_block=8, interleave=2))
         if wd > 8 and switch != "live-on":  # and as one block whose warps split over two one-tile column groups
             plans.append(dataclasses.replace(plan, warp_split=2, nwarps=2 * nwarps))
+        if wd > 1 and switch in ("default", "mma-layouts", "llama-layout", "interleaved-q6k"):  # two row tiles a warp
+            plans.append(dataclasses.replace(plan, tile_rows=32))
     for plan in plans:
         wd = plan.ncols
         defines = dict(kernel_defines(plan, None, prefetch), HX_SHIM=1)
@@ -383,7 +385,7 @@ int main(int argc, char** argv) {
     auto w = hx_read(argv[1]); auto x = hx_read(argv[2]);
     const size_t row_bytes = (size_t)HX_NB * HX_BLOCK_BYTES;
     int nt[3]; unsigned tiles = 0;
-    for (int i = 0; i < 3; ++i) { nt[i] = (n[i] + 15) / 16; tiles += nt[i]; }
+    for (int i = 0; i < 3; ++i) { nt[i] = (n[i] + HX_BLOCK_ROWS - 1) / HX_BLOCK_ROWS; tiles += nt[i]; }
     const unsigned char* wp[3] = {w.data(), w.data() + (size_t)n[0] * row_bytes, w.data() + (size_t)(n[0] + n[1]) * row_bytes};
     std::vector<float> out((size_t)ncols * (n[0] + n[1] + n[2]), -12345.0f);
     float* op[3] = {out.data(), out.data() + (size_t)ncols * n[0], out.data() + (size_t)ncols * (n[0] + n[1])};
@@ -427,6 +429,8 @@ def test_mmq_multi_source_equals_separate_emulators_on_cpu(tmp_path, qtype, widt
             plan = dataclasses.replace(plan, cols_per_block=8, interleave=2)
         elif wd > 12:  # one CUDA block whose warps split over two one-tile column groups
             plan = dataclasses.replace(plan, warp_split=2)
+        elif wd > 1 and xlayout == 2:  # 32 rows a CUDA block, two row tiles a warp
+            plan = dataclasses.replace(plan, tile_rows=32)
         exe = builder.build(SOURCE, dict(kernel_defines(plan, None), HX_SHIM=1), MMQ_MULTI_MAIN, "mmq_multi")
         _activations(xq, wd, activation_layout(plan)).tofile(tmp_path / "x.bin")
         run(exe, tmp_path / "w.bin", tmp_path / "x.bin", *ns, wd, tmp_path / "o.bin")

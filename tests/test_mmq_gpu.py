@@ -110,7 +110,9 @@ def test_launch_variants_change_no_bit(cp, qtype, k, n, xlayout, monkeypatch):
             # 9..16 columns as two one-tile CUDA blocks per row tile, side by side (SubBlockPlan.interleave),
             (wd, dataclasses.replace(subblock_plan(wd, qtype, k), cols_per_block=8, interleave=2)) for wd in (9, 16)] + [
             # and as one CUDA block whose warps split over two one-tile column groups (SubBlockPlan.warp_split)
-            (wd, dataclasses.replace(subblock_plan(wd, qtype, k), warp_split=2)) for wd in (9, 16)]:
+            (wd, dataclasses.replace(subblock_plan(wd, qtype, k), warp_split=2)) for wd in (9, 16)] + [
+            # 32 rows per CUDA block, two row tiles per warp (mmq.cu HX_MT)
+            (wd, dataclasses.replace(subblock_plan(wd, qtype, k), tile_rows=32)) for wd in (2, 3, 9, 16, 37)]:
         warps = {base.nseg, min(8, base.nseg), min(4, base.nseg), 1}
         if base.warp_split > 1:  # two warps per K-segment
             warps = {2 * nw for nw in warps if 2 * nw <= 16}
@@ -196,10 +198,10 @@ def test_staged_weight_loads_change_no_bit(cp, k, n, nwarps, monkeypatch):
 
 @pytest.mark.parametrize("qtype,k,ns", [("Q4_K", 4096, (4096, 1024, 1024)), ("Q4_K", 4096, (12288, 12288)),
                                         ("Q6_K", 768, (45, 19, 33))])
-@pytest.mark.parametrize("width", [1, 3, 9, 16, "9i", "16i"])
+@pytest.mark.parametrize("width", [1, 3, 9, 16, "9i", "16i", "3t", "16t"])
 def test_multi_launch_equals_separate_launches(cp, qtype, k, ns, width):
     """hx_mmq_multi (Q/K/V or gate/up of one plan in one launch) == one hx_mmq launch per weight ("9i":
-    9 columns in two one-tile CUDA blocks per row tile, side by side)."""
+    9 columns in two one-tile CUDA blocks per row tile, side by side; "3t": 32 rows per CUDA block)."""
     import dataclasses
 
     from hiraishin.kernels import quantize
@@ -207,11 +209,13 @@ def test_multi_launch_equals_separate_launches(cp, qtype, k, ns, width):
     from hiraishin.plans.subblock import subblock_plan
     from hiraishin.quant import random_blocks
 
-    interleaved = isinstance(width, str)
-    width = int(str(width).rstrip("i"))
+    interleaved, two_tiles = str(width).endswith("i"), str(width).endswith("t")
+    width = int(str(width).rstrip("it"))
     plan = subblock_plan(width, qtype, k, n=max(ns))
     if interleaved:
         plan = dataclasses.replace(plan, cols_per_block=8, interleave=2)
+    if two_tiles:
+        plan = dataclasses.replace(plan, tile_rows=32)
     ws = [cp.asarray(random_blocks(qtype, n, k, seed=60 + i)) for i, n in enumerate(ns)]
     x = np.random.default_rng(width).standard_normal((width, k)).astype(np.float32)
     multi = MMQMultiLaunch(ns, plan)

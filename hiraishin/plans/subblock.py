@@ -118,6 +118,12 @@ SUBBLOCK_FEW_COLS_TUNING = {
 # for every wide launch) was 30% slower in whole passes (bench/results/2026-12-03-h200-session11/
 # a-warp-split-matvec: 4.327 -> 5.611 ms at 9 tokens): kept as a tested launch fact for the sweeps.
 SUBBLOCK_WIDE_COLS_TUNING: dict = {}
+# Rows per CUDA block of the several-column launches: 16 (one row tile per warp) or 32 (two, mmq.cu HX_MT:
+# each super-block's activations, loaded once per warp, serve both; L1 was the busiest unit of the 9-16-column
+# launches). Launches of at least HIRAISHIN_MMQ_MTILES columns take 32 rows (0 or unset: none). A launch fact:
+# no bit changes (tests/test_mmq_gpu.py).
+ENV_MMQ_MTILES = "HIRAISHIN_MMQ_MTILES"
+SUBBLOCK_MTILES_MIN_COLS = int(os.environ.get(ENV_MMQ_MTILES, "").strip() or 0)
 WIDE_SUFFIX = "/wide"
 # A tuning file replacing both tables, for A/B runs of a launch sweep (bench/tune_mmq.py writes one):
 # JSON of the same form; "none": no entries (SUBBLOCK_NWARPS and launch.py's tables alone). Read once.
@@ -269,7 +275,8 @@ def subblock_plan(ncols: int, qtype: str, k: int, device=None, n: int | None = N
         cols = tuned.get("cols_per_block", cols)  # ("/wide" entries only)
         interleave = -(-ncols // cols)
     split = tuned.get("warp_split", 1)  # ("/wide" entries only): warps per K-segment
+    two_tiles = kernel == "mma" and split == 1 and 0 < SUBBLOCK_MTILES_MIN_COLS <= ncols
     return SubBlockPlan(qtype=qtype, ncols=ncols, k=k, nseg=nseg, kernel=kernel,
-                        tile_rows=SUBBLOCK_TILE_ROWS, cols_per_block=cols, nwarps=min(nseg * split, nwarps),
+                        tile_rows=SUBBLOCK_TILE_ROWS * (2 if two_tiles else 1), cols_per_block=cols, nwarps=min(nseg * split, nwarps),
                         max_regs=tuned.get("max_regs"), prefetch_x=tuned.get("prefetch_x"), interleave=interleave,
                         warp_split=split)

@@ -238,13 +238,14 @@ def kernel_defines(plan: SubBlockPlan, max_regs: int | None | str = "default",
         max_regs = plan.max_regs if plan.max_regs is not None else table
     if prefetch == "default":
         prefetch = plan.prefetch_x if plan.prefetch_x is not None else MMQ_PREFETCH_X.get(key, 0)
-    regs, pre = max_regs, int(prefetch)
+    mt = plan.tile_rows // SUBBLOCK_TILE_ROWS  # row tiles per warp (mmq.cu HX_MT: 2 takes none of the options below)
+    regs, pre = max_regs, int(prefetch) if mt == 1 else 0
     threads = 32 * plan.nwarps
     min_blocks = blocks_for_register_cap(regs, threads)
-    live = live_cols(plan, pre if nt == 1 else 0)
+    live = live_cols(plan, pre if nt == 1 else 0) if mt == 1 else 0
     pcols = 1 if plan.kernel == "onecol" else live or plan.cols_per_block
     switch = _env_choice(ENV_MMQ_STAGE_W, MMQ_STAGE_W_VALUES, "0")
-    stage = (switch == "1" or (switch == "wide" and nt == 2)) and stage_fits(plan, pcols)
+    stage = (switch == "1" or (switch == "wide" and nt == 2)) and stage_fits(plan, pcols) and mt == 1
     return {
         "HX_QTYPE": GGML_TYPE_ID[plan.qtype],
         "HX_BLOCK_BYTES": BLOCK_BYTES[plan.qtype],
@@ -258,12 +259,13 @@ def kernel_defines(plan: SubBlockPlan, max_regs: int | None | str = "default",
         "HX_PREFETCH_X": pre if nt == 1 else 0,
         "HX_PREFETCH_W": _prefetch_w(plan.k),
         "HX_LIVE": live,
-        "HX_PREFETCH_NEXT": 0 if stage else _switch(ENV_MMQ_PREFETCH_NEXT),
-        "HX_PIPELINE_W": _switch(ENV_MMQ_PIPELINE_W) if plan.qtype == "Q4_K" and not stage else 0,
+        "HX_PREFETCH_NEXT": 0 if stage or mt > 1 else _switch(ENV_MMQ_PREFETCH_NEXT),
+        "HX_PIPELINE_W": _switch(ENV_MMQ_PIPELINE_W) if plan.qtype == "Q4_K" and not stage and mt == 1 else 0,
         "HX_STAGE_W": int(stage),
         "HX_XLAYOUT": plan_xlayout(plan),
         "HX_CGROUPS": plan.interleave,
         "HX_WSPLIT": plan.warp_split,
+        "HX_MT": mt,
     }
 
 
@@ -305,7 +307,7 @@ class MMQLaunch:
                  max_regs: int | None | str = "default", prefetch: int | str = "default"):
         self.kernel, self.shared = mmq_kernel(plan, max_regs, prefetch)
         self.layout = activation_layout(plan)
-        self.grid = launch_grid(-(-n // SUBBLOCK_TILE_ROWS), plan)
+        self.grid = launch_grid(-(-n // plan.tile_rows), plan)
         self.block = (32 * plan.nwarps, 1, 1)
         self.scalars = (np.int32(n), np.int32(plan.ncols), np.int64(n if out_stride is None else out_stride))
 
@@ -341,7 +343,7 @@ class MMQMultiLaunch:
         self.kernel, self.shared = mmq_kernel(plan, name="hx_mmq_multi")
         self.layout = activation_layout(plan)
         self.ns = tuple(np.int32(n) for n in ns)
-        self.ntiles = tuple(np.int32(-(-n // SUBBLOCK_TILE_ROWS)) for n in ns)
+        self.ntiles = tuple(np.int32(-(-n // plan.tile_rows)) for n in ns)  # CUDA blocks' row ranges per weight
         self.grid = launch_grid(int(sum(self.ntiles)), plan)
         self.block = (32 * plan.nwarps, 1, 1)
         self.ncols = np.int32(plan.ncols)

@@ -31,6 +31,14 @@
 // C c0 (row g, column 2t), c1 (row g, 2t+1), c2 (row g+8, 2t), c3 (row g+8, 2t+1).
 
 #define HX_TILE_ROWS 16
+// HX_MT (1 or 2): row tiles of 16 per warp, so a CUDA block is HX_MT * 16 rows. The activations a warp loads
+// for a super-block (its B fragments and fp16 scales) then serve two row tiles instead of one: at 9..16 columns
+// those loads are most of what keeps L1 busy (Nsight Compute, bench/results/2026-12-03-h200-session11: L1/TEX
+// 71-81%, the busiest unit). Each row's float operations are the same whatever tile it sits in.
+#ifndef HX_MT
+#define HX_MT 1
+#endif
+#define HX_BLOCK_ROWS (HX_TILE_ROWS * HX_MT)
 #ifndef HX_CGROUPS
 #define HX_CGROUPS 1
 #endif
@@ -116,6 +124,12 @@
 #define HX_STAGE_ROWS_BYTES (HX_TILE_ROWS * HX_BLOCK_BYTES)  // one stage: the tile's 16 rows of one super-block
 // dynamic shared memory a launch gives the kernel (launch.py stage_bytes computes the same)
 #define HX_STAGE_BYTES (HX_STAGE_W ? HX_NWARPS * 2 * HX_STAGE_ROWS_BYTES : 0)
+#if HX_MT != 1 && HX_MT != 2
+#error "HX_MT must be 1 or 2"
+#endif
+#if HX_MT > 1 && (HX_ONECOL || HX_LIVE || HX_PREFETCH_X || HX_STAGE_W || HX_PIPELINE_W || HX_PREFETCH_NEXT || HX_WSPLIT != 1)
+#error "HX_MT 2: the several-column kernel without HX_LIVE, HX_PREFETCH_X, HX_STAGE_W, HX_PIPELINE_W, HX_PREFETCH_NEXT, HX_WSPLIT"
+#endif
 
 // mma.sync helpers and the weight-row loads: mma_rows.cu (compiled before this file; HX_XLAYOUT there).
 
@@ -143,10 +157,10 @@ __device__ __forceinline__ uint4 hx_u4_zero() {
     return v;
 }
 
-// Rows row0 .. row0+15 (those that exist) of the weight into L2 (fp.cuh hx_prefetch_lines).
+// Rows row0 .. row0+HX_BLOCK_ROWS-1 (those that exist) of the weight into L2 (fp.cuh hx_prefetch_lines).
 __device__ __forceinline__ void hx_prefetch_tile(const unsigned char* w, const int nrows, const int row0) {
     const long long row_bytes = (long long)HX_NB * HX_BLOCK_BYTES;
-    const int rows = min(HX_TILE_ROWS, nrows - row0);
+    const int rows = min(HX_BLOCK_ROWS, nrows - row0);
     hx_prefetch_lines(w + row0 * row_bytes, rows * row_bytes, threadIdx.x, blockDim.x);
 }
 
@@ -162,12 +176,12 @@ __device__ __forceinline__ int hx_col0() {
     return ((int)blockIdx.y * HX_CGROUPS + (int)blockIdx.x % HX_CGROUPS) * HX_BLOCK_COLS;
 }
 
-// One CUDA block's work: the tile of rows row0 .. row0+15 of weight w, columns col0 .. col0+HX_BLOCK_COLS-1
+// One CUDA block's work: the rows row0 .. row0+HX_BLOCK_ROWS-1 of weight w, columns col0 .. col0+HX_BLOCK_COLS-1
 // (every thread of the block calls it; one barrier).
 __device__ __forceinline__ void hx_mmq_tile(const unsigned char* __restrict__ w, const unsigned char* __restrict__ xq,
                                             float* __restrict__ out, const int nrows, const int ncols,
                                             const long long out_stride, const int row0, const int col0) {
-    __shared__ float part[HX_NSEG][HX_TILE_ROWS][HX_PCOLS];
+    __shared__ float part[HX_NSEG][HX_BLOCK_ROWS][HX_PCOLS];
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
@@ -175,6 +189,14 @@ __device__ __forceinline__ void hx_mmq_tile(const unsigned char* __restrict__ w,
     const hx_mma_ptrs ptr = hx_mma_pointers(w, xq, nrows, ncols, row0, col0 + HX_COLS * wcg, g, t);
     const unsigned char* wA = ptr.wA;
     const unsigned char* wB = ptr.wB;
+    const unsigned char* wAm[HX_MT];  // rows g and g + 8 of each row tile (clamped to the last row)
+    const unsigned char* wBm[HX_MT];
+#pragma unroll
+    for (int m = 0; m < HX_MT; ++m) {
+        const size_t row_bytes = (size_t)HX_NB * HX_BLOCK_BYTES;
+        wAm[m] = m == 0 ? wA : w + (size_t)min(row0 + HX_TILE_ROWS * m + g, nrows - 1) * row_bytes;
+        wBm[m] = m == 0 ? wB : w + (size_t)min(row0 + HX_TILE_ROWS * m + g + 8, nrows - 1) * row_bytes;
+    }
 #if HX_LIVE
     const int live_half = HX_LIVE == 2 ? t >> 1 : t & 1;            // row g + 8 * live_half
     const int live_src = 4 * g + (HX_LIVE == 2 ? 0 : t >> 1);        // the lane whose C holds them
@@ -217,11 +239,13 @@ __device__ __forceinline__ void hx_mmq_tile(const unsigned char* __restrict__ w,
 #endif
     for (int s = wseg; s < HX_NSEG; s += HX_SEG_WARPS) {
         const int sb0 = s * HX_NB / HX_NSEG, sb1 = (s + 1) * HX_NB / HX_NSEG;
-        float acc[HX_NT][4];
+        float acc[HX_MT][HX_NT][4];
 #pragma unroll
-        for (int nt = 0; nt < HX_NT; ++nt)
+        for (int m = 0; m < HX_MT; ++m)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) acc[nt][e] = 0.0f;  // HX_LIVE: acc[0][u], u < HX_LIVE_NE
+            for (int nt = 0; nt < HX_NT; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) acc[m][nt][e] = 0.0f;  // HX_LIVE: acc[0][0][u], u < HX_LIVE_NE
 
         for (int i = sb0; i < sb1; ++i) {
 #if HX_PREFETCH_NEXT
@@ -275,7 +299,9 @@ __device__ __forceinline__ void hx_mmq_tile(const unsigned char* __restrict__ w,
             int4 xv[HX_NT];
             uint4 dv[HX_NT][2];
 #endif
-            hx_row_sb rA, rB;
+            hx_row_sb rAm[HX_MT], rBm[HX_MT];  // row tile m's rows g, g + 8 (the paths below HX_MT 1 fill [0] only)
+            hx_row_sb& rA = rAm[0];
+            hx_row_sb& rB = rBm[0];
 #if HX_PIPELINE_W
             hx_decode_row(nA, rA);
             hx_decode_row(nB, rB);
@@ -303,26 +329,40 @@ __device__ __forceinline__ void hx_mmq_tile(const unsigned char* __restrict__ w,
                 stage_b ^= 1;
             }
 #else
-            hx_load_row(wA + (size_t)i * HX_BLOCK_BYTES, t, rA);
-            hx_load_row(wB + (size_t)i * HX_BLOCK_BYTES, t, rB);
+#pragma unroll
+            for (int m = 0; m < HX_MT; ++m) {
+                hx_load_row(wAm[m] + (size_t)i * HX_BLOCK_BYTES, t, rAm[m]);
+                hx_load_row(wBm[m] + (size_t)i * HX_BLOCK_BYTES, t, rBm[m]);
+            }
 #endif
 #pragma unroll
             for (int jj = 0; jj < 8; ++jj) {   // q8_1 block 8i + jj, in k order
+                // per row tile m: the A fragments and scales of this sub-block (rows g: A, g + 8: B)
 #if HX_QTYPE == 12
                 const int jp = jj >> 1, sh = 4 * (jj & 1);
-                const int a0 = (rA.q[2 * jp] >> sh) & 0x0F0F0F0F;
-                const int a1 = (rB.q[2 * jp] >> sh) & 0x0F0F0F0F;
-                const int a2 = (rA.q[2 * jp + 1] >> sh) & 0x0F0F0F0F;
-                const int a3 = (rB.q[2 * jp + 1] >> sh) & 0x0F0F0F0F;
-                const float wsA = hx_q4_ws(rA, jj), wmA = hx_q4_wm(rA, jj);  // this sub-block's scale products
-                const float wsB = hx_q4_ws(rB, jj), wmB = hx_q4_wm(rB, jj);
+                int a0[HX_MT], a1[HX_MT], a2[HX_MT], a3[HX_MT];
+                float wsAm[HX_MT], wmAm[HX_MT], wsBm[HX_MT], wmBm[HX_MT];
+#pragma unroll
+                for (int m = 0; m < HX_MT; ++m) {
+                    a0[m] = (rAm[m].q[2 * jp] >> sh) & 0x0F0F0F0F;
+                    a1[m] = (rBm[m].q[2 * jp] >> sh) & 0x0F0F0F0F;
+                    a2[m] = (rAm[m].q[2 * jp + 1] >> sh) & 0x0F0F0F0F;
+                    a3[m] = (rBm[m].q[2 * jp + 1] >> sh) & 0x0F0F0F0F;
+                    wsAm[m] = hx_q4_ws(rAm[m], jj); wmAm[m] = hx_q4_wm(rAm[m], jj);  // this sub-block's scale products
+                    wsBm[m] = hx_q4_ws(rBm[m], jj); wmBm[m] = hx_q4_wm(rBm[m], jj);
+                }
+                const float wsA = wsAm[0], wmA = wmAm[0], wsB = wsBm[0], wmB = wmBm[0];  // (HX_LIVE: one row tile)
 #else
                 const int n = jj >> 2, bb = jj & 3;
-                const int lA0 = hx_q6_vals(rA, n, bb, 0), lB0 = hx_q6_vals(rB, n, bb, 0);
-                const int lA1 = hx_q6_vals(rA, n, bb, 1), lB1 = hx_q6_vals(rB, n, bb, 1);
                 const int si = 2 * jj;  // scale index of the first 16-value half
-                const int scA0 = hx_sbyte(rA.sc[si >> 2], si & 3), scA1 = hx_sbyte(rA.sc[si >> 2], (si & 3) + 1);
-                const int scB0 = hx_sbyte(rB.sc[si >> 2], si & 3), scB1 = hx_sbyte(rB.sc[si >> 2], (si & 3) + 1);
+                int lA0[HX_MT], lB0[HX_MT], lA1[HX_MT], lB1[HX_MT], scA0[HX_MT], scA1[HX_MT], scB0[HX_MT], scB1[HX_MT];
+#pragma unroll
+                for (int m = 0; m < HX_MT; ++m) {
+                    lA0[m] = hx_q6_vals(rAm[m], n, bb, 0); lB0[m] = hx_q6_vals(rBm[m], n, bb, 0);
+                    lA1[m] = hx_q6_vals(rAm[m], n, bb, 1); lB1[m] = hx_q6_vals(rBm[m], n, bb, 1);
+                    scA0[m] = hx_sbyte(rAm[m].sc[si >> 2], si & 3); scA1[m] = hx_sbyte(rAm[m].sc[si >> 2], (si & 3) + 1);
+                    scB0[m] = hx_sbyte(rBm[m].sc[si >> 2], si & 3); scB1[m] = hx_sbyte(rBm[m].sc[si >> 2], (si & 3) + 1);
+                }
 #endif
 #pragma unroll
                 for (int nt = 0; nt < HX_NT; ++nt) {
@@ -340,17 +380,19 @@ __device__ __forceinline__ void hx_mmq_tile(const unsigned char* __restrict__ w,
                     const int b0 = hx_ld32(ptr.xb[nt] + HX_X_INT(i, jj, t, 0));
                     const int b1 = hx_ld32(ptr.xb[nt] + HX_X_INT(i, jj, t, 1));
 #endif
+#pragma unroll
+                    for (int m = 0; m < HX_MT; ++m) {  // the same B fragments and scales for every row tile
                     int c[4];
 #if HX_QTYPE == 12
-                    hx_mma_k32(c, a0, a1, a2, a3, b0, b1);
+                    hx_mma_k32(c, a0[m], a1[m], a2[m], a3[m], b0, b1);
 #else
                     int c1[4];
-                    hx_mma_k16(c, lA0, lB0, b0);
-                    hx_mma_k16(c1, lA1, lB1, b1);
-                    c[0] = scA0 * c[0] + scA1 * c1[0];
-                    c[1] = scA0 * c[1] + scA1 * c1[1];
-                    c[2] = scB0 * c[2] + scB1 * c1[2];
-                    c[3] = scB0 * c[3] + scB1 * c1[3];
+                    hx_mma_k16(c, lA0[m], lB0[m], b0);
+                    hx_mma_k16(c1, lA1[m], lB1[m], b1);
+                    c[0] = scA0[m] * c[0] + scA1[m] * c1[0];
+                    c[1] = scA0[m] * c[1] + scA1[m] * c1[1];
+                    c[2] = scB0[m] * c[2] + scB1[m] * c1[2];
+                    c[3] = scB0[m] * c[3] + scB1[m] * c1[3];
 #endif
 #if HX_LIVE
                     // every lane of the warp takes part (the loops above are uniform per warp)
@@ -367,11 +409,11 @@ __device__ __forceinline__ void hx_mmq_tile(const unsigned char* __restrict__ w,
                         const float sx = hx_h2f((unsigned short)(ds >> 16));
                         const float ws = live_half ? wsB : wsA;
                         const float wm = live_half ? wmB : wmA;
-                        acc[0][u] = __fmaf_rn(__fmul_rn(ws, dx), (float)ce, acc[0][u]);
-                        acc[0][u] = __fmaf_rn(-wm, sx, acc[0][u]);
+                        acc[0][0][u] = __fmaf_rn(__fmul_rn(ws, dx), (float)ce, acc[0][0][u]);
+                        acc[0][0][u] = __fmaf_rn(-wm, sx, acc[0][0][u]);
 #else
                         const float dw = live_half ? rB.d : rA.d;
-                        acc[0][u] = __fmaf_rn(__fmul_rn(dw, dx), (float)ce, acc[0][u]);
+                        acc[0][0][u] = __fmaf_rn(__fmul_rn(dw, dx), (float)ce, acc[0][0][u]);
 #endif
                     }
 #else
@@ -389,36 +431,39 @@ __device__ __forceinline__ void hx_mmq_tile(const unsigned char* __restrict__ w,
                         const float dx = hx_h2f((unsigned short)(ds & 0xFFFF));
 #if HX_QTYPE == 12
                         const float sx = hx_h2f((unsigned short)(ds >> 16));
-                        const float ws = e < 2 ? wsA : wsB;
-                        const float wm = e < 2 ? wmA : wmB;
-                        acc[nt][e] = __fmaf_rn(__fmul_rn(ws, dx), (float)c[e], acc[nt][e]);
-                        acc[nt][e] = __fmaf_rn(-wm, sx, acc[nt][e]);
+                        const float ws = e < 2 ? wsAm[m] : wsBm[m];
+                        const float wm = e < 2 ? wmAm[m] : wmBm[m];
+                        acc[m][nt][e] = __fmaf_rn(__fmul_rn(ws, dx), (float)c[e], acc[m][nt][e]);
+                        acc[m][nt][e] = __fmaf_rn(-wm, sx, acc[m][nt][e]);
 #else
-                        const float dw = e < 2 ? rA.d : rB.d;
-                        acc[nt][e] = __fmaf_rn(__fmul_rn(dw, dx), (float)c[e], acc[nt][e]);
+                        const float dw = e < 2 ? rAm[m].d : rBm[m].d;
+                        acc[m][nt][e] = __fmaf_rn(__fmul_rn(dw, dx), (float)c[e], acc[m][nt][e]);
 #endif
                     }
 #endif  // HX_LIVE
+                    }  // row tiles
                 }
             }
         }
 #if HX_LIVE
 #pragma unroll
-        for (int u = 0; u < HX_LIVE_NE; ++u) part[s][g + 8 * live_half][live_col[u]] = acc[0][u];
+        for (int u = 0; u < HX_LIVE_NE; ++u) part[s][g + 8 * live_half][live_col[u]] = acc[0][0][u];
 #else
 #pragma unroll
-        for (int nt = 0; nt < HX_NT; ++nt)
+        for (int m = 0; m < HX_MT; ++m)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                if (HX_ONECOL && ((e & 1) || t != 0)) continue;
-                const int rr = g + 8 * (e >> 1);
-                const int cc = HX_ONECOL ? 0 : HX_COLS * wcg + 8 * nt + 2 * t + (e & 1);
-                part[s][rr][cc] = acc[nt][e];
-            }
+            for (int nt = 0; nt < HX_NT; ++nt)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    if (HX_ONECOL && ((e & 1) || t != 0)) continue;
+                    const int rr = HX_TILE_ROWS * m + g + 8 * (e >> 1);
+                    const int cc = HX_ONECOL ? 0 : HX_COLS * wcg + 8 * nt + 2 * t + (e & 1);
+                    part[s][rr][cc] = acc[m][nt][e];
+                }
 #endif
     }
     __syncthreads();
-    constexpr int NOUT = HX_TILE_ROWS * HX_PCOLS;
+    constexpr int NOUT = HX_BLOCK_ROWS * HX_PCOLS;
     for (int o = threadIdx.x; o < NOUT; o += 32 * HX_NWARPS) {
         const int rr = o / HX_PCOLS;
         const int cc = o % HX_PCOLS;
@@ -432,7 +477,7 @@ __device__ __forceinline__ void hx_mmq_tile(const unsigned char* __restrict__ w,
 extern "C" __global__ void __launch_bounds__(32 * HX_NWARPS, HX_MIN_BLOCKS)
 hx_mmq(const unsigned char* __restrict__ w, const unsigned char* __restrict__ xq, float* __restrict__ out,
        const int nrows, const int ncols, const long long out_stride) {
-    const int row0 = (int)(blockIdx.x / HX_CGROUPS) * HX_TILE_ROWS;
+    const int row0 = (int)(blockIdx.x / HX_CGROUPS) * HX_BLOCK_ROWS;
     const int col0 = hx_col0();
     if (HX_PREFETCH_W && col0 == 0) hx_prefetch_tile(w, nrows, row0);
     if (!HX_STAGE_W) HX_PDL_ENTRY();  // (HX_STAGE_W: in hx_mmq_tile, after the first weight copy)
@@ -451,7 +496,7 @@ hx_mmq_multi(const unsigned char* __restrict__ xq, const int ncols,
     const hx_weight_of_block p = hx_pick_weight(blockIdx.x / HX_CGROUPS, w0, out0, nrows0, ntile0, w1, out1, nrows1,
                                                 ntile1, w2, out2, nrows2);
     const int col0 = hx_col0();
-    if (HX_PREFETCH_W && col0 == 0) hx_prefetch_tile(p.w, p.nrows, p.index * HX_TILE_ROWS);
+    if (HX_PREFETCH_W && col0 == 0) hx_prefetch_tile(p.w, p.nrows, p.index * HX_BLOCK_ROWS);
     if (!HX_STAGE_W) HX_PDL_ENTRY();  // (HX_STAGE_W: in hx_mmq_tile, after the first weight copy)
-    hx_mmq_tile(p.w, xq, p.out, p.nrows, ncols, p.nrows, p.index * HX_TILE_ROWS, col0);
+    hx_mmq_tile(p.w, xq, p.out, p.nrows, ncols, p.nrows, p.index * HX_BLOCK_ROWS, col0);
 }
