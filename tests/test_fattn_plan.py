@@ -11,7 +11,7 @@ from hiraishin.errors import PlanError
 from hiraishin.order import ReductionOrder
 from hiraishin.plans import AttentionPlan, attention_plan, parallel_blocks_for
 from hiraishin.plans.attention import (KERNEL_Q1, KERNEL_QN, KERNEL_SHARED, KERNEL_TILE, SHARED_MIN_KV,
-                                       SHARED_MIN_QUERIES, SHARED_PICK, SHARED_QUERIES, shared_queries_for)
+                                       SHARED_PICK, SHARED_QUERIES, shared_queries_for)
 
 H200_LIKE = DeviceProfile(name="h200-like", compute_capability=900, sm_count=132,
                           occupancy={KERNEL_Q1: 3, KERNEL_QN: 2, KERNEL_TILE: 2})
@@ -67,14 +67,11 @@ def test_exact_orders_share_kv_loads_in_multi_query_passes(order):
 
 
 def test_shared_queries_per_block_as_measured():
-    """The H200 measurements' rule: 4 queries a block from 2 queries and SHARED_MIN_KV filled cells on, or
-    from SHARED_MIN_QUERIES queries at any length, whatever the heads or P; one query, or a short cache
-    and fewer queries, keeps fattn_vec_q1."""
-    assert SHARED_PICK in SHARED_QUERIES and SHARED_MIN_KV % 256 == 0 and 2 < SHARED_MIN_QUERIES <= 17
+    """The H200 measurement's rule: 4 queries a block from 2 queries and SHARED_MIN_KV filled cells on,
+    whatever the heads or P; one query, or a short cache, keeps fattn_vec_q1."""
+    assert SHARED_PICK in SHARED_QUERIES and SHARED_MIN_KV % 256 == 0
     assert [shared_queries_for(n, SHARED_MIN_KV) for n in (1, 2, 3, 9, 16)] == [0] + 4 * [SHARED_PICK]
-    short = [shared_queries_for(n, SHARED_MIN_KV - 1) for n in range(1, 17)]
-    assert short == [SHARED_PICK if n >= SHARED_MIN_QUERIES else 0 for n in range(1, 17)]
-    assert shared_queries_for(1, 48) == 0 and shared_queries_for(SHARED_MIN_QUERIES - 1, 48) == 0
+    assert [shared_queries_for(n, SHARED_MIN_KV - 1) for n in (1, 2, 16)] == [0, 0, 0]
     plan = attention_plan(ReductionOrder.BATCH_INVARIANT, 9, 40000, 64, 8, device=H200_LIKE)
     assert plan.queries_per_block == SHARED_PICK and plan.shared_kv
 
@@ -205,12 +202,10 @@ def test_current_device_needs_cupy():
         pytest.skip("CuPy present: covered by tests/test_fattn_gpu.py")
 
 
-def test_short_caches_keep_the_one_query_kernel_below_the_query_bound():
-    # a few L2-resident cells: sharing K/V loads saves little and the shared kernel was slower (H200) below
-    # SHARED_MIN_QUERIES queries
+def test_short_caches_keep_the_one_query_kernel():
+    # a few L2-resident cells: sharing K/V loads saves nothing and the shared kernel was slower (H200)
     for order in (ReductionOrder.BATCH_INVARIANT, ReductionOrder.SUBBLOCK, ReductionOrder.custom(parallel_blocks=3)):
         for n in range(1, 17):
             short = attention_plan(order, n, SHARED_MIN_KV - 1, 32, 8, device=H200_LIKE)
-            wide = n >= SHARED_MIN_QUERIES
-            assert short.kernel_name == (KERNEL_SHARED if wide else KERNEL_Q1) and short.shared_kv == wide
+            assert short.kernel_name == KERNEL_Q1 and not short.shared_kv
         assert attention_plan(order, 16, SHARED_MIN_KV, 32, 8, device=H200_LIKE).shared_kv

@@ -21,8 +21,6 @@ the GPU run the same plan unless asked otherwise.
 
 from __future__ import annotations
 
-import os
-
 from dataclasses import dataclass
 from typing import Literal
 
@@ -74,13 +72,6 @@ SHARED_QUERIES = (2, 4, 8)
 # SUBBLOCK pass 0.22 ms (19.1 us a layer).
 SHARED_MIN_KV = 1024  # filled cells from which a pass of several queries shares K/V loads
 SHARED_PICK = 4  # queries of one KV head per fattn_vec_shared block then
-# From 13 queries the 4-query build was the faster at every cache length measured (same run, 48-512 filled
-# cells: 12.93 vs 13.48 us at 13 queries and 48 cells, 13.08 vs 14.68 at 16; 22.64 vs 23.27 at 13 and 512
-# cells, 22.96 vs 25.83 at 16), while at 12 queries fattn_vec_q1 won at 384 and 512 cells. So a pass of at
-# least SHARED_MIN_QUERIES queries shares K/V loads at any length. HIRAISHIN_SHARED_MIN_QUERIES moves the bound
-# (17: never below SHARED_MIN_KV; the A/B), read once.
-ENV_SHARED_MIN_QUERIES = "HIRAISHIN_SHARED_MIN_QUERIES"
-SHARED_MIN_QUERIES = int(os.environ.get(ENV_SHARED_MIN_QUERIES, "").strip() or 13)
 # The multi-query tile kernel (fattn_tile.cu gets these as #defines): queries per block, and cells
 # per shared-memory tile (its KV granularity).
 TILE_QUERIES = 8
@@ -296,11 +287,9 @@ def shared_occupancy_key(queries: int) -> str:
 def shared_queries_for(n_queries: int, kv_len: int) -> int:
     """Queries per ``fattn_vec_shared`` block for a launch of ``n_queries`` over ``kv_len`` filled
     cells, 0 for ``fattn_vec_q1``: :data:`SHARED_PICK` from 2 queries and :data:`SHARED_MIN_KV` cells
-    on, or from :data:`SHARED_MIN_QUERIES` queries at any length (the H200 measurements above).
-    Scheduling only: the bits are the one-query kernel's whatever this returns."""
-    if n_queries >= SHARED_MIN_QUERIES or (n_queries >= 2 and kv_len >= SHARED_MIN_KV):
-        return SHARED_PICK
-    return 0
+    on (the H200 measurement above). Scheduling only: the bits are the one-query kernel's whatever
+    this returns."""
+    return SHARED_PICK if n_queries >= 2 and kv_len >= SHARED_MIN_KV else 0
 
 
 def _exact_vec(n_queries: int, kv_len: int) -> dict:
