@@ -14,6 +14,13 @@ from a stream beside the pass (``hiraishin/kernels/l2ahead``) at two points of e
 
 A spec is a comma-separated list of these items, optionally ending in ``/line`` (128-byte line
 prefetches instead of bulk ones); ``off`` or empty: none. Cache hints only: no result changes.
+
+Off by default: on the H200 every schedule tried made graph-replayed passes slower, same digests
+(bench/results/2026-12-04-h200-session16/a-l2-ahead): the 8B's BATCH_INVARIANT one-token pass 2.527 ->
+2.581 ms with ``o,qkv16``, 2.611 with ``o,qkv16,ffn24``, 2.620 adding ``down12``, 2.678 with line
+prefetches; SUBBLOCK's 16-token pass 4.080 -> 4.157-4.466; the 0.6B 0.701 -> 0.709-0.769. The small
+mat-vecs are not waiting on DRAM latency that L2 could hide (their first wave already prefetches its rows
+before the PDL wait), and the side kernels cost their launches and slots.
 """
 
 from __future__ import annotations

@@ -72,6 +72,10 @@ SHARED_QUERIES = (2, 4, 8)
 # SUBBLOCK pass 0.22 ms (19.1 us a layer).
 SHARED_MIN_KV = 1024  # filled cells from which a pass of several queries shares K/V loads
 SHARED_PICK = 4  # queries of one KV head per fattn_vec_shared block then
+# Not kept: sharing from 13 queries at any length (the isolated launches above had the 4-query build faster
+# from 13 queries at 48-512 cells on the 8B's heads). Whole SUBBLOCK / BATCH_INVARIANT passes, same digests
+# (bench/results/2026-12-04-h200-session16/c-bench-shared-min-queries): the 8B within 0.3% at 12-16 tokens
+# (4.086 -> 4.083 ms at 16), the 0.6B (16 query heads on 8 KV heads) 5-9% slower (1.024 -> 1.117 at 16).
 # The multi-query tile kernel (fattn_tile.cu gets these as #defines): queries per block, and cells
 # per shared-memory tile (its KV granularity).
 TILE_QUERIES = 8

@@ -121,7 +121,10 @@ SUBBLOCK_WIDE_COLS_TUNING: dict = {}
 # Rows per CUDA block of the several-column launches: 16 (one row tile per warp) or 32 (two, mmq.cu HX_MT:
 # each super-block's activations, loaded once per warp, serve both; L1 was the busiest unit of the 9-16-column
 # launches). Launches of at least HIRAISHIN_MMQ_MTILES columns take 32 rows (0 or unset: none). A launch fact:
-# no bit changes (tests/test_mmq_gpu.py).
+# no bit changes (tests/test_mmq.py, tests/test_mmq_gpu.py). Measured slower, so off: ptxas needs 222 registers
+# for a two-n-tile warp (one 8-warp CUDA block per SM instead of two), and the H200's SUBBLOCK passes of the 8B,
+# same digests (bench/results/2026-12-04-h200-session16/b-two-row-tiles), went 3.894 -> 4.520 ms at 9 tokens and
+# 4.085 -> 4.744 at 16 (=9), 3.006 -> 3.475 at 3 (=2): fewer activation loads did not make up for the occupancy.
 ENV_MMQ_MTILES = "HIRAISHIN_MMQ_MTILES"
 SUBBLOCK_MTILES_MIN_COLS = int(os.environ.get(ENV_MMQ_MTILES, "").strip() or 0)
 WIDE_SUFFIX = "/wide"
