@@ -46,7 +46,8 @@ warp so all lanes share the float work of <= 4 live columns; ``HIRAISHIN_MMQ_LIV
 MMAs; ``HIRAISHIN_MMQ_PIPELINE_W=1``) and ``HX_STAGE_W`` (Q4_K: the next super-block copied into shared
 memory with cp.async, the first copy before the PDL wait; ``HIRAISHIN_MMQ_STAGE_W=1``: faster on the
 0.6B's short rows, slower on the 8B's; ``=wide``, only the 9..16-column launches: 0.6-3% faster, same
-bits, a candidate default).
+bits, a candidate default); and ``HX_MT`` (two 16-row tiles per warp, each super-block's activations serving
+32 rows; ``HIRAISHIN_MMQ_MTILES=c`` for launches of c+ columns: 222 registers, 12-16% slower 9-16-token passes).
 
 Upstream facts mirrored (llama.cpp ggml-cuda ``mmq.cuh`` / ``mma.cuh``; reference section 4): MMQ
 accumulates per 32-value sub-block in k order, ``sum += dA*dB*C_int32`` then the Q4_K min term

@@ -34,7 +34,8 @@
 // HX_MT (1 or 2): row tiles of 16 per warp, so a CUDA block is HX_MT * 16 rows. The activations a warp loads
 // for a super-block (its B fragments and fp16 scales) then serve two row tiles instead of one: at 9..16 columns
 // those loads are most of what keeps L1 busy (Nsight Compute, bench/results/2026-12-03-h200-session11: L1/TEX
-// 71-81%, the busiest unit). Each row's float operations are the same whatever tile it sits in.
+// 71-81%, the busiest unit). Each row's float operations are the same whatever tile it sits in. Measured slower
+// on the H200 (222 registers, half the warps per SM; hiraishin/plans/subblock.py ENV_MMQ_MTILES): off by default.
 #ifndef HX_MT
 #define HX_MT 1
 #endif
