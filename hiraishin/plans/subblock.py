@@ -205,7 +205,8 @@ class SubBlockPlan:
     :data:`ENV_MMQ_TUNING`), ``interleave``: the column groups of ``cols_per_block`` whose CUDA
     blocks of one row tile sit next to each other along ``blockIdx.x`` (1: column groups along
     ``blockIdx.y``), so that the second reads the tile's weights from L2, and ``warp_split``: the
-    column groups a CUDA block's warps split into (2: each warp one n-tile of 16 columns).
+    column groups a CUDA block's warps split into (2: each warp one n-tile of 16 columns); ``tile_rows``:
+    rows per CUDA block, 16 or 32 (two row tiles per warp: :data:`ENV_MMQ_MTILES`).
     """
 
     qtype: str
