@@ -116,7 +116,8 @@ SUBBLOCK_FEW_COLS_TUNING = {
 # passes of the 8B with them, same digests, were slower: 4.335 -> 4.657 ms at 9 tokens, 4.574 -> 4.867 at
 # 12, 5.055 -> 5.346 at 16 (the 0.6B unchanged). So none is kept. The warp split (bench/tuning/split-wide.json
 # for every wide launch) was 30% slower in whole passes (bench/results/2026-12-03-h200-session11/
-# a-warp-split-matvec: 4.327 -> 5.611 ms at 9 tokens): kept as a tested launch fact for the sweeps.
+# a-warp-split-matvec: 4.327 -> 5.611 ms at 9 tokens): kept as a tested launch fact for the sweeps. The output head
+# alone as two one-tile blocks (bench/tuning/head-interleave.json) was 3% slower at 9 and 16 tokens (session 16).
 SUBBLOCK_WIDE_COLS_TUNING: dict = {}
 # Rows per CUDA block of the several-column launches: 16 (one row tile per warp) or 32 (two, mmq.cu HX_MT:
 # each super-block's activations, loaded once per warp, serve both; L1 was the busiest unit of the 9-16-column
