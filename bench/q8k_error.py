@@ -23,23 +23,22 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hiraishin.quant import dequantize  # noqa: E402
+from hiraishin.quant import dequantize, quantize_q8_1_ref  # noqa: E402
 
 QK_K = 256
 QK8_1 = 32
 
 
 def q8_scaled(x: np.ndarray, group: int) -> np.ndarray:
-    """x (n, K) quantized to int8 with one float32 scale per ``group`` values and dequantized back, float64.
+    """x (n, K) quantized to int8 with one float scale per ``group`` values and dequantized back, float64.
 
-    group 32: llama.cpp's q8_1 (d = amax / 127, q = round(x / d)); group 256: its q8_K (``quantize_row_q8_K``:
-    the value of largest magnitude maps to -127, iscale = -127 / max, q = min(127, nearest_int(iscale * x)))."""
+    group 32: llama.cpp's q8_1 (the library's reference, ``hiraishin.quant.quantize_q8_1_ref``); group 256: its
+    q8_K (``quantize_row_q8_K``: the value of largest magnitude maps to -127, iscale = -127 / max,
+    q = min(127, nearest_int(iscale * x)), d = 1 / iscale), written here (the library has no q8_K)."""
+    if group == QK8_1:
+        return dequantize(quantize_q8_1_ref(x.astype(np.float32)), "Q8_1").astype(np.float64)
     n, k = x.shape
     g = x.reshape(n, k // group, group).astype(np.float32)
-    if group == QK8_1:
-        d = np.abs(g).max(axis=2, keepdims=True) / np.float32(127)
-        q = np.where(d > 0, np.rint(g / np.where(d > 0, d, 1)), 0)
-        return (q * d).reshape(n, k).astype(np.float64)
     idx = np.abs(g).argmax(axis=2)[..., None]
     mx = np.take_along_axis(g, idx, axis=2)
     iscale = np.where(mx != 0, np.float32(-127) / np.where(mx != 0, mx, 1), 0).astype(np.float32)

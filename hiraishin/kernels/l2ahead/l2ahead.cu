@@ -28,9 +28,7 @@ __device__ __forceinline__ void hx_ahead_chunk(const unsigned char* p, const lon
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && HX_BULK
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"((unsigned int)n) : "memory");
 #else
-    for (long long off = 0; off < n; off += HX_L2_LINE) {
-        HX_PREFETCH_L2(p + off);
-    }
+    hx_prefetch_lines(p, n, 0, 1);  // fp.cuh: every 128-byte line of the chunk, from this thread
 #endif
 }
 
