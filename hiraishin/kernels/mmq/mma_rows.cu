@@ -33,6 +33,13 @@ __device__ __forceinline__ void hx_mma_k32(int c[4], int a0, int a1, int a2, int
         : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(0), "r"(0), "r"(0), "r"(0));
 }
+// c += A B (bench/proto_superblock.py's prototype only)
+__device__ __forceinline__ void hx_mma_k32_acc(int c[4], int a0, int a1, int a2, int a3, int b0, int b1) {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
 __device__ __forceinline__ void hx_mma_k16(int c[4], int a0, int a1, int b0) {
     asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
         "{%7,%8,%9,%10};"
