@@ -15,6 +15,10 @@ bytes (one ds word per super-block as its scale, the high half as an integer sum
 * ``proto2`` (Q4_K): the scales folded into the A fragments (q * (sc >> 3), q * (sc & 7), and rows of the min),
   so three MMAs accumulate the super-block and nothing runs per element until its end.
 
+and two diagnostics of the second n-tile at 9-16 columns (``mmq.cu`` ``HX_DIAG``): ``diag1`` without its
+activation loads (it reuses the first n-tile's registers), ``diag2`` with its loads but without its MMAs and
+float work (at 1-8 columns both are the library's launch).
+
 The prototype's outputs are not any order's (only their time means something); the library's launch is checked
 against the emulator as ``tune_mmq.py`` does. Weights rotate through copies of >= 4x the L2; times are CUDA
 events over back-to-back launches (``benchlib.median_event_time``).
@@ -53,14 +57,17 @@ def main(argv=None) -> int:
 
     _, dev_name, l2, spin, cycles = timing_setup(cp)
 
-    def variant_defines(plan, proto):
+    def variant_defines(plan, v):
         d = kernel_defines(plan)
-        if proto:
-            d.update(HX_PROTO_SUPER=proto, HX_LIVE=0, HX_PREFETCH_X=0)
+        if v.startswith("proto"):
+            d.update(HX_PROTO_SUPER=int(v[-1]), HX_LIVE=0, HX_PREFETCH_X=0)
+        elif v.startswith("diag") and d["HX_NT"] == 2:
+            d.update(HX_DIAG=int(v[-1]))
         return d
 
-    variants = {label: ["library", "proto1"] + (["proto2"] if qtype == "Q4_K" else []) for label, qtype, _, _ in SHAPES}
-    jobs = [(SOURCE, variant_defines(subblock_plan(wd, qtype, k, n=n), int(v[-1]) if v != "library" else 0))
+    variants = {label: ["library", "proto1"] + (["proto2"] if qtype == "Q4_K" else []) + ["diag1", "diag2"]
+                for label, qtype, _, _ in SHAPES}
+    jobs = [(SOURCE, variant_defines(subblock_plan(wd, qtype, k, n=n), v))
             for label, qtype, k, n in SHAPES for v in variants[label] for wd in widths]
     print(f"device {dev_name}; compiling {len(jobs)} kernels", flush=True)
     precompile(jobs)
@@ -71,7 +78,7 @@ def main(argv=None) -> int:
         rows, ref, ws, x, acts, _ = subblock_case(cp, rng, qtype, k, n, max(widths), l2)
         line = {}
         for v in variants[label]:
-            proto = int(v[-1]) if v != "library" else 0
+            proto = v != "library"
             per = {}
             for wd in widths:
                 plan = subblock_plan(wd, qtype, k, n=n)
@@ -80,7 +87,7 @@ def main(argv=None) -> int:
                     def compile_spills(d):
                         kern = get_kernel(SOURCE, "hx_mmq", d)
                         return kern, int(kern.local_size_bytes)
-                    launch.kernel, _ = relax_register_cap(variant_defines(plan, proto), compile_spills)
+                    launch.kernel, _ = relax_register_cap(variant_defines(plan, v), compile_spills)
                 out = cp.empty((wd, n), dtype=cp.float32)
                 xq = acts(wd, launch.layout)
                 launch(ws[0], xq, out)

@@ -51,6 +51,12 @@
 #ifndef HX_PROTO_SUPER
 #define HX_PROTO_SUPER 0
 #endif
+// HX_DIAG (0/1/2; two n-tiles, HX_XLAYOUT): timing diagnostics of the second n-tile (bench/proto_superblock.py),
+// wrong outputs, never set by the library. 1: n-tile 1 reuses n-tile 0's activation registers (its loads
+// removed, its MMAs and float work kept); 2: n-tile 1's loads kept, its MMAs and float work removed.
+#ifndef HX_DIAG
+#define HX_DIAG 0
+#endif
 #if HX_PROTO_SUPER == 2 && HX_QTYPE != 12
 #undef HX_PROTO_SUPER
 #define HX_PROTO_SUPER 1
@@ -422,13 +428,29 @@ __device__ __forceinline__ void hx_mmq_tile(const unsigned char* __restrict__ w,
 #if HX_PREFETCH_X
                     const int b0 = bxp[jj][0], b1 = bxp[jj][1];
 #elif HX_XLAYOUT
+#if HX_DIAG == 1
+                    if (nt > 0) {
+                        xv[nt] = xv[0];
+                        dv[nt][0] = dv[0][0];
+                        dv[nt][1] = dv[0][1];
+                    } else
+#endif
+                    {
                     if ((jj & 1) == 0) xv[nt] = *(const int4*)(ptr.xb[nt] + HX_X_INT(i, jj, t, 0));
                     if ((jj & 3) == 0) {
                         dv[nt][0] = *(const uint4*)(ptr.xc[nt][0] + HX_X_DS(i, jj));
                         dv[nt][1] = HX_ONECOL ? hx_u4_zero() : *(const uint4*)(ptr.xc[nt][1] + HX_X_DS(i, jj));
                     }
+                    }
                     const int b0 = (jj & 1) ? xv[nt].z : xv[nt].x;
                     const int b1 = (jj & 1) ? xv[nt].w : xv[nt].y;
+#if HX_DIAG == 2
+                    if (nt > 0) {  // keep the loads: fold them into an accumulator's bits
+                        const int dsw = (int)(hx_u4_at(dv[nt][0], jj & 3) ^ hx_u4_at(dv[nt][1], jj & 3));
+                        acc[0][nt][0] = __int_as_float(__float_as_int(acc[0][nt][0]) ^ b0 ^ b1 ^ dsw);
+                        continue;
+                    }
+#endif
 #else
                     const int b0 = hx_ld32(ptr.xb[nt] + HX_X_INT(i, jj, t, 0));
                     const int b1 = hx_ld32(ptr.xb[nt] + HX_X_INT(i, jj, t, 1));
