@@ -15,9 +15,12 @@ bytes (one ds word per super-block as its scale, the high half as an integer sum
 * ``proto2`` (Q4_K): the scales folded into the A fragments (q * (sc >> 3), q * (sc & 7), and rows of the min),
   so three MMAs accumulate the super-block and nothing runs per element until its end.
 
-and two diagnostics of the second n-tile at 9-16 columns (``mmq.cu`` ``HX_DIAG``): ``diag1`` without its
+two diagnostics of the second n-tile at 9-16 columns (``mmq.cu`` ``HX_DIAG``): ``diag1`` without its
 activation loads (it reuses the first n-tile's registers), ``diag2`` with its loads but without its MMAs and
-float work (at 1-8 columns both are the library's launch).
+float work (at 1-8 columns both are the library's launch); and exact launches of the sub-block order itself with
+two row tiles of 16 per warp at 9-16 columns (``mt2``: the activation loads of a super-block serve 32 rows;
+``wjp``: Q4_K rows' ints loaded per sub-block pair, ``mmq.cu`` ``HX_WJP``; ``cap``: compiled for 128 registers,
+spills allowed, instead of the library's rule of relaxing the cap until nothing spills).
 
 The prototype's outputs are not any order's (only their time means something); the library's launch is checked
 against the emulator as ``tune_mmq.py`` does. Weights rotate through copies of >= 4x the L2; times are CUDA
@@ -27,6 +30,7 @@ events over back-to-back launches (``benchlib.median_event_time``).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -46,6 +50,9 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--batches", type=int, default=7)
     ap.add_argument("--json", help="write every time here")
+    ap.add_argument("--variants", default="proto1,proto2,diag1,diag2",
+                    help="beside the library: proto1, proto2, diag1, diag2, mt2, mt2cap, mt2wjp, mt2wjpcap")
+    ap.add_argument("--q4k-only", action="store_true", help="the variants on the Q4_K shapes only")
     args = ap.parse_args(argv)
     widths = [int(w) for w in args.widths.split(",")]
 
@@ -57,17 +64,29 @@ def main(argv=None) -> int:
 
     _, dev_name, l2, spin, cycles = timing_setup(cp)
 
+    def variant_plan(wd, qtype, k, n, v):
+        plan = subblock_plan(wd, qtype, k, n=n)
+        if v.startswith("mt2") and plan.kernel == "mma" and plan.cols_per_block == 16:
+            plan = dataclasses.replace(plan, tile_rows=32)
+        return plan
+
     def variant_defines(plan, v):
         d = kernel_defines(plan)
+        if v.startswith("mt2") and plan.tile_rows == 32:
+            d.update(HX_WJP=int("wjp" in v and plan.qtype == "Q4_K"))
+            if v.endswith("cap"):
+                d.update(HX_MIN_BLOCKS=2)  # 128 registers for 8 warps, spills allowed
         if v.startswith("proto"):
             d.update(HX_PROTO_SUPER=int(v[-1]), HX_LIVE=0, HX_PREFETCH_X=0)
         elif v.startswith("diag") and d["HX_NT"] == 2:
             d.update(HX_DIAG=int(v[-1]))
         return d
 
-    variants = {label: ["library", "proto1"] + (["proto2"] if qtype == "Q4_K" else []) + ["diag1", "diag2"]
-                for label, qtype, _, _ in SHAPES}
-    jobs = [(SOURCE, variant_defines(subblock_plan(wd, qtype, k, n=n), v))
+    variants = {label: (["library"] + args.variants.split(",")) if qtype == "Q4_K" or not args.q4k_only
+                else ["library"] for label, qtype, _, _ in SHAPES}
+    variants = {label: [v for v in vs if v != "proto2" or qtype == "Q4_K"] for (label, qtype, _, _), vs
+                in zip(SHAPES, variants.values())}
+    jobs = [(SOURCE, variant_defines(variant_plan(wd, qtype, k, n, v), v))
             for label, qtype, k, n in SHAPES for v in variants[label] for wd in widths]
     print(f"device {dev_name}; compiling {len(jobs)} kernels", flush=True)
     precompile(jobs)
@@ -78,12 +97,14 @@ def main(argv=None) -> int:
         rows, ref, ws, x, acts, _ = subblock_case(cp, rng, qtype, k, n, max(widths), l2)
         line = {}
         for v in variants[label]:
-            proto = v != "library"
+            proto = v.startswith(("proto", "diag"))  # outputs of no order
             per = {}
             for wd in widths:
-                plan = subblock_plan(wd, qtype, k, n=n)
+                plan = variant_plan(wd, qtype, k, n, v)
                 launch = MMQLaunch(n, plan)
-                if proto:
+                if v.endswith("cap") and plan.tile_rows == 32:
+                    launch.kernel = get_kernel(SOURCE, "hx_mmq", variant_defines(plan, v))
+                elif v != "library":
                     def compile_spills(d):
                         kern = get_kernel(SOURCE, "hx_mmq", d)
                         return kern, int(kern.local_size_bytes)
@@ -102,7 +123,7 @@ def main(argv=None) -> int:
                                      spill_bytes=int(launch.kernel.local_size_bytes),
                                      bits_equal_emulator=equal if not proto else None))
                 if not proto and not equal:
-                    print(f"  {label} {wd} columns: the library's launch DIFFERS from the emulator", flush=True)
+                    print(f"  {label} {wd} columns: {v} DIFFERS from the emulator", flush=True)
             line[v] = per
         print(f"\n{label}", flush=True)
         for v, per in line.items():

@@ -130,6 +130,26 @@ __device__ __forceinline__ void hx_load_row(const unsigned char* p, int t, hx_ro
     hx_fetch_row(p, t, w);
     hx_decode_row(w, r);
 }
+
+// mmq.cu HX_WJP: a row's header (d, dmin, scales) when the super-block starts, and the qs ints of sub-block pair
+// jp (r.q[2jp], r.q[2jp + 1], the ints hx_fetch_row puts there) only when the MMAs reach it.
+__device__ __forceinline__ void hx_load_head(const unsigned char* p, hx_row_sb& r) {
+    hx_row_raw w;
+    w.h = *(const uint4*)p;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) w.q[k] = 0;
+    hx_decode_row(w, r);
+}
+__device__ __forceinline__ void hx_load_pair(const unsigned char* p, int t, int jp, hx_row_sb& r) {
+#if HX_XLAYOUT
+    const int2 v = *(const int2*)(p + 16 + 32 * jp + 8 * t);
+    r.q[2 * jp] = v.x;
+    r.q[2 * jp + 1] = v.y;
+#else
+    r.q[2 * jp] = hx_ld32(p + 16 + 32 * jp + 4 * t);
+    r.q[2 * jp + 1] = hx_ld32(p + 16 + 32 * jp + 16 + 4 * t);
+#endif
+}
 #else
 // ---- Q6_K: ql[128], qh[64], scales[16] (int8), d (fp16); 210 bytes ----
 struct hx_row_sb {

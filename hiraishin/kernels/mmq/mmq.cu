@@ -152,6 +152,16 @@
 #if HX_MT != 1 && HX_MT != 2
 #error "HX_MT must be 1 or 2"
 #endif
+// HX_WJP (0/1; Q4_K, with HX_MT 2 in mind): a row's qs ints loaded per sub-block pair, when its MMAs come, and
+// only its header when the super-block starts, so that two row tiles need not hold a whole super-block of
+// weights in registers (mma_rows.cu hx_load_head / hx_load_pair). The same bytes reach the same registers: no
+// float operation changes.
+#ifndef HX_WJP
+#define HX_WJP 0
+#endif
+#if HX_WJP && (HX_QTYPE != 12 || HX_STAGE_W || HX_PIPELINE_W)
+#error "HX_WJP: Q4_K rows, without HX_STAGE_W and HX_PIPELINE_W"
+#endif
 #if HX_MT > 1 && (HX_ONECOL || HX_LIVE || HX_PREFETCH_X || HX_STAGE_W || HX_PIPELINE_W || HX_PREFETCH_NEXT || HX_WSPLIT != 1)
 #error "HX_MT 2: the several-column kernel without HX_LIVE, HX_PREFETCH_X, HX_STAGE_W, HX_PIPELINE_W, HX_PREFETCH_NEXT, HX_WSPLIT"
 #endif
@@ -376,8 +386,13 @@ __device__ __forceinline__ void hx_mmq_tile(const unsigned char* __restrict__ w,
 #else
 #pragma unroll
             for (int m = 0; m < HX_MT; ++m) {
+#if HX_WJP
+                hx_load_head(wAm[m] + (size_t)i * HX_BLOCK_BYTES, rAm[m]);
+                hx_load_head(wBm[m] + (size_t)i * HX_BLOCK_BYTES, rBm[m]);
+#else
                 hx_load_row(wAm[m] + (size_t)i * HX_BLOCK_BYTES, t, rAm[m]);
                 hx_load_row(wBm[m] + (size_t)i * HX_BLOCK_BYTES, t, rBm[m]);
+#endif
             }
 #endif
 #pragma unroll
@@ -385,6 +400,15 @@ __device__ __forceinline__ void hx_mmq_tile(const unsigned char* __restrict__ w,
                 // per row tile m: the A fragments and scales of this sub-block (rows g: A, g + 8: B)
 #if HX_QTYPE == 12
                 const int jp = jj >> 1, sh = 4 * (jj & 1);
+#if HX_WJP
+                if ((jj & 1) == 0) {
+#pragma unroll
+                    for (int m = 0; m < HX_MT; ++m) {
+                        hx_load_pair(wAm[m] + (size_t)i * HX_BLOCK_BYTES, t, jp, rAm[m]);
+                        hx_load_pair(wBm[m] + (size_t)i * HX_BLOCK_BYTES, t, jp, rBm[m]);
+                    }
+                }
+#endif
                 int a0[HX_MT], a1[HX_MT], a2[HX_MT], a3[HX_MT];
                 float wsAm[HX_MT], wmAm[HX_MT], wsBm[HX_MT], wmBm[HX_MT];
 #pragma unroll
