@@ -130,3 +130,42 @@ __device__ __forceinline__ hx_weight_of_block hx_pick_weight(const int b, const 
     if (b < n0 + n1) return {w1, out1, nrows1, b - n0};
     return {w2, out2, nrows2, b - n0 - n1};
 }
+
+// Weight loads with a cache policy (HX_W_HINT, compile.py weight_hint_defines from HIRAISHIN_W_HINT): weights are
+// read once a pass and never written, while the activations beside them are read by every CUDA block, so an L1
+// policy on the weights alone might keep the activations resident. 1: L1::no_allocate; 2: L1::evict_first;
+// 3: L1::no_allocate with an L2::256B prefetch. Cache hints only: no bit changes. 0 (the default, and the CPU
+// shims): the kernels' plain loads, and these helpers are not defined.
+#ifndef HX_W_HINT
+#define HX_W_HINT 0
+#endif
+#if HX_W_HINT
+#if HX_W_HINT == 1
+#define HX_W_POLICY ".L1::no_allocate"
+#elif HX_W_HINT == 2
+#define HX_W_POLICY ".L1::evict_first"
+#else
+#define HX_W_POLICY ".L1::no_allocate.L2::256B"
+#endif
+__device__ __forceinline__ int hx_ldw_s32(const void* p) {
+    int v;
+    asm("ld.global.nc" HX_W_POLICY ".b32 %0, [%1];" : "=r"(v) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ unsigned short hx_ldw_u16(const void* p) {
+    unsigned short v;
+    asm("ld.global.nc" HX_W_POLICY ".b16 %0, [%1];" : "=h"(v) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ int2 hx_ldw_i2(const void* p) {
+    int2 v;
+    asm("ld.global.nc" HX_W_POLICY ".v2.b32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ uint4 hx_ldw_u4(const void* p) {
+    uint4 v;
+    asm("ld.global.nc" HX_W_POLICY ".v4.b32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+#endif

@@ -58,12 +58,20 @@ __device__ __forceinline__ void hx_cp_async_wait() { asm volatile("cp.async.wait
 #endif
 
 __device__ __forceinline__ int hx_ld32(const unsigned char* p) { return *(const int*)p; }
+// weight ints (fp.cuh HX_W_HINT: with its cache policy)
+__device__ __forceinline__ int hx_ldw32(const unsigned char* p) {
+#if HX_W_HINT
+    return hx_ldw_s32(p);
+#else
+    return *(const int*)p;
+#endif
+}
 
 // 4 bytes at a 2-byte aligned address: two aligned words and a funnel shift (Q6_K blocks are
 // 210 bytes). sh = 0 or 16 (bits).
 __device__ __forceinline__ int hx_ld32_a2(const unsigned char* base4, int off, int sh) {
-    const unsigned int lo = *(const unsigned int*)(base4 + off);
-    const unsigned int hi = *(const unsigned int*)(base4 + off + 4);
+    const unsigned int lo = (unsigned int)hx_ldw32(base4 + off);
+    const unsigned int hi = (unsigned int)hx_ldw32(base4 + off + 4);
     return (int)__funnelshift_r(lo, hi, sh);
 }
 
@@ -98,16 +106,24 @@ struct hx_row_raw {
 };
 
 __device__ __forceinline__ void hx_fetch_row(const unsigned char* p, int t, hx_row_raw& r) {
+#if HX_W_HINT
+    r.h = hx_ldw_u4(p);
+#else
     r.h = *(const uint4*)p;
+#endif
 #pragma unroll
     for (int jp = 0; jp < 4; ++jp) {
-#if HX_XLAYOUT
+#if HX_XLAYOUT && HX_W_HINT
+        const int2 v = hx_ldw_i2(p + 16 + 32 * jp + 8 * t);
+        r.q[2 * jp] = v.x;
+        r.q[2 * jp + 1] = v.y;
+#elif HX_XLAYOUT
         const int2 v = *(const int2*)(p + 16 + 32 * jp + 8 * t);
         r.q[2 * jp] = v.x;
         r.q[2 * jp + 1] = v.y;
 #else
-        r.q[2 * jp] = hx_ld32(p + 16 + 32 * jp + 4 * t);
-        r.q[2 * jp + 1] = hx_ld32(p + 16 + 32 * jp + 16 + 4 * t);
+        r.q[2 * jp] = hx_ldw32(p + 16 + 32 * jp + 4 * t);
+        r.q[2 * jp + 1] = hx_ldw32(p + 16 + 32 * jp + 16 + 4 * t);
 #endif
     }
 }
@@ -160,15 +176,19 @@ struct hx_row_sb {
 };
 
 __device__ __forceinline__ void hx_load_row(const unsigned char* p, int t, hx_row_sb& r) {
+#if HX_W_HINT
+    r.d = hx_h2f(hx_ldw_u16(p + 208));
+#else
     r.d = hx_h2f(*(const unsigned short*)(p + 208));
+#endif
     const size_t a = (size_t)p;
     if ((a & 3) == 0) {
 #pragma unroll
-        for (int i = 0; i < 8; ++i) r.ql[i] = hx_ld32(p + 64 * (i >> 2) + 16 * (i & 3) + 4 * t);
+        for (int i = 0; i < 8; ++i) r.ql[i] = hx_ldw32(p + 64 * (i >> 2) + 16 * (i & 3) + 4 * t);
 #pragma unroll
-        for (int i = 0; i < 4; ++i) r.qh[i] = hx_ld32(p + 128 + 32 * (i >> 1) + 16 * (i & 1) + 4 * t);
+        for (int i = 0; i < 4; ++i) r.qh[i] = hx_ldw32(p + 128 + 32 * (i >> 1) + 16 * (i & 1) + 4 * t);
 #pragma unroll
-        for (int i = 0; i < 4; ++i) r.sc[i] = hx_ld32(p + 192 + 4 * i);
+        for (int i = 0; i < 4; ++i) r.sc[i] = hx_ldw32(p + 192 + 4 * i);
     } else {
         const unsigned char* b = p - 2;
 #pragma unroll
