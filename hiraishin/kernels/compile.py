@@ -155,25 +155,9 @@ def format_defines() -> dict:
     return out
 
 
-# A cache policy on the weight loads of the mat-vec kernels (fp.cuh HX_W_HINT: 0 none, 1 L1::no_allocate,
-# 2 L1::evict_first, 3 L1::no_allocate + L2::256B): a launch fact, no bit changes. Read once; 0 unless set.
-ENV_W_HINT = "HIRAISHIN_W_HINT"
-W_HINTS = ("0", "1", "2", "3")
-
-
-@functools.lru_cache(maxsize=1)
-def weight_hint_defines() -> dict:
-    """``{"HX_W_HINT": 0..3}`` from ``HIRAISHIN_W_HINT`` (fp.cuh's weight loads)."""
-    value = os.environ.get(ENV_W_HINT, "0").strip() or "0"
-    if value not in W_HINTS:
-        raise BackendError(f"{ENV_W_HINT} must be one of {', '.join(W_HINTS)}, got {value!r}")
-    return {"HX_W_HINT": int(value)}
-
-
 def load_source(*names: str) -> str:
-    """The block-format, PDL-trigger and weight-load defines, ``fp.cuh``, then the named ``.cu``/``.cuh`` files of
-    this package."""
-    parts = [defines_text({**format_defines(), **trigger_defines(), **weight_hint_defines()}) + _read(_PRELUDE)]
+    """The block-format and PDL-trigger defines, ``fp.cuh``, then the named ``.cu``/``.cuh`` files of this package."""
+    parts = [defines_text({**format_defines(), **trigger_defines()}) + _read(_PRELUDE)]
     for name in names:
         if name == _PRELUDE:
             continue

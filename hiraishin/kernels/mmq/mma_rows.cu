@@ -33,13 +33,6 @@ __device__ __forceinline__ void hx_mma_k32(int c[4], int a0, int a1, int a2, int
         : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(0), "r"(0), "r"(0), "r"(0));
 }
-// c += A B (bench/proto_superblock.py's prototype only)
-__device__ __forceinline__ void hx_mma_k32_acc(int c[4], int a0, int a1, int a2, int a3, int b0, int b1) {
-    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};"
-        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
 __device__ __forceinline__ void hx_mma_k16(int c[4], int a0, int a1, int b0) {
     asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
         "{%7,%8,%9,%10};"
@@ -58,20 +51,12 @@ __device__ __forceinline__ void hx_cp_async_wait() { asm volatile("cp.async.wait
 #endif
 
 __device__ __forceinline__ int hx_ld32(const unsigned char* p) { return *(const int*)p; }
-// weight ints (fp.cuh HX_W_HINT: with its cache policy)
-__device__ __forceinline__ int hx_ldw32(const unsigned char* p) {
-#if HX_W_HINT
-    return hx_ldw_s32(p);
-#else
-    return *(const int*)p;
-#endif
-}
 
 // 4 bytes at a 2-byte aligned address: two aligned words and a funnel shift (Q6_K blocks are
 // 210 bytes). sh = 0 or 16 (bits).
 __device__ __forceinline__ int hx_ld32_a2(const unsigned char* base4, int off, int sh) {
-    const unsigned int lo = (unsigned int)hx_ldw32(base4 + off);
-    const unsigned int hi = (unsigned int)hx_ldw32(base4 + off + 4);
+    const unsigned int lo = *(const unsigned int*)(base4 + off);
+    const unsigned int hi = *(const unsigned int*)(base4 + off + 4);
     return (int)__funnelshift_r(lo, hi, sh);
 }
 
@@ -106,24 +91,16 @@ struct hx_row_raw {
 };
 
 __device__ __forceinline__ void hx_fetch_row(const unsigned char* p, int t, hx_row_raw& r) {
-#if HX_W_HINT
-    r.h = hx_ldw_u4(p);
-#else
     r.h = *(const uint4*)p;
-#endif
 #pragma unroll
     for (int jp = 0; jp < 4; ++jp) {
-#if HX_XLAYOUT && HX_W_HINT
-        const int2 v = hx_ldw_i2(p + 16 + 32 * jp + 8 * t);
-        r.q[2 * jp] = v.x;
-        r.q[2 * jp + 1] = v.y;
-#elif HX_XLAYOUT
+#if HX_XLAYOUT
         const int2 v = *(const int2*)(p + 16 + 32 * jp + 8 * t);
         r.q[2 * jp] = v.x;
         r.q[2 * jp + 1] = v.y;
 #else
-        r.q[2 * jp] = hx_ldw32(p + 16 + 32 * jp + 4 * t);
-        r.q[2 * jp + 1] = hx_ldw32(p + 16 + 32 * jp + 16 + 4 * t);
+        r.q[2 * jp] = hx_ld32(p + 16 + 32 * jp + 4 * t);
+        r.q[2 * jp + 1] = hx_ld32(p + 16 + 32 * jp + 16 + 4 * t);
 #endif
     }
 }
@@ -146,26 +123,6 @@ __device__ __forceinline__ void hx_load_row(const unsigned char* p, int t, hx_ro
     hx_fetch_row(p, t, w);
     hx_decode_row(w, r);
 }
-
-// mmq.cu HX_WJP: a row's header (d, dmin, scales) when the super-block starts, and the qs ints of sub-block pair
-// jp (r.q[2jp], r.q[2jp + 1], the ints hx_fetch_row puts there) only when the MMAs reach it.
-__device__ __forceinline__ void hx_load_head(const unsigned char* p, hx_row_sb& r) {
-    hx_row_raw w;
-    w.h = *(const uint4*)p;
-#pragma unroll
-    for (int k = 0; k < 8; ++k) w.q[k] = 0;
-    hx_decode_row(w, r);
-}
-__device__ __forceinline__ void hx_load_pair(const unsigned char* p, int t, int jp, hx_row_sb& r) {
-#if HX_XLAYOUT
-    const int2 v = *(const int2*)(p + 16 + 32 * jp + 8 * t);
-    r.q[2 * jp] = v.x;
-    r.q[2 * jp + 1] = v.y;
-#else
-    r.q[2 * jp] = hx_ld32(p + 16 + 32 * jp + 4 * t);
-    r.q[2 * jp + 1] = hx_ld32(p + 16 + 32 * jp + 16 + 4 * t);
-#endif
-}
 #else
 // ---- Q6_K: ql[128], qh[64], scales[16] (int8), d (fp16); 210 bytes ----
 struct hx_row_sb {
@@ -176,19 +133,15 @@ struct hx_row_sb {
 };
 
 __device__ __forceinline__ void hx_load_row(const unsigned char* p, int t, hx_row_sb& r) {
-#if HX_W_HINT
-    r.d = hx_h2f(hx_ldw_u16(p + 208));
-#else
     r.d = hx_h2f(*(const unsigned short*)(p + 208));
-#endif
     const size_t a = (size_t)p;
     if ((a & 3) == 0) {
 #pragma unroll
-        for (int i = 0; i < 8; ++i) r.ql[i] = hx_ldw32(p + 64 * (i >> 2) + 16 * (i & 3) + 4 * t);
+        for (int i = 0; i < 8; ++i) r.ql[i] = hx_ld32(p + 64 * (i >> 2) + 16 * (i & 3) + 4 * t);
 #pragma unroll
-        for (int i = 0; i < 4; ++i) r.qh[i] = hx_ldw32(p + 128 + 32 * (i >> 1) + 16 * (i & 1) + 4 * t);
+        for (int i = 0; i < 4; ++i) r.qh[i] = hx_ld32(p + 128 + 32 * (i >> 1) + 16 * (i & 1) + 4 * t);
 #pragma unroll
-        for (int i = 0; i < 4; ++i) r.sc[i] = hx_ldw32(p + 192 + 4 * i);
+        for (int i = 0; i < 4; ++i) r.sc[i] = hx_ld32(p + 192 + 4 * i);
     } else {
         const unsigned char* b = p - 2;
 #pragma unroll

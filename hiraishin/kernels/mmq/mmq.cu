@@ -40,30 +40,6 @@
 #define HX_MT 1
 #endif
 #define HX_BLOCK_ROWS (HX_TILE_ROWS * HX_MT)
-// HX_PROTO_SUPER (0/1/2): a timing prototype of a super-block order (bench/proto_superblock.py), not an order of
-// the library: the integer dot products of a super-block's sub-blocks are scaled by their 6-bit scales and
-// mins in integers and summed, and the float operations run once per (row, column, super-block) with one
-// activation scale per super-block (the first block's) and integer activation sums (read from the high half of
-// the ds word). 1: the scales applied per sub-block and element (integer multiply-adds); 2 (Q4_K): applied in
-// the A fragments (q * (sc >> 3) and q * (sc & 7), bytewise, and the mins as A rows of m), so that three MMAs
-// accumulate the super-block's integers with no per-element work until its end. Its outputs are not any
-// order's; only its time means something. Never set by the library.
-#ifndef HX_PROTO_SUPER
-#define HX_PROTO_SUPER 0
-#endif
-// HX_DIAG (0/1/2; two n-tiles, HX_XLAYOUT): timing diagnostics of the second n-tile (bench/proto_superblock.py),
-// wrong outputs, never set by the library. 1: n-tile 1 reuses n-tile 0's activation registers (its loads
-// removed, its MMAs and float work kept); 2: n-tile 1's loads kept, its MMAs and float work removed.
-#ifndef HX_DIAG
-#define HX_DIAG 0
-#endif
-#if HX_PROTO_SUPER == 2 && HX_QTYPE != 12
-#undef HX_PROTO_SUPER
-#define HX_PROTO_SUPER 1
-#endif
-#if HX_PROTO_SUPER && (HX_LIVE || HX_PREFETCH_X)
-#error "HX_PROTO_SUPER: not with HX_LIVE or HX_PREFETCH_X"
-#endif
 #ifndef HX_CGROUPS
 #define HX_CGROUPS 1
 #endif
@@ -151,16 +127,6 @@
 #define HX_STAGE_BYTES (HX_STAGE_W ? HX_NWARPS * 2 * HX_STAGE_ROWS_BYTES : 0)
 #if HX_MT != 1 && HX_MT != 2
 #error "HX_MT must be 1 or 2"
-#endif
-// HX_WJP (0/1; Q4_K, with HX_MT 2 in mind): a row's qs ints loaded per sub-block pair, when its MMAs come, and
-// only its header when the super-block starts, so that two row tiles need not hold a whole super-block of
-// weights in registers (mma_rows.cu hx_load_head / hx_load_pair). The same bytes reach the same registers: no
-// float operation changes.
-#ifndef HX_WJP
-#define HX_WJP 0
-#endif
-#if HX_WJP && (HX_QTYPE != 12 || HX_STAGE_W || HX_PIPELINE_W)
-#error "HX_WJP: Q4_K rows, without HX_STAGE_W and HX_PIPELINE_W"
 #endif
 #if HX_MT > 1 && (HX_ONECOL || HX_LIVE || HX_PREFETCH_X || HX_STAGE_W || HX_PIPELINE_W || HX_PREFETCH_NEXT || HX_WSPLIT != 1)
 #error "HX_MT 2: the several-column kernel without HX_LIVE, HX_PREFETCH_X, HX_STAGE_W, HX_PIPELINE_W, HX_PREFETCH_NEXT, HX_WSPLIT"
@@ -281,13 +247,6 @@ __device__ __forceinline__ void hx_mmq_tile(const unsigned char* __restrict__ w,
             for (int nt = 0; nt < HX_NT; ++nt)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) acc[m][nt][e] = 0.0f;  // HX_LIVE: acc[0][0][u], u < HX_LIVE_NE
-#if HX_PROTO_SUPER
-        int ci[HX_MT][HX_NT][4], mi[HX_MT][HX_NT][4];
-#if HX_PROTO_SUPER == 2
-        int cl[HX_MT][HX_NT][4];
-#endif
-        unsigned int dsa[HX_NT][2];
-#endif
 
         for (int i = sb0; i < sb1; ++i) {
 #if HX_PREFETCH_NEXT
@@ -341,19 +300,6 @@ __device__ __forceinline__ void hx_mmq_tile(const unsigned char* __restrict__ w,
             int4 xv[HX_NT];
             uint4 dv[HX_NT][2];
 #endif
-#if HX_PROTO_SUPER
-#pragma unroll
-            for (int m = 0; m < HX_MT; ++m)
-#pragma unroll
-                for (int nt = 0; nt < HX_NT; ++nt)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        ci[m][nt][e] = mi[m][nt][e] = 0;
-#if HX_PROTO_SUPER == 2
-                        cl[m][nt][e] = 0;
-#endif
-                    }
-#endif
             hx_row_sb rAm[HX_MT], rBm[HX_MT];  // row tile m's rows g, g + 8 (the paths below HX_MT 1 fill [0] only)
             hx_row_sb& rA = rAm[0];
             hx_row_sb& rB = rBm[0];
@@ -386,13 +332,8 @@ __device__ __forceinline__ void hx_mmq_tile(const unsigned char* __restrict__ w,
 #else
 #pragma unroll
             for (int m = 0; m < HX_MT; ++m) {
-#if HX_WJP
-                hx_load_head(wAm[m] + (size_t)i * HX_BLOCK_BYTES, rAm[m]);
-                hx_load_head(wBm[m] + (size_t)i * HX_BLOCK_BYTES, rBm[m]);
-#else
                 hx_load_row(wAm[m] + (size_t)i * HX_BLOCK_BYTES, t, rAm[m]);
                 hx_load_row(wBm[m] + (size_t)i * HX_BLOCK_BYTES, t, rBm[m]);
-#endif
             }
 #endif
 #pragma unroll
@@ -400,15 +341,6 @@ __device__ __forceinline__ void hx_mmq_tile(const unsigned char* __restrict__ w,
                 // per row tile m: the A fragments and scales of this sub-block (rows g: A, g + 8: B)
 #if HX_QTYPE == 12
                 const int jp = jj >> 1, sh = 4 * (jj & 1);
-#if HX_WJP
-                if ((jj & 1) == 0) {
-#pragma unroll
-                    for (int m = 0; m < HX_MT; ++m) {
-                        hx_load_pair(wAm[m] + (size_t)i * HX_BLOCK_BYTES, t, jp, rAm[m]);
-                        hx_load_pair(wBm[m] + (size_t)i * HX_BLOCK_BYTES, t, jp, rBm[m]);
-                    }
-                }
-#endif
                 int a0[HX_MT], a1[HX_MT], a2[HX_MT], a3[HX_MT];
                 float wsAm[HX_MT], wmAm[HX_MT], wsBm[HX_MT], wmBm[HX_MT];
 #pragma unroll
@@ -421,20 +353,6 @@ __device__ __forceinline__ void hx_mmq_tile(const unsigned char* __restrict__ w,
                     wsBm[m] = hx_q4_ws(rBm[m], jj); wmBm[m] = hx_q4_wm(rBm[m], jj);
                 }
                 const float wsA = wsAm[0], wmA = wmAm[0], wsB = wsBm[0], wmB = wmBm[0];  // (HX_LIVE: one row tile)
-#if HX_PROTO_SUPER == 2
-                int ah0[HX_MT], ah1[HX_MT], ah2[HX_MT], ah3[HX_MT], al0[HX_MT], al1[HX_MT], al2[HX_MT], al3[HX_MT];
-                int amA[HX_MT], amB[HX_MT];
-#pragma unroll
-                for (int m = 0; m < HX_MT; ++m) {
-                    const int sh8 = 8 * (jj & 3);
-                    const int scA = (rAm[m].sc[jj >> 2] >> sh8) & 0xFF, scB = (rBm[m].sc[jj >> 2] >> sh8) & 0xFF;
-                    const int hA = scA >> 3, lA = scA & 7, hB = scB >> 3, lB = scB & 7;  // q * 7 <= 105: no carry
-                    ah0[m] = a0[m] * hA; ah2[m] = a2[m] * hA; ah1[m] = a1[m] * hB; ah3[m] = a3[m] * hB;
-                    al0[m] = a0[m] * lA; al2[m] = a2[m] * lA; al1[m] = a1[m] * lB; al3[m] = a3[m] * lB;
-                    amA[m] = ((rAm[m].m[jj >> 2] >> sh8) & 0xFF) * 0x01010101;
-                    amB[m] = ((rBm[m].m[jj >> 2] >> sh8) & 0xFF) * 0x01010101;
-                }
-#endif
 #else
                 const int n = jj >> 2, bb = jj & 3;
                 const int si = 2 * jj;  // scale index of the first 16-value half
@@ -452,29 +370,13 @@ __device__ __forceinline__ void hx_mmq_tile(const unsigned char* __restrict__ w,
 #if HX_PREFETCH_X
                     const int b0 = bxp[jj][0], b1 = bxp[jj][1];
 #elif HX_XLAYOUT
-#if HX_DIAG == 1
-                    if (nt > 0) {
-                        xv[nt] = xv[0];
-                        dv[nt][0] = dv[0][0];
-                        dv[nt][1] = dv[0][1];
-                    } else
-#endif
-                    {
                     if ((jj & 1) == 0) xv[nt] = *(const int4*)(ptr.xb[nt] + HX_X_INT(i, jj, t, 0));
                     if ((jj & 3) == 0) {
                         dv[nt][0] = *(const uint4*)(ptr.xc[nt][0] + HX_X_DS(i, jj));
                         dv[nt][1] = HX_ONECOL ? hx_u4_zero() : *(const uint4*)(ptr.xc[nt][1] + HX_X_DS(i, jj));
                     }
-                    }
                     const int b0 = (jj & 1) ? xv[nt].z : xv[nt].x;
                     const int b1 = (jj & 1) ? xv[nt].w : xv[nt].y;
-#if HX_DIAG == 2
-                    if (nt > 0) {  // keep the loads: fold them into an accumulator's bits
-                        const int dsw = (int)(hx_u4_at(dv[nt][0], jj & 3) ^ hx_u4_at(dv[nt][1], jj & 3));
-                        acc[0][nt][0] = __int_as_float(__float_as_int(acc[0][nt][0]) ^ b0 ^ b1 ^ dsw);
-                        continue;
-                    }
-#endif
 #else
                     const int b0 = hx_ld32(ptr.xb[nt] + HX_X_INT(i, jj, t, 0));
                     const int b1 = hx_ld32(ptr.xb[nt] + HX_X_INT(i, jj, t, 1));
@@ -482,12 +384,7 @@ __device__ __forceinline__ void hx_mmq_tile(const unsigned char* __restrict__ w,
 #pragma unroll
                     for (int m = 0; m < HX_MT; ++m) {  // the same B fragments and scales for every row tile
                     int c[4];
-#if HX_QTYPE == 12 && HX_PROTO_SUPER == 2
-                    hx_mma_k32_acc(ci[m][nt], ah0[m], ah1[m], ah2[m], ah3[m], b0, b1);
-                    hx_mma_k32_acc(cl[m][nt], al0[m], al1[m], al2[m], al3[m], b0, b1);
-                    hx_mma_k32_acc(mi[m][nt], amA[m], amB[m], amA[m], amB[m], b0, b1);
-                    c[0] = c[1] = c[2] = c[3] = 0;
-#elif HX_QTYPE == 12
+#if HX_QTYPE == 12
                     hx_mma_k32(c, a0[m], a1[m], a2[m], a3[m], b0, b1);
 #else
                     int c1[4];
@@ -532,20 +429,6 @@ __device__ __forceinline__ void hx_mmq_tile(const unsigned char* __restrict__ w,
 #else
                         const unsigned int ds = *(const unsigned int*)(ptr.xc[nt][e & 1] + HX_X_DS(i, jj));
 #endif
-#if HX_PROTO_SUPER
-                        if (jj == 0) dsa[nt][e & 1] = ds;
-#if HX_QTYPE == 12
-#if HX_PROTO_SUPER == 1
-                        const hx_row_sb& rr = e < 2 ? rAm[m] : rBm[m];
-                        const int scj = (rr.sc[jj >> 2] >> (8 * (jj & 3))) & 0xFF;
-                        const int mj = (rr.m[jj >> 2] >> (8 * (jj & 3))) & 0xFF;
-                        ci[m][nt][e] += scj * c[e];
-                        mi[m][nt][e] += mj * (int)(short)(ds >> 16);
-#endif
-#else
-                        ci[m][nt][e] += c[e];
-#endif
-#else
                         const float dx = hx_h2f((unsigned short)(ds & 0xFFFF));
 #if HX_QTYPE == 12
                         const float sx = hx_h2f((unsigned short)(ds >> 16));
@@ -557,32 +440,11 @@ __device__ __forceinline__ void hx_mmq_tile(const unsigned char* __restrict__ w,
                         const float dw = e < 2 ? rAm[m].d : rBm[m].d;
                         acc[m][nt][e] = __fmaf_rn(__fmul_rn(dw, dx), (float)c[e], acc[m][nt][e]);
 #endif
-#endif  // HX_PROTO_SUPER
                     }
 #endif  // HX_LIVE
                     }  // row tiles
                 }
             }
-#if HX_PROTO_SUPER
-            // once per (row, column, super-block): the float operations of the prototype
-#pragma unroll
-            for (int m = 0; m < HX_MT; ++m)
-#pragma unroll
-                for (int nt = 0; nt < HX_NT; ++nt)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        if (HX_ONECOL && ((e & 1) || t != 0)) continue;
-                        const float da = hx_h2f((unsigned short)(dsa[nt][e & 1] & 0xFFFF));
-#if HX_PROTO_SUPER == 2 && HX_QTYPE == 12
-                        ci[m][nt][e] = 8 * ci[m][nt][e] + cl[m][nt][e];
-#endif
-                        const hx_row_sb& rr = e < 2 ? rAm[m] : rBm[m];
-                        acc[m][nt][e] = __fmaf_rn(__fmul_rn(rr.d, da), (float)ci[m][nt][e], acc[m][nt][e]);
-#if HX_QTYPE == 12
-                        acc[m][nt][e] = __fmaf_rn(-__fmul_rn(rr.dmin, da), (float)mi[m][nt][e], acc[m][nt][e]);
-#endif
-                    }
-#endif
         }
 #if HX_LIVE
 #pragma unroll

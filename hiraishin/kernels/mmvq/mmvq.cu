@@ -55,26 +55,14 @@ typedef unsigned char u8;
 
 // Read-only loads (__ldg: the non-coherent path; weights and activations never change in a launch).
 __device__ __forceinline__ int hx_ld_i32(const u8* p) {  // 4-byte aligned
-#if HX_W_HINT
-    return hx_ldw_s32(p);  // (fp.cuh: a cache policy on the weight loads)
-#else
     return __ldg((const int*)p);
-#endif
 }
 __device__ __forceinline__ int hx_ld_i32_b2(const u8* p) {  // 2-byte aligned (get_int_b2)
     const unsigned short* q = (const unsigned short*)p;
-#if HX_W_HINT
-    return (int)((unsigned int)hx_ldw_u16(q) | ((unsigned int)hx_ldw_u16(q + 1) << 16));
-#else
     return (int)((unsigned int)__ldg(q) | ((unsigned int)__ldg(q + 1) << 16));
-#endif
 }
 __device__ __forceinline__ unsigned short hx_ld_u16(const u8* p) {
-#if HX_W_HINT
-    return hx_ldw_u16(p);
-#else
     return __ldg((const unsigned short*)p);
-#endif
 }
 __device__ __forceinline__ int hx_ld_s8(const u8* p) {
     return (int)__ldg((const signed char*)p);
@@ -157,11 +145,7 @@ template <bool FAST>  // FAST: the super-blocks are 16-byte aligned
 __device__ __forceinline__ hx_wblock hx_load_w(const hx_sites& s, const int i, const int woff) {
     unsigned int dm, t0, t1, t2;
     if (FAST) {
-#if HX_W_HINT
-        const uint4 h = hx_ldw_u4(s.blk[i] + woff);  // d, dmin, scales[0..11]
-#else
         const uint4 h = __ldg((const uint4*)(s.blk[i] + woff));  // d, dmin, scales[0..11]
-#endif
         dm = h.x; t0 = h.y; t1 = h.z; t2 = h.w;
     } else {
         dm = (unsigned int)hx_ld_i32(s.blk[i] + woff);
