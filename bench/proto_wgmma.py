@@ -1,0 +1,105 @@
+"""The sub-block order's Q4_K mat-vec on warpgroup MMA (``bench/proto_wgmma.cu``) against the library's (GPU).
+
+    python3 bench/proto_wgmma.py [--widths 1,8,9,16] [--json FILE]
+
+A prototype, not a kernel of the library: compiled here with nvcc for sm_90a (wgmma needs the arch-specific
+target, which the library's NVRTC path does not ask for), loaded as a cubin, checked bit for bit against the
+sub-block order's emulator on the rows ``benchlib.subblock_case`` picks, and timed as ``bench_mmq.py`` times the
+library's launch (weights rotated through copies of >= 4x the L2, CUDA events over back-to-back launches). Both
+descriptor readings of the shared-memory layout are tried (``lbo128``: the leading byte offset is the distance
+between the two K-halves of a core matrix; ``lbo256``: between groups of 8 columns); only one can give the
+emulator's bits. Widths up to 8 take the m64n8k32 build, 9-16 the m64n16k32 one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+from benchlib import median_event_time, subblock_case, timing_setup, write_rows_json  # noqa: E402
+
+SHAPES = [("attn_q/attn_output 4096->4096", 4096, 4096), ("attn_k/attn_v 4096->1024", 4096, 1024),
+          ("ffn_up/ffn_gate 4096->12288", 4096, 12288), ("ffn_down (Q4_K layers) 12288->4096", 12288, 4096)]
+DESCS = {"lbo128": (128, 256), "lbo256": (256, 128)}
+NVCC_FLAGS = ["-fmad=false", "-ftz=false", "-prec-div=true", "-prec-sqrt=true"]  # the library's IEEE options
+
+
+def build(cp, tmp: str, n: int, nb: int, nseg: int, lbo: int, sbo: int):
+    cubin = os.path.join(tmp, f"wg-{n}-{nb}-{nseg}-{lbo}.cubin")
+    if not os.path.exists(cubin):
+        subprocess.run(["nvcc", "-arch=sm_90a", "-cubin", *NVCC_FLAGS, f"-DHX_N={n}", f"-DHX_NB={nb}",
+                        f"-DHX_NSEG={nseg}", f"-DHX_LBO={lbo}", f"-DHX_SBO={sbo}", "-o", cubin,
+                        str(HERE / "proto_wgmma.cu")], check=True)
+    return cp.RawModule(path=cubin).get_function("wg_mmq")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--widths", default="1,8,9,16")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--batches", type=int, default=7)
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+    widths = [int(w) for w in args.widths.split(",")]
+
+    import cupy as cp
+
+    from hiraishin.kernels.mmq.launch import MMQLaunch
+    from hiraishin.plans.subblock import subblock_plan
+
+    _, dev_name, l2, spin, cycles = timing_setup(cp)
+    print(f"device {dev_name}", flush=True)
+    rng = np.random.default_rng(0)
+    out_rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for label, k, n in SHAPES:
+            rows, ref, ws, x, acts, _ = subblock_case(cp, rng, "Q4_K", k, n, max(widths), l2)
+            print(f"\n{label}", flush=True)
+            for wd in widths:
+                plan = subblock_plan(wd, "Q4_K", k, n=n)
+                line = []
+                lib = MMQLaunch(n, plan)
+                out = cp.empty((wd, n), dtype=cp.float32)
+                xl = acts(wd, lib.layout)
+                lib(ws[0], xl, out)
+                eq = bool(np.array_equal(cp.asnumpy(out)[:, rows].view(np.uint32), ref[:wd].view(np.uint32)))
+                fn = (lambda i, o=out, xl=xl: lib(ws[i % len(ws)], xl, o))
+                us = median_event_time(cp, fn, args.reps, args.batches, spin, cycles) * 1e6
+                out_rows.append(dict(shape=label, k=k, n=n, width=wd, variant="library", us=us, bits_equal_emulator=eq))
+                line.append(f"library {us:7.1f}{'' if eq else ' DIFFERS'}")
+                hn = 8 if wd <= 8 else 16
+                xq = acts(wd, None)  # llama.cpp's q8_1 blocks
+                for name, (lbo, sbo) in DESCS.items():
+                    kern = build(cp, tmp, hn, k // 256, plan.nseg, lbo, sbo)
+                    grid = (-(-n // 64), -(-wd // hn), 1)
+                    out2 = cp.zeros((wd, n), dtype=cp.float32)
+                    scal = (np.int32(n), np.int32(wd), np.int64(n))
+                    kern(grid, (128, 1, 1), (ws[0], xq, out2) + scal)
+                    cp.cuda.runtime.deviceSynchronize()
+                    eq = bool(np.array_equal(cp.asnumpy(out2)[:, rows].view(np.uint32), ref[:wd].view(np.uint32)))
+                    fn = (lambda i, o=out2, kern=kern, grid=grid, scal=scal:
+                          kern(grid, (128, 1, 1), (ws[i % len(ws)], xq, o) + scal))
+                    us = median_event_time(cp, fn, args.reps, args.batches, spin, cycles) * 1e6
+                    out_rows.append(dict(shape=label, k=k, n=n, width=wd, variant=f"wgmma-{name}", us=us,
+                                         bits_equal_emulator=eq, nseg=plan.nseg))
+                    line.append(f"wgmma {name} {us:7.1f} {'equal' if eq else 'DIFFER'}")
+                print(f"  {wd:2d} columns: " + " | ".join(line), flush=True)
+            del ws, x, acts
+            cp.get_default_memory_pool().free_all_blocks()
+    if args.json:
+        write_rows_json(args.json, out_rows, device=dev_name, widths=widths)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
