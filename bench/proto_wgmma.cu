@@ -9,12 +9,15 @@
 //
 // The float operations are the sub-block order's (hiraishin/kernels/mmq/emulate.py, _mmq_q4_k): per (row,
 // column, sub-block) acc = fma(d*sc * dx, (float)c, acc); acc = fma(-(dmin*m), sx, acc), each K-segment from 0
-// in k order, the segments added in order. One CUDA block = one warpgroup = 64 rows x HX_N columns and the whole
-// row: it walks the segments in order, so v = part[0] + part[1] + ... is summed as they finish.
+// in k order, the segments added in order (v = part[0]; v += part[s]). One CUDA block = 64 rows x HX_N columns.
 //
-// Defines: HX_N (8 or 16), HX_NB (super-blocks per row), HX_NSEG, HX_LBO / HX_SBO (the B descriptor's leading /
-// stride byte offsets; the staging layout below puts K-halves of a core matrix 128 bytes apart and groups of 8
-// columns 256 bytes apart).
+// Defines: HX_N (8 or 16), HX_NB (super-blocks per row), HX_NSEG, HX_WG (warpgroups per CUDA block: warpgroup w
+// takes K-segments w, w + HX_WG, ..., writes each segment's partial sums to shared memory, and after one barrier
+// the block adds them in order 0..HX_NSEG-1, as the library's mma.sync kernel does with its warps), HX_LBO /
+// HX_SBO (the B descriptor's leading / stride byte offsets; the staging layout below puts the K-halves of a core
+// matrix 128 bytes apart and groups of 8 columns 256 bytes apart; measured: the leading offset is the K-halves').
+// Each warpgroup stages a super-block's activations into its own double buffer (the next one's words held in
+// registers while this one's MMAs run), and the MMA of sub-block jj + 1 is issued before the float work of jj.
 //
 // Compile: nvcc -arch=sm_90a -cubin -fmad=false -ftz=false -prec-div=true -prec-sqrt=true -DHX_N=16 ...
 
@@ -84,101 +87,128 @@ __device__ __forceinline__ void wgmma_k32(int* d, int a0, int a1, int a2, int a3
 #endif
 }
 
+#ifndef HX_WG
+#define HX_WG 1
+#endif
 #define WORDS_PER_THREAD (HX_N * 64 / 128)  // a super-block's activation ints: HX_N columns x 8 blocks x 8 words
+#define STAGE_BYTES (8 * SUB_BYTES + 8 * HX_N * 4)  // one buffer: 8 sub-blocks' B operands, then their ds words
+// dynamic shared memory: per warpgroup two stages, then the partial sums [HX_NSEG][64][HX_N]
+#define SMEM_BYTES (HX_WG * 2 * STAGE_BYTES + HX_NSEG * 64 * HX_N * 4)
 
-extern "C" __global__ void __launch_bounds__(128, 1)
+__device__ __forceinline__ void wg_bar(int wg) {  // the 128 threads of warpgroup wg (barrier 0 is __syncthreads)
+    asm volatile("bar.sync %0, 128;" :: "r"(wg + 1) : "memory");
+}
+
+// The float work of one sub-block's MMA result c (HX_N / 2 ints of this thread) into acc.
+__device__ __forceinline__ void epilogue(float* acc, const int* c, const unsigned int* ds_row, const Row& rA,
+                                         const Row& rB, int jj, int t) {
+    const float wsA = scale_of(rA.sc, jj, rA.d), wmA = scale_of(rA.m, jj, rA.dmin);
+    const float wsB = scale_of(rB.sc, jj, rB.d), wmB = scale_of(rB.m, jj, rB.dmin);
+#pragma unroll
+    for (int e = 0; e < HX_N / 2; ++e) {
+        const int col = 8 * (e >> 2) + 2 * t + (e & 1);
+        const unsigned int ds = ds_row[col];
+        const float dx = h2f((unsigned short)(ds & 0xFFFF)), sx = h2f((unsigned short)(ds >> 16));
+        const bool hi = (e & 2) != 0;  // row g + 8
+        acc[e] = __fmaf_rn(__fmul_rn(hi ? wsB : wsA, dx), (float)c[e], acc[e]);
+        acc[e] = __fmaf_rn(-(hi ? wmB : wmA), sx, acc[e]);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(128 * HX_WG)
 wg_mmq(const u8* __restrict__ w, const u8* __restrict__ xq, float* __restrict__ out, const int nrows,
        const int ncols, const long long out_stride) {
-    __shared__ __align__(128) u8 bbuf[2][8][SUB_BYTES];
-    __shared__ unsigned int dsbuf[2][8][HX_N];
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    extern __shared__ __align__(128) u8 smem[];
+    const int tid = threadIdx.x, wg = tid >> 7, wt = tid & 127;  // warpgroup, thread within it
+    const int lane = tid & 31, warp = wt >> 5, g = lane >> 2, t = lane & 3;
     const int row0 = blockIdx.x * 64, col0 = blockIdx.y * HX_N;
     const size_t row_bytes = (size_t)HX_NB * QK_BYTES;
     const size_t col_bytes = (size_t)HX_NB * 8 * Q8_BYTES;
     const u8* wA = w + (size_t)min(row0 + 16 * warp + g, nrows - 1) * row_bytes;
     const u8* wB = w + (size_t)min(row0 + 16 * warp + g + 8, nrows - 1) * row_bytes;
+    u8* const stage0 = smem + wg * 2 * STAGE_BYTES;  // this warpgroup's stages: stage0 + b * STAGE_BYTES
+    float* part = (float*)(smem + HX_WG * 2 * STAGE_BYTES);
 
     // this thread's staging words: word u -> column, block within the super-block, 4-byte k offset
     const u8* src[WORDS_PER_THREAD];
     int dst[WORDS_PER_THREAD];
 #pragma unroll
     for (int u = 0; u < WORDS_PER_THREAD; ++u) {
-        const int wi = tid + 128 * u, col = wi >> 6, jj = (wi >> 3) & 7, wk = wi & 7;
+        const int wi = wt + 128 * u, col = wi >> 6, jj = (wi >> 3) & 7, wk = wi & 7;
         src[u] = xq + (size_t)min(col0 + col, ncols - 1) * col_bytes + (size_t)jj * Q8_BYTES + 4 + 4 * wk;
         dst[u] = jj * SUB_BYTES + (col >> 3) * 256 + (wk >> 2) * 128 + (col & 7) * 16 + (wk & 3) * 4;
     }
-    const bool ds_thread = tid < 8 * HX_N;
-    const u8* ds_src = xq + (size_t)min(col0 + (tid >> 3), ncols - 1) * col_bytes + (size_t)(tid & 7) * Q8_BYTES;
-    const int ds_dst = (tid & 7) * HX_N + (tid >> 3);
+    const bool ds_thread = wt < 8 * HX_N;
+    const u8* ds_src = xq + (size_t)min(col0 + (wt >> 3), ncols - 1) * col_bytes + (size_t)(wt & 7) * Q8_BYTES;
+    const int ds_dst = 8 * SUB_BYTES + 4 * ((wt & 7) * HX_N + (wt >> 3));
 
     unsigned int xw[WORDS_PER_THREAD], xds = 0;
+    auto fetch = [&](int i) {  // super-block i's activation words into registers
 #pragma unroll
-    for (int u = 0; u < WORDS_PER_THREAD; ++u) xw[u] = *(const unsigned int*)src[u];
-    if (ds_thread) xds = *(const unsigned int*)ds_src;
+        for (int u = 0; u < WORDS_PER_THREAD; ++u) xw[u] = *(const unsigned int*)(src[u] + (size_t)i * 8 * Q8_BYTES);
+        if (ds_thread) xds = *(const unsigned int*)(ds_src + (size_t)i * 8 * Q8_BYTES);
+    };
+    auto put = [&](u8* st) {  // ... into a stage, visible to the MMAs after the warpgroup's barrier
 #pragma unroll
-    for (int u = 0; u < WORDS_PER_THREAD; ++u) *(unsigned int*)(&bbuf[0][0][0] + dst[u]) = xw[u];
-    if (ds_thread) (&dsbuf[0][0][0])[ds_dst] = xds;
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-    __syncthreads();
+        for (int u = 0; u < WORDS_PER_THREAD; ++u) *(unsigned int*)(st + dst[u]) = xw[u];
+        if (ds_thread) *(unsigned int*)(st + ds_dst) = xds;
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    };
 
-    float v[HX_N / 2];
     int buf = 0;
-    for (int s = 0; s < HX_NSEG; ++s) {
+    if (wg < HX_NSEG) {
+        fetch(wg * HX_NB / HX_NSEG);
+        put(stage0);
+    }
+    wg_bar(wg);
+    for (int s = wg; s < HX_NSEG; s += HX_WG) {
         const int sb0 = s * HX_NB / HX_NSEG, sb1 = (s + 1) * HX_NB / HX_NSEG;
+        const int s2 = s + HX_WG;
         float acc[HX_N / 2];
 #pragma unroll
         for (int e = 0; e < HX_N / 2; ++e) acc[e] = 0.0f;
         for (int i = sb0; i < sb1; ++i) {
-            const bool more = i + 1 < HX_NB;
-            if (more) {  // the next super-block's activations into registers, stored after this one's MMAs
-#pragma unroll
-                for (int u = 0; u < WORDS_PER_THREAD; ++u)
-                    xw[u] = *(const unsigned int*)(src[u] + (size_t)(i + 1) * 8 * Q8_BYTES);
-                if (ds_thread) xds = *(const unsigned int*)(ds_src + (size_t)(i + 1) * 8 * Q8_BYTES);
-            }
             Row rA, rB;
             load_row(wA + (size_t)i * QK_BYTES, t, rA);
             load_row(wB + (size_t)i * QK_BYTES, t, rB);
+            const int nxt = i + 1 < sb1 ? i + 1 : (s2 < HX_NSEG ? s2 * HX_NB / HX_NSEG : -1);
+            if (nxt >= 0) fetch(nxt);
+            const u8* st = stage0 + buf * STAGE_BYTES;
+            const unsigned int* dsw = (const unsigned int*)(st + 8 * SUB_BYTES);
+            int c[2][HX_N / 2];
 #pragma unroll
             for (int jj = 0; jj < 8; ++jj) {
                 const int jp = jj >> 1, sh = 4 * (jj & 1);
                 const int a0 = (rA.q[2 * jp] >> sh) & 0x0F0F0F0F, a1 = (rB.q[2 * jp] >> sh) & 0x0F0F0F0F;
                 const int a2 = (rA.q[2 * jp + 1] >> sh) & 0x0F0F0F0F, a3 = (rB.q[2 * jp + 1] >> sh) & 0x0F0F0F0F;
-                int c[HX_N / 2];
 #pragma unroll
-                for (int e = 0; e < HX_N / 2; ++e) c[e] = 0;
+                for (int e = 0; e < HX_N / 2; ++e) c[jj & 1][e] = 0;
                 asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-                wgmma_k32(c, a0, a1, a2, a3, b_desc(&bbuf[buf][jj][0]));
+                wgmma_k32(c[jj & 1], a0, a1, a2, a3, b_desc(st + jj * SUB_BYTES));
                 asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-                asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-                const float wsA = scale_of(rA.sc, jj, rA.d), wmA = scale_of(rA.m, jj, rA.dmin);
-                const float wsB = scale_of(rB.sc, jj, rB.d), wmB = scale_of(rB.m, jj, rB.dmin);
-#pragma unroll
-                for (int e = 0; e < HX_N / 2; ++e) {
-                    const int col = 8 * (e >> 2) + 2 * t + (e & 1);
-                    const unsigned int ds = dsbuf[buf][jj][col];
-                    const float dx = h2f((unsigned short)(ds & 0xFFFF)), sx = h2f((unsigned short)(ds >> 16));
-                    const bool hi = (e & 2) != 0;  // row g + 8
-                    acc[e] = __fmaf_rn(__fmul_rn(hi ? wsB : wsA, dx), (float)c[e], acc[e]);
-                    acc[e] = __fmaf_rn(-(hi ? wmB : wmA), sx, acc[e]);
+                if (jj > 0) {  // sub-block jj - 1 is done: its float work while jj's MMA runs
+                    asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+                    epilogue(acc, c[(jj - 1) & 1], dsw + (jj - 1) * HX_N, rA, rB, jj - 1, t);
                 }
             }
-            if (more) {
-#pragma unroll
-                for (int u = 0; u < WORDS_PER_THREAD; ++u) *(unsigned int*)(&bbuf[buf ^ 1][0][0] + dst[u]) = xw[u];
-                if (ds_thread) (&dsbuf[buf ^ 1][0][0])[ds_dst] = xds;
-                asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-            }
-            __syncthreads();
+            asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+            epilogue(acc, c[1], dsw + 7 * HX_N, rA, rB, 7, t);
+            if (nxt >= 0) put(stage0 + (buf ^ 1) * STAGE_BYTES);
+            wg_bar(wg);
             buf ^= 1;
         }
 #pragma unroll
-        for (int e = 0; e < HX_N / 2; ++e) v[e] = s == 0 ? acc[e] : __fadd_rn(v[e], acc[e]);
+        for (int e = 0; e < HX_N / 2; ++e) {
+            const int rr = 16 * warp + g + 8 * ((e >> 1) & 1), cc = 8 * (e >> 2) + 2 * t + (e & 1);
+            part[(s * 64 + rr) * HX_N + cc] = acc[e];
+        }
     }
-#pragma unroll
-    for (int e = 0; e < HX_N / 2; ++e) {
-        const int row = row0 + 16 * warp + g + 8 * ((e >> 1) & 1);
-        const int col = col0 + 8 * (e >> 2) + 2 * t + (e & 1);
-        if (row < nrows && col < ncols) out[(size_t)col * out_stride + row] = v[e];
+    __syncthreads();
+    for (int o = tid; o < 64 * HX_N; o += 128 * HX_WG) {
+        const int rr = o / HX_N, cc = o % HX_N;
+        float v = part[rr * HX_N + cc];
+#pragma unroll 4
+        for (int s = 1; s < HX_NSEG; ++s) v = __fadd_rn(v, part[(s * 64 + rr) * HX_N + cc]);
+        if (row0 + rr < nrows && col0 + cc < ncols) out[(size_t)(col0 + cc) * out_stride + row0 + rr] = v;
     }
 }

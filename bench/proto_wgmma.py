@@ -6,9 +6,10 @@ A prototype, not a kernel of the library: compiled here with nvcc for sm_90a (wg
 target, which the library's NVRTC path does not ask for), loaded as a cubin, checked bit for bit against the
 sub-block order's emulator on the rows ``benchlib.subblock_case`` picks, and timed as ``bench_mmq.py`` times the
 library's launch (weights rotated through copies of >= 4x the L2, CUDA events over back-to-back launches). Both
-descriptor readings of the shared-memory layout are tried (``lbo128``: the leading byte offset is the distance
-between the two K-halves of a core matrix; ``lbo256``: between groups of 8 columns); only one can give the
-emulator's bits. Widths up to 8 take the m64n8k32 build, 9-16 the m64n16k32 one.
+first build (commit ``5aea85c``, one warpgroup per 64 rows walking the whole row) tried both descriptor readings
+of the shared-memory layout: the leading byte offset is the distance between the two K-halves of a core matrix
+(the other reading gave other bits). Here 1, 2 or 4 warpgroups per CUDA block split the K-segments. Widths up
+to 8 take the m64n8k32 build, 9-16 the m64n16k32 one.
 """
 
 from __future__ import annotations
@@ -30,17 +31,23 @@ from benchlib import median_event_time, subblock_case, timing_setup, write_rows_
 
 SHAPES = [("attn_q/attn_output 4096->4096", 4096, 4096), ("attn_k/attn_v 4096->1024", 4096, 1024),
           ("ffn_up/ffn_gate 4096->12288", 4096, 12288), ("ffn_down (Q4_K layers) 12288->4096", 12288, 4096)]
-DESCS = {"lbo128": (128, 256), "lbo256": (256, 128)}
+WGS = (1, 2, 4)  # warpgroups per CUDA block
 NVCC_FLAGS = ["-fmad=false", "-ftz=false", "-prec-div=true", "-prec-sqrt=true"]  # the library's IEEE options
 
 
-def build(cp, tmp: str, n: int, nb: int, nseg: int, lbo: int, sbo: int):
-    cubin = os.path.join(tmp, f"wg-{n}-{nb}-{nseg}-{lbo}.cubin")
+def smem_bytes(n: int, nseg: int, wg: int) -> int:
+    """proto_wgmma.cu SMEM_BYTES."""
+    return wg * 2 * (8 * n * 32 + 8 * n * 4) + nseg * 64 * n * 4
+
+
+def build(cp, tmp: str, n: int, nb: int, nseg: int, wg: int):
+    cubin = os.path.join(tmp, f"wg-{n}-{nb}-{nseg}-{wg}.cubin")
     if not os.path.exists(cubin):
         subprocess.run(["nvcc", "-arch=sm_90a", "-cubin", *NVCC_FLAGS, f"-DHX_N={n}", f"-DHX_NB={nb}",
-                        f"-DHX_NSEG={nseg}", f"-DHX_LBO={lbo}", f"-DHX_SBO={sbo}", "-o", cubin,
-                        str(HERE / "proto_wgmma.cu")], check=True)
-    return cp.RawModule(path=cubin).get_function("wg_mmq")
+                        f"-DHX_NSEG={nseg}", f"-DHX_WG={wg}", "-o", cubin, str(HERE / "proto_wgmma.cu")], check=True)
+    kern = cp.RawModule(path=cubin).get_function("wg_mmq")
+    kern.max_dynamic_shared_size_bytes = smem_bytes(n, nseg, wg)
+    return kern
 
 
 def main(argv=None) -> int:
@@ -79,20 +86,21 @@ def main(argv=None) -> int:
                 line.append(f"library {us:7.1f}{'' if eq else ' DIFFERS'}")
                 hn = 8 if wd <= 8 else 16
                 xq = acts(wd, None)  # llama.cpp's q8_1 blocks
-                for name, (lbo, sbo) in DESCS.items():
-                    kern = build(cp, tmp, hn, k // 256, plan.nseg, lbo, sbo)
-                    grid = (-(-n // 64), -(-wd // hn), 1)
+                for wg in WGS:
+                    name = f"wg{wg}"
+                    kern = build(cp, tmp, hn, k // 256, plan.nseg, wg)
+                    grid, block, smem = (-(-n // 64), -(-wd // hn), 1), (128 * wg, 1, 1), smem_bytes(hn, plan.nseg, wg)
                     out2 = cp.zeros((wd, n), dtype=cp.float32)
                     scal = (np.int32(n), np.int32(wd), np.int64(n))
-                    kern(grid, (128, 1, 1), (ws[0], xq, out2) + scal)
+                    kern(grid, block, (ws[0], xq, out2) + scal, shared_mem=smem)
                     cp.cuda.runtime.deviceSynchronize()
                     eq = bool(np.array_equal(cp.asnumpy(out2)[:, rows].view(np.uint32), ref[:wd].view(np.uint32)))
-                    fn = (lambda i, o=out2, kern=kern, grid=grid, scal=scal:
-                          kern(grid, (128, 1, 1), (ws[i % len(ws)], xq, o) + scal))
+                    fn = (lambda i, o=out2, kern=kern, grid=grid, block=block, smem=smem, scal=scal:
+                          kern(grid, block, (ws[i % len(ws)], xq, o) + scal, shared_mem=smem))
                     us = median_event_time(cp, fn, args.reps, args.batches, spin, cycles) * 1e6
                     out_rows.append(dict(shape=label, k=k, n=n, width=wd, variant=f"wgmma-{name}", us=us,
-                                         bits_equal_emulator=eq, nseg=plan.nseg))
-                    line.append(f"wgmma {name} {us:7.1f} {'equal' if eq else 'DIFFER'}")
+                                         bits_equal_emulator=eq, nseg=plan.nseg, num_regs=int(kern.num_regs)))
+                    line.append(f"{name} {us:6.1f} {'equal' if eq else 'DIFFER'}")
                 print(f"  {wd:2d} columns: " + " | ".join(line), flush=True)
             del ws, x, acts
             cp.get_default_memory_pool().free_all_blocks()
