@@ -17,7 +17,7 @@
 // HX_SBO (the B descriptor's leading / stride byte offsets; the staging layout below puts the K-halves of a core
 // matrix 128 bytes apart and groups of 8 columns 256 bytes apart; measured: the leading offset is the K-halves').
 // Each warpgroup stages a super-block's activations into its own double buffer (the next one's words held in
-// registers while this one's MMAs run), and the MMA of sub-block jj + 1 is issued before the float work of jj.
+// registers while this one's MMAs run), and the MMAs of HX_BATCH sub-blocks are issued before their float work.
 //
 // Compile: nvcc -arch=sm_90a -cubin -fmad=false -ftz=false -prec-div=true -prec-sqrt=true -DHX_N=16 ...
 
@@ -70,25 +70,38 @@ __device__ __forceinline__ u64 b_desc(const void* p) {
     return (u64)((a & 0x3FFFF) >> 4) | ((u64)(HX_LBO >> 4) << 16) | ((u64)(HX_SBO >> 4) << 32);
 }
 
-// D (HX_N / 2 ints per thread) = A (4 regs: rows g, g+8 of this warp's 16, k 4t.., 16+4t..) x B (shared memory)
+// D (HX_N / 2 ints per thread) = A (4 regs: rows g, g+8 of this warp's 16, k 4t.., 16+4t..) x B (shared memory).
+// scale-d false: D's old value is not read, so D is output only (no register written between the MMAs of a
+// batch, which would make ptxas put a fence before each).
 __device__ __forceinline__ void wgmma_k32(int* d, int a0, int a1, int a2, int a3, u64 desc) {
 #if HX_N == 16
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n16k32.s32.s8.s8 {%0,%1,%2,%3,%4,%5,%6,%7}, {%8,%9,%10,%11}, %12, p;\n}\n"
-        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(0));
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3]), "=r"(d[4]), "=r"(d[5]), "=r"(d[6]), "=r"(d[7])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "n"(0));
 #else
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %9, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n8k32.s32.s8.s8 {%0,%1,%2,%3}, {%4,%5,%6,%7}, %8, p;\n}\n"
-        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "r"(0));
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc), "n"(0));
 #endif
 }
 
 #ifndef HX_WG
 #define HX_WG 1
+#endif
+// HX_CL: CUDA blocks per cluster (sm_90 thread-block clusters) that split one 64-row tile's K-segments: block
+// rank r's warpgroup w takes segments r * HX_WG + w, + HX_CL * HX_WG, ...; after a cluster barrier every block
+// adds a share of the tile's outputs from all blocks' partial sums (distributed shared memory), in segment order.
+#ifndef HX_CL
+#define HX_CL 1
+#endif
+#define HX_Q (HX_CL * HX_WG)  // warpgroups per tile
+// HX_BATCH (1, 2, 4, 8): sub-blocks whose MMAs are issued back to back before one wait
+#ifndef HX_BATCH
+#define HX_BATCH 4
 #endif
 #define WORDS_PER_THREAD (HX_N * 64 / 128)  // a super-block's activation ints: HX_N columns x 8 blocks x 8 words
 #define STAGE_BYTES (8 * SUB_BYTES + 8 * HX_N * 4)  // one buffer: 8 sub-blocks' B operands, then their ds words
@@ -115,13 +128,33 @@ __device__ __forceinline__ void epilogue(float* acc, const int* c, const unsigne
     }
 }
 
-extern "C" __global__ void __launch_bounds__(128 * HX_WG)
+__device__ __forceinline__ unsigned int cluster_rank() {
+    unsigned int r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+// a float at this block's shared address p, in the shared memory of cluster block r
+__device__ __forceinline__ float ld_cluster(const float* p, unsigned int r) {
+    unsigned int a = (unsigned int)__cvta_generic_to_shared(p), ra;
+    float v;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(ra) : "r"(a), "r"(r));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(ra) : "memory");
+    return v;
+}
+
+extern "C" __global__ void __cluster_dims__(HX_CL, 1, 1) __launch_bounds__(128 * HX_WG)
 wg_mmq(const u8* __restrict__ w, const u8* __restrict__ xq, float* __restrict__ out, const int nrows,
        const int ncols, const long long out_stride) {
     extern __shared__ __align__(128) u8 smem[];
-    const int tid = threadIdx.x, wg = tid >> 7, wt = tid & 127;  // warpgroup, thread within it
+    // the warpgroup index through a shuffle, so that ptxas sees it uniform (CUTLASS does the same): a branch on a
+    // value it cannot prove uniform makes it serialize the wgmma instructions
+    const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid >> 7, 0), wt = tid & 127;
     const int lane = tid & 31, warp = wt >> 5, g = lane >> 2, t = lane & 3;
-    const int row0 = blockIdx.x * 64, col0 = blockIdx.y * HX_N;
+    const int rank = HX_CL > 1 ? (int)cluster_rank() : 0, q = rank * HX_WG + wg;  // this warpgroup in its tile
+    const int row0 = (blockIdx.x / HX_CL) * 64, col0 = blockIdx.y * HX_N;
     const size_t row_bytes = (size_t)HX_NB * QK_BYTES;
     const size_t col_bytes = (size_t)HX_NB * 8 * Q8_BYTES;
     const u8* wA = w + (size_t)min(row0 + 16 * warp + g, nrows - 1) * row_bytes;
@@ -156,14 +189,14 @@ wg_mmq(const u8* __restrict__ w, const u8* __restrict__ xq, float* __restrict__ 
     };
 
     int buf = 0;
-    if (wg < HX_NSEG) {
-        fetch(wg * HX_NB / HX_NSEG);
+    if (q < HX_NSEG) {
+        fetch(q * HX_NB / HX_NSEG);
         put(stage0);
     }
     wg_bar(wg);
-    for (int s = wg; s < HX_NSEG; s += HX_WG) {
+    for (int s = q; s < HX_NSEG; s += HX_Q) {
         const int sb0 = s * HX_NB / HX_NSEG, sb1 = (s + 1) * HX_NB / HX_NSEG;
-        const int s2 = s + HX_WG;
+        const int s2 = s + HX_Q;
         float acc[HX_N / 2];
 #pragma unroll
         for (int e = 0; e < HX_N / 2; ++e) acc[e] = 0.0f;
@@ -175,24 +208,35 @@ wg_mmq(const u8* __restrict__ w, const u8* __restrict__ xq, float* __restrict__ 
             if (nxt >= 0) fetch(nxt);
             const u8* st = stage0 + buf * STAGE_BYTES;
             const unsigned int* dsw = (const unsigned int*)(st + 8 * SUB_BYTES);
-            int c[2][HX_N / 2];
 #pragma unroll
-            for (int jj = 0; jj < 8; ++jj) {
-                const int jp = jj >> 1, sh = 4 * (jj & 1);
-                const int a0 = (rA.q[2 * jp] >> sh) & 0x0F0F0F0F, a1 = (rB.q[2 * jp] >> sh) & 0x0F0F0F0F;
-                const int a2 = (rA.q[2 * jp + 1] >> sh) & 0x0F0F0F0F, a3 = (rB.q[2 * jp + 1] >> sh) & 0x0F0F0F0F;
+            for (int jb = 0; jb < 8; jb += HX_BATCH) {
+                // HX_BATCH sub-blocks' MMAs into their own accumulators, one wait, then their float work (ptxas
+                // waits for every MMA in flight before any use of an accumulator, so the float work of one
+                // sub-block cannot overlap the next one's MMA)
+                int c[HX_BATCH][HX_N / 2];
+                u64 desc[HX_BATCH];
+                int a[HX_BATCH][4];  // every A fragment of the batch made before the fence (none written between MMAs)
 #pragma unroll
-                for (int e = 0; e < HX_N / 2; ++e) c[jj & 1][e] = 0;
-                asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-                wgmma_k32(c[jj & 1], a0, a1, a2, a3, b_desc(st + jj * SUB_BYTES));
-                asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-                if (jj > 0) {  // sub-block jj - 1 is done: its float work while jj's MMA runs
-                    asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
-                    epilogue(acc, c[(jj - 1) & 1], dsw + (jj - 1) * HX_N, rA, rB, jj - 1, t);
+                for (int b = 0; b < HX_BATCH; ++b) {
+                    const int jj = jb + b, jp = jj >> 1, sh = 4 * (jj & 1);
+                    a[b][0] = (rA.q[2 * jp] >> sh) & 0x0F0F0F0F;
+                    a[b][1] = (rB.q[2 * jp] >> sh) & 0x0F0F0F0F;
+                    a[b][2] = (rA.q[2 * jp + 1] >> sh) & 0x0F0F0F0F;
+                    a[b][3] = (rB.q[2 * jp + 1] >> sh) & 0x0F0F0F0F;
+                    desc[b] = b_desc(st + jj * SUB_BYTES);
                 }
+#pragma unroll
+                for (int b = 0; b < HX_BATCH; ++b)  // pin them before the fence (else they sink between the MMAs)
+                    asm volatile("" :: "r"(a[b][0]), "r"(a[b][1]), "r"(a[b][2]), "r"(a[b][3]), "l"(desc[b]));
+                asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+                for (int b = 0; b < HX_BATCH; ++b)
+                    wgmma_k32(c[b], a[b][0], a[b][1], a[b][2], a[b][3], desc[b]);
+                asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+                asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+#pragma unroll
+                for (int b = 0; b < HX_BATCH; ++b) epilogue(acc, c[b], dsw + (jb + b) * HX_N, rA, rB, jb + b, t);
             }
-            asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
-            epilogue(acc, c[1], dsw + 7 * HX_N, rA, rB, 7, t);
             if (nxt >= 0) put(stage0 + (buf ^ 1) * STAGE_BYTES);
             wg_bar(wg);
             buf ^= 1;
@@ -203,6 +247,19 @@ wg_mmq(const u8* __restrict__ w, const u8* __restrict__ xq, float* __restrict__ 
             part[(s * 64 + rr) * HX_N + cc] = acc[e];
         }
     }
+#if HX_CL > 1
+    cluster_sync();  // every block's partial sums written and visible to the cluster
+    constexpr int SHARE = 64 * HX_N / HX_CL;  // outputs each block adds up
+    for (int o = rank * SHARE + tid; o < (rank + 1) * SHARE; o += 128 * HX_WG) {
+        const int rr = o / HX_N, cc = o % HX_N;
+        float v = ld_cluster(&part[rr * HX_N + cc], 0);  // segment s lives in block (s % HX_Q) / HX_WG
+#pragma unroll 4
+        for (int s = 1; s < HX_NSEG; ++s)
+            v = __fadd_rn(v, ld_cluster(&part[(s * 64 + rr) * HX_N + cc], (unsigned int)((s % HX_Q) / HX_WG)));
+        if (row0 + rr < nrows && col0 + cc < ncols) out[(size_t)(col0 + cc) * out_stride + row0 + rr] = v;
+    }
+    cluster_sync();  // no block leaves while another still reads its shared memory
+#else
     __syncthreads();
     for (int o = tid; o < 64 * HX_N; o += 128 * HX_WG) {
         const int rr = o / HX_N, cc = o % HX_N;
@@ -211,4 +268,5 @@ wg_mmq(const u8* __restrict__ w, const u8* __restrict__ xq, float* __restrict__ 
         for (int s = 1; s < HX_NSEG; ++s) v = __fadd_rn(v, part[(s * 64 + rr) * HX_N + cc]);
         if (row0 + rr < nrows && col0 + cc < ncols) out[(size_t)(col0 + cc) * out_stride + row0 + rr] = v;
     }
+#endif
 }

@@ -9,7 +9,9 @@ library's launch (weights rotated through copies of >= 4x the L2, CUDA events ov
 first build (commit ``5aea85c``, one warpgroup per 64 rows walking the whole row) tried both descriptor readings
 of the shared-memory layout: the leading byte offset is the distance between the two K-halves of a core matrix
 (the other reading gave other bits). Here 1, 2 or 4 warpgroups per CUDA block split the K-segments. Widths up
-to 8 take the m64n8k32 build, 9-16 the m64n16k32 one.
+to 8 take the m64n8k32 build, 9-16 the m64n16k32 one. Session 17's third build (this one) adds thread-block clusters
+that split a 64-row tile's segments over several CUDA blocks (their partial sums added through distributed shared
+memory) and batches of MMAs issued back to back before one wait; ``CONFIGS`` lists the builds timed.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ from benchlib import median_event_time, subblock_case, timing_setup, write_rows_
 
 SHAPES = [("attn_q/attn_output 4096->4096", 4096, 4096), ("attn_k/attn_v 4096->1024", 4096, 1024),
           ("ffn_up/ffn_gate 4096->12288", 4096, 12288), ("ffn_down (Q4_K layers) 12288->4096", 12288, 4096)]
-WGS = (1, 2, 4)  # warpgroups per CUDA block
+# (warpgroups per CUDA block, CUDA blocks per cluster, sub-blocks per MMA batch)
+CONFIGS = ((2, 1, 4), (4, 1, 4), (2, 2, 4), (4, 2, 4), (2, 4, 4), (2, 2, 8), (4, 4, 2))
 NVCC_FLAGS = ["-fmad=false", "-ftz=false", "-prec-div=true", "-prec-sqrt=true"]  # the library's IEEE options
 
 
@@ -40,12 +43,22 @@ def smem_bytes(n: int, nseg: int, wg: int) -> int:
     return wg * 2 * (8 * n * 32 + 8 * n * 4) + nseg * 64 * n * 4
 
 
-def build(cp, tmp: str, n: int, nb: int, nseg: int, wg: int):
-    cubin = os.path.join(tmp, f"wg-{n}-{nb}-{nseg}-{wg}.cubin")
-    if not os.path.exists(cubin):
-        subprocess.run(["nvcc", "-arch=sm_90a", "-cubin", *NVCC_FLAGS, f"-DHX_N={n}", f"-DHX_NB={nb}",
-                        f"-DHX_NSEG={nseg}", f"-DHX_WG={wg}", "-o", cubin, str(HERE / "proto_wgmma.cu")], check=True)
-    kern = cp.RawModule(path=cubin).get_function("wg_mmq")
+def cubin_path(tmp: str, n: int, nb: int, nseg: int, cfg) -> str:
+    return os.path.join(tmp, f"wg-{n}-{nb}-{nseg}-{'-'.join(map(str, cfg))}.cubin")
+
+
+def compile_cubin(tmp: str, n: int, nb: int, nseg: int, cfg) -> str:
+    wg, cl, batch = cfg
+    cubin = cubin_path(tmp, n, nb, nseg, cfg)
+    subprocess.run(["nvcc", "-arch=sm_90a", "-cubin", *NVCC_FLAGS, f"-DHX_N={n}", f"-DHX_NB={nb}", f"-DHX_NSEG={nseg}",
+                    f"-DHX_WG={wg}", f"-DHX_CL={cl}", f"-DHX_BATCH={batch}", "-o", cubin,
+                    str(HERE / "proto_wgmma.cu")], check=True)
+    return cubin
+
+
+def build(cp, tmp: str, n: int, nb: int, nseg: int, cfg):
+    wg = cfg[0]
+    kern = cp.RawModule(path=cubin_path(tmp, n, nb, nseg, cfg)).get_function("wg_mmq")
     kern.max_dynamic_shared_size_bytes = smem_bytes(n, nseg, wg)
     return kern
 
@@ -69,6 +82,13 @@ def main(argv=None) -> int:
     rng = np.random.default_rng(0)
     out_rows = []
     with tempfile.TemporaryDirectory() as tmp:
+        from concurrent.futures import ThreadPoolExecutor
+
+        jobs = {(hn, k // 256, subblock_plan(1, "Q4_K", k, n=n).nseg, cfg) for _, k, n in SHAPES
+                for hn in {8 if wd <= 8 else 16 for wd in widths} for cfg in CONFIGS}
+        with ThreadPoolExecutor(os.cpu_count()) as pool:
+            list(pool.map(lambda j: compile_cubin(tmp, *j), sorted(jobs)))
+        print(f"compiled {len(jobs)} builds", flush=True)
         for label, k, n in SHAPES:
             rows, ref, ws, x, acts, _ = subblock_case(cp, rng, "Q4_K", k, n, max(widths), l2)
             print(f"\n{label}", flush=True)
@@ -86,10 +106,12 @@ def main(argv=None) -> int:
                 line.append(f"library {us:7.1f}{'' if eq else ' DIFFERS'}")
                 hn = 8 if wd <= 8 else 16
                 xq = acts(wd, None)  # llama.cpp's q8_1 blocks
-                for wg in WGS:
-                    name = f"wg{wg}"
-                    kern = build(cp, tmp, hn, k // 256, plan.nseg, wg)
-                    grid, block, smem = (-(-n // 64), -(-wd // hn), 1), (128 * wg, 1, 1), smem_bytes(hn, plan.nseg, wg)
+                for cfg in CONFIGS:
+                    wg, cl, _ = cfg
+                    name = "wg{}cl{}b{}".format(*cfg)
+                    kern = build(cp, tmp, hn, k // 256, plan.nseg, cfg)
+                    grid, block = (-(-n // 64) * cl, -(-wd // hn), 1), (128 * wg, 1, 1)
+                    smem = smem_bytes(hn, plan.nseg, wg)
                     out2 = cp.zeros((wd, n), dtype=cp.float32)
                     scal = (np.int32(n), np.int32(wd), np.int64(n))
                     kern(grid, block, (ws[0], xq, out2) + scal, shared_mem=smem)
@@ -99,7 +121,8 @@ def main(argv=None) -> int:
                           kern(grid, block, (ws[i % len(ws)], xq, o) + scal, shared_mem=smem))
                     us = median_event_time(cp, fn, args.reps, args.batches, spin, cycles) * 1e6
                     out_rows.append(dict(shape=label, k=k, n=n, width=wd, variant=f"wgmma-{name}", us=us,
-                                         bits_equal_emulator=eq, nseg=plan.nseg, num_regs=int(kern.num_regs)))
+                                         bits_equal_emulator=eq, nseg=plan.nseg, num_regs=int(kern.num_regs),
+                                         warpgroups=wg, cluster=cl, batch=cfg[2]))
                     line.append(f"{name} {us:6.1f} {'equal' if eq else 'DIFFER'}")
                 print(f"  {wd:2d} columns: " + " | ".join(line), flush=True)
             del ws, x, acts
