@@ -99,6 +99,11 @@ __device__ __forceinline__ void wgmma_k32(int* d, int a0, int a1, int a2, int a3
 #define HX_CL 1
 #endif
 #define HX_Q (HX_CL * HX_WG)  // warpgroups per tile
+// HX_ROWS_AHEAD (0/1): the weight rows of the super-block a warpgroup multiplies next loaded while it multiplies
+// this one (registers)
+#ifndef HX_ROWS_AHEAD
+#define HX_ROWS_AHEAD 1
+#endif
 // HX_BATCH (1, 2, 4, 8): sub-blocks whose MMAs are issued back to back before one wait
 #ifndef HX_BATCH
 #define HX_BATCH 4
@@ -189,9 +194,14 @@ wg_mmq(const u8* __restrict__ w, const u8* __restrict__ xq, float* __restrict__ 
     };
 
     int buf = 0;
+    Row rA, rB;  // the rows of the super-block being multiplied
     if (q < HX_NSEG) {
         fetch(q * HX_NB / HX_NSEG);
         put(stage0);
+#if HX_ROWS_AHEAD
+        load_row(wA + (size_t)(q * HX_NB / HX_NSEG) * QK_BYTES, t, rA);
+        load_row(wB + (size_t)(q * HX_NB / HX_NSEG) * QK_BYTES, t, rB);
+#endif
     }
     wg_bar(wg);
     for (int s = q; s < HX_NSEG; s += HX_Q) {
@@ -201,11 +211,18 @@ wg_mmq(const u8* __restrict__ w, const u8* __restrict__ xq, float* __restrict__ 
 #pragma unroll
         for (int e = 0; e < HX_N / 2; ++e) acc[e] = 0.0f;
         for (int i = sb0; i < sb1; ++i) {
-            Row rA, rB;
-            load_row(wA + (size_t)i * QK_BYTES, t, rA);
-            load_row(wB + (size_t)i * QK_BYTES, t, rB);
             const int nxt = i + 1 < sb1 ? i + 1 : (s2 < HX_NSEG ? s2 * HX_NB / HX_NSEG : -1);
             if (nxt >= 0) fetch(nxt);
+#if HX_ROWS_AHEAD
+            Row nA, nB;  // the next super-block's rows, in flight while this one's MMAs run
+            if (nxt >= 0) {
+                load_row(wA + (size_t)nxt * QK_BYTES, t, nA);
+                load_row(wB + (size_t)nxt * QK_BYTES, t, nB);
+            }
+#else
+            load_row(wA + (size_t)i * QK_BYTES, t, rA);
+            load_row(wB + (size_t)i * QK_BYTES, t, rB);
+#endif
             const u8* st = stage0 + buf * STAGE_BYTES;
             const unsigned int* dsw = (const unsigned int*)(st + 8 * SUB_BYTES);
 #pragma unroll
@@ -240,6 +257,10 @@ wg_mmq(const u8* __restrict__ w, const u8* __restrict__ xq, float* __restrict__ 
             if (nxt >= 0) put(stage0 + (buf ^ 1) * STAGE_BYTES);
             wg_bar(wg);
             buf ^= 1;
+#if HX_ROWS_AHEAD
+            rA = nA;
+            rB = nB;
+#endif
         }
 #pragma unroll
         for (int e = 0; e < HX_N / 2; ++e) {

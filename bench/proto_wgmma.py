@@ -34,7 +34,9 @@ from benchlib import median_event_time, subblock_case, timing_setup, write_rows_
 SHAPES = [("attn_q/attn_output 4096->4096", 4096, 4096), ("attn_k/attn_v 4096->1024", 4096, 1024),
           ("ffn_up/ffn_gate 4096->12288", 4096, 12288), ("ffn_down (Q4_K layers) 12288->4096", 12288, 4096)]
 # (warpgroups per CUDA block, CUDA blocks per cluster, sub-blocks per MMA batch)
-CONFIGS = ((2, 1, 4), (4, 1, 4), (2, 2, 4), (4, 2, 4), (2, 4, 4), (2, 2, 8), (4, 4, 2))
+# and whether the next super-block's weight rows are loaded ahead (HX_ROWS_AHEAD)
+CONFIGS = ((4, 2, 4, 0), (4, 2, 4, 1), (2, 2, 4, 1), (2, 1, 4, 1), (4, 1, 4, 1), (2, 4, 4, 1), (4, 4, 2, 1),
+           (2, 2, 8, 1), (1, 2, 8, 1), (1, 4, 8, 1))
 NVCC_FLAGS = ["-fmad=false", "-ftz=false", "-prec-div=true", "-prec-sqrt=true"]  # the library's IEEE options
 
 
@@ -48,10 +50,10 @@ def cubin_path(tmp: str, n: int, nb: int, nseg: int, cfg) -> str:
 
 
 def compile_cubin(tmp: str, n: int, nb: int, nseg: int, cfg) -> str:
-    wg, cl, batch = cfg
+    wg, cl, batch, ahead = cfg
     cubin = cubin_path(tmp, n, nb, nseg, cfg)
     subprocess.run(["nvcc", "-arch=sm_90a", "-cubin", *NVCC_FLAGS, f"-DHX_N={n}", f"-DHX_NB={nb}", f"-DHX_NSEG={nseg}",
-                    f"-DHX_WG={wg}", f"-DHX_CL={cl}", f"-DHX_BATCH={batch}", "-o", cubin,
+                    f"-DHX_WG={wg}", f"-DHX_CL={cl}", f"-DHX_BATCH={batch}", f"-DHX_ROWS_AHEAD={ahead}", "-o", cubin,
                     str(HERE / "proto_wgmma.cu")], check=True)
     return cubin
 
@@ -107,8 +109,8 @@ def main(argv=None) -> int:
                 hn = 8 if wd <= 8 else 16
                 xq = acts(wd, None)  # llama.cpp's q8_1 blocks
                 for cfg in CONFIGS:
-                    wg, cl, _ = cfg
-                    name = "wg{}cl{}b{}".format(*cfg)
+                    wg, cl, _, _ = cfg
+                    name = "wg{}cl{}b{}r{}".format(*cfg)
                     kern = build(cp, tmp, hn, k // 256, plan.nseg, cfg)
                     grid, block = (-(-n // 64) * cl, -(-wd // hn), 1), (128 * wg, 1, 1)
                     smem = smem_bytes(hn, plan.nseg, wg)
@@ -122,7 +124,7 @@ def main(argv=None) -> int:
                     us = median_event_time(cp, fn, args.reps, args.batches, spin, cycles) * 1e6
                     out_rows.append(dict(shape=label, k=k, n=n, width=wd, variant=f"wgmma-{name}", us=us,
                                          bits_equal_emulator=eq, nseg=plan.nseg, num_regs=int(kern.num_regs),
-                                         warpgroups=wg, cluster=cl, batch=cfg[2]))
+                                         warpgroups=wg, cluster=cl, batch=cfg[2], rows_ahead=cfg[3]))
                     line.append(f"{name} {us:6.1f} {'equal' if eq else 'DIFFER'}")
                 print(f"  {wd:2d} columns: " + " | ".join(line), flush=True)
             del ws, x, acts
