@@ -19,10 +19,14 @@
 // Each warpgroup stages a super-block's activations into its own double buffer (the next one's words held in
 // registers while this one's MMAs run), and the MMAs of HX_BATCH sub-blocks are issued before their float work.
 //
-// Compile: nvcc -arch=sm_90a -cubin -fmad=false -ftz=false -prec-div=true -prec-sqrt=true -DHX_N=16 ...
+// Compile: proto_wgmma.py (nvcc -arch=sm_90a -cubin, the library's IEEE options, its prelude and mma_rows.cu).
 
-#define QK_BYTES 144
-#define Q8_BYTES 36
+// The weight rows are read and their scales made by the library's own helpers (hiraishin/kernels/mmq/mma_rows.cu
+// hx_load_row, hx_q4_ws, hx_q4_wm; proto_wgmma.py compiles fp.cuh and mma_rows.cu in front of this file, with
+// HX_QTYPE 12 and HX_XLAYOUT 0: llama.cpp's q8_1 activations and Q4_K rows read 4 bytes at a time).
+
+#define QK_BYTES HX_BLOCK_BYTES
+#define Q8_BYTES HX_Q8_BYTES
 #define SUB_BYTES (HX_N * 32)  // one sub-block's B operand: HX_N columns x 32 int8
 #ifndef HX_LBO
 #define HX_LBO 128
@@ -33,37 +37,7 @@
 
 typedef unsigned char u8;
 typedef unsigned long long u64;
-
-__device__ __forceinline__ float h2f(unsigned short h) {
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-    return f;
-}
-
-struct Row {
-    float d, dmin;
-    unsigned int sc[2], m[2];
-    int q[8];
-};
-
-__device__ __forceinline__ void load_row(const u8* p, int t, Row& r) {
-    const uint4 h = *(const uint4*)p;
-    r.d = h2f((unsigned short)(h.x & 0xFFFF));
-    r.dmin = h2f((unsigned short)(h.x >> 16));
-    r.sc[0] = h.y & 0x3F3F3F3Fu;
-    r.m[0] = h.z & 0x3F3F3F3Fu;
-    r.sc[1] = (h.w & 0x0F0F0F0Fu) | ((h.y >> 2) & 0x30303030u);
-    r.m[1] = ((h.w >> 4) & 0x0F0F0F0Fu) | ((h.z >> 2) & 0x30303030u);
-#pragma unroll
-    for (int jp = 0; jp < 4; ++jp) {
-        r.q[2 * jp] = *(const int*)(p + 16 + 32 * jp + 4 * t);
-        r.q[2 * jp + 1] = *(const int*)(p + 16 + 32 * jp + 16 + 4 * t);
-    }
-}
-
-__device__ __forceinline__ float scale_of(const unsigned int* v, int jj, float x) {
-    return __fmul_rn(x, (float)((v[jj >> 2] >> (8 * (jj & 3))) & 0xFF));
-}
+typedef hx_row_sb Row;
 
 __device__ __forceinline__ u64 b_desc(const void* p) {
     const unsigned int a = (unsigned int)__cvta_generic_to_shared(p);
@@ -120,13 +94,13 @@ __device__ __forceinline__ void wg_bar(int wg) {  // the 128 threads of warpgrou
 // The float work of one sub-block's MMA result c (HX_N / 2 ints of this thread) into acc.
 __device__ __forceinline__ void epilogue(float* acc, const int* c, const unsigned int* ds_row, const Row& rA,
                                          const Row& rB, int jj, int t) {
-    const float wsA = scale_of(rA.sc, jj, rA.d), wmA = scale_of(rA.m, jj, rA.dmin);
-    const float wsB = scale_of(rB.sc, jj, rB.d), wmB = scale_of(rB.m, jj, rB.dmin);
+    const float wsA = hx_q4_ws(rA, jj), wmA = hx_q4_wm(rA, jj);
+    const float wsB = hx_q4_ws(rB, jj), wmB = hx_q4_wm(rB, jj);
 #pragma unroll
     for (int e = 0; e < HX_N / 2; ++e) {
         const int col = 8 * (e >> 2) + 2 * t + (e & 1);
         const unsigned int ds = ds_row[col];
-        const float dx = h2f((unsigned short)(ds & 0xFFFF)), sx = h2f((unsigned short)(ds >> 16));
+        const float dx = hx_h2f((unsigned short)(ds & 0xFFFF)), sx = hx_h2f((unsigned short)(ds >> 16));
         const bool hi = (e & 2) != 0;  // row g + 8
         acc[e] = __fmaf_rn(__fmul_rn(hi ? wsB : wsA, dx), (float)c[e], acc[e]);
         acc[e] = __fmaf_rn(-(hi ? wmB : wmA), sx, acc[e]);
@@ -199,8 +173,8 @@ wg_mmq(const u8* __restrict__ w, const u8* __restrict__ xq, float* __restrict__ 
         fetch(q * HX_NB / HX_NSEG);
         put(stage0);
 #if HX_ROWS_AHEAD
-        load_row(wA + (size_t)(q * HX_NB / HX_NSEG) * QK_BYTES, t, rA);
-        load_row(wB + (size_t)(q * HX_NB / HX_NSEG) * QK_BYTES, t, rB);
+        hx_load_row(wA + (size_t)(q * HX_NB / HX_NSEG) * QK_BYTES, t, rA);
+        hx_load_row(wB + (size_t)(q * HX_NB / HX_NSEG) * QK_BYTES, t, rB);
 #endif
     }
     wg_bar(wg);
@@ -216,12 +190,12 @@ wg_mmq(const u8* __restrict__ w, const u8* __restrict__ xq, float* __restrict__ 
 #if HX_ROWS_AHEAD
             Row nA, nB;  // the next super-block's rows, in flight while this one's MMAs run
             if (nxt >= 0) {
-                load_row(wA + (size_t)nxt * QK_BYTES, t, nA);
-                load_row(wB + (size_t)nxt * QK_BYTES, t, nB);
+                hx_load_row(wA + (size_t)nxt * QK_BYTES, t, nA);
+                hx_load_row(wB + (size_t)nxt * QK_BYTES, t, nB);
             }
 #else
-            load_row(wA + (size_t)i * QK_BYTES, t, rA);
-            load_row(wB + (size_t)i * QK_BYTES, t, rB);
+            hx_load_row(wA + (size_t)i * QK_BYTES, t, rA);
+            hx_load_row(wB + (size_t)i * QK_BYTES, t, rB);
 #endif
             const u8* st = stage0 + buf * STAGE_BYTES;
             const unsigned int* dsw = (const unsigned int*)(st + 8 * SUB_BYTES);

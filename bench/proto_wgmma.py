@@ -38,7 +38,7 @@ SHAPES = [("attn_q/attn_output 4096->4096", 4096, 4096), ("attn_k/attn_v 4096->1
 # and whether the next super-block's weight rows are loaded ahead (HX_ROWS_AHEAD)
 CONFIGS = ((4, 2, 4, 0), (4, 2, 4, 1), (2, 2, 4, 1), (2, 1, 4, 1), (4, 1, 4, 1), (2, 4, 4, 1), (4, 4, 2, 1),
            (2, 2, 8, 1), (1, 2, 8, 1), (1, 4, 8, 1))
-NVCC_FLAGS = ["-fmad=false", "-ftz=false", "-prec-div=true", "-prec-sqrt=true"]  # the library's IEEE options
+NVCC_FLAGS = ["-std=c++17", "-fmad=false", "-ftz=false", "-prec-div=true", "-prec-sqrt=true"]  # the library's options
 
 
 def smem_bytes(n: int, nseg: int, wg: int) -> int:
@@ -50,12 +50,25 @@ def cubin_path(tmp: str, n: int, nb: int, nseg: int, cfg) -> str:
     return os.path.join(tmp, f"wg-{n}-{nb}-{nseg}-{'-'.join(map(str, cfg))}.cubin")
 
 
-def compile_cubin(tmp: str, n: int, nb: int, nseg: int, cfg) -> str:
+def source(n: int, nb: int, nseg: int, cfg) -> str:
+    """The prototype's CUDA text: its defines, the library's prelude (fp.cuh) and ``mmq/mma_rows.cu`` (the weight
+    rows' loads and scales, Q4_K, llama.cpp's q8_1 layout), then ``proto_wgmma.cu``."""
+    from hiraishin.kernels.compile import defines_text, load_source
+    from hiraishin.quant import BLOCK_BYTES, GGML_TYPE_ID
+
     wg, cl, batch, ahead = cfg
+    defines = {"HX_QTYPE": GGML_TYPE_ID["Q4_K"], "HX_BLOCK_BYTES": BLOCK_BYTES["Q4_K"], "HX_Q8_BYTES": BLOCK_BYTES["Q8_1"],
+               "HX_XLAYOUT": 0, "HX_NT": n // 8, "HX_NB": nb, "HX_N": n, "HX_NSEG": nseg, "HX_WG": wg, "HX_CL": cl,
+               "HX_BATCH": batch, "HX_ROWS_AHEAD": ahead}
+    return defines_text(defines) + load_source("mmq/mma_rows.cu") + (HERE / "proto_wgmma.cu").read_text()
+
+
+def compile_cubin(tmp: str, n: int, nb: int, nseg: int, cfg) -> str:
     cubin = cubin_path(tmp, n, nb, nseg, cfg)
-    subprocess.run(["nvcc", "-arch=sm_90a", "-cubin", *NVCC_FLAGS, f"-DHX_N={n}", f"-DHX_NB={nb}", f"-DHX_NSEG={nseg}",
-                    f"-DHX_WG={wg}", f"-DHX_CL={cl}", f"-DHX_BATCH={batch}", f"-DHX_ROWS_AHEAD={ahead}", "-o", cubin,
-                    str(HERE / "proto_wgmma.cu")], check=True)
+    src = cubin[:-len(".cubin")] + ".cu"
+    with open(src, "w") as f:
+        f.write(source(n, nb, nseg, cfg))
+    subprocess.run(["nvcc", "-arch=sm_90a", "-cubin", *NVCC_FLAGS, "-o", cubin, src], check=True)
     return cubin
 
 
