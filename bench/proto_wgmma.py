@@ -3,16 +3,19 @@
     python3 bench/proto_wgmma.py [--widths 1,8,9,16] [--json FILE]
 
 A prototype, not a kernel of the library: compiled here with nvcc for sm_90a (wgmma needs the arch-specific
-target, which the library's NVRTC path does not ask for), loaded as a cubin, checked bit for bit against the
-sub-block order's emulator on the rows ``benchlib.subblock_case`` picks, and timed as ``bench_mmq.py`` times the
-library's launch (weights rotated through copies of >= 4x the L2, CUDA events over back-to-back launches). Both
-first build (commit ``5aea85c``, one warpgroup per 64 rows walking the whole row) tried both descriptor readings
-of the shared-memory layout: the leading byte offset is the distance between the two K-halves of a core matrix
-(the other reading gave other bits). Here 1, 2 or 4 warpgroups per CUDA block split the K-segments. Widths up
-to 8 take the m64n8k32 build, 9-16 the m64n16k32 one. Session 17's third build (this one) adds thread-block clusters
-that split a 64-row tile's segments over several CUDA blocks (their partial sums added through distributed shared
-memory) and batches of MMAs issued back to back before one wait; ``CONFIGS`` lists the builds timed. Results:
-``bench/results/2026-12-04-h200-session17/`` (e): exact everywhere, 1.3-1.6x slower than the library's launch.
+target, which the library's NVRTC path does not ask for) after the library's prelude and ``mmq/mma_rows.cu``,
+loaded as a cubin, checked bit for bit against the sub-block order's emulator on the rows
+``benchlib.subblock_case`` picks, and timed as ``bench_mmq.py`` times the library's launch (weights rotated
+through copies of >= 4x the L2, CUDA events over back-to-back launches). Widths up to 8 take the m64n8k32 build,
+9-16 the m64n16k32 one; ``CONFIGS`` lists the builds timed (warpgroups per CUDA block, CUDA blocks per cluster,
+sub-blocks per batch of MMAs, weight rows loaded ahead or not).
+
+How it got here (session 17, ``bench/results/2026-12-04-h200-session17/`` e): the first build (``5aea85c``, one
+warpgroup per 64 rows walking the whole row) tried both readings of the B descriptor's offsets (the leading byte
+offset is the distance between the two K-halves of a core matrix; the other reading gave other bits); then
+warpgroups splitting the K-segments, thread-block clusters splitting them further (partial sums added through
+distributed shared memory), batches of MMAs before one wait, the next weight rows loaded ahead. Exact everywhere,
+1.3-1.6x slower than the library's launch.
 """
 
 from __future__ import annotations
