@@ -266,6 +266,49 @@ else:
 # in whole passes; the lone 4096-row attn_q/attn_output launch is slower with them, so its small step comes
 # at 6.)
 #
+# ## Why the sub-block line steps at 9
+#
+# The tensor cores make a second n-tile's MMAs nearly free, yet 9 columns cost 1.15-1.4x 8 columns. Two timing-only builds of the sub-block kernel take the second n-tile apart
+# (`bench/results/2026-12-04-h200-session17/`, b): one without the second n-tile's activation loads (it reuses
+# the first n-tile's registers), one with those loads but without its MMAs and float work. Their outputs are
+# no order's; their times say what each half of the step costs.
+
+# %%
+diag_path, diag = newest("proto-superblock-diag.json")
+if diag is not None:
+    US = {(r["shape"], r["variant"], r["width"]): r["us"] for r in diag["rows"]}
+    shapes = list(dict.fromkeys(r["shape"] for r in diag["rows"]))
+    bars = (("8 columns", "library", 8), ("9 columns", "library", 9),
+            ("9, no 2nd n-tile loads", "diag1", 9), ("9, no 2nd n-tile MMA + float work", "diag2", 9))
+    fig, axes = plt.subplots(1, len(shapes), figsize=(2.6 * len(shapes), 3.0), squeeze=False, layout="constrained")
+    for ax, shape in zip(axes[0], shapes):
+        vals = [US[(shape, v, w)] for _, v, w in bars]
+        ax.bar(range(len(bars)), vals, color=["tab:gray", "tab:purple", "tab:orange", "tab:olive"])
+        ax.set_xticks(range(len(bars)), ["8", "9", "−loads", "−float"], fontsize=8)
+        ax.set_title(shape, fontsize=7)
+    axes[0, 0].set_ylabel("µs per mat-vec")
+    fig.suptitle(textwrap.fill(f"SUBBLOCK's second n-tile taken apart ({rel(diag_path)}, {diag['device']}, commit "
+                               f"{diag['commit']}); bars: " + ", ".join(b[0] for b in bars), 110), fontsize=9)
+    plt.show()
+    print(f"{'shape':<38}{'8 cols':>8}{'9 cols':>8}{'step':>7}{'-loads':>8}{'-float':>8}   (µs)")
+    for shape in shapes:
+        u8, u9, d1, d2 = (US[(shape, v, w)] for _, v, w in bars)
+        print(f"{shape:<38}{u8:>8.1f}{u9:>8.1f}{u9 - u8:>7.1f}{d1:>8.1f}{d2:>8.1f}")
+else:
+    print("No committed diagnostic of the second n-tile (proto-superblock-diag.json) in this checkout.")
+
+# %% [markdown]
+# On the 4096-input Q4_K shapes and the output head the loads are most of the step (on the 12288-input
+# ffn_down, the float work weighs as much or more): a super-block's activations go into the registers of every
+# warp of 16 rows, once per n-tile of 8 columns. The rest is
+# float work the order itself fixes (per row, column and 32 values: a scale product, a conversion and two
+# fused multiply-adds), which no tensor core takes away. Sharing the loads between two 16-row tiles per warp
+# costs the registers that keep the warps resident (slower); a warpgroup MMA that reads the activations from
+# shared memory for 64 rows at once (`bench/proto_wgmma.cu`) keeps every bit but was 1.3-1.6x slower, and its
+# own step from 8 to 16 columns no smaller: with the loads gone, the float work of the extra columns is the
+# step. An order with less float work per value (one scale per 256 values) would pay with accuracy, and
+# measured inside the same kernel it took at most ~10% off a 9-16-column launch.
+#
 # Attention, from the attention benchmark (Qwen3-8B heads, 32/8), time per launch against the number of
 # queries at each KV length:
 
