@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -90,6 +91,8 @@ def main(argv=None) -> int:
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     widths = [int(w) for w in args.widths.split(",")]
+    if shutil.which("nvcc") is None:
+        ap.error("needs nvcc (the CUDA toolkit) on PATH: the prototype is compiled for sm_90a with it")
 
     import cupy as cp
 
