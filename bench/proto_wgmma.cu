@@ -88,6 +88,8 @@ __device__ __forceinline__ void wgmma_k32(int* d, int a0, int a1, int a2, int a3
 #define STAGE_BYTES (8 * SUB_BYTES + 8 * HX_N * 4)  // one buffer: 8 sub-blocks' B operands, then their ds words
 // dynamic shared memory: per warpgroup two stages, then the partial sums [HX_NSEG][64][HX_N]
 #define SMEM_BYTES (HX_WG * 2 * STAGE_BYTES + HX_NSEG * 64 * HX_N * 4)
+// (the launch gives HX_SMEM_BYTES, proto_wgmma.py smem_bytes: the two must agree)
+static_assert(SMEM_BYTES == HX_SMEM_BYTES, "proto_wgmma.py smem_bytes disagrees with SMEM_BYTES");
 
 __device__ __forceinline__ void wg_bar(int wg) {  // the 128 threads of warpgroup wg (barrier 0 is __syncthreads)
     asm volatile("bar.sync %0, 128;" :: "r"(wg + 1) : "memory");

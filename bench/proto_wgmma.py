@@ -26,6 +26,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -46,7 +47,7 @@ NVCC_FLAGS = ["-std=c++17", "-fmad=false", "-ftz=false", "-prec-div=true", "-pre
 
 
 def smem_bytes(n: int, nseg: int, wg: int) -> int:
-    """proto_wgmma.cu SMEM_BYTES."""
+    """The dynamic shared memory a launch gives (proto_wgmma.cu SMEM_BYTES; a static_assert there checks it)."""
     return wg * 2 * (8 * n * 32 + 8 * n * 4) + nseg * 64 * n * 4
 
 
@@ -63,7 +64,7 @@ def source(n: int, nb: int, nseg: int, cfg) -> str:
     wg, cl, batch, ahead = cfg
     defines = {"HX_QTYPE": GGML_TYPE_ID["Q4_K"], "HX_BLOCK_BYTES": BLOCK_BYTES["Q4_K"], "HX_Q8_BYTES": BLOCK_BYTES["Q8_1"],
                "HX_XLAYOUT": 0, "HX_NT": n // 8, "HX_NB": nb, "HX_N": n, "HX_NSEG": nseg, "HX_WG": wg, "HX_CL": cl,
-               "HX_BATCH": batch, "HX_ROWS_AHEAD": ahead}
+               "HX_BATCH": batch, "HX_ROWS_AHEAD": ahead, "HX_SMEM_BYTES": smem_bytes(n, nseg, wg)}
     return defines_text(defines) + load_source("mmq/mma_rows.cu") + (HERE / "proto_wgmma.cu").read_text()
 
 
@@ -104,8 +105,6 @@ def main(argv=None) -> int:
     rng = np.random.default_rng(0)
     out_rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        from concurrent.futures import ThreadPoolExecutor
-
         jobs = {(hn, k // 256, subblock_plan(1, "Q4_K", k, n=n).nseg, cfg) for _, k, n in SHAPES
                 for hn in {8 if wd <= 8 else 16 for wd in widths} for cfg in CONFIGS}
         with ThreadPoolExecutor(os.cpu_count()) as pool:
