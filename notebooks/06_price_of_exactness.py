@@ -268,11 +268,11 @@ else:
 #
 # ## Why the sub-block line steps at 9
 #
-# The tensor cores make a second n-tile's MMAs nearly free, yet 9 columns cost 1.15-1.4x 8 columns. Two timing-only builds of the sub-block kernel take the second n-tile apart
+# The tensor cores make a second n-tile's MMAs nearly free, yet 9 columns cost 1.15-1.4x 8 columns. Two
+# timing-only builds of the sub-block kernel take the second n-tile apart
 # (`bench/results/2026-12-04-h200-session17/`, b): one without the second n-tile's activation loads (it reuses
-# the first n-tile's registers), one with those loads but without its MMAs and float work. Their outputs are
-# no order's; their times say what each half of the step costs.
-
+# the first n-tile's registers), one with those loads but without its MMAs and float work. Their outputs are no
+# order's; their times say what each half of the step costs.
 # %%
 diag_path, diag = newest("proto-superblock-diag.json")
 if diag is not None:
@@ -298,16 +298,16 @@ else:
     print("No committed diagnostic of the second n-tile (proto-superblock-diag.json) in this checkout.")
 
 # %% [markdown]
-# On the 4096-input Q4_K shapes and the output head the loads are most of the step (on the 12288-input
-# ffn_down, the float work weighs as much or more): a super-block's activations go into the registers of every
-# warp of 16 rows, once per n-tile of 8 columns. The rest is
-# float work the order itself fixes (per row, column and 32 values: a scale product, a conversion and two
-# fused multiply-adds), which no tensor core takes away. Sharing the loads between two 16-row tiles per warp
-# costs the registers that keep the warps resident (slower); a warpgroup MMA that reads the activations from
-# shared memory for 64 rows at once (`bench/proto_wgmma.cu`) keeps every bit but was 1.3-1.6x slower, and its
-# own step from 8 to 16 columns no smaller: with the loads gone, the float work of the extra columns is the
-# step. An order with less float work per value (one scale per 256 values) would pay with accuracy, and
-# measured inside the same kernel it took at most ~10% off a 9-16-column launch.
+# On the 4096-input Q4_K shapes and the output head the loads are most of the step (on the 12288-input ffn_down,
+# the float work weighs as much or more): a super-block's activations go into the registers of every warp of 16
+# rows, once per n-tile of 8 columns. The rest is float work the order itself fixes (per row, column and 32
+# values: a scale product, a conversion and two fused multiply-adds), which no tensor core takes away. Sharing
+# the loads between two 16-row tiles per warp costs the registers that keep the warps resident (slower); a
+# warpgroup MMA that reads the activations from shared memory for 64 rows at once (`bench/proto_wgmma.cu`) keeps
+# every bit but was 1.3-1.6x slower, and its own step from 8 to 16 columns no smaller: with the loads gone, the
+# float work of the extra columns is the step. An order with less float work per value (one scale per 256
+# values) would pay with accuracy, and measured inside the same kernel it took at most ~10% off a 9-16-column
+# launch.
 #
 # Attention, from the attention benchmark (Qwen3-8B heads, 32/8), time per launch against the number of
 # queries at each KV length:
