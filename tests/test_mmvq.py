@@ -21,6 +21,7 @@ from hiraishin.kernels import mmvq, tiled
 from hiraishin.order import ReductionOrder
 from hiraishin.plans import MatVecPlan, matvec_plan
 from hiraishin.plans.matvec import SHORT_ROW_ROWS
+from hiraishin.plans.matvec import SHORT_ROW_ROWS
 from hiraishin.quant import dequantize
 from hiraishin.quant import random_blocks as random_weights
 
@@ -340,36 +341,3 @@ def test_multi_weight_launch_arguments_follow_the_kernel_signature():
     null = np.uint64(0)
     assert calls[-1] == ("x", null, "nw", null, np.int32(1024), np.float32(1e-6),
                          "w0", "o0", ns[0], nblk[0], "w0", "o0", zero, zero, "w0", "o0", zero)
-
-
-# ---- the row loop's launch helpers (HIRAISHIN_MMVQ_LOOP; the kernels' bits: tests/test_mmvq_shim.py)
-
-def test_row_loop_setting_parses():
-    from hiraishin.kernels.mmvq.launch import _parse_loop
-
-    assert _parse_loop("0") == (0, False)
-    assert _parse_loop("") == (0, False)
-    assert _parse_loop("8") == (8, False)
-    assert _parse_loop("8+") == (8, True)
-    assert _parse_loop(" max+ ") == (-1, True)
-    for bad in ("-1", "eight", "max-"):
-        with pytest.raises(ValueError, match="HIRAISHIN_MMVQ_LOOP"):
-            _parse_loop(bad)
-
-
-def test_resident_blocks_counts_registers_threads_and_shared_memory():
-    from types import SimpleNamespace
-
-    from hiraishin.kernels.mmvq.launch import resident_blocks
-
-    k = SimpleNamespace(num_regs=40)
-    assert resident_blocks(k, 128, 0) == 12  # 40 registers -> 1280 per warp, 51 warps fit: 12 blocks of 4
-    assert resident_blocks(SimpleNamespace(num_regs=32), 128, 0) == 16  # the thread limit
-    assert resident_blocks(SimpleNamespace(num_regs=16), 32, 0) == 32  # the block limit
-    assert resident_blocks(SimpleNamespace(num_regs=32), 128, 40 * 1024) == 5  # 228 KiB / 41 KiB
-
-
-def test_loop_grid_without_the_loop_is_every_group():
-    from hiraishin.kernels.mmvq.launch import loop_grid
-
-    assert loop_grid(None, {"HX_RPB": 2}, 12288, 128, 1536) == 12288

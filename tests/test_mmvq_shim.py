@@ -40,10 +40,8 @@ int main(int argc, char** argv) {
     std::vector<unsigned char> w(w0.size() + 16);  // hx_read's buffer is 16-byte aligned
     std::memcpy(w.data() + shift, w0.data(), w0.size());
     std::vector<float> out((size_t)HX_NCOLS * nrows, -12345.0f);
-    // argv[6], optional: the grid (a row loop's, HX_ROW_LOOP; its hand-over has two halves)
-    const unsigned grid = argc > 6 ? (unsigned)atoi(argv[6]) : (unsigned)((nrows + HX_RPB - 1) / HX_RPB);
-    hx_launch({grid, 1, 1}, {32, (unsigned)HX_NWARPS, 1},
-              (size_t)(HX_NWARPS - 1) * HX_NCOLS * HX_RPB * 32 * 4 * (HX_ROW_LOOP ? 2 : 1),
+    hx_launch({(unsigned)((nrows + HX_RPB - 1) / HX_RPB), 1, 1}, {32, (unsigned)HX_NWARPS, 1},
+              (size_t)(HX_NWARPS - 1) * HX_NCOLS * HX_RPB * 32 * 4,
               [&] { mmvq(w.data() + shift, y.data(), out.data(), nrows, (long long)nrows); });
     hx_write(argv[5], out.data(), out.size() * 4);
 }''',
@@ -58,9 +56,7 @@ int main(int argc, char** argv) {
                                   w.data() + (size_t)(n[0] + n[1]) * HX_ROW_BYTES};
     std::vector<float> out((size_t)HX_NCOLS * (n[0] + n[1] + n[2]), -12345.0f);
     float* op[3] = {out.data(), out.data() + (size_t)HX_NCOLS * n[0], out.data() + (size_t)HX_NCOLS * (n[0] + n[1])};
-    if (argc > 7) blocks = (unsigned)atoi(argv[7]);  // a row loop's grid
-    hx_launch({blocks, 1, 1}, {32, (unsigned)HX_NWARPS, 1},
-              (size_t)(HX_NWARPS - 1) * HX_NCOLS * HX_RPB * 32 * 4 * (HX_ROW_LOOP ? 2 : 1),
+    hx_launch({blocks, 1, 1}, {32, (unsigned)HX_NWARPS, 1}, (size_t)(HX_NWARPS - 1) * HX_NCOLS * HX_RPB * 32 * 4,
               [&] { mmvq_multi(y.data(), wp[0], op[0], n[0], nb[0], wp[1], op[1], n[1], nb[1], wp[2], op[2], n[2]); });
     hx_write(argv[6], out.data(), out.size() * 4);
 }''',
@@ -78,9 +74,7 @@ int main(int argc, char** argv) {
     std::vector<float> out((size_t)HX_NCOLS * (n[0] + n[1] + n[2]), -12345.0f);
     float* op[3] = {out.data(), out.data() + (size_t)HX_NCOLS * n[0], out.data() + (size_t)HX_NCOLS * (n[0] + n[1])};
     const int rmax = HX_A_RPB > HX_B_RPB ? HX_A_RPB : HX_B_RPB;
-    if (argc > 10) blocks = (unsigned)atoi(argv[10]);  // a row loop's grid
-    hx_launch({blocks, 1, 1}, {32, (unsigned)HX_NWARPS, 1},
-              (size_t)(HX_NWARPS - 1) * HX_NCOLS * rmax * 32 * 4 * (HX_ROW_LOOP ? 2 : 1),
+    hx_launch({blocks, 1, 1}, {32, (unsigned)HX_NWARPS, 1}, (size_t)(HX_NWARPS - 1) * HX_NCOLS * rmax * 32 * 4,
               [&] { mmvq_mixed(ya.data(), yb.data(), w0.data(), op[0], n[0], nb[0], w1.data(), op[1], n[1], nb[1],
                                w2.data(), op[2], n[2]); });
     hx_write(argv[9], out.data(), out.size() * 4);
@@ -239,69 +233,6 @@ def test_mmvq_multi_source_equals_separate_emulators(build, tmp_path, qtype):
             at += ncols * n
             np.testing.assert_array_equal(_bits(part), _bits(mmvq.emulate(w, qtype, xq[:ncols], plan)),
                                           err_msg=f"{defines} weight of {n} rows")
-
-
-@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q8_0"])
-def test_mmvq_row_loop_equals_emulator(build, tmp_path, qtype):
-    """HX_ROW_LOOP: grids of fewer CUDA blocks than row groups (each block sums several groups in turn,
-    its hand-over alternating between two halves of shared memory) give the emulator's bits, for every
-    kernel (one weight, several weights of one type, two types), with and without the L2 requests ahead."""
-    from hiraishin.kernels.mmvq.launch import MIXED_SOURCES, mixed_defines
-
-    t = MATVEC_TRAITS[qtype]
-    k = 1024
-    loop = {"HX_ROW_LOOP": 1}
-    xq = quantize.emulate((np.random.default_rng(4).standard_normal((5, k)) * 2).astype(np.float32))
-    y = tmp_path / "y.bin"
-    (to_layout(xq, qtype) if layout_for(qtype) else xq).tofile(y)
-    n = 13
-    w = random_weights(qtype, n, k, seed=30)
-    w.tofile(tmp_path / "w.bin")
-    for ncols, rows, nwarps, grid, ahead in ((1, 1, 4, 3, 0), (1, 2, 4, 2, 1), (3, 2, 4, 4, 1), (5, 1, 2, 1, 0)):
-        defines = {**kernel_defines(qtype, ncols, rows, nwarps, k // t.qk), **loop, "HX_LOOP_AHEAD": ahead}
-        (to_layout(xq[:ncols], qtype) if layout_for(qtype) else xq[:ncols]).tofile(y)
-        _run(build("mmvq/mmvq.cu", defines, "mmvq"), tmp_path / "w.bin", y, n, 0, tmp_path / "o.bin", grid)
-        got = np.fromfile(tmp_path / "o.bin", np.float32).reshape(ncols, n)
-        plan = MatVecPlan("mmvq", qtype, nwarps=nwarps, rows_per_block=rows, cols_per_launch=ncols, ncols=ncols)
-        np.testing.assert_array_equal(_bits(got), _bits(mmvq.emulate(w, qtype, xq[:ncols], plan)),
-                                      err_msg=f"{defines} grid {grid}")
-    if qtype == "Q8_0":
-        return
-    ns = (11, 5, 7)
-    ws = [random_weights(qtype, m, k, seed=40 + i) for i, m in enumerate(ns)]
-    np.concatenate(ws).tofile(tmp_path / "w.bin")
-    for ncols, rows, nwarps, grid in ((1, 2, 4, 3), (3, 2, 4, 5)):
-        defines = {**kernel_defines(qtype, ncols, rows, nwarps, k // t.qk), **loop, "HX_LOOP_AHEAD": 1}
-        to_layout(xq[:ncols], qtype).tofile(y)
-        _run(build("mmvq/mmvq.cu", defines, "mmvq_multi"), tmp_path / "w.bin", y, *ns, tmp_path / "o.bin", grid)
-        got = np.fromfile(tmp_path / "o.bin", np.float32)
-        plan = MatVecPlan("mmvq", qtype, nwarps=nwarps, rows_per_block=rows, cols_per_launch=ncols, ncols=ncols)
-        at = 0
-        for wi, m in zip(ws, ns):
-            np.testing.assert_array_equal(_bits(got[at:at + ncols * m].reshape(ncols, m)),
-                                          _bits(mmvq.emulate(wi, qtype, xq[:ncols], plan)),
-                                          err_msg=f"mmvq_multi {defines} grid {grid}, weight of {m} rows")
-            at += ncols * m
-    other = "Q6_K" if qtype == "Q4_K" else "Q4_K"
-    qtypes = (qtype, qtype, other)
-    ws = [random_weights(q, m, k, seed=50 + i) for i, (q, m) in enumerate(zip(qtypes, ns))]
-    for i, wi in enumerate(ws):
-        wi.tofile(tmp_path / f"w{i}.bin")
-    for ncols, rows_a, rows_b, nwarps, grid in ((1, 2, 1, 4, 3), (3, 2, 2, 4, 2)):
-        defines = {**mixed_defines(qtype, rows_a, other, rows_b, ncols, nwarps, k // 256, k // 256, 2), **loop}
-        to_layout(xq[:ncols], qtype).tofile(tmp_path / "ya.bin")
-        to_layout(xq[:ncols], other).tofile(tmp_path / "yb.bin")
-        _run(build(MIXED_SOURCES, defines, "mmvq_mixed"), *(tmp_path / f"w{i}.bin" for i in range(3)),
-             tmp_path / "ya.bin", tmp_path / "yb.bin", *ns, tmp_path / "o.bin", grid)
-        got = np.fromfile(tmp_path / "o.bin", np.float32)
-        at = 0
-        for i, (wi, q, m) in enumerate(zip(ws, qtypes, ns)):
-            rows = rows_a if i < 2 else rows_b
-            plan = MatVecPlan("mmvq", q, nwarps=nwarps, rows_per_block=rows, cols_per_launch=ncols, ncols=ncols)
-            np.testing.assert_array_equal(_bits(got[at:at + ncols * m].reshape(ncols, m)),
-                                          _bits(mmvq.emulate(wi, q, xq[:ncols], plan)),
-                                          err_msg=f"mmvq_mixed {defines} grid {grid}, weight {i} ({q})")
-            at += ncols * m
 
 
 @pytest.mark.parametrize("qtypes", [("Q4_K", "Q4_K", "Q6_K"), ("Q4_K", "Q6_K", "Q6_K"), ("Q6_K", "Q4_K", "Q4_K")])

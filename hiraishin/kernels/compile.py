@@ -31,8 +31,6 @@ from .pdl import PdlKernel, body_has_entry, trigger_defines
 __all__ = [
     "BLOCKS_PER_SM",
     "REGISTERS_PER_SM",
-    "SHARED_PER_SM",
-    "SHARED_PER_BLOCK_RESERVED",
     "THREADS_PER_SM",
     "blocks_for_register_cap",
     "relax_register_cap",
@@ -52,10 +50,6 @@ __all__ = [
 REGISTERS_PER_SM = 65536
 THREADS_PER_SM = 2048
 BLOCKS_PER_SM = 32
-# Shared memory an SM gives its blocks on sm_90 (228 KiB, CUDA C++ Programming Guide, compute capability
-# 9.0 table) and what the driver reserves per resident block (1 KiB).
-SHARED_PER_SM = 228 * 1024
-SHARED_PER_BLOCK_RESERVED = 1024
 
 
 def blocks_for_register_cap(regs: int | None, threads: int) -> int:

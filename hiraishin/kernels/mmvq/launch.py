@@ -17,8 +17,7 @@ from ...order import ReductionOrder
 from ...plans import matvec_plan
 from ...plans.matvec import MatVecPlan, matvec_traits
 from ...quant import BLOCK_BYTES
-from ..compile import (BLOCKS_PER_SM, REGISTERS_PER_SM, SHARED_PER_BLOCK_RESERVED, SHARED_PER_SM, THREADS_PER_SM,
-                       blocks_for_register_cap, cupy_available, get_kernel, relax_register_cap)
+from ..compile import BLOCKS_PER_SM, THREADS_PER_SM, blocks_for_register_cap, cupy_available, get_kernel
 from ..compile import precompile as compile_many
 from ..quantize.layout import LAYOUT_BYTES, layout_for
 
@@ -109,60 +108,6 @@ def prefetch_ahead(nwarps: int) -> int:
     return sms * min(THREADS_PER_SM // (32 * nwarps), BLOCKS_PER_SM)
 
 
-# HX_ROW_LOOP (mmvq.cu): a launch of fewer CUDA blocks than row groups, each block summing groups blockIdx.x,
-# + gridDim.x, ... in turn, so every block is resident from the start and none is launched behind the first
-# wave. The same bits (each group is summed as by a block of its own). HIRAISHIN_MMVQ_LOOP, read at import:
-# "0" (default) off; N: at most N CUDA blocks per SM; "max": as many as fit; a trailing "+" also asks L2 for
-# a block's next rows before each group (HX_LOOP_AHEAD). Timing experiment: see bench/NOTES_speculation.md.
-ENV_LOOP = "HIRAISHIN_MMVQ_LOOP"
-
-
-def _parse_loop(text: str) -> tuple[int, bool]:
-    """(blocks per SM, 0 = off, -1 = as many as fit; ahead) from a HIRAISHIN_MMVQ_LOOP value."""
-    text = text.strip()
-    ahead = text.endswith("+")
-    text = text.rstrip("+")
-    if text in ("", "0"):
-        return 0, False
-    if text == "max":
-        return -1, ahead
-    try:
-        n = int(text)
-    except ValueError:
-        raise ValueError(f"{ENV_LOOP} must be 0, a number of CUDA blocks per SM or 'max' (then '+' optional), "
-                         f"got {text!r}") from None
-    if n < 0:
-        raise ValueError(f"{ENV_LOOP} must not be negative, got {n}")
-    return n, ahead
-
-
-LOOP_BLOCKS_PER_SM, LOOP_AHEAD = _parse_loop(os.environ.get(ENV_LOOP, "0"))
-
-
-def resident_blocks(kernel, threads: int, shared_bytes: int) -> int:
-    """CUDA blocks of ``threads`` threads and ``shared_bytes`` of dynamic shared memory that one SM holds
-    at once for a compiled ``kernel`` (its registers, the SM's thread, block and shared-memory limits)."""
-    regs = max(1, int(kernel.num_regs))
-    per_warp = -(-regs * 32 // 256) * 256  # registers are allocated per warp, 256 at a time
-    warps = -(-threads // 32)
-    by_regs = REGISTERS_PER_SM // (per_warp * warps)
-    by_smem = SHARED_PER_SM // (shared_bytes + SHARED_PER_BLOCK_RESERVED) if shared_bytes else BLOCKS_PER_SM
-    return max(1, min(by_regs, THREADS_PER_SM // threads, BLOCKS_PER_SM, by_smem))
-
-
-def loop_grid(kernel, defines: dict, groups: int, threads: int, shared_bytes: int) -> int:
-    """The grid of a launch of ``groups`` row groups: all of them without HX_ROW_LOOP, else at most
-    the SMs times the blocks per SM the setting allows (and the SM holds)."""
-    if not defines.get("HX_ROW_LOOP"):
-        return groups
-    import cupy
-
-    sms = int(cupy.cuda.Device().attributes["MultiProcessorCount"])
-    fit = resident_blocks(kernel, threads, shared_bytes)
-    per_sm = fit if LOOP_BLOCKS_PER_SM < 0 else min(LOOP_BLOCKS_PER_SM, fit)
-    return max(1, min(groups, sms * per_sm))
-
-
 def kernel_defines(qtype: str, ncols: int, rows_per_block: int, nwarps: int, nblocks: int,
                    unroll: int | None = None, min_blocks: int | None = None, ahead: int | None = None) -> dict:
     """The ``#define``\\ s that compile ``mmvq.cu`` for one launch geometry and row length.
@@ -179,14 +124,11 @@ def kernel_defines(qtype: str, ncols: int, rows_per_block: int, nwarps: int, nbl
     # the layout the kernel reads (its own for Q4_K/Q6_K, llama.cpp's q8_1 blocks for Q8_0)
     layout = layout_for(qtype)
     y_step = LAYOUT_BYTES[layout] if layout else BLOCK_BYTES["Q8_1"]
-    out = {"HX_QTYPE": t.type_id, "HX_QK": t.qk, "HX_BLOCK_BYTES": t.block_bytes, "HX_VDR": t.vdr,
-           "HX_TPB": t.threads_per_block, "HX_Y_STEP": y_step, "HX_NCOLS": int(ncols),
-           "HX_RPB": int(rows_per_block), "HX_NWARPS": int(nwarps), "HX_NBLOCKS": int(nblocks),
-           "HX_UNROLL": int(unroll), "HX_MIN_BLOCKS": int(min_blocks),
-           "HX_PREFETCH_AHEAD": int(prefetch_ahead(int(nwarps)) if ahead is None else ahead)}
-    if LOOP_BLOCKS_PER_SM:
-        out.update(HX_ROW_LOOP=1, HX_LOOP_AHEAD=int(LOOP_AHEAD), HX_PREFETCH_AHEAD=0)
-    return out
+    return {"HX_QTYPE": t.type_id, "HX_QK": t.qk, "HX_BLOCK_BYTES": t.block_bytes, "HX_VDR": t.vdr,
+            "HX_TPB": t.threads_per_block, "HX_Y_STEP": y_step, "HX_NCOLS": int(ncols),
+            "HX_RPB": int(rows_per_block), "HX_NWARPS": int(nwarps), "HX_NBLOCKS": int(nblocks),
+            "HX_UNROLL": int(unroll), "HX_MIN_BLOCKS": int(min_blocks),
+            "HX_PREFETCH_AHEAD": int(prefetch_ahead(int(nwarps)) if ahead is None else ahead)}
 
 
 def mmvq_kernel(defines: dict, source=SOURCE, name: str = "mmvq"):
@@ -196,13 +138,6 @@ def mmvq_kernel(defines: dict, source=SOURCE, name: str = "mmvq"):
     A register cap (HX_MIN_BLOCKS > 1) that makes the compiler spill is dropped: spilling to
     local memory costs more than the occupancy the cap buys. (Bits are the same either way.)
     """
-    if defines.get("HX_ROW_LOOP"):
-        # the loop's kernels hold a few more registers: give up one resident block at a time until none
-        # spills (dropping the cap at once gave some of them 1.5x the registers)
-        def compiled(at):
-            k = get_kernel(source, name, at)
-            return k, k.local_size_bytes
-        return relax_register_cap(defines, compiled)
     kernel = get_kernel(source, name, defines)
     if defines.get("HX_MIN_BLOCKS", 1) > 1 and kernel.local_size_bytes > 0:
         defines = {**defines, "HX_MIN_BLOCKS": 1}
@@ -225,10 +160,9 @@ class MatVecLaunch:
     def __init__(self, qtype: str, n: int, k: int, ncols: int, rows_per_block: int, nwarps: int):
         t = matvec_traits(qtype)
         self.kernel, self.defines = mmvq_kernel(kernel_defines(qtype, ncols, rows_per_block, nwarps, k // t.qk))
+        self.grid = ((n + rows_per_block - 1) // rows_per_block, 1, 1)
         self.block = (32, nwarps, 1)
-        self.shared = (nwarps - 1) * ncols * rows_per_block * 32 * 4 * (2 if self.defines.get("HX_ROW_LOOP") else 1)
-        groups = (n + rows_per_block - 1) // rows_per_block
-        self.grid = (loop_grid(self.kernel, self.defines, groups, 32 * nwarps, self.shared), 1, 1)
+        self.shared = (nwarps - 1) * ncols * rows_per_block * 32 * 4
         self.scalars = (np.int32(n), np.int64(n))  # rows, floats between output columns
 
     def __call__(self, w, xq, out):
@@ -257,9 +191,9 @@ class MultiMatVecLaunch:
         self.kernel, _ = mmvq_kernel(defines, SOURCE, "mmvq_multi")
         self.ns = tuple(np.int32(n) for n in ns)
         self.nblk = tuple(np.int32((n + rows_per_block - 1) // rows_per_block) for n in ns)
+        self.grid = (int(sum(self.nblk)), 1, 1)
         self.block = (32, nwarps, 1)
-        self.shared = (nwarps - 1) * ncols * rows_per_block * 32 * 4 * (2 if defines.get("HX_ROW_LOOP") else 1)
-        self.grid = (loop_grid(self.kernel, defines, int(sum(self.nblk)), 32 * nwarps, self.shared), 1, 1)
+        self.shared = (nwarps - 1) * ncols * rows_per_block * 32 * 4
 
     def __call__(self, ws, xq, outs):
         self.kernel(self.grid, self.block, (xq, *multi_weight_args(ws, outs, self.ns, self.nblk)),
@@ -301,8 +235,6 @@ def mixed_defines(qtype_a: str, rows_a: int, qtype_b: str, rows_b: int, ncols: i
     out.update({f"HX_B_{k[3:]}": db[k] for k in _MIXED_PER_TYPE})
     out.update({"HX_NCOLS": int(ncols), "HX_NWARPS": int(nwarps), "HX_PREFETCH_AHEAD": 0,
                 "HX_MIN_BLOCKS": min(da["HX_MIN_BLOCKS"], db["HX_MIN_BLOCKS"]), "HX_B_FIRST": int(b_first)})
-    if "HX_ROW_LOOP" in da:
-        out["HX_ROW_LOOP"] = da["HX_ROW_LOOP"]
     return out
 
 
@@ -328,12 +260,12 @@ class MixedMatVecLaunch:
         ta, tb = matvec_traits(kinds[0]), matvec_traits(kinds[1])
         defines = mixed_defines(kinds[0], rows[0], kinds[1], rows[b_first], ncols, nwarps, k // ta.qk, k // tb.qk,
                                 b_first)
-        self.kernel, defines = mmvq_kernel(defines, MIXED_SOURCES, "mmvq_mixed")
+        self.kernel, _ = mmvq_kernel(defines, MIXED_SOURCES, "mmvq_mixed")
         self.ns = tuple(np.int32(n) for n in ns)
         self.nblk = tuple(np.int32((n + r - 1) // r) for n, r in zip(ns, rows))
+        self.grid = (int(sum(self.nblk)), 1, 1)
         self.block = (32, nwarps, 1)
-        self.shared = (nwarps - 1) * ncols * max(rows) * 32 * 4 * (2 if defines.get("HX_ROW_LOOP") else 1)
-        self.grid = (loop_grid(self.kernel, defines, int(sum(self.nblk)), 32 * nwarps, self.shared), 1, 1)
+        self.shared = (nwarps - 1) * ncols * max(rows) * 32 * 4
 
     def __call__(self, ws, ya, yb, outs):
         self.kernel(self.grid, self.block, (ya, yb, *multi_weight_args(ws, outs, self.ns, self.nblk)),

@@ -9,8 +9,7 @@
 // mmvq.cu, type_end.cuh, then the same for B, then this file), so every row is summed exactly as
 // by mmvq with that geometry: the same bits as separate launches (tests/test_mmvq_shim.py).
 // Common defines: HX_NCOLS, HX_NWARPS (both types' blocks are (32, HX_NWARPS)), HX_MIN_BLOCKS,
-// HX_B_FIRST (1 or 2), HX_ROW_LOOP (mmvq.cu). Dynamic shared memory: the larger of the two types'
-// hand-over (twice that under HX_ROW_LOOP).
+// HX_B_FIRST (1 or 2). Dynamic shared memory: the larger of the two types' hand-over.
 
 typedef unsigned char u8;
 
@@ -52,24 +51,6 @@ mmvq_mixed(const u8* __restrict__ ya, const u8* __restrict__ yb,
     }
     HX_PDL_ENTRY();
     extern __shared__ float tmp_shared[];
-#if HX_ROW_LOOP
-    // mmvq.cu's row loop: CUDA block b takes groups b, b + gridDim.x, ...; the hand-over alternates
-    // between two halves of the larger type's size
-    constexpr int half_floats = (HX_NWARPS - 1) * HX_NCOLS * (HX_A_RPB > HX_B_RPB ? HX_A_RPB : HX_B_RPB) * 32;
-    const int total = nblk0 + nblk1 + (nrows2 + HX_B_RPB - 1) / HX_B_RPB;  // slot 2 is always type B
-    int half = 0;
-    for (int v = b; v < total; v += gridDim.x) {
-        float* t = tmp_shared + half * half_floats;
-        if (v < nblk0) {
-            hx_mixed_slot<0>(ya, yb, w0, dst0, nrows0, v, t);
-        } else if (v < nblk0 + nblk1) {
-            hx_mixed_slot<1>(ya, yb, w1, dst1, nrows1, v - nblk0, t);
-        } else {
-            hx_mixed_slot<2>(ya, yb, w2, dst2, nrows2, v - nblk0 - nblk1, t);
-        }
-        half ^= 1;
-    }
-#else
     if (b < nblk0) {
         hx_mixed_slot<0>(ya, yb, w0, dst0, nrows0, b, tmp_shared);
     } else if (b < nblk0 + nblk1) {
@@ -77,5 +58,4 @@ mmvq_mixed(const u8* __restrict__ ya, const u8* __restrict__ yb,
     } else {
         hx_mixed_slot<2>(ya, yb, w2, dst2, nrows2, b - nblk0 - nblk1, tmp_shared);
     }
-#endif
 }

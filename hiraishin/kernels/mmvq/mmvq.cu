@@ -419,7 +419,7 @@ __device__ __forceinline__ void hx_mmvq_rows(const u8* __restrict__ w, const u8*
     }
     __syncthreads();
     if (wy > 0) {
-        return;  // (a row loop's next group writes the other half of tmp_shared: no second barrier)
+        return;
     }
 
 #pragma unroll
@@ -439,20 +439,6 @@ __device__ __forceinline__ void hx_mmvq_rows(const u8* __restrict__ w, const u8*
     }
 }
 
-// Row loop (HX_ROW_LOOP, launch.py ENV_LOOP): a grid of fewer CUDA blocks than row groups, each block
-// taking groups g = blockIdx.x, + gridDim.x, ... in turn (every block resident from the start, no
-// block launches behind the first wave). Each group is summed exactly as by a block of its own; the
-// hand-over alternates between two halves of tmp_shared (HX_SHARED_FLOATS floats each), so the
-// barrier of group n+1 also tells warps 1.. that warp 0 has read group n's half. HX_LOOP_AHEAD: a
-// group first asks L2 for the rows of the block's next group.
-#ifndef HX_ROW_LOOP
-#define HX_ROW_LOOP 0
-#endif
-#ifndef HX_LOOP_AHEAD
-#define HX_LOOP_AHEAD 0
-#endif
-#define HX_SHARED_FLOATS ((HX_NWARPS - 1) * HX_NCOLS * HX_RPB * 32)
-
 // The kernels. mixed.cu compiles this file twice, once per weight type in a namespace of its own, for
 // the device functions above only (HX_MMVQ_NO_KERNELS): extern "C" names cannot be namespaced.
 #ifndef HX_MMVQ_NO_KERNELS
@@ -465,19 +451,7 @@ mmvq(const u8* __restrict__ w, const u8* __restrict__ y, float* __restrict__ dst
     }
     HX_PDL_ENTRY();
     extern __shared__ float tmp_shared[];
-#if HX_ROW_LOOP
-    const int ngroups = (nrows + HX_RPB - 1) / HX_RPB;
-    int half = 0;
-    for (int g = blockIdx.x; g < ngroups; g += gridDim.x) {
-        if (HX_LOOP_AHEAD && g + (int)gridDim.x < ngroups) {
-            hx_prefetch_rows(w, nrows, HX_RPB * (g + gridDim.x));
-        }
-        hx_mmvq_rows(w, y, dst, nrows, stride_dst, HX_RPB * g, threadIdx.y, tmp_shared + half * HX_SHARED_FLOATS);
-        half ^= 1;
-    }
-#else
     hx_mmvq_rows(w, y, dst, nrows, stride_dst, HX_RPB * blockIdx.x, threadIdx.y, tmp_shared);
-#endif
 }
 
 // The rows of mmvq_multi's CUDA block b (whichever weight it maps to) into L2.
@@ -508,24 +482,6 @@ mmvq_multi(const u8* __restrict__ y, const u8* __restrict__ w0, float* __restric
     }
     HX_PDL_ENTRY();
     extern __shared__ float tmp_shared[];
-#if HX_ROW_LOOP
-    const int total = nblk0 + nblk1 + (nrows2 + HX_RPB - 1) / HX_RPB;
-    int half = 0;
-    for (int v = b; v < total; v += gridDim.x) {
-        if (HX_LOOP_AHEAD && v + (int)gridDim.x < total) {
-            hx_multi_prefetch(v + gridDim.x, w0, nrows0, nblk0, w1, nrows1, nblk1, w2, nrows2);
-        }
-        float* t = tmp_shared + half * HX_SHARED_FLOATS;
-        if (v < nblk0) {
-            hx_mmvq_rows(w0, y, dst0, nrows0, nrows0, HX_RPB * v, threadIdx.y, t);
-        } else if (v < nblk0 + nblk1) {
-            hx_mmvq_rows(w1, y, dst1, nrows1, nrows1, HX_RPB * (v - nblk0), threadIdx.y, t);
-        } else {
-            hx_mmvq_rows(w2, y, dst2, nrows2, nrows2, HX_RPB * (v - nblk0 - nblk1), threadIdx.y, t);
-        }
-        half ^= 1;
-    }
-#else
     if (b < nblk0) {
         hx_mmvq_rows(w0, y, dst0, nrows0, nrows0, HX_RPB * b, threadIdx.y, tmp_shared);
     } else if (b < nblk0 + nblk1) {
@@ -533,6 +489,5 @@ mmvq_multi(const u8* __restrict__ y, const u8* __restrict__ w0, float* __restric
     } else {
         hx_mmvq_rows(w2, y, dst2, nrows2, nrows2, HX_RPB * (b - nblk0 - nblk1), threadIdx.y, tmp_shared);
     }
-#endif
 }
 #endif  // HX_MMVQ_NO_KERNELS

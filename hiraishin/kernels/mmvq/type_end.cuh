@@ -13,4 +13,3 @@
 #undef HX_COL_BYTES
 #undef HX_ROW_BYTES
 #undef HX_Q6_SUB_IN_DOT
-#undef HX_SHARED_FLOATS
