@@ -235,6 +235,65 @@ def test_mmvq_multi_source_equals_separate_emulators(build, tmp_path, qtype):
                                           err_msg=f"{defines} weight of {n} rows")
 
 
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q8_0"])
+def test_mmvq_weights_before_the_wait_equal_emulator(build, tmp_path, qtype):
+    """HX_W_EARLY (a thread's first 1, 2 or 4 steps of weights loaded before it waits for the previous
+    kernel): the emulator's bits for row lengths with several steps, one step, and only a partial step
+    (short rows, threads with nothing to sum), in every kernel."""
+    from hiraishin.kernels.mmvq.launch import MIXED_SOURCES, mixed_defines
+
+    t = MATVEC_TRAITS[qtype]
+    early = {"HX_W_EARLY": 1}
+    n = 11
+    for k, cases in ((2560, ((1, 1, 4, 4), (3, 2, 4, 2), (5, 4, 2, 1))), (1024, ((1, 4, 4, 4), (2, 2, 4, 2))),
+                     (t.qk * 17, ((1, 2, 4, 2),))):
+        w = random_weights(qtype, n, k, seed=60 + k % 97)
+        w.tofile(tmp_path / "w.bin")
+        xq = quantize.emulate((np.random.default_rng(k).standard_normal((5, k)) * 2).astype(np.float32))
+        for (ncols, rows, nwarps, unroll), ahead in zip(cases, (1, 4, 2)):
+            defines = {**kernel_defines(qtype, ncols, rows, nwarps, k // t.qk, unroll), "HX_W_EARLY": ahead}
+            (to_layout(xq[:ncols], qtype) if layout_for(qtype) else xq[:ncols]).tofile(tmp_path / "y.bin")
+            _run(build("mmvq/mmvq.cu", defines, "mmvq"), tmp_path / "w.bin", tmp_path / "y.bin", n, 0,
+                 tmp_path / "o.bin")
+            got = np.fromfile(tmp_path / "o.bin", np.float32).reshape(ncols, n)
+            plan = MatVecPlan("mmvq", qtype, nwarps=nwarps, rows_per_block=rows, cols_per_launch=ncols, ncols=ncols)
+            np.testing.assert_array_equal(_bits(got), _bits(mmvq.emulate(w, qtype, xq[:ncols], plan)),
+                                          err_msg=f"{defines}")
+    if qtype == "Q8_0":
+        return
+    k, ns = 1024, (11, 5, 7)
+    xq = quantize.emulate((np.random.default_rng(6).standard_normal((3, k)) * 2).astype(np.float32))
+    ws = [random_weights(qtype, m, k, seed=70 + i) for i, m in enumerate(ns)]
+    np.concatenate(ws).tofile(tmp_path / "w.bin")
+    defines = {**kernel_defines(qtype, 3, 2, 4, k // t.qk), **early}
+    to_layout(xq, qtype).tofile(tmp_path / "y.bin")
+    _run(build("mmvq/mmvq.cu", defines, "mmvq_multi"), tmp_path / "w.bin", tmp_path / "y.bin", *ns, tmp_path / "o.bin")
+    got = np.fromfile(tmp_path / "o.bin", np.float32)
+    plan = MatVecPlan("mmvq", qtype, nwarps=4, rows_per_block=2, cols_per_launch=3, ncols=3)
+    at = 0
+    for wi, m in zip(ws, ns):
+        np.testing.assert_array_equal(_bits(got[at:at + 3 * m].reshape(3, m)), _bits(mmvq.emulate(wi, qtype, xq, plan)),
+                                      err_msg=f"mmvq_multi {defines}, weight of {m} rows")
+        at += 3 * m
+    other = "Q6_K" if qtype == "Q4_K" else "Q4_K"
+    qtypes = (qtype, qtype, other)
+    ws = [random_weights(q, m, k, seed=80 + i) for i, (q, m) in enumerate(zip(qtypes, ns))]
+    for i, wi in enumerate(ws):
+        wi.tofile(tmp_path / f"w{i}.bin")
+    defines = {**mixed_defines(qtype, 2, other, 1, 1, 4, k // 256, k // 256, 2), **early}
+    to_layout(xq[:1], qtype).tofile(tmp_path / "ya.bin")
+    to_layout(xq[:1], other).tofile(tmp_path / "yb.bin")
+    _run(build(MIXED_SOURCES, defines, "mmvq_mixed"), *(tmp_path / f"w{i}.bin" for i in range(3)),
+         tmp_path / "ya.bin", tmp_path / "yb.bin", *ns, tmp_path / "o.bin")
+    got = np.fromfile(tmp_path / "o.bin", np.float32)
+    at = 0
+    for i, (wi, q, m) in enumerate(zip(ws, qtypes, ns)):
+        plan = MatVecPlan("mmvq", q, nwarps=4, rows_per_block=2 if i < 2 else 1, cols_per_launch=1, ncols=1)
+        np.testing.assert_array_equal(_bits(got[at:at + m].reshape(1, m)), _bits(mmvq.emulate(wi, q, xq[:1], plan)),
+                                      err_msg=f"mmvq_mixed {defines}, weight {i} ({q})")
+        at += m
+
+
 @pytest.mark.parametrize("qtypes", [("Q4_K", "Q4_K", "Q6_K"), ("Q4_K", "Q6_K", "Q6_K"), ("Q6_K", "Q4_K", "Q4_K")])
 def test_mmvq_mixed_source_equals_separate_emulators(build, tmp_path, qtypes):
     """Weights of two types in one launch (mmvq_mixed: Q4_K attn_q, attn_k beside a Q6_K attn_v): each

@@ -17,7 +17,8 @@ from ...order import ReductionOrder
 from ...plans import matvec_plan
 from ...plans.matvec import MatVecPlan, matvec_traits
 from ...quant import BLOCK_BYTES
-from ..compile import BLOCKS_PER_SM, THREADS_PER_SM, blocks_for_register_cap, cupy_available, get_kernel
+from ..compile import (BLOCKS_PER_SM, THREADS_PER_SM, blocks_for_register_cap, cupy_available, get_kernel,
+                       relax_register_cap)
 from ..compile import precompile as compile_many
 from ..quantize.layout import LAYOUT_BYTES, layout_for
 
@@ -108,6 +109,14 @@ def prefetch_ahead(nwarps: int) -> int:
     return sms * min(THREADS_PER_SM // (32 * nwarps), BLOCKS_PER_SM)
 
 
+# HX_W_EARLY (mmvq.cu): a thread loads and decodes its weights of the first unrolled steps before it waits
+# for the previous kernel (programmatic dependent launch), so only the activations are read after the
+# wait. The same bits. HIRAISHIN_MMVQ_EARLY=N (read at import; default 0, off): the first N steps of a
+# thread's kbx loop (at most HX_UNROLL) are loaded early. Timing experiment, see bench/NOTES_speculation.md.
+ENV_EARLY = "HIRAISHIN_MMVQ_EARLY"
+W_EARLY = int(os.environ.get(ENV_EARLY, "0").strip() or 0)
+
+
 def kernel_defines(qtype: str, ncols: int, rows_per_block: int, nwarps: int, nblocks: int,
                    unroll: int | None = None, min_blocks: int | None = None, ahead: int | None = None) -> dict:
     """The ``#define``\\ s that compile ``mmvq.cu`` for one launch geometry and row length.
@@ -124,11 +133,14 @@ def kernel_defines(qtype: str, ncols: int, rows_per_block: int, nwarps: int, nbl
     # the layout the kernel reads (its own for Q4_K/Q6_K, llama.cpp's q8_1 blocks for Q8_0)
     layout = layout_for(qtype)
     y_step = LAYOUT_BYTES[layout] if layout else BLOCK_BYTES["Q8_1"]
-    return {"HX_QTYPE": t.type_id, "HX_QK": t.qk, "HX_BLOCK_BYTES": t.block_bytes, "HX_VDR": t.vdr,
-            "HX_TPB": t.threads_per_block, "HX_Y_STEP": y_step, "HX_NCOLS": int(ncols),
-            "HX_RPB": int(rows_per_block), "HX_NWARPS": int(nwarps), "HX_NBLOCKS": int(nblocks),
-            "HX_UNROLL": int(unroll), "HX_MIN_BLOCKS": int(min_blocks),
-            "HX_PREFETCH_AHEAD": int(prefetch_ahead(int(nwarps)) if ahead is None else ahead)}
+    out = {"HX_QTYPE": t.type_id, "HX_QK": t.qk, "HX_BLOCK_BYTES": t.block_bytes, "HX_VDR": t.vdr,
+           "HX_TPB": t.threads_per_block, "HX_Y_STEP": y_step, "HX_NCOLS": int(ncols),
+           "HX_RPB": int(rows_per_block), "HX_NWARPS": int(nwarps), "HX_NBLOCKS": int(nblocks),
+           "HX_UNROLL": int(unroll), "HX_MIN_BLOCKS": int(min_blocks),
+           "HX_PREFETCH_AHEAD": int(prefetch_ahead(int(nwarps)) if ahead is None else ahead)}
+    if W_EARLY:
+        out["HX_W_EARLY"] = W_EARLY
+    return out
 
 
 def mmvq_kernel(defines: dict, source=SOURCE, name: str = "mmvq"):
@@ -138,6 +150,13 @@ def mmvq_kernel(defines: dict, source=SOURCE, name: str = "mmvq"):
     A register cap (HX_MIN_BLOCKS > 1) that makes the compiler spill is dropped: spilling to
     local memory costs more than the occupancy the cap buys. (Bits are the same either way.)
     """
+    if defines.get("HX_W_EARLY"):
+        # weights held across the wait take registers: give up one resident block at a time until
+        # nothing spills, rather than the whole cap at once
+        def compiled(at):
+            k = get_kernel(source, name, at)
+            return k, k.local_size_bytes
+        return relax_register_cap(defines, compiled)
     kernel = get_kernel(source, name, defines)
     if defines.get("HX_MIN_BLOCKS", 1) > 1 and kernel.local_size_bytes > 0:
         defines = {**defines, "HX_MIN_BLOCKS": 1}
@@ -235,6 +254,8 @@ def mixed_defines(qtype_a: str, rows_a: int, qtype_b: str, rows_b: int, ncols: i
     out.update({f"HX_B_{k[3:]}": db[k] for k in _MIXED_PER_TYPE})
     out.update({"HX_NCOLS": int(ncols), "HX_NWARPS": int(nwarps), "HX_PREFETCH_AHEAD": 0,
                 "HX_MIN_BLOCKS": min(da["HX_MIN_BLOCKS"], db["HX_MIN_BLOCKS"]), "HX_B_FIRST": int(b_first)})
+    if "HX_W_EARLY" in da:
+        out["HX_W_EARLY"] = da["HX_W_EARLY"]
     return out
 
 

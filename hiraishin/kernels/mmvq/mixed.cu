@@ -20,9 +20,9 @@ __device__ __forceinline__ void hx_mixed_slot(const u8* __restrict__ ya, const u
                                               const u8* __restrict__ w, float* __restrict__ dst,
                                               const int nrows, const int index, float* tmp_shared) {
     if (S < HX_B_FIRST) {
-        hx_ta::hx_mmvq_rows(w, ya, dst, nrows, nrows, HX_A_RPB * index, threadIdx.y, tmp_shared);
+        hx_ta::hx_mmvq_rows<HX_W_EARLY>(w, ya, dst, nrows, nrows, HX_A_RPB * index, threadIdx.y, tmp_shared);
     } else {
-        hx_tb::hx_mmvq_rows(w, yb, dst, nrows, nrows, HX_B_RPB * index, threadIdx.y, tmp_shared);
+        hx_tb::hx_mmvq_rows<HX_W_EARLY>(w, yb, dst, nrows, nrows, HX_B_RPB * index, threadIdx.y, tmp_shared);
     }
 }
 
@@ -49,7 +49,9 @@ mmvq_mixed(const u8* __restrict__ ya, const u8* __restrict__ yb,
     } else {
         hx_mixed_prefetch<2>(w2, nrows2, b - nblk0 - nblk1);
     }
-    HX_PDL_ENTRY();
+#if !HX_W_EARLY
+    HX_PDL_ENTRY();  // else in the row code, once the first weights are loaded (mmvq.cu)
+#endif
     extern __shared__ float tmp_shared[];
     if (b < nblk0) {
         hx_mixed_slot<0>(ya, yb, w0, dst0, nrows0, b, tmp_shared);

@@ -94,6 +94,9 @@ __device__ __forceinline__ int hx_sub32_bytes(int x) {
 //             loads from) and into the matching q8_1 blocks of column 0, made once by hx_sites_init;
 //   hx_wblock hx_load_w<FAST>(sites, row, woff): the thread's share of weight block
 //             kbx0 + woff / HX_BLOCK_BYTES of that row, decoded to integers and floats;
+//   hx_wraw hx_load_raw<FAST>, hx_decode(raw, sites): the same in two halves, the words as loaded
+//             and then decoded (HX_W_EARLY: loads before the wait, decoding after; kept beside
+//             hx_load_w, whose one-piece form ptxas schedules into fewer registers);
 //   float hx_dot(acc, wblock, sites, yoff): acc + that share times the q8_1 data yoff bytes on;
 //   bool hx_fast(sites): whether the wide loads are aligned for this thread (warp-uniform).
 // Loads are "site + offset" with offsets that are compile-time constants once the kbx loop
@@ -155,6 +158,46 @@ __device__ __forceinline__ hx_wblock hx_load_w(const hx_sites& s, const int i, c
     }
     const int v0 = hx_ld_i32(s.q[i] + woff);
     const int v1 = hx_ld_i32(s.q[i] + woff + 16);
+    const unsigned int x = __byte_perm(t0, t2, s.sel);
+    const unsigned int y = __byte_perm(t1, t2, s.sel);
+    const unsigned int pair_sc = (x & s.mlo) | ((x >> 18) & s.mtop);
+    const unsigned int pair_m = ((y >> s.mshift) & s.mlo) | ((y >> 18) & s.mtop);
+    hx_wblock b;
+    b.a[0][0] = v0 & 0x0F0F0F0F;
+    b.a[0][1] = v1 & 0x0F0F0F0F;
+    b.a[1][0] = (v0 >> 4) & 0x0F0F0F0F;
+    b.a[1][1] = (v1 >> 4) & 0x0F0F0F0F;
+    b.sc[0] = (int)(pair_sc & 0xFF);
+    b.sc[1] = (int)(pair_sc >> 8);
+    b.m[0] = (int)(pair_m & 0xFF);
+    b.m[1] = (int)(pair_m >> 8);
+    b.d = hx_h2f((unsigned short)(dm & 0xFFFF));
+    b.dmin = hx_h2f((unsigned short)(dm >> 16));
+    return b;
+}
+struct hx_wraw {  // the loaded words, before decoding
+    unsigned int dm, t0, t1, t2;
+    int v0, v1;
+};
+template <bool FAST>  // FAST: the super-blocks are 16-byte aligned
+__device__ __forceinline__ hx_wraw hx_load_raw(const hx_sites& s, const int i, const int woff) {
+    hx_wraw r;
+    if (FAST) {
+        const uint4 h = __ldg((const uint4*)(s.blk[i] + woff));  // d, dmin, scales[0..11]
+        r.dm = h.x; r.t0 = h.y; r.t1 = h.z; r.t2 = h.w;
+    } else {
+        r.dm = (unsigned int)hx_ld_i32(s.blk[i] + woff);
+        r.t0 = (unsigned int)hx_ld_i32(s.blk[i] + woff + 4);
+        r.t1 = (unsigned int)hx_ld_i32(s.blk[i] + woff + 8);
+        r.t2 = (unsigned int)hx_ld_i32(s.blk[i] + woff + 12);
+    }
+    r.v0 = hx_ld_i32(s.q[i] + woff);
+    r.v1 = hx_ld_i32(s.q[i] + woff + 16);
+    return r;
+}
+__device__ __forceinline__ hx_wblock hx_decode(const hx_wraw& r, const hx_sites& s) {
+    const unsigned int dm = r.dm, t0 = r.t0, t1 = r.t1, t2 = r.t2;
+    const int v0 = r.v0, v1 = r.v1;
     const unsigned int x = __byte_perm(t0, t2, s.sel);
     const unsigned int y = __byte_perm(t1, t2, s.sel);
     const unsigned int pair_sc = (x & s.mlo) | ((x >> 18) & s.mtop);
@@ -252,6 +295,33 @@ __device__ __forceinline__ hx_wblock hx_load_w(const hx_sites& s, const int i, c
     b.d = hx_h2f(hx_ld_u16(s.blk[i] + woff + 208));
     return b;
 }
+struct hx_wraw {  // the loaded words, before decoding
+    int vl, vh, sc0, sc1;
+    unsigned short d;
+};
+template <bool FAST>  // FAST: the super-blocks are 4-byte aligned
+__device__ __forceinline__ hx_wraw hx_load_raw(const hx_sites& s, const int i, const int woff) {
+    hx_wraw r;
+    r.vl = FAST ? hx_ld_i32(s.ql[i] + woff) : hx_ld_i32_b2(s.ql[i] + woff);
+    r.vh = FAST ? hx_ld_i32(s.qh[i] + woff) : hx_ld_i32_b2(s.qh[i] + woff);
+    r.sc0 = hx_ld_s8(s.sc[i] + woff);
+    r.sc1 = hx_ld_s8(s.sc[i] + woff + 4);
+    r.d = hx_ld_u16(s.blk[i] + woff + 208);
+    return r;
+}
+__device__ __forceinline__ hx_wblock hx_decode(const hx_wraw& r, const hx_sites& s) {
+    const int vl = r.vl;
+    const int vh = r.vh >> s.vh_shift;
+    hx_wblock b;
+    const int q0 = (vl & 0x0F0F0F0F) | ((vh << 4) & 0x30303030);
+    const int q1 = ((vl >> 4) & 0x0F0F0F0F) | (vh & 0x30303030);
+    b.vi[0] = HX_Q6_SUB_IN_DOT ? q0 : hx_sub32_bytes(q0);
+    b.vi[1] = HX_Q6_SUB_IN_DOT ? q1 : hx_sub32_bytes(q1);
+    b.sc[0] = r.sc0;
+    b.sc[1] = r.sc1;
+    b.d = hx_h2f(r.d);
+    return b;
+}
 __device__ __forceinline__ float hx_dot(float acc, const hx_wblock& b, const hx_sites& s, const int yoff) {
     const int2 u2 = hx_ldy<int2>(s.yq + yoff);
     const float2 d2 = hx_ldy<float2>(s.yd + yoff);
@@ -315,6 +385,25 @@ __device__ __forceinline__ hx_wblock hx_load_w(const hx_sites& s, const int i, c
     b.d = hx_h2f(hx_ld_u16(s.blk[i] + woff));
     return b;
 }
+struct hx_wraw {  // the loaded words, before decoding
+    int v0, v1;
+    unsigned short d;
+};
+template <bool FAST>
+__device__ __forceinline__ hx_wraw hx_load_raw(const hx_sites& s, const int i, const int woff) {
+    hx_wraw r;
+    r.v0 = hx_ld_i32_b2(s.q[i] + woff);
+    r.v1 = hx_ld_i32_b2(s.q[i] + woff + 4);
+    r.d = hx_ld_u16(s.blk[i] + woff);
+    return r;
+}
+__device__ __forceinline__ hx_wblock hx_decode(const hx_wraw& r, const hx_sites& s) {
+    hx_wblock b;
+    b.v[0] = r.v0;
+    b.v[1] = r.v1;
+    b.d = hx_h2f(r.d);
+    return b;
+}
 __device__ __forceinline__ float hx_dot(float acc, const hx_wblock& b, const hx_sites& s, const int yoff) {
     const int u0 = hx_ldy<int>(s.yq + yoff);
     const int u1 = hx_ldy<int>(s.yq + yoff + 4);
@@ -354,6 +443,70 @@ __device__ __forceinline__ void hx_accumulate(float (&tmp)[HX_NCOLS][HX_RPB], co
     }
 }
 
+// HX_W_EARLY (launch.py ENV_EARLY): the kernels wait for the previous kernel (HX_PDL_ENTRY) inside
+// the row code, after a thread has loaded its weight words of its first HX_W_EARLY steps (at most
+// HX_UNROLL; and of the partial step when that is all there is): weights are never written, so under programmatic
+// dependent launch they come from L2 / DRAM into registers while the previous kernel runs, and
+// only the activations are read after the wait. The same dots in the same order per accumulator.
+#ifndef HX_W_EARLY
+#define HX_W_EARLY 0
+#endif
+template <bool FAST>
+__device__ __forceinline__ void hx_accumulate_early(float (&tmp)[HX_NCOLS][HX_RPB], const hx_sites& s,
+                                                    const int kbx0) {
+    constexpr int full = HX_NBLOCKS / HX_BPI;
+    constexpr int rem = HX_NBLOCKS % HX_BPI;
+    constexpr int ahead = HX_W_EARLY < hx_unroll ? HX_W_EARLY : hx_unroll;
+    constexpr int pre = full < ahead ? full : ahead;        // full steps loaded before the wait
+    constexpr bool pre_part = rem != 0 && full < ahead;     // the partial step too (no loop left)
+    const bool has_part = rem != 0 && kbx0 < rem;
+    hx_wraw wb[pre > 0 ? pre : 1][HX_RPB];  // loaded, decoded after the wait (fewer registers)
+    hx_wraw wp[HX_RPB];
+#pragma unroll
+    for (int it = 0; it < pre; ++it) {
+#pragma unroll
+        for (int i = 0; i < HX_RPB; ++i) {
+            wb[it][i] = hx_load_raw<FAST>(s, i, it * (HX_BPI * HX_BLOCK_BYTES));
+        }
+    }
+    if (pre_part && has_part) {
+#pragma unroll
+        for (int i = 0; i < HX_RPB; ++i) {
+            wp[i] = hx_load_raw<FAST>(s, i, full * (HX_BPI * HX_BLOCK_BYTES));
+        }
+    }
+    HX_PDL_ENTRY();
+#pragma unroll
+    for (int it = 0; it < pre; ++it) {
+#pragma unroll
+        for (int i = 0; i < HX_RPB; ++i) {
+            const hx_wblock b = hx_decode(wb[it][i], s);
+#pragma unroll
+            for (int j = 0; j < HX_NCOLS; ++j) {
+                tmp[j][i] = hx_dot(tmp[j][i], b, s, it * (HX_BPI * HX_Y_STEP) + j * HX_COL_BYTES);
+            }
+        }
+    }
+#pragma unroll hx_unroll
+    for (int it = pre; it < full; ++it) {
+        hx_step<FAST>(tmp, s, it);
+    }
+    if (has_part) {
+        if (pre_part) {
+#pragma unroll
+            for (int i = 0; i < HX_RPB; ++i) {
+                const hx_wblock b = hx_decode(wp[i], s);
+#pragma unroll
+                for (int j = 0; j < HX_NCOLS; ++j) {
+                    tmp[j][i] = hx_dot(tmp[j][i], b, s, full * (HX_BPI * HX_Y_STEP) + j * HX_COL_BYTES);
+                }
+            }
+        } else {
+            hx_step<FAST>(tmp, s, full);
+        }
+    }
+}
+
 // Minimum resident CUDA blocks per SM the compiler must allow (register cap); 1 = no cap.
 #ifndef HX_MIN_BLOCKS
 #define HX_MIN_BLOCKS 1
@@ -377,7 +530,9 @@ __device__ __forceinline__ void hx_prefetch_rows(const u8* __restrict__ w, const
 // The rows row0 .. row0+HX_RPB-1 of one weight for every column: the work of HX_NWARPS warps
 // (lane threadIdx.x, warp wy of them), which hand over through tmp_shared
 // ((HX_NWARPS-1)*HX_NCOLS*HX_RPB*32 floats of their own). Every thread of the CUDA block calls it
-// (one __syncthreads).
+// (one __syncthreads). EARLY: the thread waits for the previous kernel itself, once its first
+// weights are in registers (HX_W_EARLY); else its caller has waited.
+template <bool EARLY = false>
 __device__ __forceinline__ void hx_mmvq_rows(const u8* __restrict__ w, const u8* __restrict__ y,
                                              float* __restrict__ dst, const int nrows,
                                              const long long stride_dst, const int row0, const int wy,
@@ -401,7 +556,13 @@ __device__ __forceinline__ void hx_mmvq_rows(const u8* __restrict__ w, const u8*
         wrow[i] = w + (long long)min(row0 + i, nrows - 1) * HX_ROW_BYTES;
     }
     const hx_sites s = hx_sites_init(wrow, y, tid);
-    if (hx_fast(s)) {
+    if (EARLY) {
+        if (hx_fast(s)) {
+            hx_accumulate_early<true>(tmp, s, kbx0);
+        } else {
+            hx_accumulate_early<false>(tmp, s, kbx0);
+        }
+    } else if (hx_fast(s)) {
         hx_accumulate<true>(tmp, s, kbx0);
     } else {
         hx_accumulate<false>(tmp, s, kbx0);
@@ -449,9 +610,11 @@ mmvq(const u8* __restrict__ w, const u8* __restrict__ y, float* __restrict__ dst
     if (HX_PREFETCH_AHEAD > 0 && blockIdx.x + HX_PREFETCH_AHEAD < gridDim.x) {
         hx_prefetch_rows(w, nrows, HX_RPB * (blockIdx.x + HX_PREFETCH_AHEAD));
     }
+#if !HX_W_EARLY
     HX_PDL_ENTRY();
+#endif
     extern __shared__ float tmp_shared[];
-    hx_mmvq_rows(w, y, dst, nrows, stride_dst, HX_RPB * blockIdx.x, threadIdx.y, tmp_shared);
+    hx_mmvq_rows<HX_W_EARLY>(w, y, dst, nrows, stride_dst, HX_RPB * blockIdx.x, threadIdx.y, tmp_shared);
 }
 
 // The rows of mmvq_multi's CUDA block b (whichever weight it maps to) into L2.
@@ -480,14 +643,16 @@ mmvq_multi(const u8* __restrict__ y, const u8* __restrict__ w0, float* __restric
     if (HX_PREFETCH_AHEAD > 0 && b + HX_PREFETCH_AHEAD < gridDim.x) {
         hx_multi_prefetch(b + HX_PREFETCH_AHEAD, w0, nrows0, nblk0, w1, nrows1, nblk1, w2, nrows2);
     }
+#if !HX_W_EARLY
     HX_PDL_ENTRY();
+#endif
     extern __shared__ float tmp_shared[];
     if (b < nblk0) {
-        hx_mmvq_rows(w0, y, dst0, nrows0, nrows0, HX_RPB * b, threadIdx.y, tmp_shared);
+        hx_mmvq_rows<HX_W_EARLY>(w0, y, dst0, nrows0, nrows0, HX_RPB * b, threadIdx.y, tmp_shared);
     } else if (b < nblk0 + nblk1) {
-        hx_mmvq_rows(w1, y, dst1, nrows1, nrows1, HX_RPB * (b - nblk0), threadIdx.y, tmp_shared);
+        hx_mmvq_rows<HX_W_EARLY>(w1, y, dst1, nrows1, nrows1, HX_RPB * (b - nblk0), threadIdx.y, tmp_shared);
     } else {
-        hx_mmvq_rows(w2, y, dst2, nrows2, nrows2, HX_RPB * (b - nblk0 - nblk1), threadIdx.y, tmp_shared);
+        hx_mmvq_rows<HX_W_EARLY>(w2, y, dst2, nrows2, nrows2, HX_RPB * (b - nblk0 - nblk1), threadIdx.y, tmp_shared);
     }
 }
 #endif  // HX_MMVQ_NO_KERNELS
