@@ -20,9 +20,9 @@ __device__ __forceinline__ void hx_mixed_slot(const u8* __restrict__ ya, const u
                                               const u8* __restrict__ w, float* __restrict__ dst,
                                               const int nrows, const int index, float* tmp_shared) {
     if (S < HX_B_FIRST) {
-        hx_ta::hx_mmvq_rows<HX_W_EARLY>(w, ya, dst, nrows, nrows, HX_A_RPB * index, threadIdx.y, tmp_shared);
+        hx_ta::hx_mmvq_rows<(HX_W_EARLY > 0)>(w, ya, dst, nrows, nrows, HX_A_RPB * index, threadIdx.y, tmp_shared);
     } else {
-        hx_tb::hx_mmvq_rows<HX_W_EARLY>(w, yb, dst, nrows, nrows, HX_B_RPB * index, threadIdx.y, tmp_shared);
+        hx_tb::hx_mmvq_rows<(HX_W_EARLY > 0)>(w, yb, dst, nrows, nrows, HX_B_RPB * index, threadIdx.y, tmp_shared);
     }
 }
 

@@ -614,7 +614,7 @@ mmvq(const u8* __restrict__ w, const u8* __restrict__ y, float* __restrict__ dst
     HX_PDL_ENTRY();
 #endif
     extern __shared__ float tmp_shared[];
-    hx_mmvq_rows<HX_W_EARLY>(w, y, dst, nrows, stride_dst, HX_RPB * blockIdx.x, threadIdx.y, tmp_shared);
+    hx_mmvq_rows<(HX_W_EARLY > 0)>(w, y, dst, nrows, stride_dst, HX_RPB * blockIdx.x, threadIdx.y, tmp_shared);
 }
 
 // The rows of mmvq_multi's CUDA block b (whichever weight it maps to) into L2.
@@ -648,11 +648,11 @@ mmvq_multi(const u8* __restrict__ y, const u8* __restrict__ w0, float* __restric
 #endif
     extern __shared__ float tmp_shared[];
     if (b < nblk0) {
-        hx_mmvq_rows<HX_W_EARLY>(w0, y, dst0, nrows0, nrows0, HX_RPB * b, threadIdx.y, tmp_shared);
+        hx_mmvq_rows<(HX_W_EARLY > 0)>(w0, y, dst0, nrows0, nrows0, HX_RPB * b, threadIdx.y, tmp_shared);
     } else if (b < nblk0 + nblk1) {
-        hx_mmvq_rows<HX_W_EARLY>(w1, y, dst1, nrows1, nrows1, HX_RPB * (b - nblk0), threadIdx.y, tmp_shared);
+        hx_mmvq_rows<(HX_W_EARLY > 0)>(w1, y, dst1, nrows1, nrows1, HX_RPB * (b - nblk0), threadIdx.y, tmp_shared);
     } else {
-        hx_mmvq_rows<HX_W_EARLY>(w2, y, dst2, nrows2, nrows2, HX_RPB * (b - nblk0 - nblk1), threadIdx.y, tmp_shared);
+        hx_mmvq_rows<(HX_W_EARLY > 0)>(w2, y, dst2, nrows2, nrows2, HX_RPB * (b - nblk0 - nblk1), threadIdx.y, tmp_shared);
     }
 }
 #endif  // HX_MMVQ_NO_KERNELS
