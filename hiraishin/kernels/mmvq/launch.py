@@ -111,10 +111,37 @@ def prefetch_ahead(nwarps: int) -> int:
 
 # HX_W_EARLY (mmvq.cu): a thread loads and decodes its weights of the first unrolled steps before it waits
 # for the previous kernel (programmatic dependent launch), so only the activations are read after the
-# wait. The same bits. HIRAISHIN_MMVQ_EARLY=N (read at import; default 0, off): the first N steps of a
-# thread's kbx loop (at most HX_UNROLL) are loaded early. Timing experiment, see bench/NOTES_speculation.md.
+# wait. The same bits. One-column launches only (at 3 columns the 8B's pass was 2.7% slower: the held
+# weights cost the multi-column kernels registers). HIRAISHIN_MMVQ_EARLY, read at import: "0" off; "N":
+# the first N steps of a thread's kbx loop (at most HX_UNROLL) loaded early; "N:K": only for rows of at
+# most K values. Measured on the H200: bench/NOTES_speculation.md (session 18).
 ENV_EARLY = "HIRAISHIN_MMVQ_EARLY"
-W_EARLY = int(os.environ.get(ENV_EARLY, "0").strip() or 0)
+EARLY_DEFAULT = "0"
+
+
+def parse_early(text: str) -> tuple[int, int | None]:
+    """(steps loaded before the wait, longest row in values it applies to or None) of a
+    HIRAISHIN_MMVQ_EARLY value."""
+    steps, _, longest = text.strip().partition(":")
+    try:
+        out = (int(steps or 0), int(longest) if longest else None)
+    except ValueError:
+        raise ValueError(f"{ENV_EARLY} must be N or N:K (integers), got {text!r}") from None
+    if out[0] < 0 or (out[1] is not None and out[1] < 1):
+        raise ValueError(f"{ENV_EARLY} must be N >= 0 steps and K >= 1 values, got {text!r}")
+    return out
+
+
+W_EARLY, W_EARLY_MAX_K = parse_early(os.environ.get(ENV_EARLY, EARLY_DEFAULT))
+
+
+def early_steps(qtype: str, ncols: int, nblocks: int) -> int:
+    """HX_W_EARLY of a launch: weight steps a thread loads before its wait (0: none)."""
+    if ncols != 1 or not W_EARLY:
+        return 0
+    if W_EARLY_MAX_K is not None and nblocks * matvec_traits(qtype).qk > W_EARLY_MAX_K:
+        return 0
+    return W_EARLY
 
 
 def kernel_defines(qtype: str, ncols: int, rows_per_block: int, nwarps: int, nblocks: int,
@@ -138,8 +165,9 @@ def kernel_defines(qtype: str, ncols: int, rows_per_block: int, nwarps: int, nbl
            "HX_RPB": int(rows_per_block), "HX_NWARPS": int(nwarps), "HX_NBLOCKS": int(nblocks),
            "HX_UNROLL": int(unroll), "HX_MIN_BLOCKS": int(min_blocks),
            "HX_PREFETCH_AHEAD": int(prefetch_ahead(int(nwarps)) if ahead is None else ahead)}
-    if W_EARLY:
-        out["HX_W_EARLY"] = W_EARLY
+    early = early_steps(qtype, ncols, nblocks)
+    if early:
+        out["HX_W_EARLY"] = early
     return out
 
 
@@ -254,8 +282,8 @@ def mixed_defines(qtype_a: str, rows_a: int, qtype_b: str, rows_b: int, ncols: i
     out.update({f"HX_B_{k[3:]}": db[k] for k in _MIXED_PER_TYPE})
     out.update({"HX_NCOLS": int(ncols), "HX_NWARPS": int(nwarps), "HX_PREFETCH_AHEAD": 0,
                 "HX_MIN_BLOCKS": min(da["HX_MIN_BLOCKS"], db["HX_MIN_BLOCKS"]), "HX_B_FIRST": int(b_first)})
-    if "HX_W_EARLY" in da:
-        out["HX_W_EARLY"] = da["HX_W_EARLY"]
+    if "HX_W_EARLY" in da and "HX_W_EARLY" in db:  # one wait per kernel: both types load early or neither
+        out["HX_W_EARLY"] = min(da["HX_W_EARLY"], db["HX_W_EARLY"])
     return out
 
 
