@@ -281,6 +281,37 @@ def test_norm_kernels_in_blocks_smaller_than_their_tree(shim, tmp_path, rows, n,
             np.testing.assert_array_equal(bits(f.get("y.bin", np.float32, (rows, n))), bits(ry), err_msg=msg)
 
 
+@pytest.mark.parametrize("rows,n,layout,per", [(3, 1024, "Q4_K", 4), (2, 1024, None, 1), (1, 4096, "Q6_K", 1),
+                                                (2, 800, None, 1)])
+def test_norm_kernels_with_weights_read_before_the_wait(shim, tmp_path, rows, n, layout, per):
+    """HX_NORM_W_EARLY (each thread's norm weights read before its wait): the emulator's bits, in the
+    tree's own block and in a played one (per > 1), at one, three and the launcher's blocks per row."""
+    f = Files(tmp_path)
+    rng = np.random.default_rng(11 * n + rows)
+    a = _activations(rng, rows, n)
+    b = (rng.standard_normal((rows, n)) * 2).astype(np.float32)
+    w = (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+    es, eq, ey = emulate_add_rms_norm_q8_1(a, b, w, EPS, layout)
+    rq, ry = emulate_rms_norm_q8_1(a, w, EPS, layout)
+    tree = block_threads(n)
+    defines = {**quantize_defines(layout), "HX_NORM_W_EARLY": 1}
+    if per > 1:
+        defines.update(HX_NORM_PER=per, HX_NORM_VALS=-(-n // tree))
+    add_exe = shim.build(SOURCE, defines, MAIN_ADD_RMS_Q8, "add_rms_q8_early")
+    rms_exe = shim.build(SOURCE, defines, MAIN_RMS_Q8, "rms_q8_early")
+    for slices in sorted({1, 3, norm_slices(n) if per == 1 else per}):
+        msg = f"{tree // per} threads, {slices} blocks per row"
+        run(add_exe, f.put("a.bin", a), f.put("b.bin", b), f.put("w.bin", w), rows, n, EPS_ARG, eq.size,
+            f.path("s.bin"), f.path("q.bin"), f.path("y.bin"), tree // per, 0, "-", slices)
+        np.testing.assert_array_equal(bits(f.get("s.bin", np.float32, (rows, n))), bits(es), err_msg=msg)
+        np.testing.assert_array_equal(f.get("q.bin", np.uint8, eq.shape), eq, err_msg=msg)
+        np.testing.assert_array_equal(bits(f.get("y.bin", np.float32, (rows, n))), bits(ey), err_msg=msg)
+        run(rms_exe, f.path("a.bin"), f.path("w.bin"), rows, n, EPS_ARG, rq.size, f.path("q.bin"), f.path("y.bin"),
+            tree // per, 0, "-", slices)
+        np.testing.assert_array_equal(f.get("q.bin", np.uint8, rq.shape), rq, err_msg=msg)
+        np.testing.assert_array_equal(bits(f.get("y.bin", np.float32, (rows, n))), bits(ry), err_msg=msg)
+
+
 def test_norm_geometry_plays_the_tree_only_for_one_value_per_tree_thread():
     # Qwen3-0.6B's 1024 values: 256 threads playing the 1024-thread tree, one q8_1 block per warp
     assert norm_geometry(1024) == (256, 4, 1) and norm_slices(1024) == 4

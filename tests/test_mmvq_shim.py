@@ -154,10 +154,14 @@ def test_mmvq_source_equals_emulator(build, tmp_path, qtype):
     x = (np.random.default_rng(2).standard_normal((5, k)) * 2).astype(np.float32)
     xq = quantize.emulate(x)
     w.tofile(tmp_path / "w.bin")
-    for ncols, rows, nwarps, unroll, shift in MMVQ_SHIM_CASES:
+    # the one-column cases once more with their weights loaded after the wait (HX_W_EARLY off)
+    late = [(c, r, nw, u, sh, False) for c, r, nw, u, sh in MMVQ_SHIM_CASES if c == 1]
+    for ncols, rows, nwarps, unroll, shift, *early in [(*c, True) for c in MMVQ_SHIM_CASES] + late:
         if qtype == "Q4_K":
             shift -= shift % 4  # Q4_K weights must be 4-byte aligned (the launcher checks)
         defines = kernel_defines(qtype, ncols, rows, nwarps, k // t.qk, unroll)
+        if not early[0]:
+            defines.pop("HX_W_EARLY", None)
         (to_layout(xq[:ncols], qtype) if layout_for(qtype) else xq[:ncols]).tofile(tmp_path / "y.bin")
         _run(build("mmvq/mmvq.cu", defines, "mmvq"), tmp_path / "w.bin", tmp_path / "y.bin", n, shift,
              tmp_path / "o.bin")

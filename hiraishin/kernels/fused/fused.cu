@@ -45,19 +45,34 @@ __device__ __forceinline__ void hx_norm_value(const float x, const float wi, con
     }
 }
 
+// HX_NORM_W_EARLY (launch.py ENV_NORM_W_EARLY): a thread reads the norm weights of the values it will
+// store before it waits for the previous kernel (the weights are never written), so the read after
+// the reduction is gone from the chain. The same values, the same bits.
+#ifndef HX_NORM_W_EARLY
+#define HX_NORM_W_EARLY 0
+#endif
+
 // The normed row quantized block by block: warp w of CUDA block g (of gridDim.x per row) takes
 // q8_1 blocks g*nwarps + w, then + gridDim.x*nwarps, ... n % 32 == 0. load(i): value i of the row.
+// w_first: w at the thread's first value, read by hx_norm_w_first (HX_NORM_W_EARLY).
 template <class Load>
 __device__ __forceinline__ void hx_norm_store(Load load, const float* __restrict__ w, const float scale,
                                               unsigned char* __restrict__ yq, float* __restrict__ y,
                                               unsigned char* __restrict__ yq2, float* s, const int row,
-                                              const int n) {
+                                              const int n, const float w_first = 0.0f) {
     const int lane = threadIdx.x % 32;
     const int nwarps = blockDim.x / 32;
+    bool first = true;
     for (int ib = blockIdx.x * nwarps + threadIdx.x / 32; ib < n / 32; ib += gridDim.x * nwarps) {  // uniform per warp
         const int i = ib * 32 + lane;
-        hx_norm_value(load(i), w[i], scale, yq, y, yq2, s, row, n, ib, lane);
+        const float wi = HX_NORM_W_EARLY && first ? w_first : w[i];
+        first = false;
+        hx_norm_value(load(i), wi, scale, yq, y, yq2, s, row, n, ib, lane);
     }
+}
+__device__ __forceinline__ float hx_norm_w_first(const float* __restrict__ w, const int n) {
+    const int ib = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    return ib < n / 32 ? __ldg(w + ib * 32 + threadIdx.x % 32) : 0.0f;
 }
 
 // A block smaller than rmsnorm's tree plays it: each of its nthreads threads (tid) plays PER tree
@@ -112,18 +127,48 @@ __device__ __forceinline__ void hx_norm_play(Load load, const float* __restrict_
 // (j * HX_NORM_VALS + m) % gridDim.x of the row (each value once; the q8_1 block of a slot is
 // warp + j * nwarps + m * tree_threads / 32).
 #ifdef HX_NORM_PER
+// The norm weights at the values of the slots this CUDA block stores (HX_NORM_W_EARLY: read before the wait).
+struct hx_norm_wslots {
+    float v[HX_NORM_PER * HX_NORM_VALS];
+};
+__device__ __forceinline__ hx_norm_wslots hx_norm_w_slots(const float* __restrict__ w, const int n) {
+    hx_norm_wslots out;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nwarps = blockDim.x / 32;
+    const int tree = HX_NORM_PER * blockDim.x;
+#pragma unroll
+    for (int j = 0; j < HX_NORM_PER; ++j) {
+#pragma unroll
+        for (int m = 0; m < HX_NORM_VALS; ++m) {
+            const int i = 32 * (warp + j * nwarps) + lane + m * tree;
+            const int slot = j * HX_NORM_VALS + m;
+            out.v[slot] = slot % (int)gridDim.x == (int)blockIdx.x && i < n ? __ldg(w + i) : 0.0f;
+        }
+    }
+    return out;
+}
 template <class Load>
 __device__ __forceinline__ void hx_norm_played(Load load, const float* __restrict__ w, const float eps,
                                                float* warp_partial, unsigned char* __restrict__ yq,
                                                float* __restrict__ y, unsigned char* __restrict__ yq2, float* s,
-                                               const int row, const int n) {
+                                               const int row, const int n, const hx_norm_wslots& ws) {
     const int lane = threadIdx.x % 32;
     hx_norm_play<HX_NORM_PER, HX_NORM_VALS>(
         load, w, eps, warp_partial, threadIdx.x, blockDim.x, n,
         [&](const float x, const float wi, const float scale, const int i, const int slot) {
-            if (slot % (int)gridDim.x == (int)blockIdx.x) hx_norm_value(x, wi, scale, yq, y, yq2, s, row, n, i / 32, lane);
+            if (slot % (int)gridDim.x == (int)blockIdx.x) {
+                hx_norm_value(x, HX_NORM_W_EARLY ? ws.v[slot] : wi, scale, yq, y, yq2, s, row, n, i / 32, lane);
+            }
         });
 }
+#endif
+
+// What a norm kernel reads of its weights before the wait (HX_NORM_W_EARLY; nothing otherwise).
+#ifdef HX_NORM_PER
+#define HX_NORM_W_PRE(w, n) const hx_norm_wslots hx_wpre = HX_NORM_W_EARLY ? hx_norm_w_slots(w, n) : hx_norm_wslots{}
+#define HX_NORM_W_ARG hx_wpre
+#else
+#define HX_NORM_W_PRE(w, n) const float hx_wpre = HX_NORM_W_EARLY ? hx_norm_w_first(w, n) : 0.0f
+#define HX_NORM_W_ARG hx_wpre
 #endif
 
 // rms_norm then quantize_q8_1. Grid (slices, rows), block (launch.py norm_geometry: rmsnorm's
@@ -137,17 +182,19 @@ extern "C" __global__ void hx_rms_norm_q8_1(const float* __restrict__ x, const f
                                             unsigned char* __restrict__ yq, float* __restrict__ y,
                                             unsigned char* __restrict__ yq2, const int n, const float eps) {
     hx_prefetch_lines(w, 4LL * n, threadIdx.x, blockDim.x);  // the norm weight (read after the reduction) into L2
+    HX_NORM_W_PRE(w, n);
     HX_PDL_ENTRY();
     __shared__ float warp_partial[32];
     const int row = blockIdx.y;
     const float* xr = x + (size_t)row * n;
     const auto load = [&](const int i) { return xr[i]; };
 #ifdef HX_NORM_PER
-    hx_norm_played(load, w, eps, warp_partial, yq, y, yq2, nullptr, row, n);
+    hx_norm_played(load, w, eps, warp_partial, yq, y, yq2, nullptr, row, n, HX_NORM_W_ARG);
     return;
-#endif
+#else
     const float scale = hx_rms_scale_of(load, n, eps, warp_partial);
-    hx_norm_store(load, w, scale, yq, y, yq2, nullptr, row, n);
+    hx_norm_store(load, w, scale, yq, y, yq2, nullptr, row, n, HX_NORM_W_ARG);
+#endif
 }
 
 // s = a + b (the next residual, written to s), then rms_norm of s, then quantize_q8_1.
@@ -159,17 +206,19 @@ extern "C" __global__ void hx_add_rms_norm_q8_1(const float* __restrict__ a, con
                                                 unsigned char* __restrict__ yq, float* __restrict__ y,
                                                 unsigned char* __restrict__ yq2, const int n, const float eps) {
     hx_prefetch_lines(w, 4LL * n, threadIdx.x, blockDim.x);  // the norm weight (read after the reduction) into L2
+    HX_NORM_W_PRE(w, n);
     HX_PDL_ENTRY();
     __shared__ float warp_partial[32];
     const int row = blockIdx.y;
     const size_t base = (size_t)row * n;
     const auto load = [&](const int i) { return __fadd_rn(a[base + i], b[base + i]); };
 #ifdef HX_NORM_PER
-    hx_norm_played(load, w, eps, warp_partial, yq, y, yq2, s, row, n);
+    hx_norm_played(load, w, eps, warp_partial, yq, y, yq2, s, row, n, HX_NORM_W_ARG);
     return;
-#endif
+#else
     const float scale = hx_rms_scale_of(load, n, eps, warp_partial);
-    hx_norm_store(load, w, scale, yq, y, yq2, s, row, n);
+    hx_norm_store(load, w, scale, yq, y, yq2, s, row, n, HX_NORM_W_ARG);
+#endif
 }
 
 // m = silu(g) * u (elementwise.cu's hx_swiglu_f32), then quantize_q8_1.

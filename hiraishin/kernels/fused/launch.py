@@ -67,6 +67,12 @@ def norm_geometry(n: int) -> tuple[int, int, int]:
     return threads, tree // threads, vals
 
 
+# HX_NORM_W_EARLY (fused.cu): the norm kernels read the norm weights of the values a thread stores before
+# they wait for the previous kernel. The same bits. HIRAISHIN_NORM_W_EARLY (read at import): "1" on, "0" off.
+ENV_NORM_W_EARLY = "HIRAISHIN_NORM_W_EARLY"
+NORM_W_EARLY = os.environ.get(ENV_NORM_W_EARLY, "0").strip() == "1"
+
+
 def fused_kernel(name: str, layout: str | None = None, layout2: str | None = None, norm_n: int | None = None):
     """The compiled kernel ``name`` of fused.cu writing q8_1 ``layout`` (None: llama.cpp's blocks) and,
     for the norm kernels, optionally a second layout ``layout2`` (their ``yq2`` output); ``norm_n``:
@@ -76,6 +82,8 @@ def fused_kernel(name: str, layout: str | None = None, layout2: str | None = Non
         _, per, vals = norm_geometry(norm_n)
         if vals:
             defines = {**defines, "HX_NORM_PER": per, "HX_NORM_VALS": vals}
+        if NORM_W_EARLY:
+            defines = {**defines, "HX_NORM_W_EARLY": 1}
     if layout2 is not None:
         second = quantize_defines(layout2)
         defines = {**defines, "HX_LAYOUT2": second["HX_LAYOUT"], "HX_LAYOUT2_BYTES": second["HX_LAYOUT_BYTES"]}

@@ -111,12 +111,15 @@ def prefetch_ahead(nwarps: int) -> int:
 
 # HX_W_EARLY (mmvq.cu): a thread loads and decodes its weights of the first unrolled steps before it waits
 # for the previous kernel (programmatic dependent launch), so only the activations are read after the
-# wait. The same bits. One-column launches only (at 3 columns the 8B's pass was 2.7% slower: the held
-# weights cost the multi-column kernels registers). HIRAISHIN_MMVQ_EARLY, read at import: "0" off; "N":
-# the first N steps of a thread's kbx loop (at most HX_UNROLL) loaded early; "N:K": only for rows of at
-# most K values. Measured on the H200: bench/NOTES_speculation.md (session 18).
+# wait. The same bits. HIRAISHIN_MMVQ_EARLY, read at import: "0" off; "N": the first N steps of a thread's
+# kbx loop (at most HX_UNROLL) loaded early; "N:K": only for rows of at most K values. One-column launches
+# only. Default 1 step, measured on the H200 (graph replays, same logits digests;
+# bench/results/2026-12-04-h200-session18/b-weights-before-wait, c-early-pick-bench): one token, 0 -> 1 step,
+# the 0.6B 0.700 -> 0.674 ms (BATCH_INVARIANT) and 0.663 -> 0.632 (FIXED_SPLIT), the 8B 2.533 -> 2.486 and
+# 2.500 -> 2.448; 2 or 4 steps no better (the 8B 2.53-2.54: more registers held), rows of <= 4096 values
+# only the same as all; at 3 columns the 8B's pass 3.439 -> 3.533 (the multi-column kernels' registers).
 ENV_EARLY = "HIRAISHIN_MMVQ_EARLY"
-EARLY_DEFAULT = "0"
+EARLY_DEFAULT = "1"
 
 
 def parse_early(text: str) -> tuple[int, int | None]:
