@@ -68,9 +68,12 @@ def norm_geometry(n: int) -> tuple[int, int, int]:
 
 
 # HX_NORM_W_EARLY (fused.cu): the norm kernels read the norm weights of the values a thread stores before
-# they wait for the previous kernel. The same bits. HIRAISHIN_NORM_W_EARLY (read at import): "1" on, "0" off.
+# they wait for the previous kernel. The same bits. HIRAISHIN_NORM_W_EARLY (read at import): "1" (default) on,
+# "0" off. H200 graph replays, same logits digests (bench/results/2026-12-04-h200-session18/d-norm-early-gpu-tests):
+# one token, the 8B 2.490 -> 2.464 ms (BATCH_INVARIANT), 2.448 -> 2.425 (FIXED_SPLIT), the 0.6B 0.673 -> 0.669
+# and 0.629 -> 0.627; three tokens 0.8-1.2% faster.
 ENV_NORM_W_EARLY = "HIRAISHIN_NORM_W_EARLY"
-NORM_W_EARLY = os.environ.get(ENV_NORM_W_EARLY, "0").strip() == "1"
+NORM_W_EARLY = os.environ.get(ENV_NORM_W_EARLY, "1").strip() == "1"
 
 
 def fused_kernel(name: str, layout: str | None = None, layout2: str | None = None, norm_n: int | None = None):
