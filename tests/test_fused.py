@@ -252,6 +252,24 @@ def test_add_rms_norm_q8_1_source_equals_unfused_and_emulator(shim, tmp_path, ro
             np.testing.assert_array_equal(bits(got_y), bits(want_y), err_msg=f"{slices} blocks per row")
 
 
+def _check_norm_kernels(f, add_exe, rms_exe, inputs, want_add, want_rms, threads, slices, msg):
+    """The add + norm and the norm kernel (built executables) on ``inputs`` (a, b, w) in blocks of
+    ``threads`` threads, ``slices`` per row: their s, q8_1 and normed rows equal ``want_add`` (s, q, y) and
+    ``want_rms`` (q, y of the norm of a)."""
+    a, b, w = inputs
+    (es, eq, ey), (rq, ry) = want_add, want_rms
+    rows, n = a.shape
+    run(add_exe, f.put("a.bin", a), f.put("b.bin", b), f.put("w.bin", w), rows, n, EPS_ARG, eq.size,
+        f.path("s.bin"), f.path("q.bin"), f.path("y.bin"), threads, 0, "-", slices)
+    np.testing.assert_array_equal(bits(f.get("s.bin", np.float32, (rows, n))), bits(es), err_msg=msg)
+    np.testing.assert_array_equal(f.get("q.bin", np.uint8, eq.shape), eq, err_msg=msg)
+    np.testing.assert_array_equal(bits(f.get("y.bin", np.float32, (rows, n))), bits(ey), err_msg=msg)
+    run(rms_exe, f.path("a.bin"), f.path("w.bin"), rows, n, EPS_ARG, rq.size, f.path("q.bin"), f.path("y.bin"),
+        threads, 0, "-", slices)
+    np.testing.assert_array_equal(f.get("q.bin", np.uint8, rq.shape), rq, err_msg=msg)
+    np.testing.assert_array_equal(bits(f.get("y.bin", np.float32, (rows, n))), bits(ry), err_msg=msg)
+
+
 @pytest.mark.parametrize("rows,n,layout", [(3, 1024, "Q4_K"), (1, 4096, "Q6_K"), (2, 800, None)])
 def test_norm_kernels_in_blocks_smaller_than_their_tree(shim, tmp_path, rows, n, layout):
     """hx_norm_played (HX_NORM_PER real-thread blocks of rmsnorm's tree): the unfused bits at every
@@ -267,18 +285,11 @@ def test_norm_kernels_in_blocks_smaller_than_their_tree(shim, tmp_path, rows, n,
     vals = -(-n // tree)
     for per in sorted({2, 8, norm_geometry(n)[1]} - {1}):  # and the launcher's, where it plays the tree
         defines = {**quantize_defines(layout), "HX_NORM_PER": per, "HX_NORM_VALS": vals}
+        add_exe = shim.build(SOURCE, defines, MAIN_ADD_RMS_Q8, "add_rms_q8_played")
+        rms_exe = shim.build(SOURCE, defines, MAIN_RMS_Q8, "rms_q8_played")
         for slices in sorted({1, 3, per * vals}):
-            msg = f"{tree // per} threads playing {tree}, {slices} blocks per row"
-            run(shim.build(SOURCE, defines, MAIN_ADD_RMS_Q8, "add_rms_q8_played"), f.put("a.bin", a),
-                f.put("b.bin", b), f.put("w.bin", w), rows, n, EPS_ARG, eq.size, f.path("s.bin"), f.path("q.bin"),
-                f.path("y.bin"), tree // per, 0, "-", slices)
-            np.testing.assert_array_equal(bits(f.get("s.bin", np.float32, (rows, n))), bits(es), err_msg=msg)
-            np.testing.assert_array_equal(f.get("q.bin", np.uint8, eq.shape), eq, err_msg=msg)
-            np.testing.assert_array_equal(bits(f.get("y.bin", np.float32, (rows, n))), bits(ey), err_msg=msg)
-            run(shim.build(SOURCE, defines, MAIN_RMS_Q8, "rms_q8_played"), f.path("a.bin"), f.path("w.bin"), rows, n,
-                EPS_ARG, rq.size, f.path("q.bin"), f.path("y.bin"), tree // per, 0, "-", slices)
-            np.testing.assert_array_equal(f.get("q.bin", np.uint8, rq.shape), rq, err_msg=msg)
-            np.testing.assert_array_equal(bits(f.get("y.bin", np.float32, (rows, n))), bits(ry), err_msg=msg)
+            _check_norm_kernels(f, add_exe, rms_exe, (a, b, w), (es, eq, ey), (rq, ry), tree // per, slices,
+                                f"{tree // per} threads playing {tree}, {slices} blocks per row")
 
 
 @pytest.mark.parametrize("rows,n,layout,per", [(3, 1024, "Q4_K", 4), (2, 1024, None, 1), (1, 4096, "Q6_K", 1),
@@ -300,16 +311,8 @@ def test_norm_kernels_with_weights_read_before_the_wait(shim, tmp_path, rows, n,
     add_exe = shim.build(SOURCE, defines, MAIN_ADD_RMS_Q8, "add_rms_q8_early")
     rms_exe = shim.build(SOURCE, defines, MAIN_RMS_Q8, "rms_q8_early")
     for slices in sorted({1, 3, norm_slices(n) if per == 1 else per}):
-        msg = f"{tree // per} threads, {slices} blocks per row"
-        run(add_exe, f.put("a.bin", a), f.put("b.bin", b), f.put("w.bin", w), rows, n, EPS_ARG, eq.size,
-            f.path("s.bin"), f.path("q.bin"), f.path("y.bin"), tree // per, 0, "-", slices)
-        np.testing.assert_array_equal(bits(f.get("s.bin", np.float32, (rows, n))), bits(es), err_msg=msg)
-        np.testing.assert_array_equal(f.get("q.bin", np.uint8, eq.shape), eq, err_msg=msg)
-        np.testing.assert_array_equal(bits(f.get("y.bin", np.float32, (rows, n))), bits(ey), err_msg=msg)
-        run(rms_exe, f.path("a.bin"), f.path("w.bin"), rows, n, EPS_ARG, rq.size, f.path("q.bin"), f.path("y.bin"),
-            tree // per, 0, "-", slices)
-        np.testing.assert_array_equal(f.get("q.bin", np.uint8, rq.shape), rq, err_msg=msg)
-        np.testing.assert_array_equal(bits(f.get("y.bin", np.float32, (rows, n))), bits(ry), err_msg=msg)
+        _check_norm_kernels(f, add_exe, rms_exe, (a, b, w), (es, eq, ey), (rq, ry), tree // per, slices,
+                            f"{tree // per} threads, {slices} blocks per row")
 
 
 def test_norm_geometry_plays_the_tree_only_for_one_value_per_tree_thread():

@@ -144,37 +144,6 @@ struct hx_wblock {
     int sc[2], m[2];
     float d, dmin;
 };
-template <bool FAST>  // FAST: the super-blocks are 16-byte aligned
-__device__ __forceinline__ hx_wblock hx_load_w(const hx_sites& s, const int i, const int woff) {
-    unsigned int dm, t0, t1, t2;
-    if (FAST) {
-        const uint4 h = __ldg((const uint4*)(s.blk[i] + woff));  // d, dmin, scales[0..11]
-        dm = h.x; t0 = h.y; t1 = h.z; t2 = h.w;
-    } else {
-        dm = (unsigned int)hx_ld_i32(s.blk[i] + woff);
-        t0 = (unsigned int)hx_ld_i32(s.blk[i] + woff + 4);
-        t1 = (unsigned int)hx_ld_i32(s.blk[i] + woff + 8);
-        t2 = (unsigned int)hx_ld_i32(s.blk[i] + woff + 12);
-    }
-    const int v0 = hx_ld_i32(s.q[i] + woff);
-    const int v1 = hx_ld_i32(s.q[i] + woff + 16);
-    const unsigned int x = __byte_perm(t0, t2, s.sel);
-    const unsigned int y = __byte_perm(t1, t2, s.sel);
-    const unsigned int pair_sc = (x & s.mlo) | ((x >> 18) & s.mtop);
-    const unsigned int pair_m = ((y >> s.mshift) & s.mlo) | ((y >> 18) & s.mtop);
-    hx_wblock b;
-    b.a[0][0] = v0 & 0x0F0F0F0F;
-    b.a[0][1] = v1 & 0x0F0F0F0F;
-    b.a[1][0] = (v0 >> 4) & 0x0F0F0F0F;
-    b.a[1][1] = (v1 >> 4) & 0x0F0F0F0F;
-    b.sc[0] = (int)(pair_sc & 0xFF);
-    b.sc[1] = (int)(pair_sc >> 8);
-    b.m[0] = (int)(pair_m & 0xFF);
-    b.m[1] = (int)(pair_m >> 8);
-    b.d = hx_h2f((unsigned short)(dm & 0xFFFF));
-    b.dmin = hx_h2f((unsigned short)(dm >> 16));
-    return b;
-}
 struct hx_wraw {  // the loaded words, before decoding
     unsigned int dm, t0, t1, t2;
     int v0, v1;
@@ -214,6 +183,10 @@ __device__ __forceinline__ hx_wblock hx_decode(const hx_wraw& r, const hx_sites&
     b.d = hx_h2f((unsigned short)(dm & 0xFFFF));
     b.dmin = hx_h2f((unsigned short)(dm >> 16));
     return b;
+}
+template <bool FAST>  // FAST: the super-blocks are 16-byte aligned
+__device__ __forceinline__ hx_wblock hx_load_w(const hx_sites& s, const int i, const int woff) {
+    return hx_decode(hx_load_raw<FAST>(s, i, woff), s);
 }
 __device__ __forceinline__ float hx_dot(float acc, const hx_wblock& b, const hx_sites& s, const int yoff) {
     // u: ints pos/4, pos/4 + 4 of q8_1 block 2c, then of 2c+1; sums: dp4a(0x01010101, .) of each
