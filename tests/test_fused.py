@@ -252,6 +252,15 @@ def test_add_rms_norm_q8_1_source_equals_unfused_and_emulator(shim, tmp_path, ro
             np.testing.assert_array_equal(bits(got_y), bits(want_y), err_msg=f"{slices} blocks per row")
 
 
+def _norm_case(rng, rows: int, n: int, layout):
+    """Inputs (a, b, w) of the norm kernels and the emulators' outputs: (s, q, y) of the add + norm,
+    (q, y) of the norm of a."""
+    a = _activations(rng, rows, n)
+    b = (rng.standard_normal((rows, n)) * 2).astype(np.float32)
+    w = (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+    return (a, b, w), emulate_add_rms_norm_q8_1(a, b, w, EPS, layout), emulate_rms_norm_q8_1(a, w, EPS, layout)
+
+
 def _check_norm_kernels(f, add_exe, rms_exe, inputs, want_add, want_rms, threads, slices, msg):
     """The add + norm and the norm kernel (built executables) on ``inputs`` (a, b, w) in blocks of
     ``threads`` threads, ``slices`` per row: their s, q8_1 and normed rows equal ``want_add`` (s, q, y) and
@@ -275,12 +284,7 @@ def test_norm_kernels_in_blocks_smaller_than_their_tree(shim, tmp_path, rows, n,
     """hx_norm_played (HX_NORM_PER real-thread blocks of rmsnorm's tree): the unfused bits at every
     block size and slice count."""
     f = Files(tmp_path)
-    rng = np.random.default_rng(7 * n + rows)
-    a = _activations(rng, rows, n)
-    b = (rng.standard_normal((rows, n)) * 2).astype(np.float32)
-    w = (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
-    es, eq, ey = emulate_add_rms_norm_q8_1(a, b, w, EPS, layout)
-    rq, ry = emulate_rms_norm_q8_1(a, w, EPS, layout)
+    inputs, want_add, want_rms = _norm_case(np.random.default_rng(7 * n + rows), rows, n, layout)
     tree = block_threads(n)
     vals = -(-n // tree)
     for per in sorted({2, 8, norm_geometry(n)[1]} - {1}):  # and the launcher's, where it plays the tree
@@ -288,7 +292,7 @@ def test_norm_kernels_in_blocks_smaller_than_their_tree(shim, tmp_path, rows, n,
         add_exe = shim.build(SOURCE, defines, MAIN_ADD_RMS_Q8, "add_rms_q8_played")
         rms_exe = shim.build(SOURCE, defines, MAIN_RMS_Q8, "rms_q8_played")
         for slices in sorted({1, 3, per * vals}):
-            _check_norm_kernels(f, add_exe, rms_exe, (a, b, w), (es, eq, ey), (rq, ry), tree // per, slices,
+            _check_norm_kernels(f, add_exe, rms_exe, inputs, want_add, want_rms, tree // per, slices,
                                 f"{tree // per} threads playing {tree}, {slices} blocks per row")
 
 
@@ -298,12 +302,7 @@ def test_norm_kernels_with_weights_read_before_the_wait(shim, tmp_path, rows, n,
     """HX_NORM_W_EARLY (each thread's norm weights read before its wait): the emulator's bits, in the
     tree's own block and in a played one (per > 1), at one, three and the launcher's blocks per row."""
     f = Files(tmp_path)
-    rng = np.random.default_rng(11 * n + rows)
-    a = _activations(rng, rows, n)
-    b = (rng.standard_normal((rows, n)) * 2).astype(np.float32)
-    w = (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
-    es, eq, ey = emulate_add_rms_norm_q8_1(a, b, w, EPS, layout)
-    rq, ry = emulate_rms_norm_q8_1(a, w, EPS, layout)
+    inputs, want_add, want_rms = _norm_case(np.random.default_rng(11 * n + rows), rows, n, layout)
     tree = block_threads(n)
     defines = {**quantize_defines(layout), "HX_NORM_W_EARLY": 1}
     if per > 1:
@@ -311,7 +310,7 @@ def test_norm_kernels_with_weights_read_before_the_wait(shim, tmp_path, rows, n,
     add_exe = shim.build(SOURCE, defines, MAIN_ADD_RMS_Q8, "add_rms_q8_early")
     rms_exe = shim.build(SOURCE, defines, MAIN_RMS_Q8, "rms_q8_early")
     for slices in sorted({1, 3, norm_slices(n) if per == 1 else per}):
-        _check_norm_kernels(f, add_exe, rms_exe, (a, b, w), (es, eq, ey), (rq, ry), tree // per, slices,
+        _check_norm_kernels(f, add_exe, rms_exe, inputs, want_add, want_rms, tree // per, slices,
                             f"{tree // per} threads, {slices} blocks per row")
 
 
