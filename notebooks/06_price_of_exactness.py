@@ -454,7 +454,58 @@ else:
 # without lengthening its critical path, as the attention kernel now does with the q8_1 quantization of
 # its output when it runs as one parallel block), not a persistent kernel or a last-block tail in place
 # of the launches.
+
+# %% [markdown]
+# ## Work before the wait
 #
+# A step's place in the chain is not all dead time. Under programmatic dependent launch the next kernel's
+# blocks become resident while the previous kernel still runs, and each waits in `griddepcontrol.wait`
+# for its results. Whatever a block reads that no kernel of the pass writes can be read *before* that
+# wait: the weights. The mat-vecs used to only ask L2 for their rows there; since session 18 a one-column
+# mat-vec thread loads its first weight words into registers before the wait (and decodes them after),
+# and a norm kernel its norm weights, so after the wait only the previous kernel's output is read. No
+# float operation moves, so no bit changes: each A/B below compares the logits digests of whole
+# graph-replayed passes, and they are equal.
+
+# %%
+def replay_ab(var):
+    """(folder, {value: {(model, order, width): row}}) of the newest committed A/B of environment variable
+    ``var`` (bench/final_session.sh's ab step writes replay-VAR-VALUE.json)."""
+    files = sorted(RESULTS.rglob(f"replay-{var}-*.json"))
+    if not files:
+        return None, {}
+    folder = max({f.parent for f in files})
+    runs = {f.name[len(f"replay-{var}-"):-len(".json")]: json.loads(f.read_text())["rows"] for f in files
+            if f.parent == folder}
+    return folder, {v: {(r["model"], r["order"], r["width"]): r for r in rows} for v, rows in runs.items()}
+
+
+EARLY_AB = {}  # (what is loaded early, (model, order, width)) -> (ms without, ms with, same logits digest)
+for var, label in (("HIRAISHIN_MMVQ_EARLY", "mat-vec weights"), ("HIRAISHIN_NORM_W_EARLY", "norm weights")):
+    folder, runs = replay_ab(var)
+    if "0" not in runs or "1" not in runs:
+        print(f"No A/B of {var} is committed under bench/results/ yet.")
+        continue
+    print("read:", rel(folder), f"({var} 0 -> 1)")
+    for key in sorted(set(runs["0"]) & set(runs["1"])):
+        off, on = runs["0"][key], runs["1"][key]
+        EARLY_AB[label, key] = (off["replay_ms"], on["replay_ms"], off["logits_sha256"] == on["logits_sha256"])
+print(f"{'read early':<16} {'model':<16} {'order':<16} {'tokens':>6} {'after wait':>11} {'before':>9} {'same bits':>9}")
+for (label, (model, order_name, width)), (off, on, same) in EARLY_AB.items():
+    print(f"{label:<16} {model:<16} {order_name:<16} {width:>6} {off:>9.3f}ms {on:>7.3f}ms {same!s:>9}")
+
+# %%
+if EARLY_AB:  # "no bit changes": every pass's logits digest is the same with and without the early loads
+    assert all(same for _, _, same in EARLY_AB.values())
+
+# %% [markdown]
+# The mat-vecs' early loads take 4-5% off the draft's one-token pass and about 2% off the 8B's, the norm
+# weights another 1% of the 8B's. Loading more than the first step, or in the several-column launches of
+# a verify pass, held more registers than it saved (`bench/results/2026-12-04-h200-session18/`). It is the
+# first change since the launches came down that makes the one-token passes cheaper without removing a
+# step: part of each step's cost was the wait itself, and some of it can be spent loading.
+
+# %% [markdown]
 # ## What is left of the speed-up
 #
 # The measured end-to-end speed-up of speculative decoding per order comes from the whole-decoder
