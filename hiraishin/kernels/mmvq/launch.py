@@ -109,9 +109,9 @@ def prefetch_ahead(nwarps: int) -> int:
     return sms * min(THREADS_PER_SM // (32 * nwarps), BLOCKS_PER_SM)
 
 
-# HX_W_EARLY (mmvq.cu): a thread loads and decodes its weights of the first unrolled steps before it waits
-# for the previous kernel (programmatic dependent launch), so only the activations are read after the
-# wait. The same bits. HIRAISHIN_MMVQ_EARLY, read at import: "0" off; "N": the first N steps of a thread's
+# HX_W_EARLY (mmvq.cu): a thread loads the weight words of its first kbx steps into registers before it
+# waits for the previous kernel (programmatic dependent launch) and decodes them after, so only the
+# activations are read after the wait. The same bits. HIRAISHIN_MMVQ_EARLY, read at import: "0" off; "N": the first N steps of a thread's
 # kbx loop (at most HX_UNROLL) loaded early; "N:K": only for rows of at most K values. One-column launches
 # only. Default 1 step, measured on the H200 (graph replays, same logits digests;
 # bench/results/2026-12-04-h200-session18/b-weights-before-wait, c-early-pick-bench): one token, 0 -> 1 step,
@@ -179,7 +179,8 @@ def mmvq_kernel(defines: dict, source=SOURCE, name: str = "mmvq"):
     defines it was compiled with.
 
     A register cap (HX_MIN_BLOCKS > 1) that makes the compiler spill is dropped: spilling to
-    local memory costs more than the occupancy the cap buys. (Bits are the same either way.)
+    local memory costs more than the occupancy the cap buys; with weights held across the wait
+    (HX_W_EARLY) it is relaxed one resident block at a time instead. (Bits are the same either way.)
     """
     if defines.get("HX_W_EARLY"):
         # weights held across the wait take registers: give up one resident block at a time until

@@ -95,8 +95,9 @@ __device__ __forceinline__ int hx_sub32_bytes(int x) {
 //   hx_wblock hx_load_w<FAST>(sites, row, woff): the thread's share of weight block
 //             kbx0 + woff / HX_BLOCK_BYTES of that row, decoded to integers and floats;
 //   hx_wraw hx_load_raw<FAST>, hx_decode(raw, sites): the same in two halves, the words as loaded
-//             and then decoded (HX_W_EARLY: loads before the wait, decoding after; kept beside
-//             hx_load_w, whose one-piece form ptxas schedules into fewer registers);
+//             and then decoded (HX_W_EARLY: loads before the wait, decoding after). Q4_K's and Q8_0's
+//             hx_load_w is the two in a row (the same SASS); Q6_K keeps a one-piece hx_load_w, which
+//             ptxas fits under the 32-register cap of its long rows where the two halves spill;
 //   float hx_dot(acc, wblock, sites, yoff): acc + that share times the q8_1 data yoff bytes on;
 //   bool hx_fast(sites): whether the wide loads are aligned for this thread (warp-uniform).
 // Loads are "site + offset" with offsets that are compile-time constants once the kbx loop
@@ -350,14 +351,6 @@ struct hx_wblock {
     int v[2];
     float d;
 };
-template <bool FAST>
-__device__ __forceinline__ hx_wblock hx_load_w(const hx_sites& s, const int i, const int woff) {
-    hx_wblock b;
-    b.v[0] = hx_ld_i32_b2(s.q[i] + woff);
-    b.v[1] = hx_ld_i32_b2(s.q[i] + woff + 4);
-    b.d = hx_h2f(hx_ld_u16(s.blk[i] + woff));
-    return b;
-}
 struct hx_wraw {  // the loaded words, before decoding
     int v0, v1;
     unsigned short d;
@@ -376,6 +369,10 @@ __device__ __forceinline__ hx_wblock hx_decode(const hx_wraw& r, const hx_sites&
     b.v[1] = r.v1;
     b.d = hx_h2f(r.d);
     return b;
+}
+template <bool FAST>
+__device__ __forceinline__ hx_wblock hx_load_w(const hx_sites& s, const int i, const int woff) {
+    return hx_decode(hx_load_raw<FAST>(s, i, woff), s);
 }
 __device__ __forceinline__ float hx_dot(float acc, const hx_wblock& b, const hx_sites& s, const int yoff) {
     const int u0 = hx_ldy<int>(s.yq + yoff);
