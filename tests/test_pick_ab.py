@@ -66,3 +66,36 @@ def test_non_finite_logits_never_win():
     wins, why = pick_ab.pick(_rows(BASE), nan_rows, "8b", {9, 16}, 0.01)
     assert not wins and "non-finite" in why
     assert pick_ab.pick(_rows(BASE), [dict(r, logits_finite=True) for r in _rows(faster)], "8b", {9, 16}, 0.01)[0]
+
+
+# --passes: the fastest of several candidates, each pass relative to the base's
+PASSES = [("qwen3-8b.gguf", "batch_invariant", 1), ("qwen3-0.6b.gguf", "fixed_split", 1)]
+ONE_TOKEN = {("qwen3-8b.gguf", "batch_invariant", 1): 2.50, ("qwen3-0.6b.gguf", "fixed_split", 1): 0.66,
+             ("qwen3-8b.gguf", "batch_invariant", 3): 3.40}
+
+
+def _ordered_rows(ms: dict, sha: str = "ab", **extra) -> list:
+    return [dict(model=m, order=o, width=w, replay_ms=t, logits_sha256=sha, **extra) for (m, o, w), t in ms.items()]
+
+
+def test_fastest_is_the_lowest_relative_sum_of_the_named_passes(tmp_path, capsys):
+    cands = {"1": _ordered_rows({**ONE_TOKEN, PASSES[0]: 2.45, ("qwen3-8b.gguf", "batch_invariant", 3): 9.0}),
+             "1:4096": _ordered_rows({**ONE_TOKEN, PASSES[1]: 0.63})}  # -4.5% of the small pass beats -2%
+    assert pick_ab.pick_fastest(_ordered_rows(ONE_TOKEN), cands, PASSES, 0.01)[0] == "1:4096"
+    slightly = {"1": _ordered_rows({**ONE_TOKEN, PASSES[0]: 2.49})}  # 0.4% of one pass: under the 1% asked
+    assert pick_ab.pick_fastest(_ordered_rows(ONE_TOKEN), slightly, PASSES, 0.01)[0] is None
+    for v, rows in {"0": _ordered_rows(ONE_TOKEN), **cands}.items():
+        (tmp_path / f"replay-E-{v}.json").write_text(json.dumps({"rows": rows}))
+    assert pick_ab.main([str(tmp_path), "E", "0", "1", "1:4096", "--passes",
+                         "qwen3-8b.gguf:batch_invariant:1,qwen3-0.6b.gguf:fixed_split:1"]) == 0
+    assert capsys.readouterr().out.strip() == "1:4096"
+
+
+def test_fastest_never_picks_other_bits_a_missing_pass_or_non_finite_logits():
+    fast = {k: t / 2 for k, t in ONE_TOKEN.items()}
+    cands = {"other-bits": _ordered_rows(fast, sha="cd"),
+             "partial": _ordered_rows({k: t for k, t in fast.items() if k[1] != "fixed_split"}),
+             "nan": _ordered_rows(fast, logits_finite=False)}
+    best, why = pick_ab.pick_fastest(_ordered_rows(ONE_TOKEN), cands, PASSES, 0.01)
+    assert best is None and "digests differ" in why and "non-finite" in why
+    assert pick_ab.pick_fastest(_ordered_rows(ONE_TOKEN), {"ok": _ordered_rows(fast)}, PASSES, 0.01)[0] == "ok"
