@@ -13,10 +13,10 @@ import subprocess
 
 import pytest
 
-from hiraishin.kernels.compile import NVRTC_OPTIONS, defines_text, load_source, relax_register_cap
+from hiraishin.kernels.compile import NVRTC_OPTIONS, defines_text, load_source
 from hiraishin.kernels.fused.launch import SOURCE as FUSED_SOURCE
 from hiraishin.kernels.mmvq.launch import SOURCE as MMVQ_SOURCE
-from hiraishin.kernels.mmvq.launch import kernel_defines, preset_kernel_defines
+from hiraishin.kernels.mmvq.launch import capped_compile, kernel_defines, preset_kernel_defines
 from hiraishin.kernels.norm_mmvq.launch import SOURCE as NORM_MMVQ_SOURCE
 from hiraishin.kernels.norm_mmvq.launch import norm_mmvq_defines, norm_mmvq_geometry
 from hiraishin.kernels.quantize.launch import SOURCE as QUANTIZE_SOURCE
@@ -85,17 +85,14 @@ def _spills(log) -> bool:
 
 @pytest.mark.parametrize("source, defines", CASES, ids=[f"{s}-{d}" for s, d in CASES])
 def test_compiles_without_spills(tmp_path, source, defines):
-    log = _compile(tmp_path, source, defines)
-    if source in (MMVQ_SOURCE, NORM_MMVQ_SOURCE) and _spills(log) and defines.get("HX_MIN_BLOCKS", 1) > 1:
-        # what mmvq.launch.mmvq_kernel does on the GPU: a register cap that spills is dropped, with the
-        # weights loaded before the wait (HX_W_EARLY) one resident block at a time
-        if defines.get("HX_W_EARLY"):
-            def at(d):
-                out = _compile(tmp_path / f"cap{d['HX_MIN_BLOCKS']}", source, d)
-                return out, _spills(out)
-            log, _ = relax_register_cap(defines, at)
-        else:
-            log = _compile(tmp_path / "uncapped", source, {**defines, "HX_MIN_BLOCKS": 1})
+    if source in (MMVQ_SOURCE, NORM_MMVQ_SOURCE):
+        # the register rule mmvq.launch.mmvq_kernel follows on the GPU (a cap that spills is relaxed)
+        def at(d):
+            out = _compile(tmp_path / f"cap{d.get('HX_MIN_BLOCKS', 1)}", source, d)
+            return out, int(_spills(out))
+        log, _ = capped_compile(defines, at)
+    else:
+        log = _compile(tmp_path, source, defines)
     assert not _spills(log), log
     warnings = [line for line in log.splitlines() if "warning" in line and "#pragma once" not in line]
     assert not warnings, log

@@ -29,6 +29,7 @@ __all__ = [
     "MMVQ_MULTI_COL_MAX_REGS",
     "kernel_defines",
     "mmvq_kernel",
+    "capped_compile",
     "MatVecLaunch",
     "PlanLaunches",
     "MultiMatVecLaunch",
@@ -174,26 +175,30 @@ def kernel_defines(qtype: str, ncols: int, rows_per_block: int, nwarps: int, nbl
     return out
 
 
+def capped_compile(defines: dict, compile_spills):
+    """``compile_spills(defines) -> (compiled, spill bytes)`` under the mat-vecs' register rule; returns
+    ``(compiled, defines it was compiled with)``. A register cap (HX_MIN_BLOCKS > 1) that makes the compiler
+    spill is dropped: spilling to local memory costs more than the occupancy the cap buys; with weights held
+    across the wait (HX_W_EARLY) it is relaxed one resident block at a time instead (they need a few
+    registers more, and dropping the cap at once gave some kernels 1.5x the registers). Bits are the same
+    either way. ``mmvq_kernel`` on the device and the nvcc compile tests share it."""
+    if defines.get("HX_W_EARLY"):
+        return relax_register_cap(defines, compile_spills)
+    compiled, spills = compile_spills(defines)
+    if defines.get("HX_MIN_BLOCKS", 1) > 1 and spills > 0:
+        defines = {**defines, "HX_MIN_BLOCKS": 1}
+        compiled, _ = compile_spills(defines)
+    return compiled, defines
+
+
 def mmvq_kernel(defines: dict, source=SOURCE, name: str = "mmvq"):
     """The compiled kernel ``name`` of ``source`` (mmvq.cu's ``mmvq`` by default) for ``defines`` and the
-    defines it was compiled with.
+    defines it was compiled with (:func:`capped_compile`'s register rule)."""
+    def compiled(at):
+        k = get_kernel(source, name, at)
+        return k, k.local_size_bytes
 
-    A register cap (HX_MIN_BLOCKS > 1) that makes the compiler spill is dropped: spilling to
-    local memory costs more than the occupancy the cap buys; with weights held across the wait
-    (HX_W_EARLY) it is relaxed one resident block at a time instead. (Bits are the same either way.)
-    """
-    if defines.get("HX_W_EARLY"):
-        # weights held across the wait take registers: give up one resident block at a time until
-        # nothing spills, rather than the whole cap at once
-        def compiled(at):
-            k = get_kernel(source, name, at)
-            return k, k.local_size_bytes
-        return relax_register_cap(defines, compiled)
-    kernel = get_kernel(source, name, defines)
-    if defines.get("HX_MIN_BLOCKS", 1) > 1 and kernel.local_size_bytes > 0:
-        defines = {**defines, "HX_MIN_BLOCKS": 1}
-        kernel = get_kernel(source, name, defines)
-    return kernel, defines
+    return capped_compile(defines, compiled)
 
 
 class MatVecLaunch:

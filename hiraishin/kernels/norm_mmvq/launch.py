@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..compile import get_kernel
 from ..fused.launch import NULL
 from ...plans.matvec import matvec_traits
-from ..mmvq.launch import MULTI_MAX_WEIGHTS, kernel_defines, multi_weight_args, register_cap_blocks
+from ..mmvq.launch import MULTI_MAX_WEIGHTS, kernel_defines, mmvq_kernel, multi_weight_args, register_cap_blocks
 from ..quantize.launch import quantize_defines
 from ..rmsnorm.emulate import block_threads
 
@@ -75,6 +74,7 @@ def norm_mmvq_defines(qtype: str, k: int, ncols: int, rows_per_block: int, nwarp
     q8_1 ``layout`` it reads, shared activations, and the norm's groups and played tree. ``min_blocks``
     (HX_MIN_BLOCKS) defaults to mmvq's register cap for this block's threads."""
     base = kernel_defines(qtype, ncols, rows_per_block, nwarps, k // matvec_traits(qtype).qk)
+    base.pop("HX_W_EARLY", None)  # hx_norm_mmvq waits first (its norm reads the previous kernel), no early loads
     groups, play, vals = geometry
     if min_blocks is None:
         min_blocks = 1 if base["HX_MIN_BLOCKS"] == 1 else register_cap_blocks(
@@ -103,9 +103,7 @@ class NormMatVecLaunch:
         if geometry is None:
             raise ValueError(f"no hx_norm_mmvq geometry for rows of {k} values and {nwarps} warps")
         defines = norm_mmvq_defines(qtype, k, ncols, rows_per_block, nwarps, layout, geometry)
-        self.kernel = get_kernel(SOURCE, "hx_norm_mmvq", defines)
-        if defines["HX_MIN_BLOCKS"] > 1 and self.kernel.local_size_bytes > 0:  # no spills (as mmvq)
-            self.kernel = get_kernel(SOURCE, "hx_norm_mmvq", {**defines, "HX_MIN_BLOCKS": 1})
+        self.kernel, _ = mmvq_kernel(defines, SOURCE, "hx_norm_mmvq")  # mmvq's register rule
         groups = geometry[0]
         self.ns = tuple(np.int32(n) for n in ns)
         self.nblk = tuple(np.int32(-(-n // rows_per_block)) for n in ns)
