@@ -36,6 +36,9 @@
 #             unpacked from a carried `git archive`) and from this one, AB_ROUNDS times in turn (default 2), under
 #             AB_ORDERS at AB_WIDTHS (after AB_CONTEXT prompt tokens if set): replay times and logits digests
 #             of a change with no switch of its own;
+#   chain     bench/chain_steps.py on both shapes under CHAIN_ORDERS (default fixed_split,invariant): device time
+#             per pass of a chain of one-token passes against back-to-back replays; from AB_TREE's tree as
+#             well when it is set (the same script run over the old package), CHAIN_ROUNDS times in turn;
 #   pdl       the ab step for HIRAISHIN_PDL_TRIGGER=after_wait and =early (PDL_ORDERS, default invariant,subblock);
 #   draft     bench/replay_widths.py on the 0.6B draft under DRAFT_AB_ORDERS (default invariant,nwarps1,nwarps2;
 #             widths 1 and 2, the draft's passes): which order drafts fastest (only speed counts there);
@@ -150,6 +153,20 @@ for i, row in enumerate(runs["old"][0]):
     print(f"{row['model']} {row['order']} width {row['width']}: old {' '.join(f'{t:.3f}' for t in old)} -> new "
           f"{' '.join(f'{t:.3f}' for t in new)} ms ({bits})")
 PY
+fi
+
+if want chain; then
+    trees="new"; [ -d "${AB_TREE:-}/hiraishin" ] && trees="old new"
+    [ -d "${AB_TREE:-}/hiraishin" ] && cp bench/chain_steps.py "$AB_TREE/bench/chain_steps.py"
+    for r in $(seq 1 ${CHAIN_ROUNDS:-2}); do
+        for v in $trees; do
+            dir=$PWD; [ $v = old ] && dir=$(cd "$AB_TREE" && pwd)
+            echo "== chains, $v tree, round $r ($(left) s left)"
+            (cd "$dir" && PYTHONPATH=/tmp/site:$dir timeout $(cap 90) python3 bench/chain_steps.py \
+                /tmp/qwen3-0.6b.gguf /tmp/qwen3-8b.gguf --orders ${CHAIN_ORDERS:-fixed_split,invariant} \
+                --json "$OUT/chain-$v-$r.json" 2>&1 | tail -n 6)
+        done
+    done
 fi
 
 want pdl && ab_replays HIRAISHIN_PDL_TRIGGER "after_wait early" "${PDL_ORDERS:-invariant,subblock}" 170

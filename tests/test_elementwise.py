@@ -180,8 +180,24 @@ int main(int argc, char** argv) {
     std::vector<unsigned> counters(rows, 0);
     for (int* o : {out.data(), again.data()})
         hx_launch({(unsigned)nblk, (unsigned)rows, 1}, {(unsigned)nt, 1, 1}, 0,
-                  [&] { hx_argmax_rows((const float*)x.data(), o, partials.data(), counters.data(), n); });
+                  [&] { hx_argmax_rows((const float*)x.data(), o, partials.data(), counters.data(), n,
+                                       nullptr, nullptr, nullptr, 0); });
     for (int t = 0; t < rows; ++t) if (again[t] != out[t] || counters[t] != 0) return 3;
+    // the advance: the last row's token at its position + 1, into a separate buffer and the log
+    std::vector<int> pos(rows), adv(2, -5), log(rows + 40, -1), third(rows, -11);
+    for (int t = 0; t < rows; ++t) pos[t] = 30 + t;
+    hx_launch({(unsigned)nblk, (unsigned)rows, 1}, {(unsigned)nt, 1, 1}, 0,
+              [&] { hx_argmax_rows((const float*)x.data(), third.data(), partials.data(), counters.data(), n,
+                                   pos.data(), adv.data(), log.data(), (int)log.size()); });
+    for (int t = 0; t < rows; ++t) if (third[t] != out[t]) return 4;
+    if (adv[0] != out[rows - 1] || adv[1] != 30 + rows || log[30 + rows] != out[rows - 1]) return 5;
+    for (int i = 0; i < (int)log.size(); ++i) if (i != 30 + rows && log[i] != -1) return 6;
+    // a one-token pass's [id, position] buffer is its own advance (they alias); no log
+    std::vector<int> io = {123, 77}, one(1, -1);
+    hx_launch({(unsigned)nblk, 1, 1}, {(unsigned)nt, 1, 1}, 0,
+              [&] { hx_argmax_rows((const float*)x.data(), one.data(), partials.data(), counters.data(), n,
+                                   io.data() + 1, io.data(), nullptr, 0); });
+    if (one[0] != out[0] || io[0] != out[0] || io[1] != 78) return 7;
     hx_write(argv[6], out.data(), out.size() * 4);
 }'''
 

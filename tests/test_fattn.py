@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hiraishin.devices import DeviceProfile
 from hiraishin.errors import BackendError, PlanError
@@ -210,6 +212,45 @@ def test_position_384_effect_p4_vs_p3():
     assert same[:384].all()
     assert not same[384:].all()
     assert (~same[384:]).mean() > 0.5
+
+
+@settings(max_examples=30, deadline=None, derandomize=True)
+@given(kv_len=st.integers(1, 700), T=st.integers(1, 3), P=st.integers(2, 7), chunk=st.sampled_from([128, 256]),
+       fixed=st.booleans(), qpb=st.sampled_from([1, 2]))
+def test_launched_plan_drops_the_blocks_past_the_cache_same_bits(kv_len, T, P, chunk, fixed, qpb):
+    """AttentionPlan.launched: the parallel blocks that sum no filled cell are dropped (down to one, the
+    in-kernel normalisation instead of the combine), bit for bit the full plan's output."""
+    T = min(T, kv_len)
+    kv_attended = -(-kv_len // chunk) * chunk + chunk * (P % 2)  # sometimes one wholly empty chunk more
+    plan = AttentionPlan("vec", qpb, P, chunk_cells=chunk, kv_attended=kv_attended, kv_len=kv_len,
+                         split_cells=chunk if fixed else None)
+    launched = plan.launched()
+    assert launched.parallel_blocks == min(P, -(-kv_len // chunk)) == plan.filled_blocks
+    assert (launched is plan) == (launched.parallel_blocks == P)
+    assert launched.launched() is launched
+    q, k, v = make_inputs(seed=kv_len, n_ctx=kv_len, n_head=2, n_head_kv=1, n_q=T)
+    q_pos = np.arange(kv_len - T, kv_len, dtype=np.int32)
+    want = flash_attn(q, k, v, q_pos, plan, "cpu")
+    got = flash_attn(q, k, v, q_pos, launched, "cpu")
+    assert np.array_equal(bits(got), bits(want))
+
+
+def test_backend_launches_the_trimmed_plan(monkeypatch):
+    """The backends plan with AttentionPlan.launched (BATCH_INVARIANT's P = 2 at 33 cells becomes one
+    block, no combine), unless HIRAISHIN_ATTN_TRIM=0; the output is the order's plan's either way."""
+    from hiraishin.backends import base
+
+    be = get_backend("cpu")
+    order = ReductionOrder.BATCH_INVARIANT
+    full = attention_plan(order, 1, 33, 4, 2)
+    assert full.parallel_blocks >= 2 and be.attention_plan(order, 1, 33, 4, 2, 128).parallel_blocks == 1
+    q, k, v = make_inputs(seed=19, n_ctx=33, n_head=4, n_head_kv=2, n_q=1)
+    q_pos = np.array([32], np.int32)
+    trimmed = attention(q, k, v, q_pos, 33, order, "cpu")
+    monkeypatch.setattr(base, "ATTN_TRIM", False)
+    assert be.attention_plan(order, 1, 33, 4, 2, 128) == full
+    assert np.array_equal(bits(trimmed), bits(attention(q, k, v, q_pos, 33, order, "cpu")))
+    assert np.array_equal(bits(trimmed), bits(flash_attn(q, k, v, q_pos, full, "cpu")))
 
 
 def test_custom_parallel_blocks_changes_bits_not_values():

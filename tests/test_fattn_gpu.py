@@ -290,3 +290,19 @@ def test_kernel_facts_recorded():
         with open(os.path.join(out_dir, "fattn_kernels.json"), "w") as f:
             json.dump(record, f, indent=2)
     print(json.dumps(record, indent=2))
+
+
+@pytest.mark.parametrize("kv_len,T", [(33, 1), (128, 1), (40, 3), (300, 2), (600, 1)])
+@pytest.mark.parametrize("shared", [False, True])
+def test_launched_plan_equals_the_full_plan_on_the_gpu(kv_len, T, shared):
+    """AttentionPlan.launched drops the parallel blocks past the filled cells: the same bits as the full
+    plan's launch (its combine included), on the kernels (one-query and shared-KV builds)."""
+    plan = AttentionPlan("vec", 4 if shared else 1, 6, kv_attended=768, kv_len=kv_len, shared_kv=shared)
+    launched = plan.launched()
+    assert launched.parallel_blocks == min(6, -(-kv_len // 128)) < plan.parallel_blocks
+    q, k, v = make_inputs(seed=kv_len + T, n_ctx=kv_len, n_head=8, n_head_kv=2, n_q=T)
+    q_pos = np.arange(kv_len - T, kv_len, dtype=np.int32)
+    full = flash_attn(*on_gpu(q, k, v, q_pos), plan, "cuda").get()
+    got = flash_attn(*on_gpu(q, k, v, q_pos), launched, "cuda").get()
+    assert_same_bits(got, full, f"launched P={launched.parallel_blocks} vs P=6")
+    assert_same_bits(got, flash_attn(q, k, v, q_pos, plan, "cpu"), "launched plan vs the emulator")

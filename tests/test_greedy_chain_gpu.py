@@ -1,10 +1,11 @@
 """greedy_chain on CUDA graphs == a loop of forward_argmax on an eager model: the same tokens, the same
 cache (needs CuPy and a GPU, ``-m gpu``).
 
-The chained passes take each token id from the previous pass's argmax on the device and wait on the
-host once; they must make exactly the loop's passes: the same greedy tokens, and the same logits
-for whatever comes next. Also across a 256-cell boundary (a new attention plan: a capture in the
-middle of a chain), from a two-token first pass, and under each order.
+The chained passes take each token id and position from what the previous pass's argmax wrote on the
+device (no copy between the graphs) and wait on the host once; they must make exactly the loop's
+passes: the same greedy tokens, and the same logits for whatever comes next. Also across a 256-cell
+boundary and the 128-cell one where the launched attention plan gains its second parallel block (a
+new plan: a capture in the middle of a chain), from a two-token first pass, and under each order.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ def models(tiny_model_path):
 
 @pytest.mark.parametrize("order", [ReductionOrder.BATCH_INVARIANT, ReductionOrder.SUBBLOCK,
                                    ReductionOrder.BATCH_VARIANT], ids=lambda o: o.name)
-@pytest.mark.parametrize("prompt_len,first,n", [(20, 1, 6), (20, 2, 4), (250, 1, 12)])
+@pytest.mark.parametrize("prompt_len,first,n", [(20, 1, 6), (20, 2, 4), (250, 1, 12), (122, 1, 12)])
 def test_chain_on_graphs_equals_the_eagergreedy_loop(models, order, prompt_len, first, n):
     chained, eager = models
     rng = np.random.default_rng(prompt_len + first)
@@ -41,6 +42,9 @@ def test_chain_on_graphs_equals_the_eagergreedy_loop(models, order, prompt_len, 
         got = chained.greedy_chain(tokens, prompt_len, n, order)
         assert got.tolist() == want
         assert chained.kv_len == eager.kv_len == prompt_len + first + n - 1
+        # the token log: cell p holds the greedy token fed at position p
+        log = chained.pass_graphs._log[prompt_len + first:prompt_len + first + n].get()
+        assert log.tolist() == want
     nxt = [want[-1]]
     np.testing.assert_array_equal(chained.forward(nxt, chained.kv_len, order), eager.forward(nxt, eager.kv_len, order))
 

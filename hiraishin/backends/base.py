@@ -18,6 +18,7 @@ allocate); always use the returned array.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -27,7 +28,13 @@ from ..plans import attention_plan, matvec_plan
 from . import checks
 from .kv_cache import KVCache
 
-__all__ = ["Backend"]
+__all__ = ["Backend", "ENV_ATTN_TRIM", "ATTN_TRIM"]
+
+# The parallel blocks of an attention launch that would sum no filled cell are not launched
+# (AttentionPlan.launched: the same bits; a short cache then needs no combine launch).
+# HIRAISHIN_ATTN_TRIM=0 launches the order's plan as it is (A/B measurements).
+ENV_ATTN_TRIM = "HIRAISHIN_ATTN_TRIM"
+ATTN_TRIM = os.environ.get(ENV_ATTN_TRIM, "1").strip() != "0"
 
 
 class Backend:
@@ -57,8 +64,12 @@ class Backend:
         return matvec_plan(order, ncols, qtype, self.device, k, n)
 
     def attention_plan(self, order, n_queries: int, kv_len: int, n_head: int, n_head_kv: int, head_dim: int):
-        """The attention plan of ``order`` for one launch on this device."""
-        return attention_plan(order, n_queries, kv_len, n_head, n_head_kv, head_dim, self.device)
+        """The attention plan of ``order`` for one launch on this device, as launched: without the
+        parallel blocks past the filled cells (:meth:`~hiraishin.plans.AttentionPlan.launched`, the
+        same bits; unless ``HIRAISHIN_ATTN_TRIM=0``). ``hiraishin.plans.attention_plan`` gives the
+        order's plan itself."""
+        plan = attention_plan(order, n_queries, kv_len, n_head, n_head_kv, head_dim, self.device)
+        return plan.launched() if ATTN_TRIM else plan
 
     # ---- arrays ---------------------------------------------------------------------------------
     def to_device(self, a):

@@ -186,12 +186,17 @@ class CudaOps:
     def add(self, a, b, out=None):
         return elementwise.launch_add(a, b, self._empty(a.shape, _F32) if out is None else out)
 
-    def argmax_rows(self, x, out=None):
+    def argmax_rows(self, x, out=None, advance=None, pos=None):
+        """Each row's argmax; ``advance`` = (int32 (2,) inputs of the next one-token pass, int32 log by
+        position or None) with ``pos`` the pass's positions: see ``launch_argmax_rows``."""
         T, n = x.shape
         state = self._argmax.get((T, n))
         if state is None:  # made by a pass's eager warm-up, before any capture of it
             state = self._argmax[(T, n)] = elementwise.argmax_scratch(self.xp, T, n)
-        return elementwise.launch_argmax_rows(x, self._empty((T,), np.int32) if out is None else out, *state)
+        out = self._empty((T,), np.int32) if out is None else out
+        if advance is None:
+            return elementwise.launch_argmax_rows(x, out, *state)
+        return elementwise.launch_argmax_rows(x, out, *state, pos=pos, advance=advance[0], log=advance[1])
 
     def matvec(self, order, ncols: int, qtype: str, w) -> _MatVec:
         """The prepared mat-vec for ``ncols`` columns times weight ``w`` under ``order`` (cached)."""

@@ -20,6 +20,12 @@ it (``hiraishin/kernels/pdl.py``): each kernel's blocks may start while the prev
 and wait in ``HX_PDL_ENTRY`` for its results, which hides part of the gap between nodes and
 changes no bit. ``PassGraphs(..., pdl=False)`` or ``HIRAISHIN_PDL=0`` captures plain launches.
 
+Every pass's argmax kernel also writes the inputs of the next one-token pass (its last row's greedy
+token and position + 1) into the one-token buffer, and that token into a log indexed by position
+(``hx_argmax_rows``'s advance). So a chain of one-token passes (:meth:`PassGraphs.chain_async`) is
+its graphs launched back to back, with no copy between them, each feeding the token the one before
+made; the chain's tokens are read from the log once at its end.
+
 Host work per replay is kept small, since the GPU idles while the host prepares the next pass
 (bench/host_overhead.py measures it): a width's token ids and positions live in ONE device buffer
 filled by one asynchronous copy from a page-locked staging buffer, and the greedy tokens of an
@@ -48,11 +54,12 @@ GRAPHS_PER_WIDTH = 2
 class PendingChain:
     """The greedy tokens of a :meth:`PassGraphs.chain_async` still being made on the device.
 
-    ``n`` passes were enqueued; ``tokens()`` waits for them (int32 (n,)). ``started`` and ``done``
+    ``n`` passes were enqueued; ``tokens()`` waits for them (int32 (n,)). ``dev`` is where they are on
+    the device (int32 (n,), a view of the graphs' token log). ``started`` and ``done``
     are CUDA events around the chain's work on its stream, ``verified`` (after a
     :meth:`PassGraphs.run_after`) the end of the pass behind it: :meth:`spans` gives the device
-    time of each. The buffers are the graphs' own, reused by the next chain of the same length:
-    read the tokens before making another.
+    time of each. The buffers are the graphs' own, reused by the next chain: read the tokens
+    before making another.
     """
 
     __slots__ = ("n", "dev", "host", "started", "done", "verified")
@@ -63,7 +70,7 @@ class PendingChain:
 
     def tokens(self) -> np.ndarray:
         self.done.synchronize()
-        return self.host[1:self.n + 1, 0].copy()
+        return self.host[:self.n].copy()
 
     def spans(self) -> tuple[float, float | None]:
         """Device seconds of the chain (``started`` to ``done``) and of the pass behind it (``done`` to
@@ -76,6 +83,10 @@ class PendingChain:
             return chain, None
         self.verified.synchronize()
         return chain, get_elapsed_time(self.done, self.verified) / 1e3
+
+
+def _nothing() -> None:
+    """The inputs of a chained one-token pass: already written by the pass before (its advance)."""
 
 
 class PassGraphs:
@@ -100,8 +111,14 @@ class PassGraphs:
         self._warm: set = set()  # (order, T) that ran once eagerly
         self._failed: set = set()  # (order, T) whose capture failed
         self._graphs: dict = {}  # (order, T) -> OrderedDict plan signature -> cupy Graph (recent last)
-        self._chains: dict = {}  # n -> (device, page-locked) int32 (n + 1, 2): chain()'s ids and positions
+        self._chains: dict = {}  # n -> page-locked int32 (n,): a chain's tokens on the host
         self.captures = 0  # graphs captured so far (for tests and benchmarks)
+        # hx_argmax_rows's advance: the one-token buffer [id, position] and the token log by position
+        # (cell p holds the greedy token fed at position p), written by every pass
+        n_log = int(getattr(model, "n_ctx", 0) or 0) + 1
+        self._inputs(1)
+        self._log = cp.zeros((max(n_log, 2),), np.int32)
+        self._advance = (self._io[1], self._log)
 
     def graph_count(self) -> int:
         """Graphs held now (for tests and memory checks)."""
@@ -159,7 +176,7 @@ class PassGraphs:
         """The ``n`` greedy tokens after ``tokens`` (int32, T0 <= max_tokens) at ``start_pos``: the pass
         of ``tokens``, whose last position's argmax is the first, then ``n - 1`` one-token passes, each
         of the token before, at ``start_pos + T0 ..``. Every pass is enqueued on the stream before any
-        finishes: a pass's token id is copied on the device from the previous pass's argmax, so the
+        finishes: a pass reads its token id and position from what the previous pass's argmax wrote, so the
         host waits once, for the last (int32 (m,), m <= n; m < n when a capture failed on the way:
         the caller makes the rest). The same passes as a loop of :meth:`run` with ``want="argmax"``,
         hence the same tokens and cache cells. None: the first pass cannot replay (run it eagerly)."""
@@ -169,36 +186,31 @@ class PassGraphs:
     def chain_async(self, tokens: np.ndarray, start_pos: int, n: int, order) -> "PendingChain | None":
         """:meth:`chain` without the host wait: the passes are enqueued and a :class:`PendingChain`
         comes back at once (``.tokens()`` waits; :meth:`run_after` puts a pass behind it on the device).
-        Its ``n`` is the number of passes enqueued (< ``n`` when a capture failed on the way)."""
+        Its ``n`` is the number of passes enqueued (< ``n`` when a capture failed on the way).
+
+        The one-token passes are their graphs launched back to back: each reads the token id and
+        position the pass before wrote (``hx_argmax_rows``'s advance), and the tokens are read from
+        the log (cells ``start_pos + T0 ..``) with one copy at the end."""
         cp = self.model.backend.xp
         T0 = int(tokens.size)
-        dev, host = self._chain_buffers(n)
-        # row j >= 1: the token id and position of one-token pass j; its id (the greedy token of
-        # pass j - 1) is written on the device; row n's id is the last pass's greedy token
-        host[1:, 1] = np.arange(start_pos + T0, start_pos + T0 + n, dtype=np.int32)
+        first = start_pos + T0  # the log cell of the first greedy token
+        if first + n > self._log.size:
+            return None  # past the log (a cache this long has no room for the chain anyway)
+        host = self._chain_buffers(n)
         with self.stream:
             started = cp.cuda.Event()
             started.record(self.stream)
-            copy = cp.cuda.runtime.memcpyAsync
-            h2d, d2d, d2h = (cp.cuda.runtime.memcpyHostToDevice, cp.cuda.runtime.memcpyDeviceToDevice,
-                             cp.cuda.runtime.memcpyDeviceToHost)
-            copy(dev.data.ptr, host.ctypes.data, host.nbytes, h2d, self.stream.ptr)
             buf = self._pass(T0, start_pos, order, lambda: self._upload(T0, tokens, start_pos))
             if buf is None:
                 return None
-            copy(dev[1].data.ptr, buf["argmax"][T0 - 1:].data.ptr, 4, d2d, self.stream.ptr)
             made = 1
-            if n > 1:
-                self._inputs(1)
-                io = self._io[1]  # [token id, position] of a one-token pass
-            for j in range(1, n):
-                buf = self._pass(1, start_pos + T0 + j - 1, order,
-                                 lambda row=j: copy(io.data.ptr, dev[row].data.ptr, 8, d2d, self.stream.ptr))
-                if buf is None:
+            for j in range(1, n):  # inputs: the previous pass's advance (nothing to enqueue first)
+                if self._pass(1, first + j - 1, order, _nothing) is None:
                     break
-                copy(dev[j + 1].data.ptr, buf["argmax"].data.ptr, 4, d2d, self.stream.ptr)
                 made += 1
-            copy(host.ctypes.data, dev.data.ptr, host.nbytes, d2h, self.stream.ptr)
+            dev = self._log[first:first + made]
+            cp.cuda.runtime.memcpyAsync(host.ctypes.data, dev.data.ptr, 4 * made,
+                                        cp.cuda.runtime.memcpyDeviceToHost, self.stream.ptr)
             done = cp.cuda.Event()
             done.record(self.stream)
         return PendingChain(made, dev, host, started, done)
@@ -224,10 +236,10 @@ class PassGraphs:
         def fill():
             self._upload(T, tokens, start_pos)
             self.stream.wait_event(pending.done)
-            if from_chain:  # the chain's ids: column 0 of its rows 1..n (8-byte rows) into ids[1..n]
+            if from_chain:  # the chain's tokens (its log cells, on the device) into ids[1..n]
                 io = self._io[T]
-                cp.cuda.runtime.memcpy2DAsync(io[1:].data.ptr, 4, pending.dev[1].data.ptr, 8, 4, pending.n,
-                                              cp.cuda.runtime.memcpyDeviceToDevice, self.stream.ptr)
+                cp.cuda.runtime.memcpyAsync(io[1:].data.ptr, pending.dev.data.ptr, 4 * pending.n,
+                                            cp.cuda.runtime.memcpyDeviceToDevice, self.stream.ptr)
 
         with self.stream:
             buf = self._pass(T, start_pos, order, fill)
@@ -242,15 +254,12 @@ class PassGraphs:
         return out.copy()
 
     def _chain_buffers(self, n: int):
-        """Device and page-locked int32 (n + 1, 2) buffers of :meth:`chain` (one pair per length)."""
+        """The page-locked int32 (n,) buffer a chain of ``n`` copies its tokens into (one per length)."""
         hit = self._chains.get(n)
         if hit is None:
             import cupyx
 
-            # (the device buffer is written whole by the chain's first copy, on this stream: no
-            # zero fill on the default stream that could land after it)
-            hit = self._chains[n] = (self.model.backend.xp.empty((n + 1, 2), np.int32),
-                                     cupyx.empty_pinned((n + 1, 2), np.int32))
+            hit = self._chains[n] = cupyx.empty_pinned((n,), np.int32)
         return hit
 
     def _pass(self, T: int, start_pos: int, order, fill) -> dict | None:
@@ -272,7 +281,10 @@ class PassGraphs:
         if graph is not None:
             width_graphs.move_to_end(sig)
             graph.launch(self.stream)
-        elif (order, T) not in self._warm:
+            return buf
+        # the argmax of a pass run or captured here also writes the next one-token pass's inputs
+        buf = {**buf, "advance": self._advance}
+        if (order, T) not in self._warm:
             m.run_pass(ids, pos, start_pos, order, buf)
             self._warm.add((order, T))
         else:

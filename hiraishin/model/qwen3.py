@@ -291,7 +291,9 @@ class Qwen3:
         x = self.embed(ids, out=buf.get("embd"))                                    # (T, n_embd)
         if rec is None:
             logits = self._fused_pass(x, pos, start_pos, order, buf)
-            if "argmax" in buf:  # each position's greedy token, on the device (forward_argmax)
+            if "advance" in buf:  # and the inputs of the next one-token pass of a chain (CUDA graphs)
+                self.ops.argmax_rows(logits, out=buf["argmax"], advance=buf["advance"], pos=pos)
+            elif "argmax" in buf:  # each position's greedy token, on the device (forward_argmax)
                 self.ops.argmax_rows(logits, out=buf["argmax"])
             return logits
         rec("token_embd", x)

@@ -21,7 +21,8 @@ the GPU run the same plan unless asked otherwise.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from ..devices import get_profile
@@ -199,6 +200,33 @@ class AttentionPlan:
     def n_chunks(self) -> int:
         return self.kv_attended // self.chunk_cells
 
+    @property
+    def filled_blocks(self) -> int:
+        """Parallel blocks with at least one filled cell to sum (vec kernel; ``P`` for the tile kernel
+        or without ``kv_len``): block ``y`` walks chunks ``y, y+P, ...`` and the kernel skips every
+        chunk at or past ``kv_len``, so blocks ``ceil(kv_len / chunk_cells)`` and later sum nothing."""
+        if self.kernel != "vec" or self.kv_len is None:
+            return self.parallel_blocks
+        return min(self.parallel_blocks, -(-self.kv_len // self.chunk_cells))
+
+    def launched(self) -> "AttentionPlan":
+        """The plan as launched: without the parallel blocks that sum nothing (:attr:`filled_blocks`).
+
+        The same bits as this plan. A block past the filled cells leaves its running max at
+        -FLT_MAX/2, its sum and its output at 0, so in the combine its scale ``exp(max - M)`` is 0 and
+        each of its terms adds ``fma(0, 0, x) = x`` to a numerator or denominator that is never -0 (both
+        start at +0 and a round-to-nearest sum is -0 only if both addends are). The remaining blocks
+        walk the same chunks as before (block ``y`` takes chunk ``y``; ``y + P'`` is past the filled
+        cells); with one left, the kernel's own ``o / S`` is the combine's ``fma(1, o, 0) / fma(1, S, 0)``.
+        So a short cache (``kv_len <= chunk_cells``: every decode step's first 128 cells under the
+        llama.cpp policies, whose ``P`` is 2 or more there) needs no combine launch.
+        ``tests/test_fattn.py`` checks the bits against the full plan in the emulator, the GPU tests
+        the kernels against the emulator."""
+        filled = self.filled_blocks
+        if filled == self.parallel_blocks:
+            return self
+        return _with_blocks(self, filled)
+
     def chunks_of_block(self, y: int) -> list[tuple[int, int]]:
         """Cell ranges ``[start, end)`` block ``y`` walks, in the order it walks them."""
         if not 0 <= y < self.parallel_blocks:
@@ -253,6 +281,12 @@ class AttentionPlan:
         lines.append("  combine: " + ("none (P = 1, normalised in the kernel)" if self.parallel_blocks == 1
                                       else f"{self.parallel_blocks} partials merged in block order"))
         return "\n".join(lines)
+
+
+@functools.lru_cache(maxsize=256)
+def _with_blocks(plan: AttentionPlan, parallel_blocks: int) -> AttentionPlan:
+    # cached: a decode loop asks for the launched plan of the same plan every step
+    return replace(plan, parallel_blocks=parallel_blocks)
 
 
 def parallel_blocks_for(ntiles_kv: int, ntiles_dst: int, blocks_per_sm: int, sm_count: int) -> int:

@@ -165,8 +165,15 @@ __device__ __forceinline__ unsigned long long hx_block_key_max(unsigned long lon
     return key;
 }
 
+// advance (may be NULL; hiraishin.backends.graphs): where the next one-token pass of a chain of passes
+// reads its inputs. The greedy token of the last row t = T - 1 (at position pos[t]) becomes the token
+// id advance[0] at position advance[1] = pos[t] + 1, and log[pos[t] + 1] (log: n_log ints indexed by
+// position, or NULL), so CUDA graphs of one-token passes replay back to back with no copy between
+// them, each feeding the token the one before made. advance may be the buffer pos points into: this
+// kernel runs last in its pass, after every kernel that reads it (each waits for the one before).
 extern "C" __global__ void hx_argmax_rows(const float* __restrict__ x, int* __restrict__ out,
-                                          unsigned long long* partials, unsigned int* counters, const int n) {
+                                          unsigned long long* partials, unsigned int* counters, const int n,
+                                          const int* pos, int* advance, int* log, const int n_log) {
     HX_PDL_ENTRY();
     __shared__ unsigned long long warp_keys[32];
     __shared__ bool last;
@@ -193,7 +200,14 @@ extern "C" __global__ void hx_argmax_rows(const float* __restrict__ x, int* __re
     key = hx_block_key_max(key, warp_keys);
     if (threadIdx.x == 0) {
         const unsigned int index = 0xffffffffu - (unsigned int)key;
-        out[t] = key == 0 || (int)index >= n ? 0 : (int)index;
+        const int best = key == 0 || (int)index >= n ? 0 : (int)index;
+        out[t] = best;
         counters[t] = 0;  // ready for the next launch (a CUDA graph replays this one)
+        if (advance != nullptr && t == (int)gridDim.y - 1) {
+            const int next = pos[t] + 1;  // read before advance[1] is written (they may alias)
+            advance[0] = best;
+            advance[1] = next;
+            if (log != nullptr && next < n_log) log[next] = best;
+        }
     }
 }

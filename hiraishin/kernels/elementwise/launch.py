@@ -85,11 +85,24 @@ def argmax_scratch(xp, T: int, n: int):
     return xp.empty((T, argmax_blocks(n)), np.uint64), xp.zeros((T,), np.uint32)
 
 
-def launch_argmax_rows(x, out, partials, counters):
+_NULL = np.uint64(0)  # a null device pointer argument
+
+
+def launch_argmax_rows(x, out, partials, counters, pos=None, advance=None, log=None):
     """``hx_argmax_rows``: the first index of each row's largest value (NaN largest, as numpy's
     argmax) of float32 C-contiguous ``x`` (T, n) into int32 ``out`` (T,), unchecked; scratch from
-    :func:`argmax_scratch` (T, n), not shared with a launch running at the same time."""
+    :func:`argmax_scratch` (T, n), not shared with a launch running at the same time.
+
+    ``advance`` (int32 (2,) on the device, with ``pos``, the pass's int32 (T,) positions): the last
+    row's token and its position + 1 are written there, and into ``log`` (int32, indexed by position;
+    optional) at that position: the inputs of the next one-token pass of a chain
+    (:mod:`hiraishin.backends.graphs`). Comparisons and copies only: no bit of ``out`` depends on it."""
     T, n = x.shape
     if T:
-        _kernel("hx_argmax_rows")((partials.shape[1], T), (ARGMAX_THREADS,), (x, out, partials, counters, np.int32(n)))
+        if advance is None:
+            tail = (_NULL, _NULL, _NULL, np.int32(0))
+        else:
+            tail = (pos, advance, _NULL if log is None else log, np.int32(0 if log is None else log.size))
+        _kernel("hx_argmax_rows")((partials.shape[1], T), (ARGMAX_THREADS,),
+                                  (x, out, partials, counters, np.int32(n)) + tail)
     return out
