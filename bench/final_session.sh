@@ -72,7 +72,7 @@ fi
 
 if want bench; then
     echo "== hiraishin bench ($(left) s left)"
-    timeout $(cap 260) python3 -m hiraishin bench /tmp/qwen3-8b.gguf --draft /tmp/qwen3-0.6b.gguf \
+    timeout $(cap ${BENCH_TIMEOUT:-260}) python3 -m hiraishin bench /tmp/qwen3-8b.gguf --draft /tmp/qwen3-0.6b.gguf \
         --device cuda --orders ${ORDERS:-variant,invariant,fixed_split,subblock,invariant16} --widths 1-16 --prefill 512 \
         --tokens ${TOKENS:-64} --repetitions ${REPS:-3} ${DRAFT_ORDERS:+--draft-orders $DRAFT_ORDERS} --quiet \
         --json "$OUT/hiraishin-bench.json" 2>&1 | tail -n 60
