@@ -114,14 +114,17 @@ def format_report(r: dict) -> str:
     lines.append(mem)
     lines.append("")
     orders = list(r["orders"])
-    hdr = f"| {'order':<16} | {'decode ms/tok':>13} | {'tok/s':>9} | {'prefill tok/s':>13} |"
+    hdr = f"| {'order':<16} | {'decode ms/tok':>13} | {'tok/s':>9} | {'one pass, synced':>16} | {'prefill tok/s':>13} |"
     lines.append(hdr)
     lines.append("|" + "|".join("-" * (len(c)) for c in hdr.split("|")[1:-1]) + "|")
     for name in orders:
         o = r["orders"][name]
+        synced = o.get("decode_sync_ms")
         lines.append(f"| {name:<16} | {o['decode_ms']:>13.3f} | {o['decode_tok_s']:>9.2f} | "
-                     f"{o['prefill_tok_s']:>13.1f} |")
-    lines.append(f"(prefill: {r['settings']['prefill']} tokens, in the passes plain decoding makes)")
+                     f"{'-' if synced is None else f'{synced:.3f}':>16} | {o['prefill_tok_s']:>13.1f} |")
+    lines.append(f"(decode: time between tokens of plain greedy decoding; one pass, synced: a pass bracketed by two "
+                 f"synchronizations, the host's share included; prefill: {r['settings']['prefill']} tokens, in the "
+                 f"passes plain decoding makes)")
     lines.append("")
     widths = list(next(iter(r["orders"].values()))["verify_ms"]) if orders else []
     hdr = "| verify width | " + " | ".join(f"{n:>16}" for n in orders) + " |"
@@ -132,7 +135,9 @@ def format_report(r: dict) -> str:
     lines.append("")
     d = r["draft"]
     lines.append(f"draft {d['name']}{' (the target itself)' if d['self'] else ''}: one-token step "
-                 + ", ".join(f"{n} {v['decode_ms']:.3f} ms" for n, v in d["orders"].items())
+                 + ", ".join(f"{n} {v['decode_ms']:.3f} ms" + (f" ({v['decode_sync_ms']:.3f} synced)"
+                                                                   if "decode_sync_ms" in v else "")
+                             for n, v in d["orders"].items())
                  + f"; speculation drafts under its fastest order, {d['order']}")
     lines.append("")
     o = r["oracle"]

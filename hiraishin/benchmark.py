@@ -6,7 +6,10 @@
 
 What is measured, per reduction order (``settings.orders``):
 
-* ``decode_ms``: one-token passes (plain decoding) at a short context, median of several steps;
+* ``decode_ms``: one-token passes (plain decoding, as ``generate`` makes them with one logit per
+  token: on CUDA graphs the next pass enqueued before the host reads a token, ``greedy_stream``) at a
+  short context, median time between two tokens reaching the host; ``decode_sync_ms`` the same passes
+  one at a time, each bracketed by synchronizations (the host's share of a step included);
 * ``prefill_tok_s``: a prompt of ``prefill`` tokens (512 by default), in the passes plain
   decoding makes (cut at the order's KV boundary, ``order.verify_limit``), median over repetitions;
 * ``verify_ms``: one pass of ``w`` tokens for each width ``w`` (1..16 by default), as a
@@ -37,9 +40,11 @@ drafted token with the target's argmax in that pass (so under an exact order the
 reproduced, and the emitted tokens equal plain greedy decoding's; under ``BATCH_VARIANT`` any
 divergence is reported); then both KV caches roll back to the accepted length.
 
-Plain decoding waits for each token on the host, as a loop that streams tokens or stops at a stop
-token must; ``plain_chained_ms_per_token`` is the same decoding as one chain (no wait per token),
-reported beside it with the speedup over it (``speedup_vs_chained``), so neither baseline hides.
+Plain decoding hands each token to the host as it comes, as a loop that streams tokens or stops at a
+stop token must (through ``greedy_stream`` where the model has it: the next pass already enqueued, so
+the GPU does not wait for the host); ``plain_chained_ms_per_token`` is the same decoding as one chain
+(one host wait for all), reported beside it with the speedup over it (``speedup_vs_chained``), so
+neither baseline hides.
 
 Timing: passes are bracketed by ``backend.synchronize()``; warm-up passes first (JIT, kernel
 compilation, CUDA-graph capture are excluded); medians of several repetitions. A timed pass is
@@ -270,11 +275,40 @@ def _feed(model, tokens, start_pos: int, order) -> tuple[np.ndarray, float]:
     return best, total
 
 
-def measure_decode(model, order, settings: BenchSettings) -> list[float]:
-    """Seconds of each timed one-token step (greedy, after a prompt of ``settings.context``)."""
+def _greedy_steps(model, token: int, start_pos: int, n: int, order) -> tuple[list[int], list[float]]:
+    """``n`` plain greedy one-token passes from ``token`` at ``start_pos``: (their tokens, seconds
+    between successive tokens reaching the host). Through the model's ``greedy_stream`` (CUDA graphs,
+    the next pass enqueued before a token is read) as far as it goes, the rest one synchronous
+    :func:`_timed` pass at a time."""
+    tokens, times = [], []
+    stream = getattr(model, "greedy_stream", None)
+    ahead = stream(token, start_pos, n, order) if stream is not None and n > 0 else None
+    if ahead is not None:
+        model.backend.synchronize()
+        t0 = time.perf_counter()
+        for tok, _ in ahead:
+            now = time.perf_counter()
+            tokens.append(tok)
+            times.append(now - t0)
+            t0 = now
+    while len(tokens) < n:
+        prev = tokens[-1] if tokens else token
+        best, dt = _timed(model, [prev], start_pos + len(tokens), order)
+        tokens.append(int(best[-1]))
+        times.append(dt)
+    return tokens, times
+
+
+def measure_decode(model, order, settings: BenchSettings, sync: bool = False) -> list[float]:
+    """Seconds per token of one-token steps (greedy, after a prompt of ``settings.context``), warm-up
+    steps left out: as plain decoding makes them (:func:`_greedy_steps`), or with ``sync`` each pass
+    on its own between two synchronizations (:func:`_timed`)."""
     model.reset()
     best, _ = _feed(model, _prompt(model, settings.context), 0, order)
     token = int(best[-1])
+    if not sync:
+        _, times = _greedy_steps(model, token, model.kv_len, settings.warmup + settings.decode_steps, order)
+        return times[settings.warmup:]
     times = []
     for i in range(settings.warmup + settings.decode_steps):
         pos = model.kv_len
@@ -324,16 +358,13 @@ def measure_verify(model, order, settings: BenchSettings) -> dict[str, float]:
 # ---- plain and speculative decoding, timed ---------------------------------------------------
 
 def plain_decode(model, prompt, n_tokens: int, order) -> tuple[list[int], list[float]]:
-    """Greedy tokens after ``prompt`` (the prefill's token first) and the seconds of each one-token step."""
+    """Greedy tokens after ``prompt`` (the prefill's token first) and the seconds of each one-token step
+    (:func:`_greedy_steps`: plain decoding as the library makes it)."""
     model.reset()
     best, _ = _feed(model, prompt, 0, order)
-    tokens = [int(best[-1])]
-    times = []
-    while len(tokens) < n_tokens:
-        best, dt = _timed(model, [tokens[-1]], model.kv_len, order)
-        times.append(dt)
-        tokens.append(int(best[-1]))
-    return tokens, times
+    first = int(best[-1])
+    rest, times = _greedy_steps(model, first, model.kv_len, n_tokens - 1, order)
+    return [first] + rest, times
 
 
 def plain_chained(model, prompt, n_tokens: int, order) -> tuple[float, list[int]]:
@@ -566,7 +597,9 @@ def run_bench(model_path, draft_path=None, device: str = "auto", settings: Bench
     for name in draft_names:
         order = ORDERS[name]
         _log(progress, f"[{order.name}] draft step")
-        result["draft"]["orders"][order.name] = {"decode_ms": 1e3 * statistics.median(measure_decode(draft, order, settings))}
+        result["draft"]["orders"][order.name] = {
+            "decode_ms": 1e3 * statistics.median(measure_decode(draft, order, settings)),
+            "decode_sync_ms": 1e3 * statistics.median(measure_decode(draft, order, settings, sync=True))}
     fastest = min(result["draft"]["orders"], key=lambda n: result["draft"]["orders"][n]["decode_ms"])
     result["draft"]["order"] = fastest
     result["draft"]["decode_ms"] = result["draft"]["orders"][fastest]["decode_ms"]
@@ -575,12 +608,14 @@ def run_bench(model_path, draft_path=None, device: str = "auto", settings: Bench
         order = ORDERS[name]
         _log(progress, f"[{order.name}] decode")
         steps = measure_decode(target, order, settings)
+        sync_steps = measure_decode(target, order, settings, sync=True)
         _log(progress, f"[{order.name}] prefill {settings.prefill}")
         tok_s, passes = measure_prefill(target, order, settings)
         _log(progress, f"[{order.name}] verify widths {settings.widths[0]}..{settings.widths[-1]}")
         verify = measure_verify(target, order, settings)
         result["orders"][order.name] = {
             "decode_ms": 1e3 * statistics.median(steps), "decode_tok_s": 1.0 / statistics.median(steps),
+            "decode_sync_ms": 1e3 * statistics.median(sync_steps),
             "prefill_tok_s": tok_s, "prefill_tokens": settings.prefill, "prefill_passes": passes,
             "verify_ms": verify,
         }

@@ -184,14 +184,19 @@ int main(int argc, char** argv) {
                                        nullptr, nullptr, nullptr, 0); });
     for (int t = 0; t < rows; ++t) if (again[t] != out[t] || counters[t] != 0) return 3;
     // the advance: the last row's token at its position + 1, into a separate buffer and the log
-    std::vector<int> pos(rows), adv(2, -5), log(rows + 40, -1), third(rows, -11);
+    std::vector<int> pos(rows), adv(2, -5), log(2 * (rows + 40), -1), third(rows, -11);
     for (int t = 0; t < rows; ++t) pos[t] = 30 + t;
     hx_launch({(unsigned)nblk, (unsigned)rows, 1}, {(unsigned)nt, 1, 1}, 0,
               [&] { hx_argmax_rows((const float*)x.data(), third.data(), partials.data(), counters.data(), n,
-                                   pos.data(), adv.data(), log.data(), (int)log.size()); });
+                                   pos.data(), adv.data(), log.data(), rows + 40); });
     for (int t = 0; t < rows; ++t) if (third[t] != out[t]) return 4;
-    if (adv[0] != out[rows - 1] || adv[1] != 30 + rows || log[30 + rows] != out[rows - 1]) return 5;
-    for (int i = 0; i < (int)log.size(); ++i) if (i != 30 + rows && log[i] != -1) return 6;
+    const float best = ((const float*)x.data())[(size_t)(rows - 1) * n + out[rows - 1]];  // the last row's largest
+    int best_bits;
+    memcpy(&best_bits, &best, 4);
+    const int at = 30 + rows;
+    if (adv[0] != out[rows - 1] || adv[1] != at || log[2 * at] != out[rows - 1] || log[2 * at + 1] != best_bits)
+        return 5;
+    for (int i = 0; i < (int)log.size(); ++i) if (i / 2 != at && log[i] != -1) return 6;
     // a one-token pass's [id, position] buffer is its own advance (they alias); no log
     std::vector<int> io = {123, 77}, one(1, -1);
     hx_launch({(unsigned)nblk, 1, 1}, {(unsigned)nt, 1, 1}, 0,

@@ -95,3 +95,71 @@ def test_verify_behind_the_chain_on_the_device_equals_the_two_calls(tiny_model_p
                                            verify_tokens=oracle)
         assert best_o.tolist() == want_o
     assert target.pass_graphs.captures > 0
+
+
+@pytest.mark.parametrize("order", [ReductionOrder.BATCH_INVARIANT, ReductionOrder.SUBBLOCK,
+                                   ReductionOrder.FIXED_SPLIT], ids=lambda o: o.name)
+@pytest.mark.parametrize("prompt_len,n", [(20, 9), (122, 12), (250, 10)])
+def test_greedy_stream_equals_the_eager_loop(models, order, prompt_len, n):
+    """greedy_stream (a pass enqueued ahead of the host, no copy between the graphs): the eager loop's
+    tokens, each with the bits of its logit in an eager pass, and the eager loop's cache; across the
+    128- and 256-cell plan changes (captures in the middle of a stream)."""
+    chained, eager = models
+    rng = np.random.default_rng(prompt_len + n)
+    prompt = rng.integers(0, chained.config.n_vocab, prompt_len).tolist()
+    first = int(rng.integers(0, chained.config.n_vocab))
+    for m in models:
+        m.reset()
+        m.forward(prompt, 0, order)
+    want = greedy_loop(eager, [first], prompt_len, n, order)
+    for _ in range(3):  # eager warm-up of the width, capture, replay
+        got = list(chained.greedy_stream(first, prompt_len, n, order))
+        assert [t for t, _ in got] == want
+        assert chained.kv_len == eager.kv_len == prompt_len + n
+    eager.rollback(prompt_len)  # the logits of the same one-token passes, eagerly
+    rows = [eager.forward([t], prompt_len + i, order)[0] for i, t in enumerate([first] + want[:-1])]
+    values = np.array([row[t] for row, t in zip(rows, want)], np.float32)
+    assert np.array_equal(np.array([v for _, v in got], np.float32).view(np.uint32), values.view(np.uint32))
+    nxt = [want[-1]]
+    np.testing.assert_array_equal(chained.forward(nxt, chained.kv_len, order), eager.forward(nxt, eager.kv_len, order))
+
+
+def test_greedy_stream_stopped_early_leaves_the_tokens_taken(models):
+    """A consumer that stops after m tokens: the cache holds the prompt, the first token and m - 1 more
+    (the pass enqueued past them is waited for and forgotten), as after an eager loop of m passes."""
+    chained, eager = models
+    order = ReductionOrder.BATCH_INVARIANT
+    prompt = list(range(40, 70))
+    for m in models:
+        m.reset()
+        m.forward(prompt, 0, order)
+    want = greedy_loop(eager, [5], len(prompt), 4, order)
+    stream = chained.greedy_stream(5, len(prompt), 50, order)
+    taken = [next(stream)[0] for _ in range(4)]
+    stream.close()
+    assert taken == want and chained.kv_len == len(prompt) + 4 == eager.kv_len
+    nxt = [want[-1]]
+    np.testing.assert_array_equal(chained.forward(nxt, chained.kv_len, order), eager.forward(nxt, eager.kv_len, order))
+
+
+@pytest.mark.parametrize("order", [ReductionOrder.BATCH_INVARIANT, ReductionOrder.BATCH_VARIANT], ids=lambda o: o.name)
+def test_generate_on_graphs_equals_generate_eager(models, order):
+    """hiraishin's plain decoding with top_k=1 (a pass enqueued ahead on graphs) and with top_k=3 (one
+    synchronous pass at a time): the eager model's tokens and top logits, bit for bit; a stream() left
+    after a few tokens leaves the eager loop's cache."""
+    from hiraishin.decode.greedy import generate, stream
+
+    chained, eager = models
+    prompt = list(range(300, 324))
+    for k in (1, 3):
+        got = generate(chained, prompt, max_new_tokens=12, order=order, stop_at_eos=False, top_k=k)
+        want = generate(eager, prompt, max_new_tokens=12, order=order, stop_at_eos=False, top_k=k)
+        assert got.tokens == want.tokens
+        assert np.array_equal(got.top_k_ids, want.top_k_ids)
+        assert np.array_equal(got.top_k_logits.view(np.uint32), want.top_k_logits.view(np.uint32))
+        assert chained.kv_len == eager.kv_len == len(prompt) + 11
+    for m in models:
+        it = stream(m, prompt, max_new_tokens=30, order=order, stop_at_eos=False, top_k=1)
+        [next(it) for _ in range(5)]
+        it.close()
+    assert chained.kv_len == eager.kv_len == len(prompt) + 4

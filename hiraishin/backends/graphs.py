@@ -21,10 +21,11 @@ and wait in ``HX_PDL_ENTRY`` for its results, which hides part of the gap betwee
 changes no bit. ``PassGraphs(..., pdl=False)`` or ``HIRAISHIN_PDL=0`` captures plain launches.
 
 Every pass's argmax kernel also writes the inputs of the next one-token pass (its last row's greedy
-token and position + 1) into the one-token buffer, and that token into a log indexed by position
-(``hx_argmax_rows``'s advance). So a chain of one-token passes (:meth:`PassGraphs.chain_async`) is
-its graphs launched back to back, with no copy between them, each feeding the token the one before
-made; the chain's tokens are read from the log once at its end.
+token and position + 1) into the one-token buffer, and that token with its logit into a log indexed by
+position (``hx_argmax_rows``'s advance). So a chain of one-token passes (:meth:`PassGraphs.chain_async`)
+is its graphs launched back to back, with no copy between them, each feeding the token the one before
+made; the chain's tokens are read from the log once at its end. :meth:`PassGraphs.stream` keeps one
+such pass enqueued ahead of the host while it reads each token (plain greedy decoding).
 
 Host work per replay is kept small, since the GPU idles while the host prepares the next pass
 (bench/host_overhead.py measures it): a width's token ids and positions live in ONE device buffer
@@ -36,12 +37,13 @@ from __future__ import annotations
 
 import warnings
 from collections import OrderedDict
+from collections.abc import Iterator
 
 import numpy as np
 
 from ..kernels.pdl import pdl_scope
 
-__all__ = ["PassGraphs", "PendingChain", "GRAPHS_PER_WIDTH"]
+__all__ = ["PassGraphs", "PendingChain", "GRAPHS_PER_WIDTH", "STREAM_AHEAD", "STREAM_RING"]
 
 # Captured graphs kept per (order, width): the attention plan only moves forward as a sequence
 # grows (a verify pass never straddles a 256-cell boundary under the exact orders), so the
@@ -50,12 +52,18 @@ __all__ = ["PassGraphs", "PendingChain", "GRAPHS_PER_WIDTH"]
 # with every plan's graph kept, host RSS grew ~2.5 MB per 256 tokens of the 0.6B shape).
 GRAPHS_PER_WIDTH = 2
 
+# stream(): passes enqueued ahead of the host's reads (the first enqueue puts in this many), and the
+# page-locked rows their tokens come back to (a slot is reused STREAM_RING passes later, well after
+# the host read it)
+STREAM_AHEAD = 2
+STREAM_RING = 4
+
 
 class PendingChain:
     """The greedy tokens of a :meth:`PassGraphs.chain_async` still being made on the device.
 
     ``n`` passes were enqueued; ``tokens()`` waits for them (int32 (n,)). ``dev`` is where they are on
-    the device (int32 (n,), a view of the graphs' token log). ``started`` and ``done``
+    the device (int32 (n, 2): token, logit bits; rows of the graphs' token log). ``started`` and ``done``
     are CUDA events around the chain's work on its stream, ``verified`` (after a
     :meth:`PassGraphs.run_after`) the end of the pass behind it: :meth:`spans` gives the device
     time of each. The buffers are the graphs' own, reused by the next chain: read the tokens
@@ -70,7 +78,7 @@ class PendingChain:
 
     def tokens(self) -> np.ndarray:
         self.done.synchronize()
-        return self.host[:self.n].copy()
+        return self.host[:self.n, 0].copy()
 
     def spans(self) -> tuple[float, float | None]:
         """Device seconds of the chain (``started`` to ``done``) and of the pass behind it (``done`` to
@@ -111,14 +119,16 @@ class PassGraphs:
         self._warm: set = set()  # (order, T) that ran once eagerly
         self._failed: set = set()  # (order, T) whose capture failed
         self._graphs: dict = {}  # (order, T) -> OrderedDict plan signature -> cupy Graph (recent last)
-        self._chains: dict = {}  # n -> page-locked int32 (n,): a chain's tokens on the host
+        self._chains: dict = {}  # n -> page-locked int32 (n, 2): a chain's log rows on the host
         self.captures = 0  # graphs captured so far (for tests and benchmarks)
         # hx_argmax_rows's advance: the one-token buffer [id, position] and the token log by position
-        # (cell p holds the greedy token fed at position p), written by every pass
+        # (row p: the greedy token fed at position p and its logit's bits), written by every pass
         n_log = int(getattr(model, "n_ctx", 0) or 0) + 1
         self._inputs(1)
-        self._log = cp.zeros((max(n_log, 2),), np.int32)
+        self._log = cp.zeros((max(n_log, 2), 2), np.int32)
         self._advance = (self._io[1], self._log)
+        self._side = None  # stream(): the stream its tokens come back on (made on first use)
+        self._ring = None  # stream(): page-locked int32 (STREAM_RING, 2) rows of the log
 
     def graph_count(self) -> int:
         """Graphs held now (for tests and memory checks)."""
@@ -194,7 +204,7 @@ class PassGraphs:
         cp = self.model.backend.xp
         T0 = int(tokens.size)
         first = start_pos + T0  # the log cell of the first greedy token
-        if first + n > self._log.size:
+        if first + n > self._log.shape[0]:
             return None  # past the log (a cache this long has no room for the chain anyway)
         host = self._chain_buffers(n)
         with self.stream:
@@ -209,11 +219,66 @@ class PassGraphs:
                     break
                 made += 1
             dev = self._log[first:first + made]
-            cp.cuda.runtime.memcpyAsync(host.ctypes.data, dev.data.ptr, 4 * made,
+            cp.cuda.runtime.memcpyAsync(host.ctypes.data, dev.data.ptr, 8 * made,
                                         cp.cuda.runtime.memcpyDeviceToHost, self.stream.ptr)
             done = cp.cuda.Event()
             done.record(self.stream)
         return PendingChain(made, dev, host, started, done)
+
+    def stream(self, token: int, start_pos: int, n: int, order) -> Iterator[tuple[int, float]]:
+        """Plain greedy decoding on the graphs: up to ``n`` one-token passes, pass ``j`` feeding at
+        ``start_pos + j`` the token pass ``j - 1`` made (pass 0: ``token``); yields each pass's
+        ``(greedy token, its logit)``. Pass ``j + 1`` is enqueued before the host reads pass ``j``'s
+        token, so the GPU does not wait for the host between passes (which only
+        ``hx_argmax_rows``'s advance connects: no copy between them); each token comes back on a side
+        stream, four bytes and its logit's four. The same passes as a loop of :meth:`run`, hence the same
+        tokens and cells; a consumer that stops early leaves at most one pass more done (its cell past
+        the tokens taken). Stops early if a pass cannot replay (a failed capture). Closing the generator
+        waits for every pass enqueued."""
+        cp = self.model.backend.xp
+        n = max(0, min(int(n), self._log.shape[0] - 1 - start_pos))
+        if self._side is None:
+            import cupyx
+
+            self._side = cp.cuda.Stream(non_blocking=True)
+            self._ring = cupyx.empty_pinned((STREAM_RING, 2), np.int32)
+        ring, side = self._ring, self._side
+        first = np.array([token], np.int32)
+        pending: list = []
+
+        def enqueue(j: int) -> bool:
+            fill = (lambda: self._upload(1, first, start_pos)) if j == 0 else _nothing
+            with self.stream:
+                if self._pass(1, start_pos + j, order, fill) is None:
+                    return False
+                made = cp.cuda.Event(disable_timing=True)
+                made.record(self.stream)
+            side.wait_event(made)
+            row = self._log[start_pos + j + 1]  # [token, logit bits] of pass j
+            slot = j % STREAM_RING
+            cp.cuda.runtime.memcpyAsync(ring[slot].ctypes.data, row.data.ptr, 8,
+                                        cp.cuda.runtime.memcpyDeviceToHost, side.ptr)
+            back = cp.cuda.Event(disable_timing=True)
+            back.record(side)
+            pending.append((back, slot))
+            return True
+
+        j = 0
+        try:
+            while j < min(n, STREAM_AHEAD) and enqueue(j):
+                j += 1
+            while pending:
+                back, slot = pending.pop(0)
+                back.synchronize()
+                tok, logit = int(ring[slot, 0]), float(ring[slot, 1:2].view(np.float32)[0])
+                if j < n and enqueue(j):  # the next pass goes in before this token goes out
+                    j += 1
+                else:
+                    n = j  # (a failed capture: no more)
+                yield tok, logit
+        finally:
+            self.stream.synchronize()
+            side.synchronize()
 
     def run_after(self, first: int, pending: "PendingChain", start_pos: int, order,
                   tokens: np.ndarray | None = None) -> np.ndarray | None:
@@ -236,10 +301,10 @@ class PassGraphs:
         def fill():
             self._upload(T, tokens, start_pos)
             self.stream.wait_event(pending.done)
-            if from_chain:  # the chain's tokens (its log cells, on the device) into ids[1..n]
+            if from_chain:  # the chain's tokens (column 0 of its log rows, on the device) into ids[1..n]
                 io = self._io[T]
-                cp.cuda.runtime.memcpyAsync(io[1:].data.ptr, pending.dev.data.ptr, 4 * pending.n,
-                                            cp.cuda.runtime.memcpyDeviceToDevice, self.stream.ptr)
+                cp.cuda.runtime.memcpy2DAsync(io[1:].data.ptr, 4, pending.dev.data.ptr, 8, 4, pending.n,
+                                              cp.cuda.runtime.memcpyDeviceToDevice, self.stream.ptr)
 
         with self.stream:
             buf = self._pass(T, start_pos, order, fill)
@@ -254,12 +319,12 @@ class PassGraphs:
         return out.copy()
 
     def _chain_buffers(self, n: int):
-        """The page-locked int32 (n,) buffer a chain of ``n`` copies its tokens into (one per length)."""
+        """The page-locked int32 (n, 2) buffer a chain of ``n`` copies its log rows into (one per length)."""
         hit = self._chains.get(n)
         if hit is None:
             import cupyx
 
-            hit = self._chains[n] = cupyx.empty_pinned((n,), np.int32)
+            hit = self._chains[n] = cupyx.empty_pinned((n, 2), np.int32)
         return hit
 
     def _pass(self, T: int, start_pos: int, order, fill) -> dict | None:

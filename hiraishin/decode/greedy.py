@@ -8,6 +8,12 @@
 The prompt is fed in passes cut at the order's KV boundary (``order.verify_limit``), as a
 speculative verifier under the same order cuts its batches, so plain and speculative decoding
 see the same passes over the prompt. Ties in the argmax go to the lowest token id (numpy).
+
+With ``top_k=1`` (the command line's default) on CUDA graphs the one-token passes come from
+``model.greedy_stream``: each is enqueued before the host reads the token of the one before, so the
+GPU does not wait for the host between tokens; a step's ``seconds`` is then the time between two
+tokens reaching the host. The same passes, hence the same tokens (a NaN logit aside: the device's
+argmax takes it as the largest, numpy's ``argmax`` rule, where ``top_k_of`` sorts it last).
 """
 
 from __future__ import annotations
@@ -126,24 +132,38 @@ def _steps(model, prompt, max_new_tokens, order, stop_at_eos, top_k, n_ctx) -> I
     _sync(model)
     seconds = time.perf_counter() - t0
     pos = len(prompt)
-    for index in range(max_new_tokens):
-        ids, vals = top_k_of(logits, top_k)
-        token = int(ids[0])
-        reason = None
-        if token in eog:
-            reason = "eos"
-        elif index + 1 == max_new_tokens:
-            reason = "max_tokens"
-        elif n_ctx is not None and pos >= n_ctx:
-            reason = "context"
-        yield Step(index, token, text_of(token), ids, vals, seconds, reason)
-        if reason is not None:
-            return
-        t0 = time.perf_counter()
-        logits = np.asarray(model.forward([token], pos, order=order))[-1]
-        _sync(model)
-        seconds = time.perf_counter() - t0
-        pos += 1
+    ids, vals = top_k_of(logits, top_k)
+    ahead = None  # top_k == 1 on CUDA graphs: the model's greedy_stream, a pass enqueued ahead of the host
+    try:
+        for index in range(max_new_tokens):
+            token = int(ids[0])
+            reason = None
+            if token in eog:
+                reason = "eos"
+            elif index + 1 == max_new_tokens:
+                reason = "max_tokens"
+            elif n_ctx is not None and pos >= n_ctx:
+                reason = "context"
+            yield Step(index, token, text_of(token), ids, vals, seconds, reason)
+            if reason is not None:
+                return
+            t0 = time.perf_counter()
+            if index == 0 and top_k == 1 and hasattr(model, "greedy_stream"):
+                more = max_new_tokens - 1 if n_ctx is None else min(max_new_tokens - 1, n_ctx - pos)
+                ahead = model.greedy_stream(token, pos, more, order)
+            got = next(ahead, None) if ahead is not None else None
+            if got is not None:  # the token of the pass that fed `token` at pos
+                ids, vals = np.array([got[0]], np.int64), np.array([got[1]], np.float32)
+            else:  # one pass at a time (no graphs; or the stream stopped early: a failed capture)
+                ahead = None
+                logits = np.asarray(model.forward([token], pos, order=order))[-1]
+                _sync(model)
+                ids, vals = top_k_of(logits, top_k)
+            seconds = time.perf_counter() - t0
+            pos += 1
+    finally:
+        if ahead is not None:
+            ahead.close()  # waits for the pass enqueued past the last token taken
 
 
 def generate(model, prompt_or_tokens, max_new_tokens: int = 64,

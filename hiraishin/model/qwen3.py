@@ -230,6 +230,40 @@ class Qwen3:
             pos += 1
         return ChainTokens(host=np.asarray(out, dtype=np.int64))
 
+    def greedy_stream(self, token: int, start_pos: int, n: int,
+                      order: ReductionOrder = ReductionOrder.BATCH_INVARIANT):
+        """Plain greedy decoding from ``token`` at ``start_pos`` on CUDA graphs, or None where the model has
+        none (then decode one :meth:`forward` at a time). An iterator of ``(greedy token, its logit)``, one
+        per one-token pass, at most ``n`` (and no pass past ``n_ctx``): pass ``j`` feeds, at
+        ``start_pos + j``, the token pass ``j - 1`` made (pass 0: ``token``). Each pass is enqueued
+        before the host reads the token of the one before (:meth:`PassGraphs.stream`), so the GPU does
+        not wait for the host between tokens. The cache holds the tokens fed so far: ``start_pos`` plus
+        one cell per token taken. The same passes as a loop of :meth:`forward_argmax`, hence the same
+        tokens (the first index of the largest logit; a NaN logit counts as the largest, numpy's
+        ``argmax`` rule). It may stop before ``n`` (a failed capture): continue one pass at a time."""
+        if not isinstance(order, ReductionOrder):
+            raise HiraishinError(f"order must be a ReductionOrder (e.g. ReductionOrder.BATCH_INVARIANT), "
+                                 f"got {type(order).__name__}")
+        if self._graphs is None:
+            return None
+        token = int(self._check_tokens([token])[0])
+        start_pos = self._check_start(start_pos, 1)
+        n = max(0, min(int(n), self.n_ctx - start_pos))
+        return self._greedy_stream(token, start_pos, n, order)
+
+    def _greedy_stream(self, token: int, start_pos: int, n: int, order):
+        if start_pos < self.kv_len:
+            self.cache.rollback(start_pos)
+        passes = self._graphs.stream(token, start_pos, n, order)
+        taken = 0
+        try:
+            for got in passes:
+                taken += 1
+                self.cache.commit(start_pos + taken)
+                yield got
+        finally:
+            passes.close()  # waits for the passes enqueued (one more than taken, if stopped early)
+
     def verify_chain(self, first: int, chain: "ChainTokens", start_pos: int,
                      order: ReductionOrder = ReductionOrder.BATCH_INVARIANT, tokens=None) -> np.ndarray:
         """:meth:`forward_argmax` of ``[first] + chain.tokens()`` at ``start_pos``: int64 (1 + n,).

@@ -167,8 +167,8 @@ __device__ __forceinline__ unsigned long long hx_block_key_max(unsigned long lon
 
 // advance (may be NULL; hiraishin.backends.graphs): where the next one-token pass of a chain of passes
 // reads its inputs. The greedy token of the last row t = T - 1 (at position pos[t]) becomes the token
-// id advance[0] at position advance[1] = pos[t] + 1, and log[pos[t] + 1] (log: n_log ints indexed by
-// position, or NULL), so CUDA graphs of one-token passes replay back to back with no copy between
+// id advance[0] at position advance[1] = pos[t] + 1, and row pos[t] + 1 of log (n_log rows of two ints
+// indexed by position, or NULL): the token and the bits of its logit, so CUDA graphs of one-token passes replay back to back with no copy between
 // them, each feeding the token the one before made. advance may be the buffer pos points into: this
 // kernel runs last in its pass, after every kernel that reads it (each waits for the one before).
 extern "C" __global__ void hx_argmax_rows(const float* __restrict__ x, int* __restrict__ out,
@@ -207,7 +207,10 @@ extern "C" __global__ void hx_argmax_rows(const float* __restrict__ x, int* __re
             const int next = pos[t] + 1;  // read before advance[1] is written (they may alias)
             advance[0] = best;
             advance[1] = next;
-            if (log != nullptr && next < n_log) log[next] = best;
+            if (log != nullptr && next < n_log) {
+                log[2 * next] = best;
+                log[2 * next + 1] = (int)__float_as_uint(row[best]);
+            }
         }
     }
 }

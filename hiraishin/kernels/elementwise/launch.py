@@ -94,15 +94,15 @@ def launch_argmax_rows(x, out, partials, counters, pos=None, advance=None, log=N
     :func:`argmax_scratch` (T, n), not shared with a launch running at the same time.
 
     ``advance`` (int32 (2,) on the device, with ``pos``, the pass's int32 (T,) positions): the last
-    row's token and its position + 1 are written there, and into ``log`` (int32, indexed by position;
-    optional) at that position: the inputs of the next one-token pass of a chain
-    (:mod:`hiraishin.backends.graphs`). Comparisons and copies only: no bit of ``out`` depends on it."""
+    row's token and its position + 1 are written there (the inputs of the next one-token pass of a
+    chain, :mod:`hiraishin.backends.graphs`), and the token with its logit's bits into row position + 1
+    of ``log`` (int32 (n_log, 2); optional). Comparisons and copies only: no bit of ``out`` depends on it."""
     T, n = x.shape
     if T:
         if advance is None:
             tail = (_NULL, _NULL, _NULL, np.int32(0))
         else:
-            tail = (pos, advance, _NULL if log is None else log, np.int32(0 if log is None else log.size))
+            tail = (pos, advance, _NULL if log is None else log, np.int32(0 if log is None else log.shape[0]))
         _kernel("hx_argmax_rows")((partials.shape[1], T), (ARGMAX_THREADS,),
                                   (x, out, partials, counters, np.int32(n)) + tail)
     return out
