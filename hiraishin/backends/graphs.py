@@ -24,7 +24,7 @@ Every pass's argmax kernel also writes the inputs of the next one-token pass (it
 token and position + 1) into the one-token buffer, and that token with its logit into a log indexed by
 position (``hx_argmax_rows``'s advance). So a chain of one-token passes (:meth:`PassGraphs.chain_async`)
 is its graphs launched back to back, with no copy between them, each feeding the token the one before
-made; the chain's tokens are read from the log once at its end. :meth:`PassGraphs.stream` keeps one
+made; the chain's tokens are read from the log once at its end. :meth:`PassGraphs.greedy_steps` keeps one
 such pass enqueued ahead of the host while it reads each token (plain greedy decoding).
 
 Host work per replay is kept small, since the GPU idles while the host prepares the next pass
@@ -52,7 +52,7 @@ __all__ = ["PassGraphs", "PendingChain", "GRAPHS_PER_WIDTH", "STREAM_AHEAD", "ST
 # with every plan's graph kept, host RSS grew ~2.5 MB per 256 tokens of the 0.6B shape).
 GRAPHS_PER_WIDTH = 2
 
-# stream(): passes enqueued ahead of the host's reads (the first enqueue puts in this many), and the
+# greedy_steps(): passes enqueued ahead of the host's reads (the first enqueue puts in this many), and the
 # page-locked rows their tokens come back to (a slot is reused STREAM_RING passes later, well after
 # the host read it)
 STREAM_AHEAD = 2
@@ -127,8 +127,8 @@ class PassGraphs:
         self._inputs(1)
         self._log = cp.zeros((max(n_log, 2), 2), np.int32)
         self._advance = (self._io[1], self._log)
-        self._side = None  # stream(): the stream its tokens come back on (made on first use)
-        self._ring = None  # stream(): page-locked int32 (STREAM_RING, 2) rows of the log
+        self._side = None  # greedy_steps(): the stream its tokens come back on (made on first use)
+        self._ring = None  # greedy_steps(): page-locked int32 (STREAM_RING, 2) rows of the log
 
     def graph_count(self) -> int:
         """Graphs held now (for tests and memory checks)."""
@@ -225,7 +225,7 @@ class PassGraphs:
             done.record(self.stream)
         return PendingChain(made, dev, host, started, done)
 
-    def stream(self, token: int, start_pos: int, n: int, order) -> Iterator[tuple[int, float]]:
+    def greedy_steps(self, token: int, start_pos: int, n: int, order) -> Iterator[tuple[int, float]]:
         """Plain greedy decoding on the graphs: up to ``n`` one-token passes, pass ``j`` feeding at
         ``start_pos + j`` the token pass ``j - 1`` made (pass 0: ``token``); yields each pass's
         ``(greedy token, its logit)``. Pass ``j + 1`` is enqueued before the host reads pass ``j``'s

@@ -236,7 +236,7 @@ class Qwen3:
         none (then decode one :meth:`forward` at a time). An iterator of ``(greedy token, its logit)``, one
         per one-token pass, at most ``n`` (and no pass past ``n_ctx``): pass ``j`` feeds, at
         ``start_pos + j``, the token pass ``j - 1`` made (pass 0: ``token``). Each pass is enqueued
-        before the host reads the token of the one before (:meth:`PassGraphs.stream`), so the GPU does
+        before the host reads the token of the one before (:meth:`PassGraphs.greedy_steps`), so the GPU does
         not wait for the host between tokens. The cache holds the tokens fed so far: ``start_pos`` plus
         one cell per token taken. The same passes as a loop of :meth:`forward_argmax`, hence the same
         tokens (the first index of the largest logit; a NaN logit counts as the largest, numpy's
@@ -254,7 +254,7 @@ class Qwen3:
     def _greedy_stream(self, token: int, start_pos: int, n: int, order):
         if start_pos < self.kv_len:
             self.cache.rollback(start_pos)
-        passes = self._graphs.stream(token, start_pos, n, order)
+        passes = self._graphs.greedy_steps(token, start_pos, n, order)
         taken = 0
         try:
             for got in passes:
