@@ -42,6 +42,7 @@ thread per output walking K in order (``hiraishin/kernels/tiled``).
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
 from ..devices import DeviceProfile, get_profile
@@ -342,7 +343,7 @@ SHORT_ROW_ROWS = 4
 def _one_col_rows(qtype: str, nwarps: int, k: int | None) -> int:
     """Rows per CUDA block of a one-column launch (every policy but ``custom`` with its own rows)."""
     if _small_k(qtype, nwarps, k):
-        return nwarps
+        return SMALL_K_ROWS or nwarps
     if k is not None and k // MATVEC_TRAITS[qtype].qk <= _blocks_per_step(qtype, nwarps):
         return SHORT_ROW_ROWS
     return INVARIANT_ONE_COL_ROWS.get(qtype, 1)
@@ -353,6 +354,35 @@ def _one_col_rows(qtype: str, nwarps: int, k: int | None) -> int:
 # (bench/NOTES_mmvq.md, sweep 2026-11-29): Q4_K 4096->12288 17.3 -> 15.2-15.8 us,
 # 4096->4096 8.8 -> 8.0-8.5 us; Q6_K is fastest with 1 row.
 INVARIANT_ONE_COL_ROWS = {"Q4_K": 2}
+SMALL_K_ROWS = 0  # rows of a small_k launch; 0: llama.cpp's nwarps
+
+# HIRAISHIN_ONE_COL_ROWS="Q4_K=2,Q6_K=1,short=4,small=4" overrides the one-column rows above for an A/B
+# of whole passes (bench/final_session.sh step ab): rows per block change no bit, only speed.
+ENV_ONE_COL_ROWS = "HIRAISHIN_ONE_COL_ROWS"
+
+
+def _rows_from_env(text: str) -> None:
+    global SHORT_ROW_ROWS, SMALL_K_ROWS
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        key, _, value = item.partition("=")
+        try:
+            rows = int(value)
+        except ValueError:
+            rows = 0
+        if not 1 <= rows <= MAX_ROWS_PER_BLOCK:
+            raise PlanError(f"{ENV_ONE_COL_ROWS}: {item!r} needs rows in 1..{MAX_ROWS_PER_BLOCK}")
+        if key == "short":
+            SHORT_ROW_ROWS = rows
+        elif key == "small":
+            SMALL_K_ROWS = rows
+        elif key in MATVEC_TRAITS:
+            INVARIANT_ONE_COL_ROWS[key] = rows
+        else:
+            raise PlanError(f"{ENV_ONE_COL_ROWS}: unknown key {key!r} (a quant type, 'short' or 'small')")
+
+
+if os.environ.get(ENV_ONE_COL_ROWS):
+    _rows_from_env(os.environ[ENV_ONE_COL_ROWS])
 
 
 def _balanced(ncols: int, max_cols: int) -> int:
