@@ -20,8 +20,7 @@ from hiraishin.backends import get_backend
 from hiraishin.kernels import mmvq, tiled
 from hiraishin.order import ReductionOrder
 from hiraishin.plans import MatVecPlan, matvec_plan
-from hiraishin.plans.matvec import SHORT_ROW_ROWS
-from hiraishin.plans.matvec import SHORT_ROW_ROWS
+from hiraishin.plans.matvec import LONG_ROW_ROWS, SHORT_ROW_ROWS
 from hiraishin.quant import dequantize
 from hiraishin.quant import random_blocks as random_weights
 
@@ -197,8 +196,11 @@ def test_invariant_plans_split_wide_batches():
     assert matvec_plan(INVARIANT, 1, "Q4_K", k=1024).rows_per_block == 4
     assert matvec_plan(INVARIANT, 1, "Q6_K", k=1024).rows_per_block == SHORT_ROW_ROWS
     assert matvec_plan(INVARIANT, 1, "Q4_K", k=2048).rows_per_block == SHORT_ROW_ROWS  # 8 blocks, 8 per step
-    assert matvec_plan(INVARIANT, 1, "Q4_K", k=4096).rows_per_block == 2
-    assert matvec_plan(INVARIANT, 1, "Q6_K", k=4096).rows_per_block == 1
+    # long rows (K >= LONG_ROW_K: the 8B's), measured faster with more rows per block (same bits)
+    assert matvec_plan(INVARIANT, 1, "Q4_K", k=4096).rows_per_block == LONG_ROW_ROWS["Q4_K"] == 4
+    assert matvec_plan(INVARIANT, 1, "Q6_K", k=12288).rows_per_block == LONG_ROW_ROWS["Q6_K"] == 2
+    assert matvec_plan(INVARIANT, 1, "Q4_K", k=3072).rows_per_block == 2  # the 0.6B's ffn_down: as before
+    assert matvec_plan(INVARIANT, 1, "Q6_K", k=3072).rows_per_block == 1
     assert matvec_plan(INVARIANT, 3, "Q4_K", k=1024).rows_per_block == 2
     assert {matvec_plan(INVARIANT, b, "Q6_K").nwarps for b in range(1, 40)} == {4}
 
@@ -341,3 +343,23 @@ def test_multi_weight_launch_arguments_follow_the_kernel_signature():
     null = np.uint64(0)
     assert calls[-1] == ("x", null, "nw", null, np.int32(1024), np.float32(1e-6),
                          "w0", "o0", ns[0], nblk[0], "w0", "o0", zero, zero, "w0", "o0", zero)
+
+
+def test_one_col_rows_override_names_bad_items():
+    """HIRAISHIN_ONE_COL_ROWS (an A/B switch): a bad item names itself."""
+    from hiraishin.plans import matvec as mv
+
+    saved = (dict(mv.INVARIANT_ONE_COL_ROWS), dict(mv.LONG_ROW_ROWS), mv.SHORT_ROW_ROWS, mv.SMALL_K_ROWS)
+    try:
+        mv._rows_from_env("Q4_K=3, short=2,small=8")
+        assert (mv.INVARIANT_ONE_COL_ROWS["Q4_K"], mv.LONG_ROW_ROWS["Q4_K"], mv.SHORT_ROW_ROWS, mv.SMALL_K_ROWS) == (
+            3, 3, 2, 8)
+        for bad, match in (("Q4_K=9", "Q4_K=9"), ("Q5_K=2", "Q5_K"), ("short=x", "short=x")):
+            with pytest.raises(PlanError, match=match):
+                mv._rows_from_env(bad)
+    finally:
+        mv.INVARIANT_ONE_COL_ROWS.clear()
+        mv.INVARIANT_ONE_COL_ROWS.update(saved[0])
+        mv.LONG_ROW_ROWS.clear()
+        mv.LONG_ROW_ROWS.update(saved[1])
+        mv.SHORT_ROW_ROWS, mv.SMALL_K_ROWS = saved[2], saved[3]

@@ -346,6 +346,8 @@ def _one_col_rows(qtype: str, nwarps: int, k: int | None) -> int:
         return SMALL_K_ROWS or nwarps
     if k is not None and k // MATVEC_TRAITS[qtype].qk <= _blocks_per_step(qtype, nwarps):
         return SHORT_ROW_ROWS
+    if k is not None and k >= LONG_ROW_K:
+        return LONG_ROW_ROWS.get(qtype, INVARIANT_ONE_COL_ROWS.get(qtype, 1))
     return INVARIANT_ONE_COL_ROWS.get(qtype, 1)
 
 
@@ -354,10 +356,19 @@ def _one_col_rows(qtype: str, nwarps: int, k: int | None) -> int:
 # (bench/NOTES_mmvq.md, sweep 2026-11-29): Q4_K 4096->12288 17.3 -> 15.2-15.8 us,
 # 4096->4096 8.8 -> 8.0-8.5 us; Q6_K is fastest with 1 row.
 INVARIANT_ONE_COL_ROWS = {"Q4_K": 2}
+# Rows of at least LONG_ROW_K values (16+ super-blocks: several kbx steps a thread), since the weights
+# are loaded before the PDL wait (session 18): graph replays of the synthetic 8B's one-token pass
+# (BATCH_INVARIANT, the same logits digest in every setting) 2.416 ms with {Q4_K: 2, Q6_K: 1},
+# 2.379 with Q4_K 4, 2.393 with Q6_K 2, 2.336 with both, 2.802 with Q4_K 8 and Q6_K 2, 2.394 with Q4_K 4
+# and Q6_K 4, 2.894 with Q4_K 1 (bench/results/2026-12-04-h200-session19/f-one-col-rows, g-one-col-rows-2). The 0.6B's
+# rows (at most 3,072 values) keep the rows above: Q6_K 2 made its pass 0.624 -> 0.630 ms.
+LONG_ROW_K = 4096
+LONG_ROW_ROWS = {"Q4_K": 4, "Q6_K": 2}
 SMALL_K_ROWS = 0  # rows of a small_k launch; 0: llama.cpp's nwarps
 
-# HIRAISHIN_ONE_COL_ROWS="Q4_K=2,Q6_K=1,short=4,small=4" overrides the one-column rows above for an A/B
-# of whole passes (bench/final_session.sh step ab): rows per block change no bit, only speed.
+# HIRAISHIN_ONE_COL_ROWS="Q4_K=2,Q6_K=1,short=4,small=4" overrides the one-column rows above (a type's
+# value for rows of every length) for an A/B of whole passes (bench/final_session.sh step ab): rows per
+# block change no bit, only speed.
 ENV_ONE_COL_ROWS = "HIRAISHIN_ONE_COL_ROWS"
 
 
@@ -376,7 +387,7 @@ def _rows_from_env(text: str) -> None:
         elif key == "small":
             SMALL_K_ROWS = rows
         elif key in MATVEC_TRAITS:
-            INVARIANT_ONE_COL_ROWS[key] = rows
+            INVARIANT_ONE_COL_ROWS[key] = LONG_ROW_ROWS[key] = rows
         else:
             raise PlanError(f"{ENV_ONE_COL_ROWS}: unknown key {key!r} (a quant type, 'short' or 'small')")
 
