@@ -70,7 +70,8 @@ import numpy as np
 
 from .errors import HiraishinError
 from .decode.oracle import ORACLE_SEED, REPORT, OracleSchedule
-from .decode.passes import draft_and_verify, greedy_chain, greedy_tokens, pass_spans
+from .bench_timing import seeded_prompt, timed_chain, timed_feed, timed_greedy_steps, timed_pass
+from .decode.passes import draft_and_verify
 from .order import ReductionOrder
 
 __all__ = ["ORDERS", "REPORT", "BenchSettings", "OracleSchedule", "run_bench",
@@ -230,89 +231,20 @@ def copy_bandwidth_gbs(backend, nbytes: int | None = None, repetitions: int = 5)
     return 2 * nbytes / statistics.median(times) / 1e9
 
 
-# ---- timed passes ----------------------------------------------------------------------------
-
-def _timed(model, tokens, start_pos: int, order) -> tuple[np.ndarray, float]:
-    """One forward pass bracketed by synchronizations: (each position's greedy token, seconds).
-
-    The tokens come from :meth:`~hiraishin.model.qwen3.Qwen3.forward_argmax` (argmax on the
-    device, T token ids to the host) where the model has it, as a decoding loop wants them; the
-    time covers the pass, the argmax and that copy. A model without it: argmax of the host logits.
-    """
-    sync = model.backend.synchronize
-    sync()
-    t0 = time.perf_counter()
-    best = greedy_tokens(model, tokens, start_pos, order)
-    sync()
-    return best, time.perf_counter() - t0
-
-
-def _timed_chain(model, tokens, start_pos: int, n: int, order) -> tuple[list[int], float]:
-    """The ``n`` greedy tokens after ``tokens`` (:func:`~hiraishin.decode.passes.greedy_chain`: the
-    pass of ``tokens``, then ``n - 1`` one-token passes, on CUDA graphs with one host wait),
-    bracketed by synchronizations: (the tokens, seconds)."""
-    sync = model.backend.synchronize
-    sync()
-    t0 = time.perf_counter()
-    out = greedy_chain(model, tokens, start_pos, n, order)
-    sync()
-    return out, time.perf_counter() - t0
-
-
-def _prompt(model, n: int, seed: int = 0) -> list[int]:
-    """``n`` seeded token ids (synthetic models have no meaningful text)."""
-    rng = np.random.default_rng(seed)
-    return [int(t) for t in rng.integers(0, model.config.n_vocab, n)]
-
-
-def _feed(model, tokens, start_pos: int, order) -> tuple[np.ndarray, float]:
-    """Feed ``tokens`` in the passes plain decoding makes (cut at ``order.verify_limit``): (the last
-    pass's greedy tokens, seconds)."""
-    total, best = 0.0, None
-    for pos, n in pass_spans(start_pos, start_pos + len(tokens), len(tokens), order):
-        best, dt = _timed(model, tokens[pos - start_pos:pos - start_pos + n], pos, order)
-        total += dt
-    return best, total
-
-
-def _greedy_steps(model, token: int, start_pos: int, n: int, order) -> tuple[list[int], list[float]]:
-    """``n`` plain greedy one-token passes from ``token`` at ``start_pos``: (their tokens, seconds
-    between successive tokens reaching the host). Through the model's ``greedy_stream`` (CUDA graphs,
-    the next pass enqueued before a token is read) as far as it goes, the rest one synchronous
-    :func:`_timed` pass at a time."""
-    tokens, times = [], []
-    stream = getattr(model, "greedy_stream", None)
-    ahead = stream(token, start_pos, n, order) if stream is not None and n > 0 else None
-    if ahead is not None:
-        model.backend.synchronize()
-        t0 = time.perf_counter()
-        for tok, _ in ahead:
-            now = time.perf_counter()
-            tokens.append(tok)
-            times.append(now - t0)
-            t0 = now
-    while len(tokens) < n:
-        prev = tokens[-1] if tokens else token
-        best, dt = _timed(model, [prev], start_pos + len(tokens), order)
-        tokens.append(int(best[-1]))
-        times.append(dt)
-    return tokens, times
-
-
 def measure_decode(model, order, settings: BenchSettings, sync: bool = False) -> list[float]:
     """Seconds per token of one-token steps (greedy, after a prompt of ``settings.context``), warm-up
-    steps left out: as plain decoding makes them (:func:`_greedy_steps`), or with ``sync`` each pass
-    on its own between two synchronizations (:func:`_timed`)."""
+    steps left out: as plain decoding makes them (:func:`~hiraishin.bench_timing.timed_greedy_steps`), or with ``sync`` each pass
+    on its own between two synchronizations (:func:`~hiraishin.bench_timing.timed_pass`)."""
     model.reset()
-    best, _ = _feed(model, _prompt(model, settings.context), 0, order)
+    best, _ = timed_feed(model, seeded_prompt(model, settings.context), 0, order)
     token = int(best[-1])
     if not sync:
-        _, times = _greedy_steps(model, token, model.kv_len, settings.warmup + settings.decode_steps, order)
+        _, times = timed_greedy_steps(model, token, model.kv_len, settings.warmup + settings.decode_steps, order)
         return times[settings.warmup:]
     times = []
     for i in range(settings.warmup + settings.decode_steps):
         pos = model.kv_len
-        best, dt = _timed(model, [token], pos, order)
+        best, dt = timed_pass(model, [token], pos, order)
         token = int(best[-1])
         if i >= settings.warmup:
             times.append(dt)
@@ -321,11 +253,11 @@ def measure_decode(model, order, settings: BenchSettings, sync: bool = False) ->
 
 def measure_prefill(model, order, settings: BenchSettings) -> tuple[float, int]:
     """(tokens per second, passes) of a ``settings.prefill``-token prompt from an empty cache."""
-    prompt = _prompt(model, settings.prefill, seed=1)
+    prompt = seeded_prompt(model, settings.prefill, seed=1)
     times = []
     for i in range(settings.pass_warmup + settings.repetitions):
         model.reset()
-        _, dt = _feed(model, prompt, 0, order)
+        _, dt = timed_feed(model, prompt, 0, order)
         if i >= settings.pass_warmup:
             times.append(dt)
     passes, pos = 0, 0
@@ -339,15 +271,15 @@ def measure_verify(model, order, settings: BenchSettings) -> dict[str, float]:
     """Median ms of one pass of ``w`` tokens at context ``settings.context``, per width ``w``."""
     model.reset()
     ctx = settings.context
-    _feed(model, _prompt(model, ctx), 0, order)
-    batch = _prompt(model, 16, seed=2)
+    timed_feed(model, seeded_prompt(model, ctx), 0, order)
+    batch = seeded_prompt(model, 16, seed=2)
     out = {}
     for w in settings.widths:
         if order.verify_limit(ctx, w) < w:
             raise HiraishinError(f"a verify pass of {w} tokens at position {ctx} crosses {order.name}'s KV boundary")
         times = []
         for i in range(settings.pass_warmup + settings.repetitions):
-            _, dt = _timed(model, batch[:w], ctx, order)
+            _, dt = timed_pass(model, batch[:w], ctx, order)
             model.rollback(ctx)
             if i >= settings.pass_warmup:
                 times.append(dt)
@@ -359,24 +291,24 @@ def measure_verify(model, order, settings: BenchSettings) -> dict[str, float]:
 
 def plain_decode(model, prompt, n_tokens: int, order) -> tuple[list[int], list[float]]:
     """Greedy tokens after ``prompt`` (the prefill's token first) and the seconds of each one-token step
-    (:func:`_greedy_steps`: plain decoding as the library makes it)."""
+    (:func:`~hiraishin.bench_timing.timed_greedy_steps`: plain decoding as the library makes it)."""
     model.reset()
-    best, _ = _feed(model, prompt, 0, order)
+    best, _ = timed_feed(model, prompt, 0, order)
     first = int(best[-1])
-    rest, times = _greedy_steps(model, first, model.kv_len, n_tokens - 1, order)
+    rest, times = timed_greedy_steps(model, first, model.kv_len, n_tokens - 1, order)
     return [first] + rest, times
 
 
 def plain_chained(model, prompt, n_tokens: int, order) -> tuple[float, list[int]]:
     """Plain greedy decoding of ``n_tokens`` after ``prompt`` as one chain (the prefill's token,
-    then :func:`_timed_chain` of the rest: no host wait per token): (seconds per chained token,
+    then :func:`~hiraishin.bench_timing.timed_chain` of the rest: no host wait per token): (seconds per chained token,
     the tokens)."""
     model.reset()
-    best, _ = _feed(model, prompt, 0, order)
+    best, _ = timed_feed(model, prompt, 0, order)
     first = int(best[-1])
     if n_tokens < 2:
         return 0.0, [first]
-    rest, dt = _timed_chain(model, [first], model.kv_len, n_tokens - 1, order)
+    rest, dt = timed_chain(model, [first], model.kv_len, n_tokens - 1, order)
     return dt / (n_tokens - 1), [first] + rest
 
 
@@ -414,8 +346,8 @@ def speculative_decode(target, draft, prompt, n_tokens: int, order, draft_order,
     n_vocab = target.config.n_vocab
     target.reset()
     draft.reset()
-    best, _ = _feed(target, prompt, 0, order)
-    _feed(draft, prompt, 0, draft_order)
+    best, _ = timed_feed(target, prompt, 0, order)
+    timed_feed(draft, prompt, 0, draft_order)
     seq = list(prompt) + [int(best[-1])]  # the last token is not in either cache yet
     base = len(prompt)  # position of reference[0]
     run = SpecRun(tokens=[seq[-1]])
@@ -448,7 +380,7 @@ def speculative_decode(target, draft, prompt, n_tokens: int, order, draft_order,
                                                           order, draft_order, verify_tokens=batch)
         else:
             t_draft = 0.0
-            best, t_verify = _timed(target, batch, p, order)
+            best, t_verify = timed_pass(target, batch, p, order)
         # bookkeeping: acceptance against the target's own argmax, emit, roll both caches back
         n_acc = 0
         while n_acc < k and int(best[n_acc]) == guesses[n_acc]:
@@ -488,7 +420,7 @@ def measure_speculative(target, draft, order, draft_order, settings: BenchSettin
     time is reported.
     """
     n = settings.spec_tokens
-    prompt = _prompt(target, settings.context, seed=3)
+    prompt = seeded_prompt(target, settings.context, seed=3)
     schedule = OracleSchedule.for_tokens(n, settings.seed, settings.n_draft)
     reference, _ = plain_decode(target, prompt, n + settings.n_draft + 1, order)
     if not settings.quick:
