@@ -313,8 +313,13 @@ def _nwarps_from_table(profile: DeviceProfile, qtype: str, ncols: int) -> int:
 
 def _default_rows_per_block(cols_per_launch: int) -> int:
     # llama.cpp calc_rows_per_block (GENERIC/TURING/GCN): 1 row for one column, else 2.
-    # (Its small_k case, rows = nwarps for short rows, is _small_k below.)
-    return 1 if cols_per_launch == 1 else 2
+    # (Its small_k case, rows = nwarps for short rows, is _small_k below.) MULTI_COL_ROWS: an A/B's
+    # override (HIRAISHIN_ONE_COL_ROWS "multi=N"), capped at the accumulators a thread may hold.
+    if cols_per_launch == 1:
+        return 1
+    if MULTI_COL_ROWS:
+        return max(1, min(MULTI_COL_ROWS, MAX_ACCUMULATORS // cols_per_launch))
+    return 2
 
 
 def _blocks_per_step(qtype: str, nwarps: int) -> int:
@@ -365,15 +370,16 @@ INVARIANT_ONE_COL_ROWS = {"Q4_K": 2}
 LONG_ROW_K = 4096
 LONG_ROW_ROWS = {"Q4_K": 4, "Q6_K": 2}
 SMALL_K_ROWS = 0  # rows of a small_k launch; 0: llama.cpp's nwarps
+MULTI_COL_ROWS = 0  # rows of a launch of 2+ columns; 0: llama.cpp's 2
 
-# HIRAISHIN_ONE_COL_ROWS="Q4_K=2,Q6_K=1,short=4,small=4" overrides the one-column rows above (a type's
-# value for rows of every length) for an A/B of whole passes (bench/final_session.sh step ab): rows per
-# block change no bit, only speed.
+# HIRAISHIN_ONE_COL_ROWS="Q4_K=2,Q6_K=1,short=4,small=4,multi=2" overrides the rows above (a type's value
+# for one-column rows of every length; multi: launches of 2+ columns) for an A/B of whole passes
+# (bench/final_session.sh step ab): rows per block change no bit, only speed.
 ENV_ONE_COL_ROWS = "HIRAISHIN_ONE_COL_ROWS"
 
 
 def _rows_from_env(text: str) -> None:
-    global SHORT_ROW_ROWS, SMALL_K_ROWS
+    global SHORT_ROW_ROWS, SMALL_K_ROWS, MULTI_COL_ROWS
     for item in filter(None, (t.strip() for t in text.split(","))):
         key, _, value = item.partition("=")
         try:
@@ -386,10 +392,12 @@ def _rows_from_env(text: str) -> None:
             SHORT_ROW_ROWS = rows
         elif key == "small":
             SMALL_K_ROWS = rows
+        elif key == "multi":
+            MULTI_COL_ROWS = rows
         elif key in MATVEC_TRAITS:
             INVARIANT_ONE_COL_ROWS[key] = LONG_ROW_ROWS[key] = rows
         else:
-            raise PlanError(f"{ENV_ONE_COL_ROWS}: unknown key {key!r} (a quant type, 'short' or 'small')")
+            raise PlanError(f"{ENV_ONE_COL_ROWS}: unknown key {key!r} (a quant type, 'short', 'small' or 'multi')")
 
 
 if os.environ.get(ENV_ONE_COL_ROWS):
