@@ -128,6 +128,25 @@ print(f"bit-identical below {WRAP}: {same[:WRAP].all()}; positions from {WRAP} o
 # weight is `exp(-inf) = 0`) and the empty block 3 of P = 4 enters the combine with weight 0 — both exact
 # no-ops. From 384 on the chunk holds real cells, and the regrouping is real.
 #
+# The same exact no-op makes launches cheaper. Early in a generation the cache is short, yet the
+# llama.cpp policies give a one-token step two parallel blocks at 33 cells: block 1's only chunk lies past
+# the filled cells, so it sums nothing and enters the combine with weight 0. `AttentionPlan.launched()`
+# drops such blocks, and with one block left the kernel normalises in place: no combine launch at all.
+# The backends launch that plan (on the H200 it took 45-50 µs off a one-token pass of the 8B; see
+# `bench/results/2026-12-04-h200-session19/`). The bits are the full plan's:
+
+# %%
+short = attention_plan(INVARIANT, 1, 33, 2, 1)
+print(short.describe())
+print(f"launched: {short.launched().parallel_blocks} block(s)")
+q1, k1, v1 = make_cache(seed=3, n_ctx=33)
+at32 = be.to_device(np.array([32], np.int32))
+full = be.to_host(be.flash_attn(be.to_device(q1[32:]), k1, v1, at32, short))
+trimmed = be.to_host(be.flash_attn(be.to_device(q1[32:]), k1, v1, at32, short.launched()))
+print("bit-identical:", bool((bits(full) == bits(trimmed)).all()))
+assert short.parallel_blocks == 2 and (bits(full) == bits(trimmed)).all()
+
+# %% [markdown]
 # ## A model replay past 384, with the policy's real plans
 #
 # Now the whole model. What the policies give one decode step and one verify pass at 400 cells:
