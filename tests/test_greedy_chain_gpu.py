@@ -126,7 +126,7 @@ def test_greedy_stream_equals_the_eager_loop(models, order, prompt_len, n):
 
 def test_greedy_stream_stopped_early_leaves_the_tokens_taken(models):
     """A consumer that stops after m tokens: the cache holds the prompt, the first token and m - 1 more
-    (the pass enqueued past them is waited for and forgotten), as after an eager loop of m passes."""
+    (the passes enqueued past them are waited for and forgotten), as after an eager loop of m passes."""
     chained, eager = models
     order = ReductionOrder.BATCH_INVARIANT
     prompt = list(range(40, 70))

@@ -232,8 +232,9 @@ class PassGraphs:
         token, so the GPU does not wait for the host between passes (which only
         ``hx_argmax_rows``'s advance connects: no copy between them); each token comes back on a side
         stream, four bytes and its logit's four. The same passes as a loop of :meth:`run`, hence the same
-        tokens and cells; a consumer that stops early leaves at most one pass more done (its cell past
-        the tokens taken). Stops early if a pass cannot replay (a failed capture). Closing the generator
+        tokens and cells; a consumer that stops early leaves at most ``STREAM_AHEAD`` passes more done
+        (their cells past the tokens taken: two in flight keep the GPU busy while the host handles a
+        token). Stops early if a pass cannot replay (a failed capture). Closing the generator
         waits for every pass enqueued."""
         cp = self.model.backend.xp
         n = max(0, min(int(n), self._log.shape[0] - 1 - start_pos))

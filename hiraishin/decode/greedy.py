@@ -163,7 +163,7 @@ def _steps(model, prompt, max_new_tokens, order, stop_at_eos, top_k, n_ctx) -> I
             pos += 1
     finally:
         if ahead is not None:
-            ahead.close()  # waits for the pass enqueued past the last token taken
+            ahead.close()  # waits for the passes enqueued past the last token taken
 
 
 def generate(model, prompt_or_tokens, max_new_tokens: int = 64,

@@ -262,7 +262,7 @@ class Qwen3:
                 self.cache.commit(start_pos + taken)
                 yield got
         finally:
-            passes.close()  # waits for the passes enqueued (one more than taken, if stopped early)
+            passes.close()  # waits for the passes enqueued (up to STREAM_AHEAD more than taken, if stopped early)
 
     def verify_chain(self, first: int, chain: "ChainTokens", start_pos: int,
                      order: ReductionOrder = ReductionOrder.BATCH_INVARIANT, tokens=None) -> np.ndarray:
