@@ -24,8 +24,8 @@ Every pass's argmax kernel also writes the inputs of the next one-token pass (it
 token and position + 1) into the one-token buffer, and that token with its logit into a log indexed by
 position (``hx_argmax_rows``'s advance). So a chain of one-token passes (:meth:`PassGraphs.chain_async`)
 is its graphs launched back to back, with no copy between them, each feeding the token the one before
-made; the chain's tokens are read from the log once at its end. :meth:`PassGraphs.greedy_steps` keeps one
-such pass enqueued ahead of the host while it reads each token (plain greedy decoding).
+made; the chain's tokens are read from the log once at its end. :meth:`PassGraphs.greedy_steps` keeps such
+passes enqueued ahead of the host while it reads each token (plain greedy decoding).
 
 Host work per replay is kept small, since the GPU idles while the host prepares the next pass
 (bench/host_overhead.py measures it): a width's token ids and positions live in ONE device buffer
@@ -124,8 +124,9 @@ class PassGraphs:
         # hx_argmax_rows's advance: the one-token buffer [id, position] and the token log by position
         # (row p: the greedy token fed at position p and its logit's bits), written by every pass
         n_log = int(getattr(model, "n_ctx", 0) or 0) + 1
-        self._inputs(1)
-        self._log = cp.zeros((max(n_log, 2), 2), np.int32)
+        with self.stream:  # their zero fill ordered before every pass that writes them
+            self._inputs(1)
+            self._log = cp.zeros((max(n_log, 2), 2), np.int32)
         self._advance = (self._io[1], self._log)
         self._side = None  # greedy_steps(): the stream its tokens come back on (made on first use)
         self._ring = None  # greedy_steps(): page-locked int32 (STREAM_RING, 2) rows of the log
