@@ -276,7 +276,7 @@ class PassGraphs:
                 if j < n and enqueue(j):  # the next pass goes in before this token goes out
                     j += 1
                 else:
-                    n = j  # (a failed capture: no more)
+                    n = j  # all enqueued (or a capture failed): enqueue no more
                 yield tok, logit
         finally:
             self.stream.synchronize()
