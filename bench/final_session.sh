@@ -51,6 +51,8 @@
 # second time under `export VAR=$(python3 bench/pick_ab.py $OUT VAR BASE CANDIDATE)` (faster by a set margin
 # with every logits digest equal, else BASE).
 # Usage on the device (repo root): HIRAISHIN_COMMIT=<commit> [STEPS=tests] bash bench/final_session.sh
+# It ends by packing CuPy's kernel cache into $OUT/cupy-cache.tgz.part-* (PACK_CUPY_CACHE=0: not); copy
+# those into .cache/ here and carry ".cache" next call, and the kernels compiled here are not compiled again.
 # Everything lands in $OUT (session.log with it). Stock llama.cpp beside us is bench/llama_cpp_session.sh,
 # a call of its own (its speculative example, with the renamed --spec-draft-n-max, is still to be run).
 set -uo pipefail
@@ -236,4 +238,5 @@ if want kernels && (( $(left) > 50 )); then
     AHEAD_AB=" " NCU_TIMEOUT=$(( ($(left) - 10) / 2 )) PROFILES=${PROFILES:-"qwen3-0.6b invariant 1;qwen3-8b invariant 1"} \
         bash bench/kernel_times.sh 2>&1 | grep -v "^by kernel and grid" | head -n 50
 fi
+[ "${PACK_CUPY_CACHE:-1}" = 1 ] && pack_cupy_cache  # for the next call to carry (bench/device_env.sh)
 echo "== done after $(( $(date +%s) - T0 )) s"; date -u

@@ -125,6 +125,11 @@ def format_report(r: dict) -> str:
     lines.append(f"(decode: time between tokens of plain greedy decoding; one pass, synced: a pass bracketed by two "
                  f"synchronizations, the host's share included; prefill: {r['settings']['prefill']} tokens, in the "
                  f"passes plain decoding makes)")
+    for name in orders:  # older JSON files lack the spread
+        q = r["orders"][name].get("decode_ms_spread")
+        if q:
+            lines.append(f"  {name} decode over {q['n']} tokens: min {q['min']:.3f}, quartiles {q['q1']:.3f} / "
+                         f"{q['median']:.3f} / {q['q3']:.3f}, max {q['max']:.3f} ms")
     lines.append("")
     widths = list(next(iter(r["orders"].values()))["verify_ms"]) if orders else []
     hdr = "| verify width | " + " | ".join(f"{n:>16}" for n in orders) + " |"
@@ -170,6 +175,10 @@ def format_report(r: dict) -> str:
             lines.append(f"  {name} without a host wait per plain token (one chain): "
                          f"{s['plain_chained_ms_per_token']:.3f} ms/tok ({same}); "
                          f"speculative {s['speedup_vs_chained']:.2f}x that")
+    for name, s in r["speculative"].items():  # older JSON files lack the rounds
+        if s.get("rounds"):
+            lines.append(f"  {name} speedup per round: " + ", ".join(f"{x['speedup']:.3f}x" for x in s["rounds"])
+                         + f" (the table: the round of the median speculative time)")
     lines.append("where each speedup comes from: tokens per cycle / (a cycle's drafting + verifying + bookkeeping, "
                  "each in plain decoding steps)")
     for name, s in r["speculative"].items():

@@ -251,6 +251,17 @@ def measure_decode(model, order, settings: BenchSettings, sync: bool = False) ->
     return times
 
 
+def spread_ms(seconds: list[float]) -> dict:
+    """How a median's samples spread, in ms: min, quartiles, max and the sample count."""
+    ms = sorted(1e3 * t for t in seconds)
+    if len(ms) < 2:
+        q = [ms[0]] * 3 if ms else [float("nan")] * 3
+    else:
+        q = statistics.quantiles(ms, n=4, method="inclusive")
+    return {"min": ms[0] if ms else float("nan"), "q1": q[0], "median": q[1], "q3": q[2],
+            "max": ms[-1] if ms else float("nan"), "n": len(ms)}
+
+
 def measure_prefill(model, order, settings: BenchSettings) -> tuple[float, int]:
     """(tokens per second, passes) of a ``settings.prefill``-token prompt from an empty cache."""
     prompt = seeded_prompt(model, settings.prefill, seed=1)
@@ -434,6 +445,10 @@ def measure_speculative(target, draft, order, draft_order, settings: BenchSettin
         chained.append(plain_chained(target, prompt, n, order))
     plain_s = statistics.median(p for p, _ in rounds)
     chained_s = statistics.median(c for c, _ in chained)
+    # every round's own figures (the raw numbers behind the medians: how far one round is from the next)
+    per_round = [{"plain_ms_per_token": 1e3 * p, "speculative_ms_per_token": 1e3 * r.total_s / r.emitted,
+                  "speedup": p / (r.total_s / r.emitted), "plain_chained_ms_per_token": 1e3 * c}
+                 for (p, r), (c, _) in zip(rounds, chained)]
     run = sorted((r for _, r in rounds), key=lambda s: s.total_s / s.emitted)[len(rounds) // 2]
     cycles = len(run.cycle_s)
     spec_s = run.total_s / run.emitted
@@ -462,6 +477,8 @@ def measure_speculative(target, draft, order, draft_order, settings: BenchSettin
         "matches_plain": divergence is None,
         "first_divergence": divergence,
         "repetitions": len(rounds),
+        "rounds": per_round,
+        "speedup_range": [min(r["speedup"] for r in per_round), max(r["speedup"] for r in per_round)],
     }
 
 
@@ -529,8 +546,9 @@ def run_bench(model_path, draft_path=None, device: str = "auto", settings: Bench
     for name in draft_names:
         order = ORDERS[name]
         _log(progress, f"[{order.name}] draft step")
+        steps = measure_decode(draft, order, settings)
         result["draft"]["orders"][order.name] = {
-            "decode_ms": 1e3 * statistics.median(measure_decode(draft, order, settings)),
+            "decode_ms": 1e3 * statistics.median(steps), "decode_ms_spread": spread_ms(steps),
             "decode_sync_ms": 1e3 * statistics.median(measure_decode(draft, order, settings, sync=True))}
     fastest = min(result["draft"]["orders"], key=lambda n: result["draft"]["orders"][n]["decode_ms"])
     result["draft"]["order"] = fastest
@@ -547,6 +565,7 @@ def run_bench(model_path, draft_path=None, device: str = "auto", settings: Bench
         verify = measure_verify(target, order, settings)
         result["orders"][order.name] = {
             "decode_ms": 1e3 * statistics.median(steps), "decode_tok_s": 1.0 / statistics.median(steps),
+            "decode_ms_spread": spread_ms(steps),
             "decode_sync_ms": 1e3 * statistics.median(sync_steps),
             "prefill_tok_s": tok_s, "prefill_tokens": settings.prefill, "prefill_passes": passes,
             "verify_ms": verify,

@@ -62,6 +62,16 @@ def test_quick_cpu_bench_writes_every_key_and_speculation_is_exact(micro_path, t
     # plain decoding as one chain (no host wait per token): the same tokens, its own speedup
     assert s["plain_chained_ms_per_token"] > 0 and s["chained_matches_plain"] is True
     assert s["speedup_vs_chained"] == pytest.approx(s["plain_chained_ms_per_token"] / s["speculative_ms_per_token"])
+    # the raw numbers behind the medians: every round's speedup, the decode steps' spread
+    assert len(s["rounds"]) == s["repetitions"] >= 1
+    speedups = [x["speedup"] for x in s["rounds"]]
+    assert s["speedup_range"] == [min(speedups), max(speedups)]
+    plains = sorted(x["plain_ms_per_token"] for x in s["rounds"])
+    assert s["plain_ms_per_token"] == pytest.approx((plains[(len(plains) - 1) // 2] + plains[len(plains) // 2]) / 2)
+    q = o["decode_ms_spread"]
+    assert q["min"] <= q["q1"] <= q["median"] <= q["q3"] <= q["max"] and q["n"] >= 1
+    assert q["median"] == pytest.approx(o["decode_ms"])
+    assert f"batch_invariant speedup per round: {speedups[0]:.3f}x" in text
     assert r["oracle"]["report"] == json.loads(json.dumps(REPORT))
     # the printed decomposition (tokens per cycle / a cycle in plain steps) is the speedup itself
     line = next(ln for ln in text.splitlines() if ln.startswith("  batch_invariant: "))

@@ -350,11 +350,16 @@ def test_one_col_rows_override_names_bad_items():
     from hiraishin.plans import matvec as mv
 
     saved = (dict(mv.INVARIANT_ONE_COL_ROWS), dict(mv.LONG_ROW_ROWS), mv.SHORT_ROW_ROWS, mv.SMALL_K_ROWS,
-             mv.MULTI_COL_ROWS)
+             mv.MULTI_COL_ROWS, mv.WIDE_ROWS)
+    head = (ReductionOrder.BATCH_INVARIANT, 1, "Q6_K")
     try:
-        mv._rows_from_env("Q4_K=3, short=2,small=8,multi=8")
+        assert mv.matvec_plan(*head, k=1024, n=151936).rows_per_block == mv.SHORT_ROW_ROWS
+        mv._rows_from_env("Q4_K=3, short=2,small=8,multi=8,wide=6")
         assert (mv.INVARIANT_ONE_COL_ROWS["Q4_K"], mv.LONG_ROW_ROWS["Q4_K"], mv.SHORT_ROW_ROWS, mv.SMALL_K_ROWS) == (
             3, 3, 2, 8)
+        # wide: weights of WIDE_N+ rows (the output head) only, at one column
+        assert [mv.matvec_plan(*head, k=1024, n=n).rows_per_block for n in (151936, 1024, None)] == [6, 2, 2]
+        assert mv.matvec_plan(ReductionOrder.BATCH_INVARIANT, 2, "Q6_K", k=1024, n=151936).rows_per_block == 8
         # multi: capped at the accumulators a thread may hold (rows x columns <= MAX_ACCUMULATORS)
         assert [mv._default_rows_per_block(c) for c in (1, 2, 3, 5, 8)] == [1, 8, 8, 6, 4]
         for bad, match in (("Q4_K=9", "Q4_K=9"), ("Q5_K=2", "Q5_K"), ("short=x", "short=x")):
@@ -365,4 +370,4 @@ def test_one_col_rows_override_names_bad_items():
         mv.INVARIANT_ONE_COL_ROWS.update(saved[0])
         mv.LONG_ROW_ROWS.clear()
         mv.LONG_ROW_ROWS.update(saved[1])
-        mv.SHORT_ROW_ROWS, mv.SMALL_K_ROWS, mv.MULTI_COL_ROWS = saved[2], saved[3], saved[4]
+        mv.SHORT_ROW_ROWS, mv.SMALL_K_ROWS, mv.MULTI_COL_ROWS, mv.WIDE_ROWS = saved[2:]

@@ -345,8 +345,10 @@ def _small_k(qtype: str, nwarps: int, k: int | None) -> bool:
 SHORT_ROW_ROWS = 4
 
 
-def _one_col_rows(qtype: str, nwarps: int, k: int | None) -> int:
+def _one_col_rows(qtype: str, nwarps: int, k: int | None, n: int | None = None) -> int:
     """Rows per CUDA block of a one-column launch (every policy but ``custom`` with its own rows)."""
+    if WIDE_ROWS and n is not None and n >= WIDE_N:
+        return WIDE_ROWS
     if _small_k(qtype, nwarps, k):
         return SMALL_K_ROWS or nwarps
     if k is not None and k // MATVEC_TRAITS[qtype].qk <= _blocks_per_step(qtype, nwarps):
@@ -370,16 +372,22 @@ INVARIANT_ONE_COL_ROWS = {"Q4_K": 2}
 LONG_ROW_K = 4096
 LONG_ROW_ROWS = {"Q4_K": 4, "Q6_K": 2}
 SMALL_K_ROWS = 0  # rows of a small_k launch; 0: llama.cpp's nwarps
+# Weights of at least WIDE_N rows (in Qwen3 the output head alone: 151,936 rows) may take rows of their own,
+# WIDE_ROWS (0: the rules above). The 0.6B's head is ~8% of its one-token pass (Nsight Compute, session 7:
+# 51 us of ~0.63 ms, against ~33 us to stream its 128 MB at the measured copy bandwidth), in 37,984 CUDA
+# blocks of 4 short rows; for an A/B ("wide=N" below) before anything is kept.
+WIDE_N = 65536
+WIDE_ROWS = 0
 MULTI_COL_ROWS = 0  # rows of a launch of 2+ columns; 0: llama.cpp's 2
 
-# HIRAISHIN_ONE_COL_ROWS="Q4_K=2,Q6_K=1,short=4,small=4,multi=2" overrides the rows above (a type's value
-# for one-column rows of every length; multi: launches of 2+ columns) for an A/B of whole passes
+# HIRAISHIN_ONE_COL_ROWS="Q4_K=2,Q6_K=1,short=4,small=4,multi=2,wide=8" overrides the rows above (a type's value
+# for one-column rows of every length; multi: launches of 2+ columns; wide: weights of WIDE_N+ rows) for an A/B of whole passes
 # (bench/final_session.sh step ab): rows per block change no bit, only speed.
 ENV_ONE_COL_ROWS = "HIRAISHIN_ONE_COL_ROWS"
 
 
 def _rows_from_env(text: str) -> None:
-    global SHORT_ROW_ROWS, SMALL_K_ROWS, MULTI_COL_ROWS
+    global SHORT_ROW_ROWS, SMALL_K_ROWS, MULTI_COL_ROWS, WIDE_ROWS
     for item in filter(None, (t.strip() for t in text.split(","))):
         key, _, value = item.partition("=")
         try:
@@ -394,10 +402,12 @@ def _rows_from_env(text: str) -> None:
             SMALL_K_ROWS = rows
         elif key == "multi":
             MULTI_COL_ROWS = rows
+        elif key == "wide":
+            WIDE_ROWS = rows
         elif key in MATVEC_TRAITS:
             INVARIANT_ONE_COL_ROWS[key] = LONG_ROW_ROWS[key] = rows
         else:
-            raise PlanError(f"{ENV_ONE_COL_ROWS}: unknown key {key!r} (a quant type, 'short', 'small' or 'multi')")
+            raise PlanError(f"{ENV_ONE_COL_ROWS}: unknown key {key!r} (a quant type, 'short', 'small', 'multi' or 'wide')")
 
 
 if os.environ.get(ENV_ONE_COL_ROWS):
@@ -438,7 +448,7 @@ def matvec_plan(order, ncols: int, qtype: str, device=None, k: int | None = None
         # the one-token pass is the same launch under every order and the price of exactness measures
         # float order alone (H200 bench, synthetic 8B: the variant's decode 3.13 -> 2.59 ms, its 0.6B
         # draft step 0.92 -> 0.82; bench/results/2026-12-04-h200-session15).
-        rows = _one_col_rows(qtype, nwarps, k) if ncols == 1 else _default_rows_per_block(ncols)
+        rows = _one_col_rows(qtype, nwarps, k, n) if ncols == 1 else _default_rows_per_block(ncols)
         return MatVecPlan(kernel="mmvq", qtype=qtype, nwarps=nwarps, rows_per_block=rows, cols_per_launch=ncols,
                           ncols=ncols)
     if policy in ("invariant", "subblock"):
@@ -446,7 +456,7 @@ def matvec_plan(order, ncols: int, qtype: str, device=None, k: int | None = None
         # invariant one-column geometry: exact at every width as well)
         nwarps = _nwarps_from_table(profile, qtype, 1)
         cols = _balanced(ncols, order.max_cols_per_launch)
-        rows = _one_col_rows(qtype, nwarps, k) if cols == 1 else _default_rows_per_block(cols)
+        rows = _one_col_rows(qtype, nwarps, k, n) if cols == 1 else _default_rows_per_block(cols)
         return MatVecPlan(kernel="mmvq", qtype=qtype, nwarps=nwarps, rows_per_block=rows, cols_per_launch=cols,
                           ncols=ncols)
     if policy == "custom":
@@ -460,7 +470,7 @@ def matvec_plan(order, ncols: int, qtype: str, device=None, k: int | None = None
             cols = _balanced(ncols, max_cols)
         else:  # rows per CUDA block change no bit: the invariant policy's choice for its nwarps
             cols = _balanced(ncols, max_cols)
-            rows = _one_col_rows(qtype, nwarps, k) if cols == 1 else _default_rows_per_block(cols)
+            rows = _one_col_rows(qtype, nwarps, k, n) if cols == 1 else _default_rows_per_block(cols)
         return MatVecPlan(kernel="mmvq", qtype=qtype, nwarps=nwarps, rows_per_block=rows,
                           cols_per_launch=cols, ncols=ncols)
     raise PlanError(f"{order.name}: unknown mat-vec policy {policy!r}; expected variant, invariant, subblock "
