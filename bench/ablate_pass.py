@@ -45,6 +45,19 @@ def _norm_as_elementwise(a, b, w, eps, out_sum, out_q, out_norm=None, layout=Non
 
 
 _run_matvecs = cuda_backend.CudaOps._run_matvecs
+_get_rows = cuda_backend.CudaOps.get_rows
+_argmax_rows = cuda_backend.CudaOps.argmax_rows
+
+
+def _skip_get_rows(self, table, qtype, ids, out=None):
+    # the embedding launch left out (the pass's buffer keeps what it held): what fusing the embedding
+    # into the first norm launch could save at most
+    return out if out is not None else _get_rows(self, table, qtype, ids)
+
+
+def _skip_argmax(self, x, out=None, advance=None, pos=None):
+    # the argmax launch at a pass's end left out: what an argmax inside the output head could save at most
+    return out if out is not None else _argmax_rows(self, x, out, advance, pos)
 
 
 def _grouped_only(self, weights, mvs, xqs, T, outs):
@@ -76,6 +89,8 @@ VARIANTS = {
     "no attention partials": {"launch_partials": _skip, "launch_attention_q8_1": _skip},
     "norm as elementwise": {"launch_add_rms_norm_q8_1": _norm_as_elementwise},
     "no lone V mat-vec": {"CudaOps._run_matvecs": _grouped_only},
+    "no embedding": {"CudaOps.get_rows": _skip_get_rows},
+    "no argmax": {"CudaOps.argmax_rows": _skip_argmax},
     "mat-vecs only": {"launch_add_rms_norm_q8_1": _skip, "launch_swiglu_q8_1": _skip,
                       "launch_qk_norm_rope_kv": _skip_qk, "launch_combine_q8_1": _skip, "launch_partials": _skip,
                       "launch_attention_q8_1": _skip},

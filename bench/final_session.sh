@@ -39,6 +39,8 @@
 #   chain     bench/chain_steps.py on both shapes under CHAIN_ORDERS (default fixed_split,invariant): device time
 #             per pass of a chain of one-token passes against back-to-back replays; from AB_TREE's tree as
 #             well when it is set (the same script run over the old package), CHAIN_ROUNDS times in turn;
+#             CHAIN_ARGS: more of its arguments (e.g. "--steps 24 --graph-passes 2,4,8": the chain from graphs of
+#             N passes as well, what capturing several passes to a graph would save);
 #   pdl       the ab step for HIRAISHIN_PDL_TRIGGER=after_wait and =early (PDL_ORDERS, default invariant,subblock);
 #   draft     bench/replay_widths.py on the 0.6B draft under DRAFT_AB_ORDERS (default invariant,nwarps1,nwarps2;
 #             widths 1 and 2, the draft's passes): which order drafts fastest (only speed counts there);
@@ -166,7 +168,7 @@ if want chain; then
             echo "== chains, $v tree, round $r ($(left) s left)"
             (cd "$dir" && PYTHONPATH=/tmp/site:$dir timeout $(cap 90) python3 bench/chain_steps.py \
                 /tmp/qwen3-0.6b.gguf /tmp/qwen3-8b.gguf --orders ${CHAIN_ORDERS:-fixed_split,invariant} \
-                --json "$OUT/chain-$v-$r.json" 2>&1 | tail -n 6)
+                ${CHAIN_ARGS:-} --json "$OUT/chain-$v-$r.json" 2>&1 | tail -n 24)
         done
     done
 fi

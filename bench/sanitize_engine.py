@@ -12,7 +12,10 @@ its end shows) under every order: 1 and 16 tokens at KV length 1, passes ending 
 below 256 cells, two blocks past), with the fused kernels (no recording), the unfused
 ones (recording), grouped and single mat-vecs, the tiled and the int8 MMA kernels; then CUDA-graph
 passes of 1, 5 and 16 tokens (captured with programmatic dependent launch, replayed). Every pass is
-checked bit for bit against the CPU backend too.
+checked bit for bit against the CPU backend too. Last, what runs between graph passes: a chain of
+one-token graphs fed by their argmax's advance, the verify pass behind it, and plain greedy decoding
+with passes enqueued ahead of the host (``greedy_stream``: a side stream, page-locked rows), once to
+the end and once stopped early, their tokens against the CPU's greedy loop.
 """
 
 from __future__ import annotations
@@ -84,10 +87,52 @@ def main(argv=None) -> int:
                     bad += 1
                     print(f"MISMATCH {order.name} graph pass ({start}, {n})")
         print(f"{order.name}: graph passes of widths {GRAPH_WIDTHS}", flush=True)
+    for order in orders:
+        bad += _chains_and_streams(graphs, cpu, tokens[:8], order)
     print(f"{graphs.pass_graphs.captures} graphs captured")
     cp.cuda.runtime.deviceSynchronize()
     print(f"commit {git_commit()}; {bad} mismatches")
     return 1 if bad else 0
+
+
+def _cpu_greedy(cpu, prompt, n: int, order) -> list[int]:
+    """The n greedy tokens after ``prompt`` by the CPU's one-pass-at-a-time loop."""
+    cpu.reset()
+    out = [int(cpu.forward_argmax(prompt, 0, order)[-1])]
+    while len(out) < n:
+        out.append(int(cpu.forward_argmax([out[-1]], len(prompt) + len(out) - 1, order)[-1]))
+    return out
+
+
+def _chains_and_streams(graphs, cpu, prompt, order, n: int = 12) -> int:
+    """Mismatches of a chain (+ the verify behind it) and of greedy_stream, to the end and stopped early."""
+    bad = 0
+    want = _cpu_greedy(cpu, prompt, n + 1, order)
+    graphs.reset()
+    got = [int(t) for t in graphs.greedy_chain_async(prompt, 0, n, order).tokens()]
+    # a one-pass chain of the last token, and behind it the two-token pass of that token and its guess
+    behind = graphs.greedy_chain_async([want[n - 1]], len(prompt) + n - 1, 1, order)
+    verified = graphs.verify_chain(want[n - 1], behind, len(prompt) + n - 1, order)
+    if got != want[:n] or int(verified[0]) != want[n]:
+        bad += 1
+        print(f"MISMATCH {order.name} chain {got} + verify {verified.tolist()} against {want}")
+    graphs.reset()
+    first = int(graphs.forward_argmax(prompt, 0, order)[-1])
+    stream = graphs.greedy_stream(first, len(prompt), n, order)
+    got = [first] + [tok for tok, _ in stream]
+    if got != want[:n + 1]:
+        bad += 1
+        print(f"MISMATCH {order.name} greedy_stream {got} against {want}")
+    graphs.reset()
+    first = int(graphs.forward_argmax(prompt, 0, order)[-1])
+    stream = graphs.greedy_stream(first, len(prompt), n, order)
+    early = [first] + [tok for _, (tok, _) in zip(range(3), stream)]
+    stream.close()  # waits for the passes enqueued past the tokens taken
+    if early != want[:4]:
+        bad += 1
+        print(f"MISMATCH {order.name} greedy_stream stopped early {early} against {want[:4]}")
+    print(f"{order.name}: chain, verify behind it, greedy_stream (whole, stopped early)", flush=True)
+    return bad
 
 
 if __name__ == "__main__":
