@@ -231,3 +231,76 @@ def test_run_argmax_of_a_pass(graphs):
     for _ in range(3):
         got = graphs.run(np.array([4, 5, 6], np.int32), 10, ORDER, want="argmax")
         assert got.tolist() == [next_token(t, 10 + i) for i, t in enumerate([4, 5, 6])]
+
+
+@pytest.fixture
+def blocks(monkeypatch):
+    """PassGraphs capturing chained one-token passes four to a graph."""
+    monkeypatch.setitem(sys.modules, "cupyx", types.SimpleNamespace(
+        empty_pinned=lambda shape, dtype: np.zeros(shape, dtype)))
+    return PassGraphs(FakeModel(), max_tokens=16, pdl=False, graph_passes=4)
+
+
+def _launches(graphs, monkeypatch) -> list:
+    """Each graph launch's pass count, recorded from now on."""
+    seen = []
+    launch = FakeGraph.launch
+
+    def counted(self, stream):
+        seen.append(len(self.passes))
+        launch(self, stream)
+
+    monkeypatch.setattr(FakeGraph, "launch", counted)
+    return seen
+
+
+def test_chain_in_blocks_of_passes_makes_the_same_tokens(blocks, monkeypatch):
+    for _ in range(2):  # eager warm-up, one-pass capture, then the block's capture
+        assert blocks.chain_async(np.array([5], np.int32), 20, 11, ORDER).tokens().tolist() == reference([5], 20, 11)
+    seen = _launches(blocks, monkeypatch)
+    pending = blocks.chain_async(np.array([5], np.int32), 20, 11, ORDER)
+    assert pending.n == 11 and pending.tokens().tolist() == reference([5], 20, 11)
+    assert seen == [1, 4, 4, 1, 1]  # the first pass (its own inputs), two blocks, the two passes left over
+    assert len(blocks._blocks[ORDER]) == 1 and blocks.model.cells[30] == reference([5], 20, 11)[9]
+
+
+def test_blocks_stay_inside_one_attention_plan(blocks, monkeypatch):
+    # 120..131: the launched plan gains its second parallel block at 129 cells (position 128)
+    for _ in range(2):
+        blocks.chain_async(np.array([3], np.int32), 120, 12, ORDER).tokens()
+    seen = _launches(blocks, monkeypatch)
+    assert blocks.chain_async(np.array([3], np.int32), 120, 12, ORDER).tokens().tolist() == reference([3], 120, 12)
+    # 120 alone; a block at 121..124; 125..128 would straddle the change (kv 129 at 128): single passes to 127;
+    # a block at 128..131
+    assert seen == [1, 4, 1, 1, 1, 4]
+
+
+def test_greedy_steps_in_blocks_yields_every_token(blocks):
+    for _ in range(3):
+        got = list(blocks.greedy_steps(11, 40, 14, ORDER))
+        want = reference([11], 40, 14)
+        assert [t for t, _ in got] == want and [v for _, v in got] == [logit_of(t) for t in want]
+
+
+def test_greedy_steps_in_blocks_stopped_early(blocks):
+    list(blocks.greedy_steps(11, 40, 14, ORDER))  # warm-up and captures
+    blocks.model.cells.clear()
+    steps = blocks.greedy_steps(11, 40, 50, ORDER)
+    taken = [next(steps)[0] for _ in range(3)]
+    steps.close()
+    assert taken == reference([11], 40, 3)
+    # at most the rest of the block holding the last token taken, and STREAM_AHEAD blocks past it
+    assert max(blocks.model.cells) <= 40 + 2 + 3 + STREAM_AHEAD * 4
+
+
+def test_graph_passes_from_the_environment(monkeypatch):
+    from hiraishin.backends import graphs as g
+
+    monkeypatch.setenv(g.GRAPH_PASSES_ENV, "8")
+    assert g._graph_passes_from_env() == 8
+    for bad in ("0", "x", "65"):
+        monkeypatch.setenv(g.GRAPH_PASSES_ENV, bad)
+        with pytest.raises(ValueError, match=g.GRAPH_PASSES_ENV):
+            g._graph_passes_from_env()
+    monkeypatch.delenv(g.GRAPH_PASSES_ENV)
+    assert g._graph_passes_from_env() == g.GRAPH_PASSES

@@ -163,3 +163,40 @@ def test_generate_on_graphs_equals_generate_eager(models, order):
         [next(it) for _ in range(5)]
         it.close()
     assert chained.kv_len == eager.kv_len == len(prompt) + 4
+
+
+@pytest.fixture(scope="module")
+def blocked(tiny_model_path):
+    """A model on graphs that captures chained one-token passes four to a graph (graph_passes)."""
+    m = Qwen3.from_gguf(tiny_model_path, device="cuda", progress=False, cuda_graphs=True, n_ctx=512)
+    m.pass_graphs.graph_passes = 4
+    return m
+
+
+@pytest.mark.parametrize("order", [ReductionOrder.BATCH_INVARIANT, ReductionOrder.FIXED_SPLIT,
+                                   ReductionOrder.SUBBLOCK], ids=lambda o: o.name)
+@pytest.mark.parametrize("prompt_len,n", [(20, 13), (122, 12), (250, 10)])
+def test_blocks_of_passes_equal_the_eager_loop(blocked, models, order, prompt_len, n):
+    """Chains and greedy_stream with four passes to a graph: the eager loop's tokens, logit bits and cache,
+    also where the attention plan changes inside what would be a block (passes one graph at a time there)."""
+    _, eager = models
+    rng = np.random.default_rng(prompt_len + 3 * n)
+    prompt = rng.integers(0, blocked.config.n_vocab, prompt_len).tolist()
+    first = int(rng.integers(0, blocked.config.n_vocab))
+    for m in (blocked, eager):
+        m.reset()
+        m.forward(prompt, 0, order)
+    want = greedy_loop(eager, [first], prompt_len, n, order)
+    for _ in range(3):  # warm-up, one-pass captures, block captures, replays
+        assert blocked.greedy_chain([first], prompt_len, n, order).tolist() == want
+        log = blocked.pass_graphs._log[prompt_len + 1:prompt_len + 1 + n].get()
+        got = list(blocked.greedy_stream(first, prompt_len, n, order))
+        assert [t for t, _ in got] == want and log[:, 0].tolist() == want
+    assert blocked.pass_graphs._blocks.get(order), "no block of passes was used"
+    eager.rollback(prompt_len)
+    rows = [eager.forward([t], prompt_len + i, order)[0] for i, t in enumerate([first] + want[:-1])]
+    values = np.array([row[t] for row, t in zip(rows, want)], np.float32)
+    assert np.array_equal(np.array([v for _, v in got], np.float32).view(np.uint32), values.view(np.uint32))
+    assert np.array_equal(log[:, 1].astype(np.int32).view(np.uint32), values.view(np.uint32))
+    nxt = [want[-1]]
+    np.testing.assert_array_equal(blocked.forward(nxt, blocked.kv_len, order), eager.forward(nxt, eager.kv_len, order))

@@ -27,6 +27,14 @@ is its graphs launched back to back, with no copy between them, each feeding the
 made; the chain's tokens are read from the log once at its end. :meth:`PassGraphs.greedy_steps` keeps such
 passes enqueued ahead of the host while it reads each token (plain greedy decoding).
 
+Chained one-token passes may also be captured N to a graph (``graph_passes``, or
+``HIRAISHIN_GRAPH_PASSES=N``; 1, the default, captures none): between two graph launches the next
+graph's first kernels start only after the last kernel of the one before has finished, while inside
+a graph programmatic dependent launch lets them start early, as between the kernels of one pass. The
+same launches in the same order: the same bits. A block is used only where its N positions share one
+attention plan; elsewhere the passes go one graph at a time. (Off until a measurement says it pays:
+``bench/chain_steps.py --graph-passes``.)
+
 Host work per replay is kept small, since the GPU idles while the host prepares the next pass
 (bench/host_overhead.py measures it): a width's token ids and positions live in ONE device buffer
 filled by one asynchronous copy from a page-locked staging buffer, and the greedy tokens of an
@@ -35,6 +43,7 @@ argmax pass come back the same way (a pageable copy is staged by the driver, syn
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -43,7 +52,8 @@ import numpy as np
 
 from ..kernels.pdl import pdl_scope
 
-__all__ = ["PassGraphs", "PendingChain", "GRAPHS_PER_WIDTH", "STREAM_AHEAD", "STREAM_RING"]
+__all__ = ["PassGraphs", "PendingChain", "GRAPHS_PER_WIDTH", "GRAPH_PASSES", "GRAPH_PASSES_ENV", "STREAM_AHEAD",
+           "STREAM_RING"]
 
 # Captured graphs kept per (order, width): the attention plan only moves forward as a sequence
 # grows (a verify pass never straddles a 256-cell boundary under the exact orders), so the
@@ -57,6 +67,26 @@ GRAPHS_PER_WIDTH = 2
 # the host read it)
 STREAM_AHEAD = 2
 STREAM_RING = 4
+
+# Chained one-token passes per captured graph (see the module docstring): 1 captures none. Not yet
+# measured on a GPU (bench/chain_steps.py --graph-passes times a chain from such graphs against the
+# chain of one-pass graphs), so off by default; HIRAISHIN_GRAPH_PASSES sets it for an A/B.
+GRAPH_PASSES = 1
+GRAPH_PASSES_ENV = "HIRAISHIN_GRAPH_PASSES"
+MAX_GRAPH_PASSES = 64
+
+
+def _graph_passes_from_env() -> int:
+    text = os.environ.get(GRAPH_PASSES_ENV, "").strip()
+    if not text:
+        return GRAPH_PASSES
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= MAX_GRAPH_PASSES:
+        raise ValueError(f"{GRAPH_PASSES_ENV}={text!r}: passes per graph must be an integer in 1..{MAX_GRAPH_PASSES}")
+    return n
 
 
 class PendingChain:
@@ -93,6 +123,12 @@ class PendingChain:
         return chain, get_elapsed_time(self.done, self.verified) / 1e3
 
 
+def _signature(plan) -> tuple:
+    """What a pass's captured launches depend on: everything of its attention plan but the KV length."""
+    return (plan.kernel, plan.queries_per_block, plan.parallel_blocks, plan.chunk_cells, plan.kv_attended,
+            plan.split_cells, plan.shared_kv)
+
+
 def _nothing() -> None:
     """The inputs of a chained one-token pass: already written by the pass before (its advance)."""
 
@@ -104,11 +140,16 @@ class PassGraphs:
     eager pass into the width's buffers), ``config`` and ``backend`` (a CUDA backend).
     """
 
-    def __init__(self, model, max_tokens: int, pdl: bool = True):
+    def __init__(self, model, max_tokens: int, pdl: bool = True, graph_passes: int | None = None):
         cp = model.backend.xp
         self.model = model
         self.max_tokens = int(max_tokens)
         self.pdl = bool(pdl)  # capture with programmatic dependent launches (see the module docstring)
+        # chained one-token passes per graph (1: one graph a pass; see the module docstring)
+        self.graph_passes = _graph_passes_from_env() if graph_passes is None else int(graph_passes)
+        if not 1 <= self.graph_passes <= MAX_GRAPH_PASSES:
+            raise ValueError(f"graph_passes must be in 1..{MAX_GRAPH_PASSES}, got {graph_passes!r}")
+        self._blocks: dict = {}  # order -> OrderedDict plan signature -> graph of graph_passes chained passes
         self.stream = cp.cuda.Stream(non_blocking=True)
         # The stream does not wait for the default stream, where the model's weights, KV cache and
         # RoPE tables were just uploaded and zeroed (asynchronously): let that work finish first.
@@ -132,8 +173,8 @@ class PassGraphs:
         self._ring = None  # greedy_steps(): page-locked int32 (STREAM_RING, 2) rows of the log
 
     def graph_count(self) -> int:
-        """Graphs held now (for tests and memory checks)."""
-        return sum(len(g) for g in self._graphs.values())
+        """Graphs held now, blocks of passes included (for tests and memory checks)."""
+        return sum(len(g) for g in self._graphs.values()) + sum(len(g) for g in self._blocks.values())
 
     def _inputs(self, T: int):
         """The device ids and positions (views of one (2T,) buffer) a T-token graph reads."""
@@ -215,10 +256,14 @@ class PassGraphs:
             if buf is None:
                 return None
             made = 1
-            for j in range(1, n):  # inputs: the previous pass's advance (nothing to enqueue first)
-                if self._pass(1, first + j - 1, order, _nothing) is None:
+            while made < n:  # inputs: the previous pass's advance (nothing to enqueue first)
+                block = self._block(first + made - 1, n - made, order)
+                if block:
+                    made += block
+                elif self._pass(1, first + made - 1, order, _nothing) is not None:
+                    made += 1
+                else:
                     break
-                made += 1
             dev = self._log[first:first + made]
             cp.cuda.runtime.memcpyAsync(host.ctypes.data, dev.data.ptr, 8 * made,
                                         cp.cuda.runtime.memcpyDeviceToHost, self.stream.ptr)
@@ -235,49 +280,60 @@ class PassGraphs:
         stream, four bytes and its logit's four. The same passes as a loop of :meth:`run`, hence the same
         tokens and cells; a consumer that stops early leaves at most ``STREAM_AHEAD`` passes more done
         (their cells past the tokens taken: two in flight keep the GPU busy while the host handles a
-        token). Stops early if a pass cannot replay (a failed capture). Closing the generator
+        token). With ``graph_passes`` N > 1 the passes after the first go N to a graph where they can, their
+        tokens come back N at a time, and an early stop leaves the rest of the block it stopped in and up to
+        ``STREAM_AHEAD`` blocks more done.
+        Stops early if a pass cannot replay (a failed capture). Closing the generator
         waits for every pass enqueued."""
         cp = self.model.backend.xp
         n = max(0, min(int(n), self._log.shape[0] - 1 - start_pos))
-        if self._side is None:
+        N = self.graph_passes
+        if self._ring is None or self._ring.shape[1] != N:
             import cupyx
 
-            self._side = cp.cuda.Stream(non_blocking=True)
-            self._ring = cupyx.empty_pinned((STREAM_RING, 2), np.int32)
+            if self._side is None:
+                self._side = cp.cuda.Stream(non_blocking=True)
+            self._ring = cupyx.empty_pinned((STREAM_RING, N, 2), np.int32)
         ring, side = self._ring, self._side
         first = np.array([token], np.int32)
         pending: list = []
+        slots = iter(range(1 << 62))
 
-        def enqueue(j: int) -> bool:
-            fill = (lambda: self._upload(1, first, start_pos)) if j == 0 else _nothing
+        def enqueue(j: int) -> int:
+            """Passes j.. onto the stream (one, or a block of N), their log rows copied back: how many."""
             with self.stream:
-                if self._pass(1, start_pos + j, order, fill) is None:
-                    return False
+                if j == 0:
+                    m = int(self._pass(1, start_pos, order, lambda: self._upload(1, first, start_pos)) is not None)
+                else:
+                    m = self._block(start_pos + j, n - j, order) or int(
+                        self._pass(1, start_pos + j, order, _nothing) is not None)
+                if not m:
+                    return 0
                 made = cp.cuda.Event(disable_timing=True)
                 made.record(self.stream)
             side.wait_event(made)
-            row = self._log[start_pos + j + 1]  # [token, logit bits] of pass j
-            slot = j % STREAM_RING
-            cp.cuda.runtime.memcpyAsync(ring[slot].ctypes.data, row.data.ptr, 8,
+            rows = self._log[start_pos + j + 1:start_pos + j + 1 + m]  # [token, logit bits] of passes j..j+m-1
+            slot = next(slots) % STREAM_RING
+            cp.cuda.runtime.memcpyAsync(ring[slot].ctypes.data, rows.data.ptr, 8 * m,
                                         cp.cuda.runtime.memcpyDeviceToHost, side.ptr)
             back = cp.cuda.Event(disable_timing=True)
             back.record(side)
-            pending.append((back, slot))
-            return True
+            pending.append((back, slot, m))
+            return m
 
         j = 0
         try:
-            while j < min(n, STREAM_AHEAD) and enqueue(j):
-                j += 1
+            while j < n and len(pending) < STREAM_AHEAD and (m := enqueue(j)):
+                j += m
             while pending:
-                back, slot = pending.pop(0)
+                back, slot, m = pending.pop(0)
                 back.synchronize()
-                tok, logit = int(ring[slot, 0]), float(ring[slot, 1:2].view(np.float32)[0])
-                if j < n and enqueue(j):  # the next pass goes in before this token goes out
-                    j += 1
+                got = [(int(ring[slot, i, 0]), float(ring[slot, i, 1:2].view(np.float32)[0])) for i in range(m)]
+                if j < n and (more := enqueue(j)):  # the next passes go in before these tokens go out
+                    j += more
                 else:
                     n = j  # all enqueued (or a capture failed): enqueue no more
-                yield tok, logit
+                yield from got
         finally:
             self.stream.synchronize()
             side.synchronize()
@@ -339,9 +395,7 @@ class PassGraphs:
         ids, pos = self._inputs(T)
         buf = m.pass_buffers(T)
         plan = self._plan(order, T, start_pos)
-        # what the captured launches depend on: everything of the plan but the KV length
-        sig = (plan.kernel, plan.queries_per_block, plan.parallel_blocks, plan.chunk_cells, plan.kv_attended,
-               plan.split_cells, plan.shared_kv)
+        sig = _signature(plan)
         width_graphs = self._graphs.setdefault((order, T), OrderedDict())
         fill()  # on this stream, before the launches that read them
         graph = width_graphs.get(sig)
@@ -355,8 +409,9 @@ class PassGraphs:
             m.run_pass(ids, pos, start_pos, order, buf)
             self._warm.add((order, T))
         else:
-            graph = self._capture(ids, pos, start_pos, order, buf, plan)
+            graph = self._capture(ids, pos, (start_pos,), order, buf)
             if graph is None:
+                self._failed.add((order, T))
                 return None
             width_graphs[sig] = graph
             while len(width_graphs) > GRAPHS_PER_WIDTH:
@@ -364,24 +419,58 @@ class PassGraphs:
             graph.launch(self.stream)
         return buf
 
-    def _capture(self, ids, pos, start_pos: int, order, buf: dict, plan):
+    def _block(self, start_pos: int, left: int, order) -> int:
+        """Enqueue ``graph_passes`` chained one-token passes at ``start_pos ..`` as ONE graph (call inside
+        ``with self.stream``; inputs: the previous pass's advance). Returns the passes enqueued: N, or 0
+        (then run them one at a time) when N is 1, fewer than N are ``left``, the one-token width has
+        no graph yet or cannot replay, or the N positions do not share one attention plan."""
+        N = self.graph_passes
+        if N < 2 or left < N or (order, 1) in self._failed or (order, ("block", N)) in self._failed:
+            return 0
+        sig = _signature(self._plan(order, 1, start_pos))
+        if sig not in self._graphs.get((order, 1), ()):  # the width warmed up and captured first
+            return 0
+        if _signature(self._plan(order, 1, start_pos + N - 1)) != sig:  # the plan only moves forward
+            return 0
+        blocks = self._blocks.setdefault(order, OrderedDict())
+        graph = blocks.get(sig)
+        if graph is None:
+            ids, pos = self._inputs(1)
+            buf = {**self.model.pass_buffers(1), "advance": self._advance}
+            graph = self._capture(ids, pos, tuple(range(start_pos, start_pos + N)), order, buf)
+            if graph is None:
+                self._failed.add((order, ("block", N)))  # one graph a pass from now on
+                return 0
+            blocks[sig] = graph
+            while len(blocks) > GRAPHS_PER_WIDTH:
+                blocks.popitem(last=False)
+        blocks.move_to_end(sig)
+        graph.launch(self.stream)
+        return N
+
+    def _capture(self, ids, pos, starts: tuple, order, buf: dict):
+        """ONE graph of the passes at ``starts`` (one pass; or a block of chained one-token passes, each
+        reading what the one before wrote), or None (with a warning) if the capture failed."""
         m = self.model
         c = m.config
-        # the new plan's attention scratch must exist before capture (no allocation inside it)
-        m.backend.ops.attention_scratch(plan, ids.size, c.n_head, c.head_dim)
+        for start_pos in starts:  # each plan's attention scratch exists before capture (no allocation inside it)
+            m.backend.ops.attention_scratch(self._plan(order, ids.size, start_pos), ids.size, c.n_head, c.head_dim)
         self.stream.synchronize()  # capture begins on an idle stream
         try:
             self.stream.begin_capture()
             try:
                 with pdl_scope(self.pdl):
-                    m.run_pass(ids, pos, start_pos, order, buf)
+                    for start_pos in starts:
+                        m.run_pass(ids, pos, start_pos, order, buf)
             finally:
                 graph = self.stream.end_capture()
         except Exception as exc:  # noqa: BLE001 - any capture failure: eager passes for this (order, T)
             self._abandon_capture()
-            self._failed.add((order, ids.size))
-            warnings.warn(f"CUDA-graph capture of a {ids.size}-token pass failed under {order.name} "
-                          f"({type(exc).__name__}: {exc}); using eager passes", RuntimeWarning, stacklevel=4)
+            what = f"{ids.size}-token pass" if len(starts) == 1 else f"block of {len(starts)} one-token passes"
+            warnings.warn(f"CUDA-graph capture of a {what} failed under {order.name} "
+                          f"({type(exc).__name__}: {exc}); using "
+                          f"{'eager passes' if len(starts) == 1 else 'one graph a pass'}", RuntimeWarning,
+                          stacklevel=4)
             return None
         self.captures += 1
         return graph
