@@ -13,7 +13,7 @@ import numpy as np
 
 from .decode.passes import greedy_chain, greedy_tokens, pass_spans
 
-__all__ = ["timed_pass", "timed_chain", "seeded_prompt", "timed_feed", "timed_greedy_steps"]
+__all__ = ["timed_pass", "timed_chain", "seeded_prompt", "timed_feed", "timed_greedy_steps", "even_out"]
 
 
 def timed_pass(model, tokens, start_pos: int, order) -> tuple[np.ndarray, float]:
@@ -57,6 +57,15 @@ def timed_feed(model, tokens, start_pos: int, order) -> tuple[np.ndarray, float]
         best, dt = timed_pass(model, tokens[pos - start_pos:pos - start_pos + n], pos, order)
         total += dt
     return best, total
+
+
+def even_out(gaps: list[float], block: int) -> list[float]:
+    """Seconds per token from the gaps between tokens reaching the host. When passes come ``block`` to a
+    graph (``PassGraphs.graph_passes`` > 1) their tokens arrive together, so a median of the gaps would
+    be no time per token: each token then gets the mean gap of the run. ``block`` 1: the gaps as they are."""
+    if block <= 1 or not gaps:
+        return list(gaps)
+    return [sum(gaps) / len(gaps)] * len(gaps)
 
 
 def timed_greedy_steps(model, token: int, start_pos: int, n: int, order) -> tuple[list[int], list[float]]:

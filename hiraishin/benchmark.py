@@ -70,7 +70,7 @@ import numpy as np
 
 from .errors import HiraishinError
 from .decode.oracle import ORACLE_SEED, REPORT, OracleSchedule
-from .bench_timing import seeded_prompt, timed_chain, timed_feed, timed_greedy_steps, timed_pass
+from .bench_timing import even_out, seeded_prompt, timed_chain, timed_feed, timed_greedy_steps, timed_pass
 from .decode.passes import draft_and_verify
 from .order import ReductionOrder
 
@@ -240,7 +240,8 @@ def measure_decode(model, order, settings: BenchSettings, sync: bool = False) ->
     token = int(best[-1])
     if not sync:
         _, times = timed_greedy_steps(model, token, model.kv_len, settings.warmup + settings.decode_steps, order)
-        return times[settings.warmup:]
+        block = getattr(getattr(model, "pass_graphs", None), "graph_passes", 1)  # tokens arriving block by block
+        return even_out(times[settings.warmup:], block)
     times = []
     for i in range(settings.warmup + settings.decode_steps):
         pos = model.kv_len
@@ -528,6 +529,8 @@ def run_bench(model_path, draft_path=None, device: str = "auto", settings: Bench
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "commit": git_commit(),
         "command": list(argv) if argv is not None else None,
+        # the library's switches set for this run (A/B settings: HIRAISHIN_GRAPH_PASSES, HIRAISHIN_EMBED_NORM, ...)
+        "environment": {k: v for k, v in sorted(os.environ.items()) if k.startswith("HIRAISHIN_")},
         "settings": asdict(settings) | {"n_ctx": n_ctx},
         "cuda_graphs": bool(getattr(target, "cuda_graphs", False)),
         "copy_bandwidth_gbs": copy_bandwidth_gbs(be),

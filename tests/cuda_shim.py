@@ -108,6 +108,8 @@ inline float __int_as_float(int a) { float f; std::memcpy(&f, &a, 4); return f; 
 inline unsigned __float_as_uint(float a) { unsigned u; std::memcpy(&u, &a, 4); return u; }
 // CUDA blocks run one at a time here, and only one thread per block calls these
 inline unsigned atomicAdd(unsigned* p, unsigned v) { unsigned old = *p; *p = old + v; return old; }
+inline unsigned long long atomicMax(unsigned long long* p, unsigned long long v) {
+    unsigned long long old = *p; if (v > old) *p = v; return old; }
 inline void __threadfence() {}
 #define HX_HALF_PTX
 inline float hx_h2f(unsigned short h) { _Float16 v; std::memcpy(&v, &h, 2); return (float)v; }

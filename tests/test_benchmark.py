@@ -34,7 +34,8 @@ def _run_command(argv):
     return args.run(args)
 
 
-def test_quick_cpu_bench_writes_every_key_and_speculation_is_exact(micro_path, tmp_path, capsys):
+def test_quick_cpu_bench_writes_every_key_and_speculation_is_exact(micro_path, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HIRAISHIN_TEST_SWITCH", "7")  # a switch set for the run is recorded with it
     out = tmp_path / "bench.json"
     rc = _run_command([str(micro_path), "--device", "cpu", "--quick", "--orders", "invariant", "--widths", "1-2",
                        "--json", str(out), "--quiet"])
@@ -45,6 +46,8 @@ def test_quick_cpu_bench_writes_every_key_and_speculation_is_exact(micro_path, t
     assert r["model"]["name"] == "micro.gguf" and r["model"]["bytes"] == micro_path.stat().st_size
     assert r["device"]["backend"] == "cpu"
     assert r["date"] and r["commit"]
+    assert r["environment"]["HIRAISHIN_TEST_SWITCH"] == "7"
+    assert all(k.startswith("HIRAISHIN_") for k in r["environment"])
     assert r["copy_bandwidth_gbs"] > 0
     o = r["orders"]["batch_invariant"]
     assert o["decode_ms"] > 0 and o["prefill_tok_s"] > 0
@@ -167,3 +170,11 @@ def test_bad_llama_bench_json_names_the_file(tmp_path, content):
         read_llama_bench([f])
     with pytest.raises(HiraishinError, match="missing.json"):
         read_llama_bench([tmp_path / "missing.json"])
+
+
+def test_even_out_gives_tokens_arriving_in_blocks_a_time_each():
+    from hiraishin.bench_timing import even_out
+
+    assert even_out([0.5, 0.25, 2.0], 1) == [0.5, 0.25, 2.0]  # one pass a graph: the gaps themselves
+    assert even_out([4.0, 0.0, 0.0, 0.0], 4) == [1.0] * 4  # a block's tokens arrive together: the mean
+    assert even_out([], 4) == []

@@ -17,11 +17,12 @@ from cuda_shim import GXX, MAIN_QUANTIZE, ShimBuilder, bits, run
 
 from hiraishin.kernels.fused.emulate import (
     emulate_add_rms_norm_q8_1,
+    emulate_embed_rms_norm_q8_1,
     emulate_qk_norm_rope_kv,
     emulate_rms_norm_q8_1,
     emulate_swiglu_q8_1,
 )
-from hiraishin.kernels.fused.launch import SOURCE, norm_geometry, norm_slices
+from hiraishin.kernels.fused.launch import EMBED_NORM_KERNELS, SOURCE, SOURCE_EMBED, norm_geometry, norm_slices
 from hiraishin.kernels.quantize.launch import output_shape, quantize_defines
 from hiraishin.kernels.quantize.layout import LAYOUT_COLUMN_GROUP, mma8_columns
 from hiraishin.kernels.rmsnorm.emulate import block_threads
@@ -73,6 +74,22 @@ int main(int argc, char** argv) {
                                          s.data(), q.data(), yp, q2p, n, eps); });
     hx_write(argv[8], s.data(), s.size() * 4); hx_write(argv[9], q.data(), q.size()); hx_opt_write(argv[10], y);
     hx_q2_write(argv[13], q2);
+}'''
+
+MAIN_EMBED_RMS_Q8 = _OPT + _OPT_WRITE + _Q2 + r'''
+int main(int argc, char** argv) {
+    // argv: table, int32 ids, rows, n, row bytes, w, eps, q bytes, out s, out q, out y ("-": none), threads, slices;
+    // HX_SHIM_KERNEL names the kernel
+    int rows = atoi(argv[3]), n = atoi(argv[4]), nt = atoi(argv[12]); float eps = strtof(argv[7], nullptr);
+    long long row_bytes = atoll(argv[5]); unsigned slices = (unsigned)atoi(argv[13]);
+    auto table = hx_read(argv[1]); auto ids = hx_read(argv[2]); auto w = hx_read(argv[6]);
+    std::vector<unsigned char> q((size_t)atoll(argv[8]), 0xAB), q2;
+    std::vector<float> s((size_t)rows * n, -12345.0f), y((size_t)rows * n, -12345.0f);
+    float* yp = hx_opt(argv[11], y);
+    hx_launch({slices, (unsigned)rows, 1}, {(unsigned)nt, 1, 1}, 0,
+              [&] { HX_SHIM_KERNEL(table.data(), (const int*)ids.data(), row_bytes, (const float*)w.data(), s.data(),
+                                   q.data(), yp, nullptr, n, eps); });
+    hx_write(argv[9], s.data(), s.size() * 4); hx_write(argv[10], q.data(), q.size()); hx_opt_write(argv[11], y);
 }'''
 
 MAIN_SWIGLU_Q8 = _OPT + _OPT_WRITE + r'''
@@ -604,3 +621,37 @@ def test_attention_q8_1_equals_attention_then_quantize_and_emulator(shim, tmp_pa
             assert np.array_equal(real, mma8_columns(want_q.reshape(output_shape(T, H * D, layout)), T))
         if with_o:
             assert np.array_equal(bits(np.fromfile(paths["o"], np.float32)), bits(o2)), "fused o != attention"
+
+
+@pytest.mark.parametrize("qtype,n,layout,early", [("Q6_K", 1024, "Q4_K", True), ("Q4_K", 1024, "MMA_Q4_K", False),
+                                                   ("Q4_K", 4096, "Q4_K", True), ("Q8_0", 800, None, False),
+                                                   ("F16", 1024, None, True), ("F32", 256, "Q6_K", False)])
+def test_embed_rms_norm_q8_1_source_equals_get_rows_then_norm(shim, tmp_path, qtype, n, layout, early):
+    """hx_embed_rms_norm_q8_1_*: the embedding rows of the token ids (repeated and unordered ids) and the q8_1
+    and floats of their norm, equal to get_rows then the norm (the emulators; their sources equal them in
+    tests/test_mmvq_shim.py and above), in the launcher's geometry (played or the tree's own block) at one,
+    three and the launcher's blocks per row, with the norm weights read before or after the wait."""
+    from hiraishin import quant
+
+    f = Files(tmp_path)
+    rng = np.random.default_rng(n + len(qtype))
+    table = np.ascontiguousarray(quant.quantize((rng.standard_normal((11, n)) * 2).astype(np.float32), qtype))
+    table = table.view(np.uint8).reshape(11, -1)
+    ids = np.array([7, 0, 10, 7], np.int32)
+    w = (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+    es, eq, ey = emulate_embed_rms_norm_q8_1(table, qtype, ids, w, EPS, layout)
+    threads, per, vals = norm_geometry(n)
+    defines = {**quantize_defines(layout), "HX_SHIM_KERNEL": EMBED_NORM_KERNELS[qtype]}
+    if vals:
+        defines.update(HX_NORM_PER=per, HX_NORM_VALS=vals)
+    if early:
+        defines["HX_NORM_W_EARLY"] = 1
+    exe = shim.build(SOURCE_EMBED, defines, MAIN_EMBED_RMS_Q8, "embed_rms_q8")
+    rows = ids.size
+    for slices in sorted({1, 3, norm_slices(n)}):
+        run(exe, f.put("t.bin", table), f.put("i.bin", ids), rows, n, table.shape[1], f.put("w.bin", w), EPS_ARG,
+            eq.size, f.path("s.bin"), f.path("q.bin"), f.path("y.bin"), threads, slices)
+        msg = f"{qtype} n={n} layout {layout}: {threads} threads, {slices} blocks per row"
+        np.testing.assert_array_equal(bits(f.get("s.bin", np.float32, (rows, n))), bits(es), err_msg=msg)
+        np.testing.assert_array_equal(f.get("q.bin", np.uint8, eq.shape), eq, err_msg=msg)
+        np.testing.assert_array_equal(bits(f.get("y.bin", np.float32, (rows, n))), bits(ey), err_msg=msg)

@@ -265,3 +265,55 @@ def test_attention_q8_1_equals_attention_then_quantize_and_emulator(kind, T, H, 
             _same(cp.asnumpy(mma8_columns(qf, T)), mma8_columns(np.asarray(qe), T), f"{kind}: vs emulator ({layout})")
         else:
             _same(cp.asnumpy(qf), qe, f"{kind}: fused vs emulator q8_1 ({layout})")
+
+
+@pytest.mark.parametrize("qtype,rows,n", [("Q6_K", 1, 1024), ("Q4_K", 3, 4096), ("Q8_0", 2, 800), ("F16", 9, 1024)])
+def test_embed_rms_norm_q8_1_equals_get_rows_then_norm_and_emulator(qtype, rows, n):
+    """One launch for a pass's embedding and first norm: get_rows' rows and the norm's q8_1 (two layouts)
+    and floats, as the two launches make them and as the emulator does."""
+    import cupy as cp
+
+    from hiraishin import quant
+    from hiraishin.kernels.elementwise.launch import launch_get_rows
+    from hiraishin.kernels.fused.emulate import emulate_embed_rms_norm_q8_1
+    from hiraishin.kernels.fused.launch import launch_embed_rms_norm_q8_1, launch_rms_norm_q8_1
+    from hiraishin.kernels.quantize.launch import output_shape
+
+    rng = np.random.default_rng(rows + n)
+    table = np.ascontiguousarray(quant.quantize((rng.standard_normal((13, n)) * 2).astype(np.float32), qtype))
+    table = table.view(np.uint8).reshape(13, -1)
+    ids = rng.integers(0, 13, rows).astype(np.int32)
+    w = (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+    td, idd, wd = cp.asarray(table), cp.asarray(ids), cp.asarray(w)
+    for layout, layout2 in ((None, None), ("Q4_K", "Q6_K")) if n % 256 == 0 else ((None, None),):
+        es, eq, ey = emulate_embed_rms_norm_q8_1(table, qtype, ids, w, EPS, layout)
+        eq2 = None if layout2 is None else emulate_embed_rms_norm_q8_1(table, qtype, ids, w, EPS, layout2)[1]
+        s = cp.full((rows, n), -1.0, cp.float32)
+        q = cp.zeros(output_shape(rows, n, layout), cp.uint8)
+        q2 = None if layout2 is None else cp.zeros(output_shape(rows, n, layout2), cp.uint8)
+        y = cp.full((rows, n), -1.0, cp.float32)
+        launch_embed_rms_norm_q8_1(td, qtype, idd, wd, float(EPS), s, q, y, layout, q2, layout2)
+        us = launch_get_rows(td, qtype, idd, cp.empty((rows, n), cp.float32))
+        uq, uy = cp.zeros_like(q), cp.empty_like(y)
+        launch_rms_norm_q8_1(us, wd, float(EPS), uq, uy, layout)
+        for got, unfused, emulated, what in ((s, us, es, "rows"), (q, uq, eq, "q8_1"), (y, uy, ey, "normed")):
+            _same(got.get(), unfused.get(), f"{qtype} {layout} {what}: fused vs get_rows + norm")
+            _same(got.get(), emulated, f"{qtype} {layout} {what}: fused vs emulator")
+        if q2 is not None:
+            _same(q2.get(), eq2, f"{qtype} second layout {layout2}")
+
+
+def test_passes_with_the_embedding_fused_equal_the_two_launches(tiny_model_path, monkeypatch):
+    """Whole passes with HIRAISHIN_EMBED_NORM's one launch: the logits of the get_rows + norm passes."""
+    from hiraishin import Qwen3, ReductionOrder
+    from hiraishin.kernels.fused import launch as fused_launch
+
+    model = Qwen3.from_gguf(tiny_model_path, device="cuda", progress=False, cuda_graphs=False, n_ctx=256)
+    tokens = list(range(3, 40, 3))
+    for order in (ReductionOrder.BATCH_INVARIANT, ReductionOrder.SUBBLOCK):
+        want = [model.forward(tokens, 0, order), model.forward([5], len(tokens), order)]
+        monkeypatch.setattr(fused_launch, "EMBED_NORM", True)
+        got = [model.forward(tokens, 0, order), model.forward([5], len(tokens), order)]
+        monkeypatch.setattr(fused_launch, "EMBED_NORM", False)
+        for g, w in zip(got, want):
+            _same(g, w, f"{order.name} logits")

@@ -15,6 +15,7 @@ import pytest
 
 from hiraishin.kernels.compile import NVRTC_OPTIONS, defines_text, load_source
 from hiraishin.kernels.fused.launch import SOURCE as FUSED_SOURCE
+from hiraishin.kernels.fused.launch import SOURCE_EMBED
 from hiraishin.kernels.mmvq.launch import SOURCE as MMVQ_SOURCE
 from hiraishin.kernels.mmvq.launch import capped_compile, kernel_defines, preset_kernel_defines
 from hiraishin.kernels.norm_mmvq.launch import SOURCE as NORM_MMVQ_SOURCE
@@ -45,6 +46,9 @@ CASES = [
     _mmvq("Q6_K", 4, 8, 3, 10, 1),
     _mmvq("Q8_0", 8, 4, 1, 41),
     (MMVQ_SOURCE, kernel_defines("Q4_K", 1, 2, 4, 16, ahead=132 * 16)),  # the prefetch a wave ahead (H200)
+    # the output heads with their argmax (mmvq_argmax): the 0.6B's (4 short rows a block), the 8B's (2 long rows)
+    (MMVQ_SOURCE, {**kernel_defines("Q6_K", 1, 4, 4, 4), "HX_ARGMAX": 1, "HX_ARGMAX_SLOTS": 64}),
+    (MMVQ_SOURCE, {**kernel_defines("Q6_K", 1, 2, 4, 16), "HX_ARGMAX": 1, "HX_ARGMAX_SLOTS": 64}),
     (TILED_SOURCE, tiled_defines("Q4_K")),
     (TILED_SOURCE, tiled_defines("Q6_K")),
     (TILED_SOURCE, tiled_defines("Q8_0")),
@@ -52,6 +56,10 @@ CASES = [
     # the fused kernels, the norms writing a second layout (Q/K's and V's in one launch)
     (FUSED_SOURCE, {**quantize_defines("Q4_K"), "HX_LAYOUT2": 14, "HX_LAYOUT2_BYTES": LAYOUT_BYTES["Q6_K"]}),
     (FUSED_SOURCE, quantize_defines(None)),
+    # the embedding and the first norm in one launch: the 0.6B's played tree (256 threads), the 8B's own block
+    (SOURCE_EMBED, {**quantize_defines("Q4_K"), "HX_NORM_PER": 4, "HX_NORM_VALS": 1, "HX_NORM_W_EARLY": 1,
+                    "HX_LAYOUT2": 14, "HX_LAYOUT2_BYTES": LAYOUT_BYTES["Q6_K"]}),
+    (SOURCE_EMBED, {**quantize_defines("Q4_K"), "HX_NORM_W_EARLY": 1}),
 ]
 # the norm inside the mat-vec (norm_mmvq): Qwen3-0.6B's and -8B's rows, one and four tokens, each weight type
 CASES += [(NORM_MMVQ_SOURCE, norm_mmvq_defines(q, k, ncols, rows, 4, None if q == "Q8_0" else q,

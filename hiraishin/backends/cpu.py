@@ -10,6 +10,7 @@ from ..kernels.attention.emulate import emulate_combine, emulate_partials
 from ..kernels.fused import emulate_qk_norm_rope_kv
 from ..kernels.mmq_stock import emulate as mmq_stock_emulate
 from ..plans import MMQStockPlan, SubBlockPlan
+from ..errors import BackendError
 from .base import Backend
 
 __all__ = ["CpuBackend", "CpuOps"]
@@ -71,15 +72,25 @@ class CpuOps:
                 for w, qtype in weights]
 
     # ---- fused sequences (the unfused emulators composed: the same float ops in the same order)
-    def norm_matvecs(self, x, norm_w, eps: float, weights, order, outs=None, residual=None, out_sum=None):
+    def norm_matvecs(self, x, norm_w, eps: float, weights, order, outs=None, residual=None, out_sum=None,
+                     argmax=None):
         """``rms_norm(x [+ residual])`` times every weight; with ``residual`` also returns the sum.
 
-        Returns ``(results, s)``: the mat-vec outputs, and ``x + residual`` (None without one).
+        Returns ``(results, s)``: the mat-vec outputs, and ``x + residual`` (None without one). ``argmax``
+        (the CUDA ops' tokens written into a device buffer) has no CPU form: ask :meth:`argmax_rows`.
         """
+        if argmax is not None:
+            raise BackendError("the CPU ops write no token buffer: take argmax_rows of the logits")
         s = None
         if residual is not None:
             s = x = self.add(x, residual)
         return self.mul_mats(weights, self.rms_norm(x, norm_w, eps), order), s
+
+    def embed_norm_matvecs(self, table, qtype: str, ids, norm_w, eps: float, weights, order, outs=None,
+                           out_rows=None):
+        """The rows of the embedding ``table`` at ``ids``, then :meth:`norm_matvecs` of them: ``(results, rows)``."""
+        rows = self.get_rows(table, qtype, ids)
+        return self.norm_matvecs(rows, norm_w, eps, weights, order, outs)[0], rows
 
     def swiglu_matvec(self, g, u, weight, order, out=None):
         """``silu(g) * u`` times ``weight`` (the FFN down projection)."""

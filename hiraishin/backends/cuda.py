@@ -25,6 +25,7 @@ from ..kernels.fused.launch import (
     launch_add_rms_norm_q8_1,
     launch_attention_q8_1,
     launch_combine_q8_1,
+    launch_embed_rms_norm_q8_1,
     launch_qk_norm_rope_kv,
     launch_rms_norm_q8_1,
     launch_swiglu_q8_1,
@@ -36,7 +37,9 @@ from ..kernels.mmq.launch import xlayout_setting as mmq_xlayout
 from ..kernels.mmq.launch import prepared_launch as mmq_prepared_launch
 from ..kernels.mmq_stock.launch import launch as mmq_stock_launch
 from ..kernels.mmq_stock.launch import prepared_launch as mmq_stock_prepared_launch
-from ..kernels.mmvq.launch import MULTI_MAX_WEIGHTS, MixedMatVecLaunch, MultiMatVecLaunch, prepared_plan
+from ..kernels.mmvq import launch as mmvq_launch
+from ..kernels.mmvq.launch import (MULTI_MAX_WEIGHTS, ArgmaxMatVecLaunch, MixedMatVecLaunch, MultiMatVecLaunch,
+                                   prepared_plan)
 from ..kernels.mmvq.launch import mixed_enabled as mmvq_mixed_enabled
 from ..kernels.norm_mmvq import launch as norm_mmvq
 from ..kernels.quantize.launch import QuantizeLaunch
@@ -321,13 +324,17 @@ class CudaOps:
                                                                  plan.rows_per_block, plan.nwarps)
         return hit
 
-    def norm_matvecs(self, x, norm_w, eps: float, weights, order, outs=None, residual=None, out_sum=None):
+    def norm_matvecs(self, x, norm_w, eps: float, weights, order, outs=None, residual=None, out_sum=None,
+                     argmax=None):
         """``rms_norm(x [+ residual])`` quantized straight into the layout the first weight's mat-vec
         reads, and into a second mat-vec layout (a Q6_K weight beside Q4_K ones) in the same launch,
         then every mat-vec; any further layout quantizes the normed floats. Or, where
         :meth:`_norm_mmvq_launches` allows (off by default: measured slower), the norm inside each
         mat-vec launch. Returns ``(results, s)``: the outputs and ``x + residual`` (``out_sum``; None
-        without a residual)."""
+        without a residual). ``argmax`` = ``(token, advance, pos)`` (one weight: a pass's output head):
+        also each row's greedy token into ``token`` as :meth:`argmax_rows` (``advance``: its advance and
+        log, or None), in the head's own launch where ``HIRAISHIN_HEAD_ARGMAX=1`` allows (one token, a
+        one-column mat-vec plan: the same logits, the same token)."""
         T, n = x.shape
         mvs, layouts = self._layouts(weights, T, order)
         fused = self._norm_mmvq_launches(mvs, T, n, eps)
@@ -338,7 +345,43 @@ class CudaOps:
             for at, (launch, idx) in enumerate(fused):  # the first launch writes the residual sum
                 launch(x, residual, norm_w, s if at == 0 else None, [weights[i][0] for i in idx],
                        [results[i] for i in idx])
+            if argmax is not None:
+                self.argmax_rows(results[0], out=argmax[0], advance=argmax[1], pos=argmax[2])
             return results, s
+        s = None if residual is None else self._empty((T, n), _F32) if out_sum is None else out_sum
+
+        def norm(xq, normed, first, xq2, second):
+            if residual is None:
+                launch_rms_norm_q8_1(x, norm_w, eps, xq, normed, first, xq2, second)
+            else:
+                launch_add_rms_norm_q8_1(x, residual, norm_w, eps, s, xq, normed, first, xq2, second)
+
+        return self._normed_matvecs(norm, weights, mvs, layouts, T, n, outs, argmax), s
+
+    def embed_norm_matvecs(self, table, qtype: str, ids, norm_w, eps: float, weights, order, outs=None,
+                           out_rows=None):
+        """A pass's start: the rows of the embedding ``table`` at the device token ``ids`` (dequantized),
+        then :meth:`norm_matvecs` of them. Returns ``(results, rows)``. With ``HIRAISHIN_EMBED_NORM=1``
+        (``kernels.fused.launch.EMBED_NORM``) one launch does the embedding and the norm (the same bits);
+        else a get_rows launch, then the norm's."""
+        n = get_rows_width(table.shape, qtype)
+        T = ids.size
+        rows = self._empty((T, n), _F32) if out_rows is None else out_rows
+        if not fused_launch.EMBED_NORM:
+            self.get_rows(table, qtype, ids, out=rows)
+            return self.norm_matvecs(rows, norm_w, eps, weights, order, outs)[0], rows
+        mvs, layouts = self._layouts(weights, T, order)
+
+        def norm(xq, normed, first, xq2, second):
+            launch_embed_rms_norm_q8_1(table, qtype, ids, norm_w, eps, rows, xq, normed, first, xq2, second)
+
+        return self._normed_matvecs(norm, weights, mvs, layouts, T, n, outs), rows
+
+    def _normed_matvecs(self, norm, weights, mvs, layouts, T: int, n: int, outs, argmax=None):
+        """``norm(xq, normed, first, xq2, second)`` (a norm launch) writes the normed rows as q8_1 in the
+        layout the first weight's mat-vec reads (``xq``) and in a second layout (``xq2``, a Q6_K weight
+        beside Q4_K ones), and the normed floats when a further layout quantizes them (``normed``,
+        else None); then every mat-vec (and ``argmax``: see :meth:`norm_matvecs`)."""
         first = layouts[0]
         xq = self._q8_1_scratch(T, n, first)
         # a second layout comes from the same launch (yq2); any further one quantizes the normed floats
@@ -346,18 +389,40 @@ class CudaOps:
         xq2 = self._q8_1_scratch(T, n, second) if second else None
         rest = [layout for layout in layouts[1:] if layout != second]
         normed = self.scratch("normed", (T, n)) if rest else None
-        s = None
-        if residual is None:
-            launch_rms_norm_q8_1(x, norm_w, eps, xq, normed, first, xq2, second)
-        else:
-            s = self._empty((T, n), _F32) if out_sum is None else out_sum
-            launch_add_rms_norm_q8_1(x, residual, norm_w, eps, s, xq, normed, first, xq2, second)
+        norm(xq, normed, first, xq2, second)
         xqs = {first: xq}
         if second:
             xqs[second] = xq2
         for layout in rest:
             xqs[layout] = self.quantize(normed, layout)
-        return self._run_matvecs(weights, mvs, xqs, T, outs), s
+        head = None if argmax is None else self._head_argmax(mvs, T)
+        if head is not None:  # the head and its greedy token in one launch
+            token, advance, pos = argmax
+            out = self._empty((T, mvs[0].n), _F32) if outs is None or outs[0] is None else outs[0]
+            head(weights[0][0], xqs[mvs[0].layout], out, token, pos, *(advance or (None, None)))
+            return [out]
+        results = self._run_matvecs(weights, mvs, xqs, T, outs)
+        if argmax is not None:
+            self.argmax_rows(results[0], out=argmax[0], advance=argmax[1], pos=argmax[2])
+        return results
+
+    def _head_argmax(self, mvs, T: int):
+        """The ``mmvq_argmax`` launch of a one-token output head (cached per weight shape and geometry), or
+        None: off (``HEAD_ARGMAX``), several weights or tokens, or not a one-column mat-vec plan."""
+        if not mmvq_launch.HEAD_ARGMAX or T != 1 or len(mvs) != 1:
+            return None
+        mv = mvs[0]
+        plan = mv.plan
+        if not (isinstance(plan, MatVecPlan) and plan.kernel == "mmvq" and plan.cols_per_launch == 1
+                and mv.group is not None):
+            return None
+        t = matvec_traits(mv.qtype)
+        k = mv.group[1] // t.block_bytes * t.qk  # the group key holds the row's bytes
+        key = ("head_argmax", mv.qtype, mv.n, k, plan)
+        hit = self._argmax.get(key)
+        if hit is None:
+            hit = self._argmax[key] = ArgmaxMatVecLaunch(mv.qtype, mv.n, k, plan.rows_per_block, plan.nwarps)
+        return hit
 
     def _norm_mmvq_launches(self, mvs, T: int, n: int, eps: float):
         """The ``hx_norm_mmvq`` launches that replace a norm launch and these mat-vecs, each with the

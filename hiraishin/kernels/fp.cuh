@@ -130,3 +130,21 @@ __device__ __forceinline__ hx_weight_of_block hx_pick_weight(const int b, const 
     if (b < n0 + n1) return {w1, out1, nrows1, b - n0};
     return {w2, out2, nrows2, b - n0 - n1};
 }
+
+// The argmax rule (elementwise.cu hx_argmax_rows; also mmvq.cu mmvq_argmax): one 64-bit key per candidate
+// whose unsigned order is the rule, the largest key the answer (see hx_argmax_rows).
+__device__ __forceinline__ unsigned long long hx_argmax_key(const float v, const int i) {
+    unsigned int u = __float_as_uint(v);
+    if (v != v) {
+        u = 0xffffffffu;  // every NaN: above +inf (0xff800000 once mapped)
+    } else if (v == 0.0f) {
+        u = 0x80000000u;  // -0.0 and +0.0 alike
+    } else {
+        u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+    }
+    return ((unsigned long long)u << 32) | (unsigned long long)(0xffffffffu - (unsigned int)i);
+}
+
+__device__ __forceinline__ unsigned long long hx_key_max(const unsigned long long a, const unsigned long long b) {
+    return a > b ? a : b;
+}

@@ -322,14 +322,9 @@ class Qwen3:
         """One pass on the backend: token ids and positions (T,) int32 arrays of the backend ->
         logits (T, n_vocab) of the backend (``buf["logits"]`` when given). Writes the cache cells
         ``pos``; does not commit them (see :meth:`forward`). What a CUDA graph of the pass captures."""
-        x = self.embed(ids, out=buf.get("embd"))                                    # (T, n_embd)
         if rec is None:
-            logits = self._fused_pass(x, pos, start_pos, order, buf)
-            if "advance" in buf:  # and the inputs of the next one-token pass of a chain (CUDA graphs)
-                self.ops.argmax_rows(logits, out=buf["argmax"], advance=buf["advance"], pos=pos)
-            elif "argmax" in buf:  # each position's greedy token, on the device (forward_argmax)
-                self.ops.argmax_rows(logits, out=buf["argmax"])
-            return logits
+            return self._fused_pass(ids, pos, start_pos, order, buf)
+        x = self.embed(ids, out=buf.get("embd"))                                    # (T, n_embd)
         rec("token_embd", x)
         for il in range(self.config.n_layer):
             q, k, v = self.attention_inputs(il, x, pos, order, buf, rec)
@@ -398,22 +393,24 @@ class Qwen3:
             buf["argmax"] = xp.empty((T,), np.int32)  # the greedy token of each position
         return buf
 
-    def _fused_pass(self, x, pos, start_pos: int, order, buf: dict):
-        """The layers and head with the fused ops: the same float operations in the same order as
-        the segments below (which a recording pass runs, to see every intermediate), fewer launches.
+    def _fused_pass(self, ids, pos, start_pos: int, order, buf: dict):
+        """The embedding, layers and head with the fused ops: the same float operations in the same order
+        as the segments below (which a recording pass runs, to see every intermediate), fewer launches.
 
-        Per layer: [residual + RMSNorm + q8_1] Q/K/V, [q/k norms + RoPE + KV store], attention with
+        Per layer: [residual + RMSNorm + q8_1] Q/K/V (the first layer: [embedding + RMSNorm + q8_1], one
+        launch where the backend fuses them), [q/k norms + RoPE + KV store], attention with
         [combine + q8_1] the output projection, [residual + RMSNorm + q8_1] gate/up, [SwiGLU + q8_1]
         down; the layer's last residual add is fused into the next layer's (or the head's) norm.
         """
         cfg, ops, W = self.config, self.ops, self.weights
-        T, eps, b = x.shape[0], cfg.rms_eps, buf.get
+        T, eps, b = ids.size, cfg.rms_eps, buf.get
         carry = None  # (ffn_down, ffn_inp) of the previous layer: its output is their sum
         ahead = l2_ahead_from_env()  # L2 prefetches beside the pass (cache hints: no bit changes)
         for il, L in enumerate(W.layers):
             qkv = ((L.attn_q.data, L.attn_q.qtype), (L.attn_k.data, L.attn_k.qtype), (L.attn_v.data, L.attn_v.qtype))
             if carry is None:
-                (q, k, v), _ = ops.norm_matvecs(x, L.attn_norm.data, eps, qkv, order, (b("q"), b("k"), b("v")))
+                (q, k, v), x = ops.embed_norm_matvecs(W.token_embd.data, W.token_embd.qtype, ids, L.attn_norm.data,
+                                                      eps, qkv, order, (b("q"), b("k"), b("v")), out_rows=b("embd"))
             else:
                 (q, k, v), x = ops.norm_matvecs(carry[0], L.attn_norm.data, eps, qkv, order, (b("q"), b("k"), b("v")),
                                                 residual=carry[1], out_sum=b("l_out"))
@@ -434,8 +431,11 @@ class Qwen3:
                                                  (nxt.attn_q.data, nxt.attn_k.data, nxt.attn_v.data)), ahead.bulk)
             d = ops.swiglu_matvec(g, u, (L.ffn_down.data, L.ffn_down.qtype), order, out=b("ffn_down"))
             carry = (d, x)
+        # each position's greedy token on the device (forward_argmax), with a chain's advance (CUDA graphs: the
+        # next one-token pass's inputs and the token log), from the head's launch where the backend can
+        argmax = (buf["argmax"], buf.get("advance"), pos) if "argmax" in buf else None
         (logits,), _ = ops.norm_matvecs(carry[0], W.output_norm.data, eps, ((W.output.data, W.output.qtype),), order,
-                                        (b("logits"),), residual=carry[1], out_sum=b("l_out"))
+                                        (b("logits"),), residual=carry[1], out_sum=b("l_out"), argmax=argmax)
         if ahead:
             ops.l2_ahead_join()  # the pass ends with its side stream (a graph capture must join it)
         return logits

@@ -89,22 +89,42 @@ __device__ __forceinline__ float hx_row_f32(const unsigned char* row, const int 
     return ((const float*)row)[col];
 }
 
-// One kernel per table type: grid (n_ids, ceil(n_cols / blockDim.x)), one thread per element.
-#define HX_GET_ROWS_KERNEL(name, element)                                                             \
-    extern "C" __global__ void name(const unsigned char* __restrict__ table, const int* __restrict__ ids, \
-                                    float* __restrict__ out, const int n_cols, const long long row_bytes) { \
-        HX_PDL_ENTRY();                                                                                     \
-        const int t = blockIdx.x;                                                                     \
-        const int col = blockIdx.y * blockDim.x + threadIdx.x;                                        \
-        if (col >= n_cols) return;                                                                    \
-        out[(long long)t * n_cols + col] = element(table + (long long)ids[t] * row_bytes, col);       \
-    }
+// One kernel per table type: grid (n_ids, ceil(n_cols / blockDim.x)), one thread per element. Written out
+// per type (not by a macro) so that each body shows its HX_PDL_ENTRY: kernels/pdl.py launches early only
+// the kernels whose own body waits, and a pass's first launch follows the previous pass's argmax (whose
+// advance writes the token id) where passes share a graph (PassGraphs.graph_passes).
+template <float (*ELEMENT)(const unsigned char*, int)>
+__device__ __forceinline__ void hx_get_rows(const unsigned char* __restrict__ table, const int* __restrict__ ids,
+                                            float* __restrict__ out, const int n_cols, const long long row_bytes) {
+    const int t = blockIdx.x;
+    const int col = blockIdx.y * blockDim.x + threadIdx.x;
+    if (col >= n_cols) return;
+    out[(long long)t * n_cols + col] = ELEMENT(table + (long long)ids[t] * row_bytes, col);
+}
+#define HX_GET_ROWS_ARGS                                                                                  \
+    const unsigned char* __restrict__ table, const int* __restrict__ ids, float* __restrict__ out,        \
+        const int n_cols, const long long row_bytes
 
-HX_GET_ROWS_KERNEL(hx_get_rows_q4_K, hx_row_q4_K)
-HX_GET_ROWS_KERNEL(hx_get_rows_q6_K, hx_row_q6_K)
-HX_GET_ROWS_KERNEL(hx_get_rows_q8_0, hx_row_q8_0)
-HX_GET_ROWS_KERNEL(hx_get_rows_f16, hx_row_f16)
-HX_GET_ROWS_KERNEL(hx_get_rows_f32, hx_row_f32)
+extern "C" __global__ void hx_get_rows_q4_K(HX_GET_ROWS_ARGS) {
+    HX_PDL_ENTRY();
+    hx_get_rows<hx_row_q4_K>(table, ids, out, n_cols, row_bytes);
+}
+extern "C" __global__ void hx_get_rows_q6_K(HX_GET_ROWS_ARGS) {
+    HX_PDL_ENTRY();
+    hx_get_rows<hx_row_q6_K>(table, ids, out, n_cols, row_bytes);
+}
+extern "C" __global__ void hx_get_rows_q8_0(HX_GET_ROWS_ARGS) {
+    HX_PDL_ENTRY();
+    hx_get_rows<hx_row_q8_0>(table, ids, out, n_cols, row_bytes);
+}
+extern "C" __global__ void hx_get_rows_f16(HX_GET_ROWS_ARGS) {
+    HX_PDL_ENTRY();
+    hx_get_rows<hx_row_f16>(table, ids, out, n_cols, row_bytes);
+}
+extern "C" __global__ void hx_get_rows_f32(HX_GET_ROWS_ARGS) {
+    HX_PDL_ENTRY();
+    hx_get_rows<hx_row_f32>(table, ids, out, n_cols, row_bytes);
+}
 
 // ---- KV store: cache[pos[t], h, d] = f16(kv[t, h, d]) for the K and the V of one layer ---------
 // Positions come from the device (the pass's int32 positions), so a CUDA graph of a pass replays
@@ -133,21 +153,7 @@ extern "C" __global__ void hx_kv_store(const float* __restrict__ k, const float*
 // largest key. Grid (B, T): block b of row t takes i = b*blockDim.x + tid, then + B*blockDim.x, ...,
 // writes its block's largest key to partials[t*B + b]; the last block of row t to finish (a counter
 // per row, reset to 0 by that block for the next launch) takes the largest of the B keys.
-__device__ __forceinline__ unsigned long long hx_argmax_key(const float v, const int i) {
-    unsigned int u = __float_as_uint(v);
-    if (v != v) {
-        u = 0xffffffffu;  // every NaN: above +inf (0xff800000 once mapped)
-    } else if (v == 0.0f) {
-        u = 0x80000000u;  // -0.0 and +0.0 alike
-    } else {
-        u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-    }
-    return ((unsigned long long)u << 32) | (unsigned long long)(0xffffffffu - (unsigned int)i);
-}
-
-__device__ __forceinline__ unsigned long long hx_key_max(const unsigned long long a, const unsigned long long b) {
-    return a > b ? a : b;
-}
+// (hx_argmax_key and hx_key_max: fp.cuh, shared with the output head that finds its argmax, mmvq.cu.)
 
 // The largest key of the block (valid in thread 0). Every thread must call it.
 __device__ __forceinline__ unsigned long long hx_block_key_max(unsigned long long key, unsigned long long* warp_keys) {

@@ -15,6 +15,8 @@ fused kernel (``fused.cu``)   equals, bit for bit
                               and ``quantize_q8_1(y)`` in a second ``layout2`` (``yq2``)
 ``hx_add_rms_norm_q8_1``      ``s = elementwise.cu hx_add_f32(a, b)`` (written: the next residual),
                               then ``hx_rms_norm_q8_1(s, w, eps)``
+``hx_embed_rms_norm_q8_1_*``   ``s = elementwise.cu hx_get_rows_*(table, ids)`` (written: the embedding, the
+(in ``embed_norm.cu``)        first residual), then ``hx_rms_norm_q8_1(s, w, eps)``: a pass's first launch
 ``hx_swiglu_q8_1``            ``m = elementwise.cu hx_swiglu_f32(g, u)``, then ``quantize_q8_1(m)`` in
                               ``layout``; optionally ``m`` too
 ``hx_qk_norm_rope_kv``        ``hx_rms_norm_f32`` of every head of q (T, H, D) with ``q_norm_w`` and of k
@@ -37,7 +39,7 @@ tree threads (``launch.norm_geometry``; the same adds), several blocks per row e
 scale, and quantize inside it (one q8_1 block per warp); SwiGLU
 runs the quantize launch (one warp per q8_1 block). Nothing per step is a scalar argument.
 
-Files: ``fused.cu`` (and ``fattn_combine_q8_1`` in ``attention/fattn_vec.cu``, beside the combine it
+Files: ``fused.cu``, ``embed_norm.cu`` (and ``fattn_combine_q8_1`` in ``attention/fattn_vec.cu``, beside the combine it
 extends); :mod:`.launch` (prepared launches ``RmsNormQ8_1Launch``, ``AddRmsNormQ8_1Launch``,
 ``SwigluQ8_1Launch``, ``QkNormRopeKvLaunch``, ``CombineQ8_1Launch`` and cached ``launch_*``
 functions); :mod:`.emulate` (``emulate_*``, the compositions of the unfused emulators).
@@ -47,10 +49,11 @@ from .emulate import (
     emulate_add_rms_norm_q8_1,
     emulate_attention_q8_1,
     emulate_combine_q8_1,
+    emulate_embed_rms_norm_q8_1,
     emulate_qk_norm_rope_kv,
     emulate_rms_norm_q8_1,
     emulate_swiglu_q8_1,
 )
 
-__all__ = ["emulate_rms_norm_q8_1", "emulate_add_rms_norm_q8_1", "emulate_swiglu_q8_1", "emulate_qk_norm_rope_kv",
+__all__ = ["emulate_rms_norm_q8_1", "emulate_add_rms_norm_q8_1", "emulate_embed_rms_norm_q8_1", "emulate_swiglu_q8_1", "emulate_qk_norm_rope_kv",
            "emulate_combine_q8_1", "emulate_attention_q8_1"]

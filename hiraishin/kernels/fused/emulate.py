@@ -13,11 +13,12 @@ from .. import quantize
 from ..attention.emulate import emulate as _attention
 from ..attention.emulate import emulate_combine as _combine
 from ..elementwise.emulate import emulate_add as _add
+from ..elementwise.emulate import emulate_get_rows as _get_rows
 from ..elementwise.emulate import emulate_swiglu as _swiglu
 from ..rmsnorm.emulate import emulate as _rms_norm
 from ..rope.emulate import emulate as _rope
 
-__all__ = ["emulate_rms_norm_q8_1", "emulate_add_rms_norm_q8_1", "emulate_swiglu_q8_1", "emulate_qk_norm_rope_kv",
+__all__ = ["emulate_rms_norm_q8_1", "emulate_add_rms_norm_q8_1", "emulate_embed_rms_norm_q8_1", "emulate_swiglu_q8_1", "emulate_qk_norm_rope_kv",
            "emulate_combine_q8_1", "emulate_attention_q8_1"]
 
 
@@ -32,6 +33,15 @@ def emulate_add_rms_norm_q8_1(a: np.ndarray, b: np.ndarray, w: np.ndarray, eps: 
     s = _add(a, b)
     xq, y = emulate_rms_norm_q8_1(s, w, eps, layout)
     return s, xq, y
+
+
+def emulate_embed_rms_norm_q8_1(table: np.ndarray, qtype: str, ids, w: np.ndarray, eps: float,
+                                layout: str | None = None):
+    """``(rows, xq, y)``: ``rows`` = the embedding ``table``'s rows at ``ids``, dequantized (get_rows), then
+    :func:`emulate_rms_norm_q8_1` of them."""
+    rows = _get_rows(table, qtype, np.asarray(ids, dtype=np.int32))
+    xq, y = emulate_rms_norm_q8_1(rows, w, eps, layout)
+    return rows, xq, y
 
 
 def emulate_swiglu_q8_1(g: np.ndarray, u: np.ndarray, layout: str | None = None):

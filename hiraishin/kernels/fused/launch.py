@@ -20,7 +20,8 @@ from ..compile import get_kernel
 from ..quantize.launch import QUANTIZE_WARPS_PER_BLOCK, output_shape, quantize_defines
 from ..rmsnorm.emulate import block_threads
 
-__all__ = ["SOURCE", "NULL", "NORM_BLOCK_THREADS", "NORM_PLAYED_MAX_VALUES", "fused_kernel", "norm_geometry",
+__all__ = ["SOURCE", "SOURCE_EMBED", "EMBED_NORM", "EMBED_NORM_KERNELS", "EmbedRmsNormQ8_1Launch",
+           "launch_embed_rms_norm_q8_1", "NULL", "NORM_BLOCK_THREADS", "NORM_PLAYED_MAX_VALUES", "fused_kernel", "norm_geometry",
            "norm_slices", "RmsNormQ8_1Launch", "AddRmsNormQ8_1Launch", "SwigluQ8_1Launch", "QkNormRopeKvLaunch",
            "launch_rms_norm_q8_1", "launch_add_rms_norm_q8_1", "launch_swiglu_q8_1", "launch_qk_norm_rope_kv",
            "SOURCE_COMBINE", "CombineQ8_1Launch", "launch_combine_q8_1", "ATTN_Q8_1", "attention_q8_1_epilogue",
@@ -29,6 +30,15 @@ __all__ = ["SOURCE", "NULL", "NORM_BLOCK_THREADS", "NORM_PLAYED_MAX_VALUES", "fu
 # fused.cu is compiled after the unfused sources whose device functions it calls (hx_rms_scale,
 # hx_q8_1_store): one copy of that code for the fused and the unfused kernels.
 SOURCE = ("rmsnorm/rmsnorm.cu", "quantize/quantize_q8_1.cu", "fused/fused.cu")
+# The embedding and the first norm in one launch (embed_norm.cu): the norm kernels' code after get_rows'
+# element functions (elementwise.cu). Off by default until a GPU run measures it (HIRAISHIN_EMBED_NORM=1 for
+# the A/B; bench/ablate_pass.py's "no embedding" variant times the launch it removes at most).
+SOURCE_EMBED = SOURCE + ("elementwise/elementwise.cu", "fused/embed_norm.cu")
+EMBED_NORM_KERNELS = {"Q4_K": "hx_embed_rms_norm_q8_1_q4_K", "Q6_K": "hx_embed_rms_norm_q8_1_q6_K",
+                      "Q8_0": "hx_embed_rms_norm_q8_1_q8_0", "F16": "hx_embed_rms_norm_q8_1_f16",
+                      "F32": "hx_embed_rms_norm_q8_1_f32"}
+ENV_EMBED_NORM = "HIRAISHIN_EMBED_NORM"
+EMBED_NORM = os.environ.get(ENV_EMBED_NORM, "0").strip() == "1"
 # The attention combine with the q8_1 store behind it: fattn_vec.cu's fattn_combine_q8_1 (compiled
 # with HX_COMBINE_Q8_1) after quantize_q8_1.cu, whose hx_q8_1_store it calls.
 SOURCE_COMBINE = ("quantize/quantize_q8_1.cu", "attention/fattn_vec.cu")
@@ -76,10 +86,12 @@ ENV_NORM_W_EARLY = "HIRAISHIN_NORM_W_EARLY"
 NORM_W_EARLY = os.environ.get(ENV_NORM_W_EARLY, "1").strip() == "1"
 
 
-def fused_kernel(name: str, layout: str | None = None, layout2: str | None = None, norm_n: int | None = None):
+def fused_kernel(name: str, layout: str | None = None, layout2: str | None = None, norm_n: int | None = None,
+                 source: tuple = SOURCE):
     """The compiled kernel ``name`` of fused.cu writing q8_1 ``layout`` (None: llama.cpp's blocks) and,
     for the norm kernels, optionally a second layout ``layout2`` (their ``yq2`` output); ``norm_n``:
-    the norm kernels' row length (their played tree, :func:`norm_geometry`)."""
+    the norm kernels' row length (their played tree, :func:`norm_geometry`); ``source``: the sources
+    (:data:`SOURCE_EMBED` for the embedding norms)."""
     defines = quantize_defines(layout)
     if norm_n is not None:
         _, per, vals = norm_geometry(norm_n)
@@ -90,7 +102,7 @@ def fused_kernel(name: str, layout: str | None = None, layout2: str | None = Non
     if layout2 is not None:
         second = quantize_defines(layout2)
         defines = {**defines, "HX_LAYOUT2": second["HX_LAYOUT"], "HX_LAYOUT2_BYTES": second["HX_LAYOUT_BYTES"]}
-    return get_kernel(SOURCE, name, defines)
+    return get_kernel(source, name, defines)
 
 
 def _ptr(a):
@@ -153,6 +165,31 @@ class AddRmsNormQ8_1Launch:
     def __call__(self, a, b, w, out_sum, out_q, out_norm=None, out_q2=None):
         if self.rows:
             self.kernel(self.grid, self.block, (a, b, w, out_sum, out_q, _ptr(out_norm), _ptr(out_q2)) + self.scalars)
+        return out_q
+
+
+class EmbedRmsNormQ8_1Launch:
+    """The rows of an embedding ``table`` (``qtype`` rows of ``row_bytes`` bytes) at the token ``ids``,
+    dequantized into ``out_rows``, then :class:`RmsNormQ8_1Launch` of them: call ``(table, ids, w, out_rows,
+    out_q, out_norm=None, out_q2=None)``; ``ids`` int32 (rows,) on the device, ``out_rows`` float32 (rows, n).
+    """
+
+    __slots__ = ("kernel", "grid", "block", "scalars", "shape", "rows", "row_bytes")
+
+    def __init__(self, qtype: str, row_bytes: int, rows: int, n: int, eps: float, layout: str | None = None,
+                 layout2: str | None = None):
+        self.kernel = fused_kernel(EMBED_NORM_KERNELS[qtype], layout, layout2, n, SOURCE_EMBED)
+        self.rows = rows
+        self.row_bytes = np.int64(row_bytes)
+        self.grid = (norm_slices(n), rows, 1)
+        self.block = (norm_geometry(n)[0], 1, 1)
+        self.scalars = (np.int32(n), np.float32(eps))
+        self.shape = output_shape(rows, n, layout)
+
+    def __call__(self, table, ids, w, out_rows, out_q, out_norm=None, out_q2=None):
+        if self.rows:
+            self.kernel(self.grid, self.block, (table, ids, self.row_bytes, w, out_rows, out_q, _ptr(out_norm),
+                                                _ptr(out_q2)) + self.scalars)
         return out_q
 
 
@@ -258,6 +295,14 @@ def launch_add_rms_norm_q8_1(a, b, w, eps: float, out_sum, out_q, out_norm=None,
     rows, n = a.shape
     return _cached(AddRmsNormQ8_1Launch, rows, n, float(eps), layout, layout2)(a, b, w, out_sum, out_q, out_norm,
                                                                               out_q2)
+
+
+def launch_embed_rms_norm_q8_1(table, qtype: str, ids, w, eps: float, out_rows, out_q, out_norm=None,
+                               layout: str | None = None, out_q2=None, layout2: str | None = None):
+    """:class:`EmbedRmsNormQ8_1Launch` for these shapes (cached), unchecked. Returns ``out_q``."""
+    rows, n = out_rows.shape
+    launch = _cached(EmbedRmsNormQ8_1Launch, qtype, int(table.shape[1]), rows, n, float(eps), layout, layout2)
+    return launch(table, ids, w, out_rows, out_q, out_norm, out_q2)
 
 
 def launch_swiglu_q8_1(g, u, out_q, out_m=None, layout: str | None = None):

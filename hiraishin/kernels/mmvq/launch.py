@@ -31,6 +31,10 @@ __all__ = [
     "mmvq_kernel",
     "capped_compile",
     "MatVecLaunch",
+    "ArgmaxMatVecLaunch",
+    "ARGMAX_SLOTS",
+    "HEAD_ARGMAX",
+    "ENV_HEAD_ARGMAX",
     "PlanLaunches",
     "MultiMatVecLaunch",
     "MixedMatVecLaunch",
@@ -224,6 +228,51 @@ class MatVecLaunch:
     def __call__(self, w, xq, out):
         self.kernel(self.grid, self.block, (w, xq, out) + self.scalars, shared_mem=self.shared)
         return out
+
+
+# mmvq_argmax (mmvq.cu, HX_ARGMAX): the output head of a one-token pass with its greedy token in the same launch
+# (hx_argmax_rows' rule and advance). Its CUDA blocks max their keys into this many slots (the Qwen3 head's
+# 37,984 blocks of 4 rows: ~600 atomics an address) before the last block reads them. Off by default until a
+# GPU run times it against the head then hx_argmax_rows (HIRAISHIN_HEAD_ARGMAX=1 for the A/B;
+# bench/ablate_pass.py's "no argmax" variant times the launch it removes at most).
+ARGMAX_SLOTS = 64
+ENV_HEAD_ARGMAX = "HIRAISHIN_HEAD_ARGMAX"
+HEAD_ARGMAX = os.environ.get(ENV_HEAD_ARGMAX, "0").strip() == "1"
+
+
+class ArgmaxMatVecLaunch:
+    """One ``mmvq_argmax`` launch: one column of an (``n``, ``k``) ``qtype`` weight (the output head) and the
+    first index of its largest value. Call it with the weight, the activations and ``out`` (as
+    :class:`MatVecLaunch`; float32 (1, n)), ``token`` (int32 (1,)), ``pos`` (int32 (1,), the pass's position)
+    and the advance (``advance``: int32 (2,), ``log``: int32 (n_log, 2); None: not written), as
+    ``hx_argmax_rows``. The launch keeps its own zeroed slot keys and counters (reset by each launch's last
+    block): create and call it on one stream.
+    """
+
+    __slots__ = ("kernel", "grid", "block", "shared", "n", "slot_keys", "counters")
+
+    def __init__(self, qtype: str, n: int, k: int, rows_per_block: int, nwarps: int):
+        import cupy
+
+        t = matvec_traits(qtype)
+        defines = {**kernel_defines(qtype, 1, rows_per_block, nwarps, k // t.qk, ahead=0), "HX_ARGMAX": 1,
+                   "HX_ARGMAX_SLOTS": ARGMAX_SLOTS}
+        self.kernel, _ = mmvq_kernel(defines, SOURCE, "mmvq_argmax")
+        self.grid = ((n + rows_per_block - 1) // rows_per_block, 1, 1)
+        self.block = (32, nwarps, 1)
+        self.shared = (nwarps - 1) * rows_per_block * 32 * 4
+        self.n = np.int32(n)
+        self.slot_keys = cupy.zeros((ARGMAX_SLOTS,), np.uint64)
+        self.counters = cupy.zeros((ARGMAX_SLOTS + 1,), np.uint32)
+
+    def __call__(self, w, xq, out, token, pos, advance=None, log=None):
+        null = np.uint64(0)
+        n_log = np.int32(0 if log is None else log.shape[0])
+        self.kernel(self.grid, self.block,
+                    (w, xq, out, self.n, self.slot_keys, self.counters, token, pos,
+                     null if advance is None else advance, null if log is None else log, n_log),
+                    shared_mem=self.shared)
+        return token
 
 
 # Weights one mmvq_multi launch takes (Q, K and V share an input; so do gate and up).

@@ -501,12 +501,13 @@ __device__ __forceinline__ void hx_prefetch_rows(const u8* __restrict__ w, const
 // (lane threadIdx.x, warp wy of them), which hand over through tmp_shared
 // ((HX_NWARPS-1)*HX_NCOLS*HX_RPB*32 floats of their own). Every thread of the CUDA block calls it
 // (one __syncthreads). EARLY: the thread waits for the previous kernel itself, once its first
-// weights are in registers (HX_W_EARLY); else its caller has waited.
+// weights are in registers (HX_W_EARLY); else its caller has waited. key (warp 0, or NULL): the
+// largest argmax key (fp.cuh hx_argmax_key) of column 0's rows that exist, max-ed into *key.
 template <bool EARLY = false>
 __device__ __forceinline__ void hx_mmvq_rows(const u8* __restrict__ w, const u8* __restrict__ y,
                                              float* __restrict__ dst, const int nrows,
                                              const long long stride_dst, const int row0, const int wy,
-                                             float* tmp_shared) {
+                                             float* tmp_shared, unsigned long long* key = nullptr) {
     const int lane = threadIdx.x;
     const int tid = 32 * wy + lane;
     const int kbx0 = tid / HX_TPB;
@@ -566,6 +567,7 @@ __device__ __forceinline__ void hx_mmvq_rows(const u8* __restrict__ w, const u8*
             if (lane == i && row0 + i < nrows) {
                 dst[j * stride_dst + row0 + i] = s;
             }
+            if (key != nullptr && j == 0 && row0 + i < nrows) *key = hx_key_max(*key, hx_argmax_key(s, row0 + i));
         }
     }
 }
@@ -586,6 +588,76 @@ mmvq(const u8* __restrict__ w, const u8* __restrict__ y, float* __restrict__ dst
     extern __shared__ float tmp_shared[];
     hx_mmvq_rows<(HX_W_EARLY > 0)>(w, y, dst, nrows, stride_dst, HX_RPB * blockIdx.x, threadIdx.y, tmp_shared);
 }
+
+#ifdef HX_ARGMAX
+// mmvq_argmax (HX_ARGMAX, one column): the output head of a one-token pass with its greedy token, one launch
+// fewer than mmvq then elementwise.cu's hx_argmax_rows. The logits are mmvq's (the same rows, the same
+// bits); the token is hx_argmax_rows' (the first index of the largest logit, NaN largest; a largest key
+// over every row is the same key however the rows were split), with its advance and token log. Each CUDA
+// block max-es its rows' key into one of HX_ARGMAX_SLOTS slots (blockIdx.x % slots: the atomics of tens
+// of thousands of blocks spread over that many addresses) and counts itself in the slot's counter; the
+// last block of a slot counts the slot in counters[HX_ARGMAX_SLOTS], and the last slot's block takes the
+// largest slot key, writes the token (out, advance, log as hx_argmax_rows) and sets every key and counter
+// back to 0 for the next launch (a CUDA graph replays this one). slot_keys: HX_ARGMAX_SLOTS uint64,
+// counters: HX_ARGMAX_SLOTS + 1 uint32, zero before the first launch.
+#if HX_NCOLS != 1
+#error "mmvq_argmax: one column"
+#endif
+extern "C" __global__ void __launch_bounds__(32 * HX_NWARPS, HX_MIN_BLOCKS)
+mmvq_argmax(const u8* __restrict__ w, const u8* __restrict__ y, float* dst, const int nrows,
+            unsigned long long* slot_keys, unsigned int* counters, int* __restrict__ out, const int* pos,
+            int* advance, int* log, const int n_log) {
+    hx_prefetch_rows(w, nrows, HX_RPB * blockIdx.x);
+#if !HX_W_EARLY
+    HX_PDL_ENTRY();
+#endif
+    extern __shared__ float tmp_shared[];
+    unsigned long long key = 0;  // below every value's key
+    hx_mmvq_rows<(HX_W_EARLY > 0)>(w, y, dst, nrows, nrows, HX_RPB * blockIdx.x, threadIdx.y, tmp_shared, &key);
+    if (threadIdx.y != 0) return;  // warp 0 holds the rows' sums and the key (every lane the same)
+    const int lane = threadIdx.x;
+    const unsigned int slots = min(gridDim.x, (unsigned int)HX_ARGMAX_SLOTS);
+    int last = 0;
+    if (lane == 0) {
+        const unsigned int slot = blockIdx.x % HX_ARGMAX_SLOTS;
+        atomicMax(&slot_keys[slot], key);
+        __threadfence();  // the key (and the rows) visible before the count says so
+        const unsigned int in_slot = (gridDim.x - slot + HX_ARGMAX_SLOTS - 1) / HX_ARGMAX_SLOTS;
+        if (atomicAdd(&counters[slot], 1u) == in_slot - 1) {
+            __threadfence();
+            last = atomicAdd(&counters[HX_ARGMAX_SLOTS], 1u) == slots - 1;
+        }
+    }
+    if (!__shfl_sync(0xffffffffu, last, 0, 32)) return;  // uniform per warp
+    __threadfence();
+    unsigned long long best = 0;
+    for (unsigned int k = lane; k < slots; k += 32) best = hx_key_max(best, ((volatile unsigned long long*)slot_keys)[k]);
+    for (int off = 16; off > 0; off >>= 1) {
+        const unsigned int hi = __shfl_xor_sync(0xffffffffu, (unsigned int)(best >> 32), off, 32);
+        const unsigned int lo = __shfl_xor_sync(0xffffffffu, (unsigned int)best, off, 32);
+        best = hx_key_max(best, ((unsigned long long)hi << 32) | lo);
+    }
+    for (unsigned int k = lane; k < HX_ARGMAX_SLOTS; k += 32) {  // ready for the next launch
+        slot_keys[k] = 0;
+        counters[k] = 0;
+    }
+    if (lane == 0) {
+        counters[HX_ARGMAX_SLOTS] = 0;
+        const unsigned int index = 0xffffffffu - (unsigned int)best;
+        const int token = best == 0 || (int)index >= nrows ? 0 : (int)index;
+        out[0] = token;
+        if (advance != nullptr) {
+            const int next = pos[0] + 1;  // read before advance[1] is written (they may alias)
+            advance[0] = token;
+            advance[1] = next;
+            if (log != nullptr && next < n_log) {
+                log[2 * next] = token;
+                log[2 * next + 1] = (int)__float_as_uint(((volatile float*)dst)[token]);
+            }
+        }
+    }
+}
+#endif  // HX_ARGMAX
 
 // The rows of mmvq_multi's CUDA block b (whichever weight it maps to) into L2.
 __device__ __forceinline__ void hx_multi_prefetch(const int b, const u8* w0, const int nrows0, const int nblk0,
