@@ -178,7 +178,7 @@ def format_report(r: dict) -> str:
     for name, s in r["speculative"].items():  # older JSON files lack the rounds
         if s.get("rounds"):
             lines.append(f"  {name} speedup per round: " + ", ".join(f"{x['speedup']:.3f}x" for x in s["rounds"])
-                         + f" (the table: the round of the median speculative time)")
+                         + " (the table: the round of the median speculative time)")
     lines.append("where each speedup comes from: tokens per cycle / (a cycle's drafting + verifying + bookkeeping, "
                  "each in plain decoding steps)")
     for name, s in r["speculative"].items():

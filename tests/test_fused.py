@@ -500,7 +500,7 @@ def _combine_inputs(T, H, P, D, seed):
 @pytest.mark.parametrize("T,H,P,D", [(1, 16, 6, 128), (5, 2, 2, 128), (3, 8, 3, 64)])
 def test_combine_q8_1_equals_combine_then_quantize_and_emulator(shim, tmp_path, layout, T, H, P, D):
     from hiraishin.kernels.fused.emulate import emulate_combine_q8_1
-    from hiraishin.kernels.fused.launch import SOURCE, SOURCE_COMBINE
+    from hiraishin.kernels.fused.launch import SOURCE_COMBINE
 
     if layout is not None and (H * D) % 256:
         pytest.skip("the mat-vec layouts hold whole super-blocks of 256 values")

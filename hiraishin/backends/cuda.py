@@ -38,8 +38,7 @@ from ..kernels.mmq.launch import prepared_launch as mmq_prepared_launch
 from ..kernels.mmq_stock.launch import launch as mmq_stock_launch
 from ..kernels.mmq_stock.launch import prepared_launch as mmq_stock_prepared_launch
 from ..kernels.mmvq import launch as mmvq_launch
-from ..kernels.mmvq.launch import (MULTI_MAX_WEIGHTS, ArgmaxMatVecLaunch, MixedMatVecLaunch, MultiMatVecLaunch,
-                                   prepared_plan)
+from ..kernels.mmvq.launch import MULTI_MAX_WEIGHTS, MixedMatVecLaunch, MultiMatVecLaunch, prepared_plan
 from ..kernels.mmvq.launch import mixed_enabled as mmvq_mixed_enabled
 from ..kernels.norm_mmvq import launch as norm_mmvq
 from ..kernels.quantize.launch import QuantizeLaunch
@@ -407,8 +406,7 @@ class CudaOps:
         return results
 
     def _head_argmax(self, mvs, T: int):
-        """The ``mmvq_argmax`` launch of a one-token output head (cached per weight shape and geometry), or
-        None: off (``HEAD_ARGMAX``), several weights or tokens, or not a one-column mat-vec plan."""
+        """The ``mmvq_argmax`` launch of a one-token output head (cached), or None (see :meth:`norm_matvecs`)."""
         if not mmvq_launch.HEAD_ARGMAX or T != 1 or len(mvs) != 1:
             return None
         mv = mvs[0]
@@ -421,7 +419,8 @@ class CudaOps:
         key = ("head_argmax", mv.qtype, mv.n, k, plan)
         hit = self._argmax.get(key)
         if hit is None:
-            hit = self._argmax[key] = ArgmaxMatVecLaunch(mv.qtype, mv.n, k, plan.rows_per_block, plan.nwarps)
+            hit = self._argmax[key] = mmvq_launch.ArgmaxMatVecLaunch(mv.qtype, mv.n, k, plan.rows_per_block,
+                                                                    plan.nwarps)
         return hit
 
     def _norm_mmvq_launches(self, mvs, T: int, n: int, eps: float):
