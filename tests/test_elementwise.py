@@ -247,3 +247,50 @@ def test_argmax_rows_source_equals_numpy(tmp_path, n, threads, blocks):
     assert emulate_argmax_rows(x).tolist() == want.tolist()
     if n > 40:
         assert want[1] == 3 and want[2] == 40 and want[3] == 0 and want[0] == 5
+
+
+MAIN_TOPK = r'''
+int main(int argc, char** argv) {
+    // argv: x (one row), n, k, threads, blocks, out; launched twice (the counter must come back to 0)
+    int n = atoi(argv[2]), k = atoi(argv[3]), nt = atoi(argv[4]), nblk = atoi(argv[5]);
+    auto x = hx_read(argv[1]);
+    std::vector<int> out(2 * k, -7), again(2 * k, -9);
+    std::vector<unsigned long long> partials((size_t)nblk * k, 0xdeadbeefull);
+    unsigned counter = 0;
+    for (int* o : {out.data(), again.data()})
+        hx_launch({(unsigned)nblk, 1, 1}, {(unsigned)nt, 1, 1}, 0,
+                  [&] { hx_topk_row((const float*)x.data(), n, k, partials.data(), &counter, o); });
+    if (out != again || counter != 0) return 3;
+    hx_write(argv[6], out.data(), out.size() * 4);
+}'''
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="g++ not on PATH")
+@pytest.mark.parametrize("n,k,threads,blocks", [(3000, 5, 256, 2), (3000, 16, 96, 5), (3000, 1, 64, 1),
+                                                 (9, 12, 64, 3)])
+def test_topk_row_source_equals_top_k_of(tmp_path, n, k, threads, blocks):
+    """hx_topk_row: hiraishin.decode.greedy.top_k_of's places (ties to the lower index, -0.0 == +0.0, NaN last,
+    index -1 past a short row's end) and the values' bits, over any split of the row."""
+    from cuda_shim import ShimBuilder, run
+
+    from hiraishin.decode.greedy import top_k_of
+    from hiraishin.kernels.elementwise import emulate_topk_row
+
+    rng = np.random.default_rng(n + k)
+    x = rng.standard_normal(n).astype(np.float32)
+    if n > 100:
+        x[[10, 700, 2999]] = 4.0  # a three-way tie across threads and blocks
+        x[[20, 21]] = [-0.0, 0.0]
+        x[[5, 1500]] = np.nan
+        x[[30, 31]] = [np.inf, -np.inf]
+    else:
+        x[:] = [1, np.nan, 3, 3, -0.0, 0.0, -np.inf, 2, 3][:n]
+    (tmp_path / "x.bin").write_bytes(x.tobytes())
+    exe = ShimBuilder(tmp_path).build("elementwise/elementwise.cu", {}, MAIN_TOPK, "topk")
+    run(exe, tmp_path / "x.bin", n, k, threads, blocks, tmp_path / "out.bin")
+    got = np.fromfile(tmp_path / "out.bin", np.int32).reshape(k, 2)
+    want = emulate_topk_row(x, k)
+    np.testing.assert_array_equal(got, want)
+    ids, vals = top_k_of(x, k)
+    real = got[:, 0] >= 0
+    assert got[real, 0].tolist() == ids.tolist() and np.array_equal(got[real, 1], vals.view(np.int32))

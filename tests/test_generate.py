@@ -154,3 +154,17 @@ def test_chat_with_system_and_thinking_switch(model):
     res = generate(model, "hi", max_new_tokens=1, chat=True, system="be brief", think=False, stop_at_eos=False)
     assert res.prompt_tokens == ids
     assert model.tokenizer.decode(ids).startswith("<|im_start|>system\nbe brief")
+
+
+def test_a_streamed_pass_shows_the_token_decoding_continues_with_first():
+    """greedy_stream's (token, logit, ids, values) as a step's places: the device's token first, even where a NaN
+    logit (the device's argmax, which top_k_of puts last) is not ids[0]."""
+    import numpy as np
+
+    from hiraishin.decode.greedy import _with_token_first
+
+    ids, vals = np.array([7, 3, 9], np.int64), np.array([2.0, 1.0, 0.5], np.float32)
+    got_ids, got_vals = _with_token_first((7, 2.0, ids, vals))
+    assert got_ids.tolist() == [7, 3, 9] and got_vals.tolist() == [2.0, 1.0, 0.5]
+    got_ids, got_vals = _with_token_first((5, float("nan"), ids, vals))  # a NaN at 5: the device decoded it
+    assert got_ids.tolist() == [5, 7, 3] and np.isnan(got_vals[0]) and got_vals[1:].tolist() == [2.0, 1.0]

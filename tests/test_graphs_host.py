@@ -34,6 +34,18 @@ def logit_of(token: int) -> float:
     return float(np.float32(token) / np.float32(8))
 
 
+def fake_logits(token: int) -> np.ndarray:
+    """The fake pass's logits: the largest at ``token``, then its neighbours."""
+    return -np.abs(np.arange(N_VOCAB, dtype=np.float32) - np.float32(token))
+
+
+def _fake_topk_row(x_row, k, out):
+    from hiraishin.kernels.elementwise import emulate_topk_row
+
+    out[:] = emulate_topk_row(np.asarray(x_row), k)
+    return out
+
+
 class DevArray(np.ndarray):
     """A "device" array: host memory with CuPy's ``.data.ptr`` and ``.get()``."""
 
@@ -126,14 +138,15 @@ class FakeModel:
         self.backend = types.SimpleNamespace(
             xp=cp, synchronize=lambda: None, to_host=np.asarray,
             attention_plan=lambda order, T, kv, H, Hkv, D: attention_plan(order, T, kv, H, Hkv, D).launched(),
-            ops=types.SimpleNamespace(attention_scratch=lambda *a: None))
+            ops=types.SimpleNamespace(attention_scratch=lambda *a: None, topk_row=_fake_topk_row))
         self._buffers = {}
         self.eager_passes = 0
         self.cells = {}  # position -> the token a pass fed there (the "KV cache")
 
     def pass_buffers(self, T):
         if T not in self._buffers:
-            self._buffers[T] = {"argmax": self.backend.xp.zeros((T,), np.int32)}
+            self._buffers[T] = {"argmax": self.backend.xp.zeros((T,), np.int32),
+                                "logits": self.backend.xp.zeros((T, N_VOCAB), np.float32)}
         return self._buffers[T]
 
     def run_pass(self, ids, pos, start_pos, order, buf):
@@ -141,6 +154,7 @@ class FakeModel:
             ids_h, pos_h = np.array(ids), np.array(pos)
             out = [next_token(t, p) for t, p in zip(ids_h, pos_h)]
             buf["argmax"][:] = out
+            buf["logits"][:] = [fake_logits(t) for t in out]  # largest at each position's token
             self.cells.update({int(p): int(t) for t, p in zip(ids_h, pos_h)})
             if "advance" in buf:
                 io, log = buf["advance"]
@@ -304,3 +318,15 @@ def test_graph_passes_from_the_environment(monkeypatch):
             g._graph_passes_from_env()
     monkeypatch.delenv(g.GRAPH_PASSES_ENV)
     assert g._graph_passes_from_env() == g.GRAPH_PASSES
+
+
+def test_greedy_steps_with_the_top_k_of_each_pass(graphs):
+    for _ in range(3):
+        got = list(graphs.greedy_steps(11, 40, 7, ORDER, top_k=3))
+        want = reference([11], 40, 7)
+        assert [g[0] for g in got] == want and [g[1] for g in got] == [logit_of(t) for t in want]
+        for (tok, _, ids, vals) in got:  # each pass's own logits' top 3: its token, then the lower neighbour
+            assert ids.tolist() == [tok, tok - 1, tok + 1][:3] if 0 < tok < N_VOCAB - 1 else ids[0] == tok
+            assert vals.tolist() == fake_logits(tok)[ids].tolist()
+    single = list(graphs.greedy_steps(11, 40, 7, ORDER))
+    assert [len(g) for g in single] == [2] * 7  # top_k 1: (token, logit) as before

@@ -144,25 +144,49 @@ def test_greedy_stream_stopped_early_leaves_the_tokens_taken(models):
 
 @pytest.mark.parametrize("order", [ReductionOrder.BATCH_INVARIANT, ReductionOrder.BATCH_VARIANT], ids=lambda o: o.name)
 def test_generate_on_graphs_equals_generate_eager(models, order):
-    """hiraishin's plain decoding with top_k=1 (a pass enqueued ahead on graphs) and with top_k=3 (one
-    synchronous pass at a time): the eager model's tokens and top logits, bit for bit; a stream() left
-    after a few tokens leaves the eager loop's cache."""
+    """hiraishin's plain decoding with top_k=1 and 3 and 20 (passes enqueued ahead on graphs; the top logits
+    found on the device behind each pass): the eager model's tokens and top logits, bit for bit; a stream()
+    left after a few tokens leaves the eager loop's cache."""
     from hiraishin.decode.greedy import generate, stream
 
     chained, eager = models
     prompt = list(range(300, 324))
-    for k in (1, 3):
+    for k in (1, 3, 20):
         got = generate(chained, prompt, max_new_tokens=12, order=order, stop_at_eos=False, top_k=k)
         want = generate(eager, prompt, max_new_tokens=12, order=order, stop_at_eos=False, top_k=k)
         assert got.tokens == want.tokens
         assert np.array_equal(got.top_k_ids, want.top_k_ids)
         assert np.array_equal(got.top_k_logits.view(np.uint32), want.top_k_logits.view(np.uint32))
         assert chained.kv_len == eager.kv_len == len(prompt) + 11
-    for m in models:
-        it = stream(m, prompt, max_new_tokens=30, order=order, stop_at_eos=False, top_k=1)
-        [next(it) for _ in range(5)]
-        it.close()
-    assert chained.kv_len == eager.kv_len == len(prompt) + 4
+    for k in (1, 4):
+        for m in models:
+            it = stream(m, prompt, max_new_tokens=30, order=order, stop_at_eos=False, top_k=k)
+            [next(it) for _ in range(5)]
+            it.close()
+        assert chained.kv_len == eager.kv_len == len(prompt) + 4
+
+
+def test_topk_row_kernel_equals_top_k_of():
+    """hx_topk_row on a GPU: top_k_of's places and the values' bits (ties, -0.0, NaN, a row of the vocabulary's
+    length), launch after launch on one scratch."""
+    import cupy as cp
+
+    from hiraishin.kernels.elementwise import emulate_topk_row
+    from hiraishin.kernels.elementwise.launch import TOPK_MAX, TopKRow
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal(151936).astype(np.float32)
+    x[[10, 70000, 151935]] = 5.0
+    x[[20, 21]] = [-0.0, 0.0]
+    x[[5, 99999]] = np.nan
+    xd = cp.asarray(x)
+    for k in (1, 5, TOPK_MAX):
+        top = TopKRow(cp, x.size, k)
+        for _ in range(2):
+            out = cp.full((k, 2), -7, cp.int32)
+            top(xd, out)
+            np.testing.assert_array_equal(out.get(), emulate_topk_row(x, k))
+        assert int(top.counter.get()[0]) == 0
 
 
 @pytest.fixture(scope="module")

@@ -34,9 +34,7 @@ from ..kernels.mmq.launch import launch as mmq_launch
 from ..kernels.mmq.launch import MMQMultiLaunch
 from ..kernels.mmq.launch import multi_enabled as mmq_multi_enabled
 from ..kernels.mmq.launch import xlayout_setting as mmq_xlayout
-from ..kernels.mmq.launch import prepared_launch as mmq_prepared_launch
 from ..kernels.mmq_stock.launch import launch as mmq_stock_launch
-from ..kernels.mmq_stock.launch import prepared_launch as mmq_stock_prepared_launch
 from ..kernels.mmvq import launch as mmvq_launch
 from ..kernels.mmvq.launch import MULTI_MAX_WEIGHTS, MixedMatVecLaunch, MultiMatVecLaunch, prepared_plan
 from ..kernels.mmvq.launch import mixed_enabled as mmvq_mixed_enabled
@@ -48,6 +46,7 @@ from ..plans import MMQStockPlan, SubBlockPlan
 from ..plans.matvec import MatVecPlan, matvec_traits
 from .base import Backend
 from .checks import get_rows_width
+from .cuda_matvec import PreparedMatVec
 
 __all__ = ["CudaBackend", "CudaOps", "cuda_available", "SCRATCH_MAX_TOKENS"]
 
@@ -66,41 +65,6 @@ _U8 = np.dtype(np.uint8)
 def cuda_available() -> bool:
     """True when CuPy imports and sees at least one CUDA device."""
     return cupy_available()
-
-
-class _MatVec:
-    """One prepared mat-vec: the plan, the layout its activations must be in, and the launch
-    (the mat-vec kernel's prepared plan, the sub-block or stock-MMQ MMA kernel, or the tiled kernel)."""
-
-    __slots__ = ("plan", "launch", "n", "layout", "qtype", "group")
-
-    def __init__(self, plan, qtype: str, n: int, row_bytes: int):
-        t = matvec_traits(qtype)
-        self.plan, self.n, self.qtype = plan, n, qtype
-        # mat-vecs with the same group key may share one mmvq_multi (or hx_mmq_multi) launch (same
-        # kernel geometry and row length, one launch per plan); None: launched alone
-        self.group = None
-        if isinstance(plan, MatVecPlan) and plan.kernel == "mmvq" and len(plan.launches()) == 1:
-            self.group = (qtype, row_bytes, plan)
-        if isinstance(plan, SubBlockPlan):  # int8 MMA kernels reading their own q8_1 layout (or llama.cpp's)
-            self.launch = mmq_prepared_launch(n, plan)
-            self.layout = self.launch.layout
-            if mmq_multi_enabled():  # hx_mmq_multi for weights of one plan (opt-in until timed)
-                self.group = (qtype, row_bytes, plan)
-        elif isinstance(plan, MMQStockPlan):  # llama.cpp's MMQ order (int8 MMA), same layout
-            self.launch = mmq_stock_prepared_launch(plan)
-            self.layout = None
-        elif plan.kernel == "mmvq":
-            self.launch = prepared_plan(qtype, n, row_bytes // t.block_bytes * t.qk, plan)
-            self.layout = layout_for(qtype)  # of the q8_1 activations this mat-vec reads (None: llama.cpp's)
-        else:
-            self.launch = None
-            self.layout = None
-
-    def __call__(self, w, xq, out):
-        if self.launch is None:
-            return tiled.launch(w, self.qtype, xq, self.plan, out)
-        return self.launch(w, xq, out)
 
 
 class CudaOps:
@@ -200,7 +164,16 @@ class CudaOps:
             return elementwise.launch_argmax_rows(x, out, *state)
         return elementwise.launch_argmax_rows(x, out, *state, pos=pos, advance=advance[0], log=advance[1])
 
-    def matvec(self, order, ncols: int, qtype: str, w) -> _MatVec:
+    def topk_row(self, x_row, k: int, out):
+        """The ``k`` largest values of the float32 (n,) row ``x_row`` into int32 (k, 2) ``out`` (index, value bits;
+        ``hiraishin.decode.greedy.top_k_of``'s rule; :class:`~hiraishin.kernels.elementwise.launch.TopKRow`)."""
+        key = ("topk", x_row.size, k)
+        hit = self._argmax.get(key)
+        if hit is None:
+            hit = self._argmax[key] = elementwise.launch.TopKRow(self.xp, x_row.size, k)
+        return hit(x_row, out)
+
+    def matvec(self, order, ncols: int, qtype: str, w) -> PreparedMatVec:
         """The prepared mat-vec for ``ncols`` columns times weight ``w`` under ``order`` (cached)."""
         n, row_bytes = w.shape
         key = (order, ncols, qtype, n, row_bytes, mmq_multi_enabled(), mmq_xlayout())
@@ -210,7 +183,7 @@ class CudaOps:
                 self._matvecs.clear()
             t = matvec_traits(qtype)
             plan = self.backend.matvec_plan(order, ncols, qtype, row_bytes // t.block_bytes * t.qk, n)
-            hit = self._matvecs[key] = _MatVec(plan, qtype, n, row_bytes)
+            hit = self._matvecs[key] = PreparedMatVec(plan, qtype, n, row_bytes)
         return hit
 
     def quantize(self, x, layout: str | None = None, out=None):

@@ -170,7 +170,8 @@ class PassGraphs:
             self._log = cp.zeros((max(n_log, 2), 2), np.int32)
         self._advance = (self._io[1], self._log)
         self._side = None  # greedy_steps(): the stream its tokens come back on (made on first use)
-        self._ring = None  # greedy_steps(): page-locked int32 (STREAM_RING, 2) rows of the log
+        self._ring = None  # greedy_steps(): page-locked int32 (STREAM_RING, rows, 2): log rows (and top-k places)
+        self._topk = None  # greedy_steps(top_k > 1): int32 (STREAM_RING, top_k, 2) on the device
 
     def graph_count(self) -> int:
         """Graphs held now, blocks of passes included (for tests and memory checks)."""
@@ -271,7 +272,7 @@ class PassGraphs:
             done.record(self.stream)
         return PendingChain(made, dev, host, started, done)
 
-    def greedy_steps(self, token: int, start_pos: int, n: int, order) -> Iterator[tuple[int, float]]:
+    def greedy_steps(self, token: int, start_pos: int, n: int, order, top_k: int = 1) -> Iterator[tuple]:
         """Plain greedy decoding on the graphs: up to ``n`` one-token passes, pass ``j`` feeding at
         ``start_pos + j`` the token pass ``j - 1`` made (pass 0: ``token``); yields each pass's
         ``(greedy token, its logit)``. Pass ``j + 1`` is enqueued before the host reads pass ``j``'s
@@ -282,18 +283,25 @@ class PassGraphs:
         (their cells past the tokens taken: two in flight keep the GPU busy while the host handles a
         token). With ``graph_passes`` N > 1 the passes after the first go N to a graph where they can, their
         tokens come back N at a time, and an early stop leaves the rest of the block it stopped in and up to
-        ``STREAM_AHEAD`` blocks more done.
+        ``STREAM_AHEAD`` blocks more done. ``top_k`` > 1 (at most ``TOPK_MAX``): each pass's ``top_k`` largest
+        logits too, found on the device behind the pass (``ops.topk_row``) and yielded as ``(token, logit, ids,
+        values)`` (``hiraishin.decode.greedy.top_k_of``'s rule; one pass a graph).
         Stops early if a pass cannot replay (a failed capture). Closing the generator
         waits for every pass enqueued."""
         cp = self.model.backend.xp
         n = max(0, min(int(n), self._log.shape[0] - 1 - start_pos))
-        N = self.graph_passes
-        if self._ring is None or self._ring.shape[1] != N:
+        top_k = int(top_k)
+        N = self.graph_passes if top_k == 1 else 1
+        rows = N + (top_k if top_k > 1 else 0)  # a slot: N log rows, or one log row and the top_k places
+        if self._ring is None or self._ring.shape[1] != rows:
             import cupyx
 
             if self._side is None:
                 self._side = cp.cuda.Stream(non_blocking=True)
-            self._ring = cupyx.empty_pinned((STREAM_RING, N, 2), np.int32)
+            self._ring = cupyx.empty_pinned((STREAM_RING, rows, 2), np.int32)
+        if top_k > 1 and (self._topk is None or self._topk.shape[1] != top_k):
+            with self.stream:
+                self._topk = cp.zeros((STREAM_RING, top_k, 2), np.int32)  # on the device, a slot per pass
         ring, side = self._ring, self._side
         first = np.array([token], np.int32)
         pending: list = []
@@ -309,13 +317,18 @@ class PassGraphs:
                         self._pass(1, start_pos + j, order, _nothing) is not None)
                 if not m:
                     return 0
+                slot = next(slots) % STREAM_RING
+                if top_k > 1:  # behind the pass, before the next one overwrites its logits
+                    self.model.backend.ops.topk_row(self.model.pass_buffers(1)["logits"][-1], top_k, self._topk[slot])
                 made = cp.cuda.Event(disable_timing=True)
                 made.record(self.stream)
             side.wait_event(made)
-            rows = self._log[start_pos + j + 1:start_pos + j + 1 + m]  # [token, logit bits] of passes j..j+m-1
-            slot = next(slots) % STREAM_RING
-            cp.cuda.runtime.memcpyAsync(ring[slot].ctypes.data, rows.data.ptr, 8 * m,
+            log_rows = self._log[start_pos + j + 1:start_pos + j + 1 + m]  # [token, logit bits] of passes j..j+m-1
+            cp.cuda.runtime.memcpyAsync(ring[slot].ctypes.data, log_rows.data.ptr, 8 * m,
                                         cp.cuda.runtime.memcpyDeviceToHost, side.ptr)
+            if top_k > 1:
+                cp.cuda.runtime.memcpyAsync(ring[slot, 1:].ctypes.data, self._topk[slot].data.ptr, 8 * top_k,
+                                            cp.cuda.runtime.memcpyDeviceToHost, side.ptr)
             back = cp.cuda.Event(disable_timing=True)
             back.record(side)
             pending.append((back, slot, m))
@@ -329,6 +342,9 @@ class PassGraphs:
                 back, slot, m = pending.pop(0)
                 back.synchronize()
                 got = [(int(ring[slot, i, 0]), float(ring[slot, i, 1:2].view(np.float32)[0])) for i in range(m)]
+                if top_k > 1:  # one pass: its token, its logit, and the places of its top_k (-1: past the row)
+                    places = ring[slot, 1:][ring[slot, 1:, 0] >= 0]
+                    got = [got[0] + (places[:, 0].astype(np.int64), places[:, 1].copy().view(np.float32))]
                 if j < n and (more := enqueue(j)):  # the next passes go in before these tokens go out
                     j += more
                 else:

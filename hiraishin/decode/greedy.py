@@ -9,11 +9,12 @@ The prompt is fed in passes cut at the order's KV boundary (``order.verify_limit
 speculative verifier under the same order cuts its batches, so plain and speculative decoding
 see the same passes over the prompt. Ties in the argmax go to the lowest token id (numpy).
 
-With ``top_k=1`` (the command line's default) on CUDA graphs the one-token passes come from
-``model.greedy_stream``: each is enqueued before the host reads the token of the one before, so the
-GPU does not wait for the host between tokens; a step's ``seconds`` is then the time between two
-tokens reaching the host. The same passes, hence the same tokens (a NaN logit aside: the device's
-argmax takes it as the largest, numpy's ``argmax`` rule, where ``top_k_of`` sorts it last).
+On CUDA graphs the one-token passes come from ``model.greedy_stream``: each is enqueued before the
+host reads the token of the one before, so the GPU does not wait for the host between tokens; a
+step's ``seconds`` is then the time between two tokens reaching the host. With ``top_k`` > 1 (up to
+``TOPK_MAX``) the ``top_k`` largest logits are found on the device behind each pass (``top_k_of``'s
+rule). The same passes, hence the same tokens (a NaN logit aside: the device's argmax takes it as the
+largest, numpy's ``argmax`` rule, where ``top_k_of`` sorts it last).
 """
 
 from __future__ import annotations
@@ -133,7 +134,7 @@ def _steps(model, prompt, max_new_tokens, order, stop_at_eos, top_k, n_ctx) -> I
     seconds = time.perf_counter() - t0
     pos = len(prompt)
     ids, vals = top_k_of(logits, top_k)
-    ahead = None  # top_k == 1 on CUDA graphs: the model's greedy_stream, a pass enqueued ahead of the host
+    ahead = None  # on CUDA graphs: the model's greedy_stream, a pass enqueued ahead of the host
     try:
         for index in range(max_new_tokens):
             token = int(ids[0])
@@ -148,11 +149,13 @@ def _steps(model, prompt, max_new_tokens, order, stop_at_eos, top_k, n_ctx) -> I
             if reason is not None:
                 return
             t0 = time.perf_counter()
-            if index == 0 and top_k == 1 and hasattr(model, "greedy_stream"):
+            if index == 0 and hasattr(model, "greedy_stream"):
                 more = max_new_tokens - 1 if n_ctx is None else min(max_new_tokens - 1, n_ctx - pos)
-                ahead = model.greedy_stream(token, pos, more, order)
+                ahead = model.greedy_stream(token, pos, more, order, top_k=top_k)  # None: not on graphs
             got = next(ahead, None) if ahead is not None else None
-            if got is not None:  # the token of the pass that fed `token` at pos
+            if got is not None and top_k > 1:  # the token, and the top_k places, of the pass that fed `token`
+                ids, vals = _with_token_first(got)
+            elif got is not None:
                 ids, vals = np.array([got[0]], np.int64), np.array([got[1]], np.float32)
             else:  # one pass at a time (no graphs; or the stream stopped early: a failed capture)
                 ahead = None
@@ -164,6 +167,17 @@ def _steps(model, prompt, max_new_tokens, order, stop_at_eos, top_k, n_ctx) -> I
     finally:
         if ahead is not None:
             ahead.close()  # waits for the passes enqueued past the last token taken
+
+
+def _with_token_first(got) -> tuple[np.ndarray, np.ndarray]:
+    """A streamed pass's ``(token, logit, ids, values)`` as the step's ids and values: the token decoding
+    continues with first (the device's argmax; ``ids[0]`` but for a NaN logit, which top_k_of puts last)."""
+    token, logit, ids, vals = got
+    if ids.size and int(ids[0]) == token:
+        return ids, vals
+    keep = ids != token
+    return (np.concatenate([[token], ids[keep]])[:ids.size or 1].astype(np.int64),
+            np.concatenate([[np.float32(logit)], vals[keep]])[:ids.size or 1].astype(np.float32))
 
 
 def generate(model, prompt_or_tokens, max_new_tokens: int = 64,

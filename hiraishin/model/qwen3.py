@@ -21,6 +21,7 @@ import numpy as np
 
 from ..backends import Backend, get_backend
 from ..errors import HiraishinError
+from ..kernels.elementwise.launch import TOPK_MAX
 from ..kernels.rope import rope_tables
 from ..order import ReductionOrder
 from .l2_ahead import l2_ahead_from_env
@@ -231,7 +232,7 @@ class Qwen3:
         return ChainTokens(host=np.asarray(out, dtype=np.int64))
 
     def greedy_stream(self, token: int, start_pos: int, n: int,
-                      order: ReductionOrder = ReductionOrder.BATCH_INVARIANT):
+                      order: ReductionOrder = ReductionOrder.BATCH_INVARIANT, top_k: int = 1):
         """Plain greedy decoding from ``token`` at ``start_pos`` on CUDA graphs, or None where the model has
         none (then decode one :meth:`forward` at a time). An iterator of ``(greedy token, its logit)``, one
         per one-token pass, at most ``n`` (and no pass past ``n_ctx``): pass ``j`` feeds, at
@@ -240,21 +241,23 @@ class Qwen3:
         not wait for the host between tokens. The cache holds the tokens fed so far: ``start_pos`` plus
         one cell per token taken. The same passes as a loop of :meth:`forward_argmax`, hence the same
         tokens (the first index of the largest logit; a NaN logit counts as the largest, numpy's
-        ``argmax`` rule). It may stop before ``n`` (a failed capture): continue one pass at a time."""
+        ``argmax`` rule). It may stop before ``n`` (a failed capture): continue one pass at a time.
+        ``top_k`` > 1 (at most ``TOPK_MAX``, else None): ``(token, logit, ids, values)``, each pass's ``top_k``
+        largest logits beside it (``hiraishin.decode.greedy.top_k_of``'s rule), found on the device."""
         if not isinstance(order, ReductionOrder):
             raise HiraishinError(f"order must be a ReductionOrder (e.g. ReductionOrder.BATCH_INVARIANT), "
                                  f"got {type(order).__name__}")
-        if self._graphs is None:
+        if self._graphs is None or not 1 <= int(top_k) <= TOPK_MAX:
             return None
         token = int(self._check_tokens([token])[0])
         start_pos = self._check_start(start_pos, 1)
         n = max(0, min(int(n), self.n_ctx - start_pos))
-        return self._greedy_stream(token, start_pos, n, order)
+        return self._greedy_stream(token, start_pos, n, order, int(top_k))
 
-    def _greedy_stream(self, token: int, start_pos: int, n: int, order):
+    def _greedy_stream(self, token: int, start_pos: int, n: int, order, top_k: int):
         if start_pos < self.kv_len:
             self.cache.rollback(start_pos)
-        passes = self._graphs.greedy_steps(token, start_pos, n, order)
+        passes = self._graphs.greedy_steps(token, start_pos, n, order, top_k)
         taken = 0
         try:
             for got in passes:

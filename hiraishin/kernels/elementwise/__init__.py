@@ -13,12 +13,14 @@ sequence of float ops per element, written explicitly on both sides:
 
 Files: ``elementwise.cu`` (the three kernels), :mod:`.launch` (``launch_swiglu``, ``launch_add``,
 ``launch_get_rows``, ``launch_kv_store``: the KV-cache store at device positions, ``launch_argmax_rows``:
-each row's argmax, greedy decoding's token without the logits' copy to the host), :mod:`.emulate`
-(``emulate_swiglu``, ``emulate_add``, ``emulate_get_rows``, ``emulate_argmax_rows``).
+each row's argmax, greedy decoding's token without the logits' copy to the host; ``TopKRow``: the k largest
+values of a row, what decoding shows beside each token), :mod:`.emulate` (``emulate_swiglu``, ``emulate_add``,
+``emulate_get_rows``, ``emulate_argmax_rows``, ``emulate_topk_row``).
 """
 
-from .emulate import emulate_add, emulate_argmax_rows, emulate_get_rows, emulate_swiglu
+from .emulate import emulate_add, emulate_argmax_rows, emulate_get_rows, emulate_swiglu, emulate_topk_row
 from .launch import argmax_scratch, launch_add, launch_argmax_rows, launch_get_rows, launch_kv_store, launch_swiglu
 
-__all__ = ["emulate_swiglu", "emulate_add", "emulate_get_rows", "emulate_argmax_rows", "launch_swiglu", "launch_add",
+__all__ = ["emulate_swiglu", "emulate_add", "emulate_get_rows", "emulate_argmax_rows", "emulate_topk_row",
+           "launch_swiglu", "launch_add",
            "launch_get_rows", "launch_kv_store", "launch_argmax_rows", "argmax_scratch"]

@@ -220,3 +220,78 @@ extern "C" __global__ void hx_argmax_rows(const float* __restrict__ x, int* __re
         }
     }
 }
+
+// ---- the k largest values of one row (the tokens plain decoding shows beside each one) --------------
+// Rule of hiraishin.decode.greedy.top_k_of (numpy's stable argsort of -x): larger values first, -0.0 as
+// +0.0, a tie to the lower index, every NaN below every number (its order among NaNs: by index). As for
+// hx_argmax_rows, one 64-bit key per candidate whose unsigned order is that rule, all distinct (the index
+// is in them), so "the k largest keys" is one answer however the row is split: comparisons only.
+__device__ __forceinline__ unsigned long long hx_topk_key(const float v, const int i) {
+    unsigned int u = __float_as_uint(v);
+    if (v != v) {
+        u = 0u;  // every NaN: below -inf (0x007fffff once mapped)
+    } else if (v == 0.0f) {
+        u = 0x80000000u;  // -0.0 and +0.0 alike
+    } else {
+        u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+    }
+    return ((unsigned long long)u << 32) | (unsigned long long)(0xffffffffu - (unsigned int)i);
+}
+
+// The largest key below `below` of the candidates load(j), j = first, first + step, ... < count, in the
+// whole block (every thread gets it, through *bcast: not warp_keys, which a fast warp's next call may
+// write while a slow one still reads). Every thread must call it (two __syncthreads).
+template <class Load>
+__device__ __forceinline__ unsigned long long hx_block_key_below(Load load, const int first, const int step,
+                                                                 const int count, const unsigned long long below,
+                                                                 unsigned long long* warp_keys,
+                                                                 unsigned long long* bcast) {
+    unsigned long long key = 0;
+    for (int j = first; j < count; j += step) {
+        const unsigned long long c = load(j);
+        if (c < below) key = hx_key_max(key, c);
+    }
+    key = hx_block_key_max(key, warp_keys);  // thread 0 holds it
+    if (threadIdx.x == 0) *bcast = key;
+    __syncthreads();
+    return *bcast;
+}
+
+// Grid (B): block b takes i = b * blockDim.x + tid, then + B * blockDim.x, ... of row x (n values) and
+// finds its k largest keys in k rounds (round r: the largest below round r - 1's), into
+// partials[b * k + r] (0: fewer than r + 1 values); the last block to finish (counter, reset to 0 by it
+// for the next launch) takes the k largest of the B * k keys the same way and writes out[2 * r] = the
+// index, out[2 * r + 1] = the value's bits (the token log's row format), index -1 past the row's end.
+extern "C" __global__ void hx_topk_row(const float* __restrict__ x, const int n, const int k,
+                                       unsigned long long* partials, unsigned int* counter, int* __restrict__ out) {
+    HX_PDL_ENTRY();
+    __shared__ unsigned long long warp_keys[32], bcast;
+    __shared__ bool last;
+    const int B = gridDim.x, b = blockIdx.x;
+    unsigned long long below = ~0ull;
+    for (int r = 0; r < k; ++r) {
+        below = hx_block_key_below([&](const int i) { return hx_topk_key(x[i], i); }, b * blockDim.x + threadIdx.x,
+                                   B * blockDim.x, n, below, warp_keys, &bcast);
+        if (threadIdx.x == 0) partials[(long long)b * k + r] = below;
+    }
+    if (threadIdx.x == 0) {
+        __threadfence();  // the keys are visible before the counter says so
+        last = atomicAdd(counter, 1u) == (unsigned int)(B - 1);
+    }
+    __syncthreads();
+    if (!last) return;  // uniform per block
+    __threadfence();
+    below = ~0ull;
+    const volatile unsigned long long* keys = partials;
+    for (int r = 0; r < k; ++r) {
+        below = hx_block_key_below([&](const int j) { return keys[j]; }, threadIdx.x, blockDim.x, B * k, below,
+                                   warp_keys, &bcast);
+        if (threadIdx.x == 0) {
+            const unsigned int index = 0xffffffffu - (unsigned int)below;
+            const bool real = below != 0 && (int)index < n;
+            out[2 * r] = real ? (int)index : -1;
+            out[2 * r + 1] = real ? (int)__float_as_uint(x[index]) : 0;
+        }
+    }
+    if (threadIdx.x == 0) *counter = 0;
+}

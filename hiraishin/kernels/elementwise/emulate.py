@@ -47,3 +47,16 @@ def emulate_argmax_rows(x: np.ndarray) -> np.ndarray:
     """``hx_argmax_rows``: int32 (T,) first index of each row's largest value of float32 (T, n);
     numpy's argmax has the kernel's rule (a NaN counts as the largest; -0.0 == +0.0)."""
     return np.argmax(np.asarray(x, dtype=np.float32), axis=1).astype(np.int32)
+
+
+def emulate_topk_row(x: np.ndarray, k: int) -> np.ndarray:
+    """``hx_topk_row``: int32 (k, 2), per place (best first) the index of one of the ``k`` largest values of the
+    float32 row ``x`` and the value's bits; index -1 (bits 0) past the row's end. The rule of
+    hiraishin.decode.greedy.top_k_of: numpy's stable argsort of -x (NaN last, ties to the lower index)."""
+    x = np.asarray(x, dtype=np.float32).reshape(-1)
+    ids = np.argsort(-x, kind="stable")[:k]
+    out = np.zeros((k, 2), np.int32)
+    out[:, 0] = -1
+    out[:len(ids), 0] = ids
+    out[:len(ids), 1] = x[ids].view(np.int32)
+    return out

@@ -9,7 +9,7 @@ import numpy as np
 from ..compile import get_kernel
 
 __all__ = ["launch_swiglu", "launch_add", "launch_get_rows", "launch_kv_store", "launch_argmax_rows",
-           "argmax_scratch", "argmax_blocks", "GET_ROWS_KERNELS"]
+           "argmax_scratch", "argmax_blocks", "GET_ROWS_KERNELS", "TOPK_MAX", "TopKRow"]
 
 ELEMENTWISE_THREADS = 256  # block size of the 1-D elementwise launches (no reduction: any size is exact)
 GET_ROWS_THREADS = 256
@@ -106,3 +106,31 @@ def launch_argmax_rows(x, out, partials, counters, pos=None, advance=None, log=N
         _kernel("hx_argmax_rows")((partials.shape[1], T), (ARGMAX_THREADS,),
                                   (x, out, partials, counters, np.int32(n)) + tail)
     return out
+
+
+# hx_topk_row: the k largest values of one row (what plain decoding shows beside each token, --n-probs) in k
+# rounds of a block-wide largest key, per CUDA block and then over the blocks' keys: at most TOPK_MAX (a
+# display's handful; more is a host-side job). Blocks and threads as hx_argmax_rows'.
+TOPK_MAX = 32
+
+
+class TopKRow:
+    """``hx_topk_row`` for rows of ``n`` values and ``k`` <= :data:`TOPK_MAX`: call ``(x_row, out)`` with a
+    float32 C-contiguous (n,) row and an int32 (k, 2) ``out`` ([index, the value's bits] per place, best first,
+    index -1 past the row's end; hiraishin.decode.greedy.top_k_of's rule). Keeps its own scratch (its counter
+    reset by each launch): one stream at a time."""
+
+    __slots__ = ("grid", "n", "k", "partials", "counter")
+
+    def __init__(self, xp, n: int, k: int):
+        if not 1 <= k <= TOPK_MAX:
+            raise ValueError(f"hx_topk_row takes 1..{TOPK_MAX} places, got {k}")
+        blocks = argmax_blocks(n)
+        self.grid = (blocks,)
+        self.n, self.k = np.int32(n), np.int32(k)
+        self.partials = xp.empty((blocks * k,), np.uint64)
+        self.counter = xp.zeros((1,), np.uint32)
+
+    def __call__(self, x_row, out):
+        _kernel("hx_topk_row")(self.grid, (ARGMAX_THREADS,), (x_row, self.n, self.k, self.partials, self.counter, out))
+        return out

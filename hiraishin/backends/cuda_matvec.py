@@ -1,0 +1,50 @@
+"""One prepared mat-vec of the CUDA backend: its plan, the q8_1 layout its activations must be in, and its
+launch (:class:`PreparedMatVec`; ``CudaOps.matvec`` makes and caches them)."""
+
+from __future__ import annotations
+
+from ..kernels import tiled
+from ..kernels.mmq.launch import multi_enabled as mmq_multi_enabled
+from ..kernels.mmq.launch import prepared_launch as mmq_prepared_launch
+from ..kernels.mmq_stock.launch import prepared_launch as mmq_stock_prepared_launch
+from ..kernels.mmvq.launch import prepared_plan
+from ..kernels.quantize.layout import layout_for
+from ..plans import MMQStockPlan, SubBlockPlan
+from ..plans.matvec import MatVecPlan, matvec_traits
+
+__all__ = ["PreparedMatVec"]
+
+
+class PreparedMatVec:
+    """One prepared mat-vec: the plan, the layout its activations must be in, and the launch
+    (the mat-vec kernel's prepared plan, the sub-block or stock-MMQ MMA kernel, or the tiled kernel)."""
+
+    __slots__ = ("plan", "launch", "n", "layout", "qtype", "group")
+
+    def __init__(self, plan, qtype: str, n: int, row_bytes: int):
+        t = matvec_traits(qtype)
+        self.plan, self.n, self.qtype = plan, n, qtype
+        # mat-vecs with the same group key may share one mmvq_multi (or hx_mmq_multi) launch (same
+        # kernel geometry and row length, one launch per plan); None: launched alone
+        self.group = None
+        if isinstance(plan, MatVecPlan) and plan.kernel == "mmvq" and len(plan.launches()) == 1:
+            self.group = (qtype, row_bytes, plan)
+        if isinstance(plan, SubBlockPlan):  # int8 MMA kernels reading their own q8_1 layout (or llama.cpp's)
+            self.launch = mmq_prepared_launch(n, plan)
+            self.layout = self.launch.layout
+            if mmq_multi_enabled():  # hx_mmq_multi for weights of one plan (opt-in until timed)
+                self.group = (qtype, row_bytes, plan)
+        elif isinstance(plan, MMQStockPlan):  # llama.cpp's MMQ order (int8 MMA), same layout
+            self.launch = mmq_stock_prepared_launch(plan)
+            self.layout = None
+        elif plan.kernel == "mmvq":
+            self.launch = prepared_plan(qtype, n, row_bytes // t.block_bytes * t.qk, plan)
+            self.layout = layout_for(qtype)  # of the q8_1 activations this mat-vec reads (None: llama.cpp's)
+        else:
+            self.launch = None
+            self.layout = None
+
+    def __call__(self, w, xq, out):
+        if self.launch is None:
+            return tiled.launch(w, self.qtype, xq, self.plan, out)
+        return self.launch(w, xq, out)
