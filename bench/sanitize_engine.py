@@ -105,7 +105,10 @@ def _cpu_greedy(cpu, prompt, n: int, order) -> list[int]:
 
 
 def _chains_and_streams(graphs, cpu, prompt, order, n: int = 12) -> int:
-    """Mismatches of a chain (+ the verify behind it) and of greedy_stream, to the end and stopped early."""
+    """Mismatches of a chain (+ the verify behind it) and of greedy_stream, to the end, stopped early and with
+    each pass's top 5."""
+    from hiraishin.decode.greedy import top_k_of
+
     bad = 0
     want = _cpu_greedy(cpu, prompt, n + 1, order)
     graphs.reset()
@@ -131,7 +134,19 @@ def _chains_and_streams(graphs, cpu, prompt, order, n: int = 12) -> int:
     if early != want[:4]:
         bad += 1
         print(f"MISMATCH {order.name} greedy_stream stopped early {early} against {want[:4]}")
-    print(f"{order.name}: chain, verify behind it, greedy_stream (whole, stopped early)", flush=True)
+    graphs.reset()  # with each pass's top 5 logits found on the device behind it (hx_topk_row)
+    first = int(graphs.forward_argmax(prompt, 0, order)[-1])
+    got = list(graphs.greedy_stream(first, len(prompt), n, order, top_k=5))
+    cpu.reset()
+    cpu.forward(prompt, 0, order)
+    for i, (tok, _, ids, _) in enumerate(got):
+        want_ids, _ = top_k_of(cpu.forward([want[i]], len(prompt) + i, order)[-1], 5)
+        if tok != want[i + 1] or ids.tolist() != want_ids.tolist():
+            bad += 1
+            print(f"MISMATCH {order.name} greedy_stream top 5 at {i}: {tok} {ids.tolist()} against "
+                  f"{want[i + 1]} {want_ids.tolist()}")
+            break
+    print(f"{order.name}: chain, verify behind it, greedy_stream (whole, stopped early, top 5)", flush=True)
     return bad
 
 
