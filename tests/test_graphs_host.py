@@ -330,3 +330,12 @@ def test_greedy_steps_with_the_top_k_of_each_pass(graphs):
             assert vals.tolist() == fake_logits(tok)[ids].tolist()
     single = list(graphs.greedy_steps(11, 40, 7, ORDER))
     assert [len(g) for g in single] == [2] * 7  # top_k 1: (token, logit) as before
+
+
+def test_greedy_steps_with_top_k_take_one_pass_a_graph(blocks, monkeypatch):
+    """Blocks of passes would give the top logits of their last pass only: with top_k > 1 every pass is alone."""
+    list(blocks.greedy_steps(11, 40, 14, ORDER))  # warm-up and captures, blocks included
+    seen = _launches(blocks, monkeypatch)
+    got = list(blocks.greedy_steps(11, 40, 9, ORDER, top_k=2))
+    assert [g[0] for g in got] == reference([11], 40, 9) and all(g[2][0] == g[0] for g in got)
+    assert seen == [1] * 9

@@ -313,7 +313,7 @@ class PassGraphs:
                 if j == 0:
                     m = int(self._pass(1, start_pos, order, lambda: self._upload(1, first, start_pos)) is not None)
                 else:
-                    m = self._block(start_pos + j, n - j, order) or int(
+                    m = (N > 1 and self._block(start_pos + j, n - j, order)) or int(  # top_k > 1: N is 1
                         self._pass(1, start_pos + j, order, _nothing) is not None)
                 if not m:
                     return 0
