@@ -127,11 +127,33 @@ def measure(path: str, order_names, steps: int, rounds: int, context: int = CONT
               f"{r['replay_ms']:.4f} (+{1e3 * (r['chain_ms_per_pass'] - r['replay_ms']):.1f} us)", flush=True)
         for n in graph_passes:
             g = measure_graph_passes(model, order, context, steps, rounds, n, want_rows)
+            g["library_ms_per_pass"], g["library_same_bits"] = _library_chain(model, order, context, steps, rounds, n,
+                                                                              want_rows)
             r["graph_passes"].append(g)
             print(f"  {n} passes a graph: {g['ms_per_pass']:.4f} ms a pass "
                   f"({1e3 * (g['ms_per_pass'] - r['chain_ms_per_pass']):+.1f} us against the chain; "
-                  f"{'same bits' if g['same_bits_as_chain'] else 'BITS DIFFER'})", flush=True)
+                  f"{'same bits' if g['same_bits_as_chain'] else 'BITS DIFFER'}); the library's chain with "
+                  f"graph_passes={n}: {g['library_ms_per_pass']:.4f} "
+                  f"({'same bits' if g['library_same_bits'] else 'BITS DIFFER'})", flush=True)
     return rows
+
+
+def _library_chain(model, order, context: int, steps: int, rounds: int, n: int, want_rows) -> tuple[float, bool]:
+    """The library's own chain (``PassGraphs.chain_async``) with ``graph_passes = n``: least ms per pass over the
+    rounds after the warm-up (its blocks captured), and whether its log rows equal ``want_rows``."""
+    pg = model.pass_graphs
+    before, pg.graph_passes = pg.graph_passes, n
+    try:
+        per_pass, same = [], True
+        for r in range(WARM_ROUNDS + rounds):
+            pending = pg.chain_async(np.array([7], np.int32), context, steps, order)
+            pending.tokens()
+            same = same and bool(np.array_equal(pending.dev.get(), want_rows))
+            if r >= WARM_ROUNDS:
+                per_pass.append(pending.spans()[0] / steps)
+        return 1e3 * min(per_pass), same
+    finally:
+        pg.graph_passes = before
 
 
 def main(argv=None) -> int:
