@@ -365,9 +365,10 @@ def speculative_decode(target, draft, prompt, n_tokens: int, order, draft_order,
     run = SpecRun(tokens=[seq[-1]])
     sync = target.backend.synchronize
     i = 0
+    sync()  # then no synchronization inside the loop: a cycle ends when the host has the verify's tokens (the
+    # device idle behind them), as in hiraishin.decode.speculative's loop
+    t_cycle = time.perf_counter()
     while len(run.tokens) < n_tokens:
-        sync()
-        t_cycle = time.perf_counter()
         p = len(seq) - 1  # position of the pending token
         k, right = schedule.cycle(i)
         k = min(k, n_tokens - len(run.tokens))  # no drafting past the end
@@ -403,8 +404,9 @@ def speculative_decode(target, draft, prompt, n_tokens: int, order, draft_order,
         target.rollback(p + n_acc + 1)
         if draft.kv_len > p + n_acc + 1:
             draft.rollback(p + n_acc + 1)
-        sync()
-        run.cycle_s.append(time.perf_counter() - t_cycle)
+        now = time.perf_counter()
+        run.cycle_s.append(now - t_cycle)
+        t_cycle = now
         run.drafting_s.append(t_draft)
         run.verifying_s.append(t_verify)
         run.drafted.append(k)
@@ -412,6 +414,7 @@ def speculative_decode(target, draft, prompt, n_tokens: int, order, draft_order,
         run.scheduled.append(right)
         run.verify_widths.append(k + 1)
         i += 1
+    sync()
     run.tokens = run.tokens[:n_tokens]
     return run
 
