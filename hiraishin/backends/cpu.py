@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import BackendError
 from ..kernels import attention, elementwise, mmq, mmvq, quantize, rmsnorm, rope, tiled
 from ..kernels.attention.emulate import emulate_combine, emulate_partials
 from ..kernels.fused import emulate_qk_norm_rope_kv
 from ..kernels.mmq_stock import emulate as mmq_stock_emulate
 from ..plans import MMQStockPlan, SubBlockPlan
-from ..errors import BackendError
 from .base import Backend
 
 __all__ = ["CpuBackend", "CpuOps"]
