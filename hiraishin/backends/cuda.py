@@ -87,7 +87,9 @@ class CudaOps:
         self._multis: dict = {}
         self._norm_multis: dict = {}  # norm_matvecs' fused launches (or None: not fused), by weights and limits
         self._quantize: dict = {}
-        self._argmax: dict = {}  # (T, n) -> hx_argmax_rows scratch (partials, counters)
+        # each token-picking launch's own scratch: (T, n) -> hx_argmax_rows' (partials, counters);
+        # ("topk", n, k) -> TopKRow; ("head_argmax", ...) -> ArgmaxMatVecLaunch
+        self._token_scratch: dict = {}
         self._scratch: dict = {}
         self._ahead = None  # (side stream, fork event, join event) of l2_ahead, made on first use
         self._ahead_open = False  # launched on the side stream since the last join
@@ -156,9 +158,9 @@ class CudaOps:
         """Each row's argmax; ``advance`` = (int32 (2,) inputs of the next one-token pass, int32 log by
         position or None) with ``pos`` the pass's positions: see ``launch_argmax_rows``."""
         T, n = x.shape
-        state = self._argmax.get((T, n))
+        state = self._token_scratch.get((T, n))
         if state is None:  # made by a pass's eager warm-up, before any capture of it
-            state = self._argmax[(T, n)] = elementwise.argmax_scratch(self.xp, T, n)
+            state = self._token_scratch[(T, n)] = elementwise.argmax_scratch(self.xp, T, n)
         out = self._empty((T,), np.int32) if out is None else out
         if advance is None:
             return elementwise.launch_argmax_rows(x, out, *state)
@@ -168,9 +170,9 @@ class CudaOps:
         """The ``k`` largest values of the float32 (n,) row ``x_row`` into int32 (k, 2) ``out`` (index, value bits;
         ``hiraishin.decode.greedy.top_k_of``'s rule; :class:`~hiraishin.kernels.elementwise.launch.TopKRow`)."""
         key = ("topk", x_row.size, k)
-        hit = self._argmax.get(key)
+        hit = self._token_scratch.get(key)
         if hit is None:
-            hit = self._argmax[key] = elementwise.launch.TopKRow(self.xp, x_row.size, k)
+            hit = self._token_scratch[key] = elementwise.launch.TopKRow(self.xp, x_row.size, k)
         return hit(x_row, out)
 
     def matvec(self, order, ncols: int, qtype: str, w) -> PreparedMatVec:
@@ -390,9 +392,9 @@ class CudaOps:
         t = matvec_traits(mv.qtype)
         k = mv.group[1] // t.block_bytes * t.qk  # the group key holds the row's bytes
         key = ("head_argmax", mv.qtype, mv.n, k, plan)
-        hit = self._argmax.get(key)
+        hit = self._token_scratch.get(key)
         if hit is None:
-            hit = self._argmax[key] = mmvq_launch.ArgmaxMatVecLaunch(mv.qtype, mv.n, k, plan.rows_per_block,
+            hit = self._token_scratch[key] = mmvq_launch.ArgmaxMatVecLaunch(mv.qtype, mv.n, k, plan.rows_per_block,
                                                                     plan.nwarps)
         return hit
 

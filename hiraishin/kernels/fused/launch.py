@@ -17,6 +17,7 @@ import numpy as np
 
 from ..attention.launch import launch_partials
 from ..compile import get_kernel
+from ..elementwise.launch import GET_ROWS_KERNELS
 from ..quantize.launch import QUANTIZE_WARPS_PER_BLOCK, output_shape, quantize_defines
 from ..rmsnorm.emulate import block_threads
 
@@ -34,9 +35,8 @@ SOURCE = ("rmsnorm/rmsnorm.cu", "quantize/quantize_q8_1.cu", "fused/fused.cu")
 # element functions (elementwise.cu). Off by default until a GPU run measures it (HIRAISHIN_EMBED_NORM=1 for
 # the A/B; bench/ablate_pass.py's "no embedding" variant times the launch it removes at most).
 SOURCE_EMBED = SOURCE + ("elementwise/elementwise.cu", "fused/embed_norm.cu")
-EMBED_NORM_KERNELS = {"Q4_K": "hx_embed_rms_norm_q8_1_q4_K", "Q6_K": "hx_embed_rms_norm_q8_1_q6_K",
-                      "Q8_0": "hx_embed_rms_norm_q8_1_q8_0", "F16": "hx_embed_rms_norm_q8_1_f16",
-                      "F32": "hx_embed_rms_norm_q8_1_f32"}
+# one per get_rows table type, named after get_rows' kernel of that type
+EMBED_NORM_KERNELS = {q: name.replace("hx_get_rows_", "hx_embed_rms_norm_q8_1_") for q, name in GET_ROWS_KERNELS.items()}
 ENV_EMBED_NORM = "HIRAISHIN_EMBED_NORM"
 EMBED_NORM = os.environ.get(ENV_EMBED_NORM, "0").strip() == "1"
 # The attention combine with the q8_1 store behind it: fattn_vec.cu's fattn_combine_q8_1 (compiled
