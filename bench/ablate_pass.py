@@ -27,6 +27,7 @@ import host_overhead  # noqa: E402
 from benchlib import write_rows_json  # noqa: E402
 
 from hiraishin.backends import cuda as cuda_backend  # noqa: E402
+from hiraishin.backends import cuda_attention  # noqa: E402
 
 
 def _skip(*args, **kwargs):
@@ -84,7 +85,7 @@ VARIANTS = {
     "whole pass": {},
     "no add+norm": {"launch_add_rms_norm_q8_1": _skip},
     "no swiglu": {"launch_swiglu_q8_1": _skip},
-    "no qk norm+rope+kv": {"launch_qk_norm_rope_kv": _skip_qk},
+    "no qk norm+rope+kv": {"launch_qk_norm_rope_kv": _skip_qk},  # (with HIRAISHIN_ATTN_ROPE=1: no launch to skip)
     "no combine": {"launch_combine_q8_1": _skip},
     "no attention partials": {"launch_partials": _skip, "launch_attention_q8_1": _skip},
     "norm as elementwise": {"launch_add_rms_norm_q8_1": _norm_as_elementwise},
@@ -102,10 +103,11 @@ def ablated(variant: str):
     """The CUDA backend with ``VARIANTS[variant]``'s launches patched out (module functions by name,
     ``CudaOps.<method>`` methods); "whole pass" patches nothing."""
     patches = VARIANTS[variant]
-    module = {k: v for k, v in patches.items() if "." not in k}
+    module = {k: v for k, v in patches.items() if "." not in k and hasattr(cuda_backend, k)}
+    attention = {k: v for k, v in patches.items() if "." not in k and k not in module}  # cuda_attention.py's
     ops = {k.split(".", 1)[1]: v for k, v in patches.items() if k.startswith("CudaOps.")}
     with contextlib.ExitStack() as stack:
-        for target, attrs in ((cuda_backend, module), (cuda_backend.CudaOps, ops)):
+        for target, attrs in ((cuda_backend, module), (cuda_attention, attention), (cuda_backend.CudaOps, ops)):
             if attrs:  # mock.patch.multiple refuses an empty set
                 stack.enter_context(mock.patch.multiple(target, **attrs))
         yield

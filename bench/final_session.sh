@@ -41,6 +41,8 @@
 #             well when it is set (the same script run over the old package), CHAIN_ROUNDS times in turn;
 #             CHAIN_ARGS: more of its arguments (e.g. "--steps 24 --graph-passes 2,4,8": the chain from graphs of
 #             N passes as well, what capturing several passes to a graph would save);
+#   abmany    the ab step once per entry of AB_SETS ("VAR=v1,v2 ..."; default the three draft switches
+#             HIRAISHIN_ATTN_ROPE, HIRAISHIN_EMBED_NORM, HIRAISHIN_HEAD_ARGMAX, each 0,1), AB_PER s a value;
 #   pdl       the ab step for HIRAISHIN_PDL_TRIGGER=after_wait and =early (PDL_ORDERS, default invariant,subblock);
 #   draft     bench/replay_widths.py on the 0.6B draft under DRAFT_AB_ORDERS (default invariant,nwarps1,nwarps2;
 #             widths 1 and 2, the draft's passes): which order drafts fastest (only speed counts there);
@@ -175,6 +177,13 @@ fi
 
 want pdl && ab_replays HIRAISHIN_PDL_TRIGGER "after_wait early" "${PDL_ORDERS:-invariant,subblock}" 170
 want ab && ab_replays "${AB_VAR:-HIRAISHIN_PREFETCH_AHEAD}" "${AB_VALUES:-0 1}" "${AB_ORDERS:-invariant}" 120
+# several switches in one call: AB_SETS="VAR=v1,v2 VAR2=v1,v2 ...", each an ab step of its own (AB_ORDERS, AB_WIDTHS)
+if want abmany; then
+    for set in ${AB_SETS:-HIRAISHIN_ATTN_ROPE=0,1 HIRAISHIN_EMBED_NORM=0,1 HIRAISHIN_HEAD_ARGMAX=0,1}; do
+        values=${set#*=}
+        ab_replays "${set%%=*}" "${values//,/ }" "${AB_ORDERS:-invariant}" ${AB_PER:-80}
+    done
+fi
 
 if want tune; then
     prev=""

@@ -155,12 +155,12 @@ def test_attention_q8_1_keeps_every_pass_bit(monkeypatch, tiny_model_path, order
     verify passes use the shared-K/V kernel), eager and graph-replayed, widths 1..4 and 9, with and without
     the attention kernel's own q8_1 store (HIRAISHIN_ATTN_Q8_1): the same logits, and the fused launch
     ran exactly when it is on."""
-    from hiraishin.backends import cuda as cuda_backend
+    from hiraishin.backends import cuda_attention
     from hiraishin.kernels.fused import launch as fused_launch
 
     calls = []
-    real = cuda_backend.launch_attention_q8_1
-    monkeypatch.setattr(cuda_backend, "launch_attention_q8_1", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = cuda_attention.launch_attention_q8_1
+    monkeypatch.setattr(cuda_attention, "launch_attention_q8_1", lambda *a, **k: calls.append(1) or real(*a, **k))
     prompt = np.random.default_rng(5).integers(0, 1000, 20).tolist()
     outs = {}
     for setting in (False, True):

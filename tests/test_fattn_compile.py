@@ -91,3 +91,31 @@ def test_attention_q8_1_compiles_without_spills(tmp_path, layout, queries, build
     assert spills and all(s == ("0", "0") for s in spills), log
     regs = dict(zip(functions, re.findall(r"Used (\d+) registers", log)))
     print(f"attention q8_1 {layout}: registers {regs}")
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not on PATH")
+@pytest.mark.parametrize("head_dim,one_block", [(128, True), (128, False), (64, True)])
+def test_rope_attention_compiles_without_spills_and_reads_the_cache_coherently(tmp_path, head_dim, one_block):
+    """fattn_vec_q1_rope (fused/launch.py RopeAttentionLaunch's builds): no spills, and no K/V load through
+    the non-coherent read-only path (ld.global.nc), which is undefined for memory the kernel writes (it
+    stores the token's cell, then reads it). Its float loads of q, k, v and the tables may use that path."""
+    from hiraishin.kernels.fused.launch import ATTN_ROPE_KERNEL, ATTN_ROPE_PRELUDE
+    from hiraishin.kernels.quantize.launch import quantize_defines
+
+    defines = {**quantize_defines("Q4_K"), "HX_D": head_dim, "HX_ATTN_ROPE": 1, **({"HX_ATTN_Q8_1": 1} if one_block else {})}
+    src = tmp_path / "rope_attention.cu"
+    src.write_text(defines_text(defines) + load_source(*ATTN_ROPE_PRELUDE, SOURCE_VEC))
+    proc = subprocess.run([NVCC, *FLAGS, str(src), "-o", str(tmp_path / "out.o")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    log = proc.stderr + proc.stdout
+    assert ATTN_ROPE_KERNEL in re.findall(r"Compiling entry function '(\w+)'", log)
+    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    assert spills and all(s == ("0", "0") for s in spills), log
+    ptx = tmp_path / "rope_attention.ptx"
+    proc = subprocess.run([NVCC, *[f for f in FLAGS if f not in ("-Xptxas", "-v", "-c")], "-ptx", str(src), "-o", str(ptx)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    body = re.search(r"\.entry %s\(.*?\n}\n" % ATTN_ROPE_KERNEL, ptx.read_text(), re.S).group(0)
+    loads = re.findall(r"\bld\.global[.\w]*", body)
+    assert "ld.global.v4.u32" in loads  # the cells' 8 halves at a time
+    assert not [ld for ld in loads if ".nc" in ld and ".v4" in ld], loads

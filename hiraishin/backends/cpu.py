@@ -121,6 +121,13 @@ class CpuOps:
         a = self.causal_attention(q, k_cache, v_cache, pos, kv_len, order)
         return self.mul_mats((weight,), np.ascontiguousarray(a).reshape(T, H * D), order)[0]
 
+    def rope_attention_matvec(self, q, k, v, q_norm_w, k_norm_w, eps: float, pos, cos_t, sin_t, cache,
+                              layer: int, kv_len: int, order, weight, out=None, q_out=None):
+        """:meth:`qk_norm_rope_store` of the raw rows, then :meth:`attention_matvec` (the CUDA ops may do
+        both in one attention launch: the same bits)."""
+        q = self.qk_norm_rope_store(q, k, v, q_norm_w, k_norm_w, eps, pos, cos_t, sin_t, cache, layer)
+        return self.attention_matvec(q, cache.k(layer), cache.v(layer), pos, kv_len, order, weight)
+
     def store_kv(self, cache, layer: int, pos, k, v) -> None:
         cache.write(layer, int(pos[0]), k, v)  # a pass's positions are consecutive
 

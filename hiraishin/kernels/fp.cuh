@@ -101,6 +101,15 @@ __device__ __forceinline__ float hx_warp_sum(float x) {
     return x;
 }
 
+// NEOX RoPE of one pair (x0, x1) = (dim d, dim d + head_dim/2) by the table's (c, s): two products
+// and one subtraction or addition, each correctly rounded. rope.cu, fused.cu's hx_qk_norm_rope_kv and
+// fattn_vec.cu's fattn_vec_q1_rope all rotate through this one function (the same bits by construction).
+__device__ __forceinline__ void hx_rope_pair(const float x0, const float x1, const float c, const float s,
+                                             float& y0, float& y1) {
+    y0 = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+    y1 = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+}
+
 __device__ __forceinline__ float hx_warp_max(float x) {
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) {

@@ -402,7 +402,7 @@ class Qwen3:
 
         Per layer: [residual + RMSNorm + q8_1] Q/K/V (the first layer: [embedding + RMSNorm + q8_1], one
         launch where the backend fuses them), [q/k norms + RoPE + KV store], attention with
-        [combine + q8_1] the output projection, [residual + RMSNorm + q8_1] gate/up, [SwiGLU + q8_1]
+        [combine + q8_1] the output projection (the first two in one launch where the backend fuses them), [residual + RMSNorm + q8_1] gate/up, [SwiGLU + q8_1]
         down; the layer's last residual add is fused into the next layer's (or the head's) norm.
         """
         cfg, ops, W = self.config, self.ops, self.weights
@@ -419,12 +419,11 @@ class Qwen3:
                                                 residual=carry[1], out_sum=b("l_out"))
             if ahead:
                 ops.l2_ahead(ahead.after_qkv(L), ahead.bulk)
-            q = ops.qk_norm_rope_store(q.reshape(T, cfg.n_head, cfg.head_dim), k.reshape(T, cfg.n_head_kv, cfg.head_dim),
-                                       v.reshape(T, cfg.n_head_kv, cfg.head_dim), L.attn_q_norm.data,
-                                       L.attn_k_norm.data, eps, pos, self.rope_cos, self.rope_sin, self.cache, il,
-                                       out=b("q_rope"))                           # (T, H, D)
-            o = ops.attention_matvec(q, self.cache.k(il), self.cache.v(il), pos, start_pos + T, order,
-                                     (L.attn_output.data, L.attn_output.qtype), out=b("attn_output"))
+            o = ops.rope_attention_matvec(q.reshape(T, cfg.n_head, cfg.head_dim), k.reshape(T, cfg.n_head_kv, cfg.head_dim),
+                                          v.reshape(T, cfg.n_head_kv, cfg.head_dim), L.attn_q_norm.data,
+                                          L.attn_k_norm.data, eps, pos, self.rope_cos, self.rope_sin, self.cache, il,
+                                          start_pos + T, order, (L.attn_output.data, L.attn_output.qtype),
+                                          out=b("attn_output"), q_out=b("q_rope"))
             (g, u), x = ops.norm_matvecs(o, L.ffn_norm.data, eps, ((L.ffn_gate.data, L.ffn_gate.qtype),
                                                                    (L.ffn_up.data, L.ffn_up.qtype)), order,
                                          (b("ffn_gate"), b("ffn_up")), residual=x, out_sum=b("ffn_inp"))

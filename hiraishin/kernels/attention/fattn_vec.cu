@@ -85,7 +85,9 @@ __device__ __forceinline__ void fv_load_cell(const unsigned short* __restrict__ 
 #define FV_SHARED_QREG 0
 #endif
 
-template <int NCOLS, bool SHARE_KV>
+// Q_HEAD (fattn_vec_q1_rope): Q is the block's one query row itself (D floats, in shared memory), not
+// the (n_tokens, n_head, D) array; NCOLS 1, n_tokens 1.
+template <int NCOLS, bool SHARE_KV, bool Q_HEAD = false>
 __device__ __forceinline__ void fattn_vec_impl(
     const float* __restrict__ Q,            // (n_tokens, n_head, D) float32
     const unsigned short* __restrict__ K,   // (n_ctx, n_head_kv, D) f16 bits
@@ -144,7 +146,7 @@ __device__ __forceinline__ void fattn_vec_impl(
             if (tid == 0) pos_sh[j] = pos[j];
         }
         if constexpr (Q_REGS) {
-            const float* Qt = Q + ((size_t)(t < n_tokens ? t : 0) * n_head + head_of(j)) * D;
+            const float* Qt = Q_HEAD ? Q : Q + ((size_t)(t < n_tokens ? t : 0) * n_head + head_of(j)) * D;
 #pragma unroll
             for (int b = 0; b < FV_DIM_SLICES; ++b) {
 #pragma unroll
@@ -338,6 +340,92 @@ fattn_vec_q1(const float* __restrict__ Q, const unsigned short* __restrict__ K,
     fattn_vec_impl<1, false>(Q, K, V, q_pos, dst, parts, meta, n_tokens, n_head, n_head_kv, kv_len,
                              kv_attended, chunk_cells, scale, yq);
 }
+
+#ifdef HX_ATTN_ROPE
+// fattn_vec_q1 of a one-token pass whose q, k and v are still the Q/K/V projections' raw rows: each block
+// first does the part of fused/fused.cu's hx_qk_norm_rope_kv its attention reads, then attends as
+// fattn_vec_q1 does (HIRAISHIN_ATTN_ROPE; one launch a layer fewer). Compiled after rmsnorm/rmsnorm.cu
+// (hx_rms_scale_from_partials) and, with HX_ATTN_Q8_1, quantize/quantize_q8_1.cu.
+//   * every block: its q head normed (rmsnorm's tree over D, see below) and roped (hx_rope_pair) into
+//     shared memory: the float32 row hx_qk_norm_rope_kv writes to q_out, which fattn_vec_q1 would load;
+//   * the blocks whose chunks hold the token's cell (block (pos / chunk_cells) % P of each q head): the
+//     k of their KV head normed and roped, and v, rounded to f16 into that cache cell, then a barrier,
+//     so the block's own loads of the cell see them (__syncthreads orders a block's global writes for
+//     its threads). The n_head / n_head_kv q heads of a KV head write the same bits to the same cell;
+//     no block reads a cell another block writes. K and V are therefore not `const __restrict__` here:
+//     a read-only (non-coherent) load of memory the kernel writes would be undefined.
+// The tree: hx_qk_norm_rope_kv runs rmsnorm's block of block_threads(D) = 256 threads, thread t holding
+// value t (D <= 128: one each), so its warps past D / 32 hold +0 and its partials past them are +0. Here
+// thread 32 * w + lane holds value 32 * w + lane: warp w's butterfly is the tree's warp w's, and the
+// 4 partials with 0.0f in the lanes past them are the 8 with +0 in lanes 4..7: the same scale.
+// The float work before the attention is hx_qk_norm_rope_kv's, op for op, and the attention is
+// fattn_vec_q1's: the bits of those two launches (tests/test_fattn_rope.py, tests/test_fused_gpu.py).
+static_assert(HX_D <= FV_NTHREADS, "one value per thread in the head norms");
+// The norm weights of pair d (dims d, d + half) for thread d < half, zeros elsewhere. Weights are never
+// written, so fattn_vec_q1_rope reads them before it waits on the previous kernel.
+__device__ __forceinline__ float2 fv_weight_pair(const float* __restrict__ w, const int d, const int half) {
+    float2 p;
+    p.x = d < half ? __ldg(w + d) : 0.0f;
+    p.y = d < half ? __ldg(w + d + half) : 0.0f;
+    return p;
+}
+extern "C" __global__ void __launch_bounds__(FV_NTHREADS, 1)
+fattn_vec_q1_rope(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+                  const float* __restrict__ wq, const float* __restrict__ wk,
+                  const float* __restrict__ cos_table, const float* __restrict__ sin_table,
+                  unsigned short* K, unsigned short* V,  // (n_ctx, n_head_kv, D) f16: read, and written at pos[0]
+                  const int* __restrict__ q_pos, float* __restrict__ dst, float* __restrict__ parts,
+                  float* __restrict__ meta, const int n_head, const int n_head_kv, const int kv_attended,
+                  const int chunk_cells, const float scale, const float eps, unsigned char* __restrict__ yq) {
+    constexpr int D = HX_D;
+    constexpr int half = D / 2;
+    const int lane = threadIdx.x;
+    const int w = threadIdx.y;
+    const int tid = 32 * w + lane;
+    const int h = blockIdx.z;
+    const int kv_head = h / (n_head / n_head_kv);
+    const float2 wqp = fv_weight_pair(wq, tid, half);
+    const float2 wkp = fv_weight_pair(wk, tid, half);
+    HX_PDL_ENTRY();
+    __shared__ float partial[2][FV_NWARPS];  // the q and k trees' warp partials
+    alignas(16) __shared__ float q_sh[D];
+    const bool pair = tid < half;
+    const float* qr = q + (size_t)h * D;
+    const float* kr = k + (size_t)kv_head * D;
+    const int cell = q_pos[0];
+    const bool store = (cell / chunk_cells) % (int)gridDim.y == (int)blockIdx.y;  // uniform per block
+    const float xq = tid < D ? qr[tid] : 0.0f;
+    const float xk = store && tid < D ? kr[tid] : 0.0f;
+    const float sq = hx_warp_sum(tid < D ? __fmaf_rn(xq, xq, 0.0f) : 0.0f);
+    const float sk = hx_warp_sum(tid < D ? __fmaf_rn(xk, xk, 0.0f) : 0.0f);
+    if (lane == 0) {
+        partial[0][w] = sq;
+        partial[1][w] = sk;
+    }
+    __syncthreads();
+    const float scale_q = hx_rms_scale_from_partials(partial[0], FV_NWARPS, D, eps);  // whole warps: butterflies
+    const float scale_k = hx_rms_scale_from_partials(partial[1], FV_NWARPS, D, eps);
+    const size_t cos_at = (size_t)cell * half + tid;
+    if (pair) {
+        const float c = cos_table[cos_at];
+        const float sn = sin_table[cos_at];
+        hx_rope_pair(__fmul_rn(__fmul_rn(scale_q, xq), wqp.x), __fmul_rn(__fmul_rn(scale_q, qr[tid + half]), wqp.y), c, sn,
+                     q_sh[tid], q_sh[tid + half]);
+        if (store) {
+            float y0, y1;
+            hx_rope_pair(__fmul_rn(__fmul_rn(scale_k, xk), wkp.x), __fmul_rn(__fmul_rn(scale_k, kr[tid + half]), wkp.y),
+                         c, sn, y0, y1);
+            unsigned short* kc = K + ((size_t)cell * n_head_kv + kv_head) * D;
+            kc[tid] = hx_f2h(y0);
+            kc[tid + half] = hx_f2h(y1);
+        }
+    }
+    if (store && tid < D) V[((size_t)cell * n_head_kv + kv_head) * D + tid] = hx_f2h(v[(size_t)kv_head * D + tid]);
+    __syncthreads();  // q_sh, and the cell's K and V for this block's own loads
+    fattn_vec_impl<1, false, true>(q_sh, K, V, q_pos, dst, parts, meta, 1, n_head, n_head_kv, -1, kv_attended,
+                                   chunk_cells, scale, yq);
+}
+#endif
 
 // Two queries per block (llama.cpp's ncols = 2 instance): the same per-query arithmetic, more
 // registers, hence a different occupancy.

@@ -31,6 +31,11 @@ fused kernel (``fused.cu``)   equals, bit for bit
 ``fattn_vec_*`` with          one parallel block (``P = 1``): ``o = fattn_vec_*(q, K, V)`` (T, H, D), then
 ``HX_ATTN_Q8_1``              ``quantize_q8_1(o)`` of its rows in ``layout``, stored by the threads that
 (in ``fattn_vec.cu``)         normalise ``o``; optionally ``o`` too (``launch_attention_q8_1``)
+``fattn_vec_q1_rope``         one token (T = 1): ``hx_qk_norm_rope_kv`` of its raw q, k, v, then ``fattn_vec_q1``
+(``HX_ATTN_ROPE``, in         of the roped q (with ``HX_ATTN_Q8_1``'s q8_1 when ``P = 1``; partials for the
+``fattn_vec.cu``)             combine when ``P > 1``); each block norms its own q head, the blocks holding the
+                              token's cell store it (``launch_rope_attention``; off unless
+                              ``HIRAISHIN_ATTN_ROPE=1``)
 ============================  ===========================================================================
 
 Geometry: the norm kernels run rmsnorm's tree of ``block_threads(n)`` threads, in a block of that
@@ -41,7 +46,7 @@ runs the quantize launch (one warp per q8_1 block). Nothing per step is a scalar
 
 Files: ``fused.cu``, ``embed_norm.cu`` (and ``fattn_combine_q8_1`` in ``attention/fattn_vec.cu``, beside the combine it
 extends); :mod:`.launch` (prepared launches ``RmsNormQ8_1Launch``, ``AddRmsNormQ8_1Launch``,
-``SwigluQ8_1Launch``, ``QkNormRopeKvLaunch``, ``CombineQ8_1Launch`` and cached ``launch_*``
+``SwigluQ8_1Launch``, ``QkNormRopeKvLaunch``, ``CombineQ8_1Launch``, ``RopeAttentionLaunch`` and cached ``launch_*``
 functions); :mod:`.emulate` (``emulate_*``, the compositions of the unfused emulators).
 """
 

@@ -290,8 +290,8 @@ extern "C" __global__ void hx_qk_norm_rope_kv(const float* __restrict__ q, const
         const float x1 = __fmul_rn(__fmul_rn(scale, xr[d + half]), w[d + half]);
         const float c = cr[d];
         const float sn = sr[d];
-        const float y0 = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, sn));
-        const float y1 = __fadd_rn(__fmul_rn(x0, sn), __fmul_rn(x1, c));
+        float y0, y1;
+        hx_rope_pair(x0, x1, c, sn, y0, y1);
         if (is_q) {
             float* qr = q_out + row * head_dim;
             qr[d] = y0;

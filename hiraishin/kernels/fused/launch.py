@@ -15,18 +15,20 @@ import os
 
 import numpy as np
 
-from ..attention.launch import launch_partials
+from ..attention.emulate import attention_scale
+from ..attention.launch import SOURCE_VEC, launch_partials
 from ..compile import get_kernel
 from ..elementwise.launch import GET_ROWS_KERNELS
 from ..quantize.launch import QUANTIZE_WARPS_PER_BLOCK, output_shape, quantize_defines
 from ..rmsnorm.emulate import block_threads
+from ...plans.attention import KERNEL_Q1, NTHREADS
 
 __all__ = ["SOURCE", "SOURCE_EMBED", "EMBED_NORM", "EMBED_NORM_KERNELS", "EmbedRmsNormQ8_1Launch",
            "launch_embed_rms_norm_q8_1", "NULL", "NORM_BLOCK_THREADS", "NORM_PLAYED_MAX_VALUES", "fused_kernel", "norm_geometry",
            "norm_slices", "RmsNormQ8_1Launch", "AddRmsNormQ8_1Launch", "SwigluQ8_1Launch", "QkNormRopeKvLaunch",
            "launch_rms_norm_q8_1", "launch_add_rms_norm_q8_1", "launch_swiglu_q8_1", "launch_qk_norm_rope_kv",
            "SOURCE_COMBINE", "CombineQ8_1Launch", "launch_combine_q8_1", "ATTN_Q8_1", "attention_q8_1_epilogue",
-           "launch_attention_q8_1"]
+           "launch_attention_q8_1", "ATTN_ROPE", "RopeAttentionLaunch", "rope_attention_runs", "launch_rope_attention"]
 
 # fused.cu is compiled after the unfused sources whose device functions it calls (hx_rms_scale,
 # hx_q8_1_store): one copy of that code for the fused and the unfused kernels.
@@ -50,6 +52,16 @@ SOURCE_COMBINE = ("quantize/quantize_q8_1.cu", "attention/fattn_vec.cu")
 ATTN_Q8_1_PRELUDE = ("quantize/quantize_q8_1.cu",)
 ENV_ATTN_Q8_1 = "HIRAISHIN_ATTN_Q8_1"
 ATTN_Q8_1 = os.environ.get(ENV_ATTN_Q8_1, "1").strip() != "0"
+# A one-token pass's q/k head norms, RoPE and KV store inside its attention launch (fattn_vec.cu
+# fattn_vec_q1_rope, compiled with HX_ATTN_ROPE after rmsnorm.cu): one launch a layer fewer, the same bits.
+# Off by default until a GPU run measures it (HIRAISHIN_ATTN_ROPE=1 for the A/B): each block redoes its
+# head's norm (and, in the blocks holding the token's cell, its KV head's), work the separate launch
+# spread over more blocks; what it saves is one dependent launch (~2.4 us a launch on the 0.6B's chain,
+# bench/NOTES_speculation.md session 20).
+ATTN_ROPE_PRELUDE = ("rmsnorm/rmsnorm.cu", "quantize/quantize_q8_1.cu")
+ATTN_ROPE_KERNEL = "fattn_vec_q1_rope"
+ENV_ATTN_ROPE = "HIRAISHIN_ATTN_ROPE"
+ATTN_ROPE = os.environ.get(ENV_ATTN_ROPE, "0").strip() == "1"
 # A null device pointer: the optional float outputs are skipped when given this.
 NULL = np.uint64(0)
 _Q8_1_VALUES = 32  # values per q8_1 block (one warp's lanes)
@@ -331,6 +343,62 @@ def attention_q8_1_epilogue(layout: str | None = None) -> tuple:
     """The (prelude sources, #define items) that give fattn_vec.cu's vector kernels their q8_1 output in
     ``layout`` (:func:`hiraishin.kernels.attention.launch.launch_partials`' ``epilogue``)."""
     return ATTN_Q8_1_PRELUDE, tuple(sorted({**quantize_defines(layout), "HX_ATTN_Q8_1": 1}.items()))
+
+
+class RopeAttentionLaunch:
+    """A one-token pass's q/k head norms, RoPE, KV store and vector attention (``fattn_vec_q1_rope``):
+    call ``(q, k, v, q_norm_w, k_norm_w, pos, cos_t, sin_t, k_cache, v_cache, parts, meta, out_q, out=None)``.
+
+    ``q`` float32 (1, H, D) (or (1, H*D)), ``k``, ``v`` (1, Hkv, D): the projections' raw rows; norm
+    weights float32 (D,); ``pos`` int32 (1,) on the device; RoPE tables float32 (n_ctx, D/2); caches one
+    layer's float16 (n_ctx, Hkv, D), written at cell ``pos[0]`` and read up to it (the KV length is read
+    from ``pos``: graph-replayable). ``P`` parallel blocks over ``kv_attended`` cells in chunks of
+    ``chunk_cells`` (a one-query vector plan's fields, :func:`launch_rope_attention`). With ``P == 1`` the
+    normalised rows go to ``out_q`` as q8_1 in ``layout`` (and to ``out`` float32 (1, H, D) unless None);
+    with ``P > 1`` the partials ``parts`` (1, H, P, D) and ``meta`` (1, H, P, 2), which
+    :class:`CombineQ8_1Launch` merges. The bits of :class:`QkNormRopeKvLaunch` then the plan's attention.
+    """
+
+    __slots__ = ("kernel", "grid", "scalars", "P")
+
+    def __init__(self, H: int, n_head_kv: int, D: int, P: int, chunk_cells: int, kv_attended: int, eps: float,
+                 layout: str | None = None):
+        if D > NTHREADS or D > block_threads(D):  # the kernel's tree argument (fattn_vec.cu)
+            raise ValueError(f"{ATTN_ROPE_KERNEL} needs one value per thread of its block and of rmsnorm's, "
+                             f"D <= {NTHREADS}, got D = {D}")
+        self.P = P
+        defines = {**quantize_defines(layout), "HX_D": D, "HX_ATTN_ROPE": 1}
+        if P == 1:
+            defines["HX_ATTN_Q8_1"] = 1
+        self.kernel = get_kernel(ATTN_ROPE_PRELUDE + (SOURCE_VEC,), ATTN_ROPE_KERNEL, defines)
+        self.grid = (1, P, H)
+        self.scalars = (np.int32(H), np.int32(n_head_kv), np.int32(kv_attended), np.int32(chunk_cells),
+                        np.float32(attention_scale(D)), np.float32(eps))
+
+    def __call__(self, q, k, v, q_norm_w, k_norm_w, pos, cos_t, sin_t, k_cache, v_cache, parts, meta, out_q,
+                 out=None):
+        one = self.P == 1
+        self.kernel(self.grid, (32, NTHREADS // 32, 1),
+                    (q, k, v, q_norm_w, k_norm_w, cos_t, sin_t, k_cache, v_cache, pos, _ptr(out),
+                     NULL if one else parts, NULL if one else meta) + self.scalars + (out_q if one else NULL,))
+        return out_q if one else parts
+
+
+def rope_attention_runs(plan) -> bool:
+    """Whether ``fattn_vec_q1_rope`` can run ``plan``: one query, the one-query vector kernel."""
+    return plan.n_queries == 1 and plan.kernel_name == KERNEL_Q1
+
+
+def launch_rope_attention(q, k, v, q_norm_w, k_norm_w, eps: float, pos, cos_t, sin_t, k_cache, v_cache, plan,
+                          parts, meta, out_q, out=None, layout: str | None = None):
+    """:class:`RopeAttentionLaunch` of the one-query vector ``plan`` (cached per geometry), unchecked but
+    for the plan: a ValueError names any other."""
+    if not rope_attention_runs(plan):
+        raise ValueError(f"{ATTN_ROPE_KERNEL} runs one-query {KERNEL_Q1} plans, got {plan.kernel_name} "
+                         f"with {plan.n_queries} queries")
+    launch = _cached(RopeAttentionLaunch, plan.n_head, plan.n_head_kv, plan.head_dim, plan.parallel_blocks,
+                     plan.chunk_cells, plan.kv_attended, float(eps), layout)
+    return launch(q, k, v, q_norm_w, k_norm_w, pos, cos_t, sin_t, k_cache, v_cache, parts, meta, out_q, out)
 
 
 def launch_attention_q8_1(q, k_cache, v_cache, q_pos, plan, out_q, out=None, layout: str | None = None,

@@ -27,6 +27,5 @@ extern "C" __global__ void hx_rope_neox_f32(const float* __restrict__ x,
     float* yr = y + (size_t)row * head_dim;
     const float x0 = xr[d];
     const float x1 = xr[d + half];
-    yr[d] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
-    yr[d + half] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+    hx_rope_pair(x0, x1, c, s, yr[d], yr[d + half]);
 }

@@ -1,0 +1,105 @@
+"""The q/k norms, RoPE and KV store inside a one-token attention launch (``fattn_vec_q1_rope``) on a GPU.
+
+The launch must give the bits of ``QkNormRopeKvLaunch`` then the plan's one-query attention: both
+caches (the token's cell, stored by several blocks, and every other cell), the normalised rows and
+their q8_1 with one parallel block, the partials, block maxima and sums with several. A model with
+``HIRAISHIN_ATTN_ROPE``'s launch (``ATTN_ROPE``) must decode the same tokens and logits as one without,
+eagerly and on CUDA graphs, with one and with several parallel blocks. Needs CuPy (``-m gpu``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+EPS = np.float32(1e-6)
+
+
+def _inputs(H, Hkv, D, pos, n_ctx, seed):
+    rng = np.random.default_rng(seed)
+    q = (rng.standard_normal((1, H, D)) * 3).astype(np.float32)
+    k = (rng.standard_normal((1, Hkv, D)) * 3).astype(np.float32)
+    v = rng.standard_normal((1, Hkv, D)).astype(np.float32)
+    wq = (1.0 + 0.2 * rng.standard_normal(D)).astype(np.float32)
+    wk = (1.0 + 0.2 * rng.standard_normal(D)).astype(np.float32)
+    cache = (1.5 * rng.standard_normal((n_ctx, Hkv, D))).astype(np.float16)
+    cache.view(np.uint16)[pos] = 0x7E00  # NaN: the token's cell must be stored before it is read
+    return q, k, v, wq, wk, cache
+
+
+# (order, n_head, n_head_kv, head_dim, position, n_ctx, q8_1 layout): the 8B's and the 0.6B's heads, short
+# caches (one block) and long ones (several; the cell in the last chunk of a block that walks several)
+CASES = [("BATCH_INVARIANT", 32, 8, 128, 4095, 4096, "Q4_K"), ("BATCH_INVARIANT", 16, 8, 128, 40, 256, "Q4_K"),
+         ("FIXED_SPLIT", 16, 8, 128, 700, 1024, "Q6_K"), ("BATCH_VARIANT", 16, 8, 128, 1500, 2048, "Q4_K"),
+         ("BATCH_INVARIANT", 8, 1, 64, 300, 512, None), ("BATCH_INVARIANT", 4, 4, 64, 0, 256, None)]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-H{c[1]}x{c[2]}-D{c[3]}-pos{c[4]}")
+def test_rope_attention_launch_equals_qk_norm_rope_kv_then_attention(case):
+    import cupy as cp
+
+    from hiraishin import ReductionOrder
+    from hiraishin.kernels.attention.launch import current_profile, launch_partials
+    from hiraishin.kernels.fused.launch import QkNormRopeKvLaunch, launch_attention_q8_1, launch_rope_attention
+    from hiraishin.kernels.quantize.launch import output_shape
+    from hiraishin.kernels.rope import rope_tables
+    from hiraishin.plans import attention_plan
+
+    order_name, H, Hkv, D, pos, n_ctx, layout = case
+    plan = attention_plan(getattr(ReductionOrder, order_name), 1, pos + 1, H, Hkv, D, current_profile(D)).launched()
+    q, k, v, wq, wk, cache = _inputs(H, Hkv, D, pos, n_ctx, seed=pos + H)
+    cos_t, sin_t = rope_tables(n_ctx, D, 1e6)
+    qd, kd, vd, wqd, wkd, cosd, sind = map(cp.asarray, (q, k, v, wq, wk, cos_t, sin_t))
+    posd = cp.asarray(np.array([pos], np.int32))
+    P = plan.parallel_blocks
+    runs = []
+    for fused in (True, False):
+        kc, vc = cp.asarray(cache), cp.asarray(cache)
+        out = cp.full((1, H, D), np.nan, cp.float32)
+        parts, meta = cp.full((1, H, P, D), np.nan, cp.float32), cp.full((1, H, P, 2), np.nan, cp.float32)
+        yq = cp.full(output_shape(1, H * D, layout), 0xAB, cp.uint8)
+        if fused:
+            launch_rope_attention(qd, kd, vd, wqd, wkd, EPS, posd, cosd, sind, kc, vc, plan, parts, meta, yq, out,
+                                  layout)
+        else:
+            q_roped = cp.empty((1, H, D), cp.float32)
+            QkNormRopeKvLaunch(1, H, Hkv, D, EPS)(qd, kd, vd, wqd, wkd, posd, cosd, sind, q_roped, kc, vc)
+            if P == 1:
+                launch_attention_q8_1(q_roped, kc, vc, posd, plan, yq, out, layout, kv_from_positions=True)
+            else:
+                launch_partials(q_roped, kc, vc, posd, plan, out, parts, meta, kv_from_positions=True)
+        runs.append({"K": kc.get().view(np.uint16), "V": vc.get().view(np.uint16), "out": out.get().view(np.uint32),
+                     "parts": parts.get().view(np.uint32), "meta": meta.get().view(np.uint32), "yq": yq.get()})
+    fused, unfused = runs
+    names = ("K", "V", "out", "yq") if P == 1 else ("K", "V", "parts", "meta")
+    for name in names:
+        assert np.array_equal(fused[name], unfused[name]), f"{name} (P = {P})"
+
+
+@pytest.mark.parametrize("order_name", ["BATCH_INVARIANT", "FIXED_SPLIT", "BATCH_VARIANT"])
+@pytest.mark.parametrize("prompt_len", [40, 150])
+def test_models_with_the_rope_attention_launch_decode_the_same(tiny_model_path, monkeypatch, order_name,
+                                                                prompt_len):
+    from hiraishin import Qwen3, ReductionOrder
+    from hiraishin.kernels.fused import launch as fused_launch
+
+    order = getattr(ReductionOrder, order_name)
+    prompt = [5 + (7 * i) % 900 for i in range(prompt_len)]
+    runs = []
+    for on in (False, True):
+        monkeypatch.setattr(fused_launch, "ATTN_ROPE", on)
+        m = Qwen3.from_gguf(tiny_model_path, device="cuda", progress=False, cuda_graphs=True, n_ctx=256)
+        first = int(m.forward_argmax(prompt, 0, order)[-1])
+        chain = m.greedy_chain([first], prompt_len, 10, order).tolist()
+        stream = list(m.greedy_stream(first, prompt_len, 10, order))
+        m.cuda_graphs = False
+        logits = m.forward([chain[-1]], m.kv_len, order)  # an eager one-token pass
+        cache = [m.backend.to_host(m.cache.k(il)).view(np.uint16).copy() for il in (0, m.config.n_layer - 1)]
+        runs.append((first, chain, [t for t, _ in stream], np.array([v for _, v in stream], np.float32).view(np.uint32),
+                     logits.view(np.uint32), cache))
+    (f0, c0, s0, v0, l0, k0), (f1, c1, s1, v1, l1, k1) = runs
+    assert f0 == f1 and c0 == c1 and s0 == s1 == c0
+    assert np.array_equal(v0, v1) and np.array_equal(l0, l1)
+    assert all(np.array_equal(a, b) for a, b in zip(k0, k1))
