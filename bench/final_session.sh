@@ -43,6 +43,9 @@
 #             N passes as well, what capturing several passes to a graph would save);
 #   abmany    the ab step once per entry of AB_SETS ("VAR=v1,v2 ..."; default the three draft switches
 #             HIRAISHIN_ATTN_ROPE, HIRAISHIN_EMBED_NORM, HIRAISHIN_HEAD_ARGMAX, each 0,1), AB_PER s a value;
+#   overlap   bench/overlap_passes.py: the 8B's verify graph (OVERLAP_WIDTHS, default 3) and 1-2 of the 0.6B's
+#             one-token graphs one after the other and side by side on two streams (OVERLAP_ORDERS): how much
+#             of the draft a loop that drafts during the verify could hide;
 #   pdl       the ab step for HIRAISHIN_PDL_TRIGGER=after_wait and =early (PDL_ORDERS, default invariant,subblock);
 #   draft     bench/replay_widths.py on the 0.6B draft under DRAFT_AB_ORDERS (default invariant,nwarps1,nwarps2;
 #             widths 1 and 2, the draft's passes): which order drafts fastest (only speed counts there);
@@ -126,6 +129,13 @@ for rows in zip(*runs):
     print(f"{rows[0]['model']} {rows[0]['order']} width {rows[0]['width']}: {times} ms ({var} {' '.join(values)}; {same})")
 PY
 }
+
+if want overlap; then
+    echo "== a draft pass beside the verify pass ($(left) s left)"
+    timeout $(cap 150) python3 bench/overlap_passes.py /tmp/qwen3-8b.gguf /tmp/qwen3-0.6b.gguf \
+        --orders ${OVERLAP_ORDERS:-subblock,invariant} --widths ${OVERLAP_WIDTHS:-3} --draft-passes 1,2 \
+        --json "$OUT/overlap-passes.json" 2>&1 | tail -n 12
+fi
 
 if want draft; then
     echo "== draft orders ($(left) s left)"
