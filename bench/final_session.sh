@@ -3,7 +3,7 @@
 # time left before a deadline (BUDGET seconds after the start, default 585). STEPS picks them
 # (default "bench tests sanitize kernels"):
 #   bench     hiraishin bench of every order (ORDERS), widths 1..16, prefill 512, the draft (under DRAFT_ORDERS
-#             if set, else ORDERS), exact
+#             if set, else ORDERS; BENCH_ARGS: more arguments, e.g. --draft-ahead), exact
 #             speculation (the issue figures), then the price-of-exactness table made from that JSON;
 #   tests     the GPU tests of TESTS (default all of tests/), up to TEST_TIMEOUT s (default 170;
 #             pytest-xdist's -n 4 when carried in .whl: every GPU test took ~4 min on the H200);
@@ -83,7 +83,7 @@ if want bench; then
     echo "== hiraishin bench ($(left) s left)"
     timeout $(cap ${BENCH_TIMEOUT:-260}) python3 -m hiraishin bench /tmp/qwen3-8b.gguf --draft /tmp/qwen3-0.6b.gguf \
         --device cuda --orders ${ORDERS:-variant,invariant,fixed_split,subblock,invariant16} --widths 1-16 --prefill 512 \
-        --tokens ${TOKENS:-64} --repetitions ${REPS:-3} ${DRAFT_ORDERS:+--draft-orders $DRAFT_ORDERS} --quiet \
+        --tokens ${TOKENS:-64} --repetitions ${REPS:-3} ${DRAFT_ORDERS:+--draft-orders $DRAFT_ORDERS} ${BENCH_ARGS:-} --quiet \
         --json "$OUT/hiraishin-bench.json" 2>&1 | tail -n 60
     echo "bench exit ${PIPESTATUS[0]}"
     MATVEC=bench/results/2026-12-01-h200-mmq/run1/bench_mmq.json

@@ -119,6 +119,17 @@ def _chains_and_streams(graphs, cpu, prompt, order, n: int = 12) -> int:
     if got != want[:n] or int(verified[0]) != want[n]:
         bad += 1
         print(f"MISMATCH {order.name} chain {got} + verify {verified.tolist()} against {want}")
+    # a chain, more passes behind it (greedy_chain_more: the draft running ahead), a verify behind a tail of those
+    graphs.reset()
+    h = n // 2
+    chain = graphs.greedy_chain_async(prompt, 0, h, order)
+    more = graphs.greedy_chain_more(chain, n - h, order)
+    got = [int(t) for t in chain.tokens()] + [int(t) for t in more.tokens()]
+    tail_pos = len(prompt) + n - 2  # more's second-to-last token was fed here: verify it and its successor
+    verified = graphs.verify_chain(want[n - 2], more.tail(more.n - 1), tail_pos, order)
+    if got != want[:n] or int(verified[0]) != want[n - 1]:
+        bad += 1
+        print(f"MISMATCH {order.name} chain + chain_more {got} + verify {verified.tolist()} against {want}")
     graphs.reset()
     first = int(graphs.forward_argmax(prompt, 0, order)[-1])
     stream = graphs.greedy_stream(first, len(prompt), n, order)
@@ -146,7 +157,8 @@ def _chains_and_streams(graphs, cpu, prompt, order, n: int = 12) -> int:
             print(f"MISMATCH {order.name} greedy_stream top 5 at {i}: {tok} {ids.tolist()} against "
                   f"{want[i + 1]} {want_ids.tolist()}")
             break
-    print(f"{order.name}: chain, verify behind it, greedy_stream (whole, stopped early, top 5)", flush=True)
+    print(f"{order.name}: chain, verify behind it, chain_more, greedy_stream (whole, stopped early, top 5)",
+          flush=True)
     return bad
 
 

@@ -163,6 +163,14 @@ def format_report(r: dict) -> str:
                      f"{s['speedup']:>6.2f}x | {c['drafting']:>8.3f} | {c['verifying']:>9.3f} | "
                      f"{c['bookkeeping']:>11.3f} | {s['tokens_per_cycle']:>9.2f} | {s['acceptance']:>6.1%} | "
                      f"{s['mean_verify_batch']:>12.2f} | {same:>8} |")
+        a = s.get("ahead")  # the draft running ahead (bench --draft-ahead)
+        if a:
+            c = a["cycle_ms"]
+            same = "yes" if a["matches_plain"] else f"no @{a['first_divergence']}"
+            lines.append(f"| {'  draft ahead':<18} | {s['plain_ms_per_token']:>12.3f} | "
+                         f"{a['speculative_ms_per_token']:>11.3f} | {a['speedup']:>6.2f}x | {c['drafting']:>8.3f} | "
+                         f"{c['verifying']:>9.3f} | {c['bookkeeping']:>11.3f} | {a['tokens_per_cycle']:>9.2f} | "
+                         f"{a['acceptance']:>6.1%} | {a['mean_verify_batch']:>12.2f} | {same:>8} |")
     rep = o["report"]
     rc = rep["cycle_ms"]
     lines.append(f"| {'report (RTX 5060)':<18} | {rep['plain_ms_per_token']:>12.3f} | "
@@ -187,6 +195,11 @@ def format_report(r: dict) -> str:
             d, v, b = c["drafting"] / p, c["verifying"] / p, c["bookkeeping"] / p
             lines.append(f"  {name}: {s['tokens_per_cycle']:.2f} / ({d:.2f} + {v:.2f} + {b:.2f}) = "
                          f"{s['tokens_per_cycle'] / (d + v + b):.2f}x")
+    for name, s in r["speculative"].items():
+        if s.get("ahead"):
+            a = s["ahead"]
+            lines.append(f"  {name} ahead: {a['ahead_cycles']:.0%} of cycles verified guesses the draft made during the "
+                         f"verify before; speedup per round " + ", ".join(f"{x:.3f}x" for x in a["rounds_speedup"]))
     for name, s in r["speculative"].items():
         if not s["schedule_reproduced"]:
             lines.append(f"note: under {name} the target's argmax departed from the oracle schedule "

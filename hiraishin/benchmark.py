@@ -63,7 +63,7 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -71,7 +71,7 @@ import numpy as np
 from .errors import HiraishinError
 from .decode.oracle import ORACLE_SEED, REPORT, OracleSchedule
 from .bench_timing import even_out, seeded_prompt, timed_chain, timed_feed, timed_greedy_steps, timed_pass
-from .decode.passes import draft_and_verify
+from .bench_spec import agreement, first_divergence, speculative_decode, speculative_decode_ahead
 from .order import ReductionOrder
 
 __all__ = ["ORDERS", "REPORT", "BenchSettings", "OracleSchedule", "run_bench",
@@ -106,7 +106,6 @@ QUICK_CONTEXT = 8
 QUICK_WIDTHS = (1, 2, 4, 8, 16)
 COPY_BYTES = 1 << 29  # bytes per device-to-device copy buffer on a GPU (512 MiB: far past the L2)
 CPU_COPY_BYTES = 1 << 26  # 64 MiB on the CPU
-WRONG_TOKEN_STEP = 1  # the deliberately wrong draft token: the right one + this, mod n_vocab
 
 
 @dataclass
@@ -129,6 +128,8 @@ class BenchSettings:
     n_draft: int = 4  # most drafted tokens per cycle (the schedule's largest k)
     context: int = CONTEXT
     seed: int = ORACLE_SEED
+    # also exact speculation with the draft running ahead (hiraishin.decode.ahead): "ahead" beside each order's
+    draft_ahead: bool = False
 
     @classmethod
     def make(cls, quick: bool = False, **overrides) -> "BenchSettings":
@@ -324,108 +325,6 @@ def plain_chained(model, prompt, n_tokens: int, order) -> tuple[float, list[int]
     return dt / (n_tokens - 1), [first] + rest
 
 
-@dataclass
-class SpecRun:
-    """One timed speculative run under the oracle schedule."""
-
-    tokens: list[int] = field(default_factory=list)
-    drafting_s: list[float] = field(default_factory=list)
-    verifying_s: list[float] = field(default_factory=list)
-    cycle_s: list[float] = field(default_factory=list)
-    drafted: list[int] = field(default_factory=list)
-    accepted: list[int] = field(default_factory=list)
-    scheduled: list[int] = field(default_factory=list)
-    verify_widths: list[int] = field(default_factory=list)
-
-    @property
-    def total_s(self) -> float:
-        return sum(self.cycle_s)
-
-    @property
-    def emitted(self) -> int:
-        """Tokens the cycles emitted (each cycle: its accepted guesses and the target's next token)."""
-        return sum(self.accepted) + len(self.cycle_s)
-
-
-def speculative_decode(target, draft, prompt, n_tokens: int, order, draft_order, schedule: OracleSchedule,
-                       reference: list[int]) -> SpecRun:
-    """Exact speculative decoding of ``n_tokens`` tokens after ``prompt`` with the oracle ``schedule``.
-
-    ``reference``: the target's plain greedy tokens after ``prompt`` (at least ``n_tokens`` +
-    the schedule's largest k long), from which the oracle takes the right guesses. The first
-    token comes from the prefill (not timed); every later one from a timed cycle.
-    """
-    n_vocab = target.config.n_vocab
-    target.reset()
-    draft.reset()
-    best, _ = timed_feed(target, prompt, 0, order)
-    timed_feed(draft, prompt, 0, draft_order)
-    seq = list(prompt) + [int(best[-1])]  # the last token is not in either cache yet
-    base = len(prompt)  # position of reference[0]
-    run = SpecRun(tokens=[seq[-1]])
-    sync = target.backend.synchronize
-    i = 0
-    sync()  # then no synchronization inside the loop: a cycle ends when the host has the verify's tokens (the
-    # device idle behind them), as in hiraishin.decode.speculative's loop
-    t_cycle = time.perf_counter()
-    while len(run.tokens) < n_tokens:
-        p = len(seq) - 1  # position of the pending token
-        k, right = schedule.cycle(i)
-        k = min(k, n_tokens - len(run.tokens))  # no drafting past the end
-        k = max(0, min(k, order.verify_limit(p, k + 1) - 1))  # the verify pass stops at the KV boundary
-        right = min(right, k)
-        guesses = []
-        for j in range(k):
-            ref = reference[p + 1 + j - base] if p + 1 + j - base < len(reference) else 0
-            guesses.append(ref if j < right else (ref + WRONG_TOKEN_STEP) % n_vocab if j == right else ref)
-        # drafting: catch the draft's cache up to p in one pass (it lacks the pending token, and after
-        # a cycle that accepted every guess also the last guess: one or two tokens, fed together as
-        # hiraishin.decode.speculative does), whose last argmax is guess 0; then k - 1 one-token passes
-        # of the draft's own guesses, chained as hiraishin.decode.speculative chains them (the oracle's
-        # guesses go to the verifier; the draft's cache holds its own, as in a real run)
-        # verifying: one pass of the pending token and the k guesses, enqueued behind the draft's
-        # passes on the device as the library's loop does it (draft_and_verify); its ids are the
-        # oracle's, uploaded behind the draft's passes where a real run copies the draft's own
-        batch = [seq[-1]] + guesses
-        feed_tokens = seq[draft.kv_len:p + 1] if k else []
-        if feed_tokens:
-            _, best, t_draft, t_verify = draft_and_verify(draft, target, feed_tokens, draft.kv_len, k, seq[-1], p,
-                                                          order, draft_order, verify_tokens=batch)
-        else:
-            t_draft = 0.0
-            best, t_verify = timed_pass(target, batch, p, order)
-        # bookkeeping: acceptance against the target's own argmax, emit, roll both caches back
-        n_acc = 0
-        while n_acc < k and int(best[n_acc]) == guesses[n_acc]:
-            n_acc += 1
-        emitted = guesses[:n_acc] + [int(best[n_acc])]
-        seq.extend(emitted)
-        run.tokens.extend(emitted)
-        target.rollback(p + n_acc + 1)
-        if draft.kv_len > p + n_acc + 1:
-            draft.rollback(p + n_acc + 1)
-        now = time.perf_counter()
-        run.cycle_s.append(now - t_cycle)
-        t_cycle = now
-        run.drafting_s.append(t_draft)
-        run.verifying_s.append(t_verify)
-        run.drafted.append(k)
-        run.accepted.append(n_acc)
-        run.scheduled.append(right)
-        run.verify_widths.append(k + 1)
-        i += 1
-    sync()
-    run.tokens = run.tokens[:n_tokens]
-    return run
-
-
-def _first_divergence(a, b) -> int | None:
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
-
-
 def measure_speculative(target, draft, order, draft_order, settings: BenchSettings) -> dict:
     """Plain vs oracle-scheduled speculative decoding of ``settings.spec_tokens`` tokens (medians).
 
@@ -441,12 +340,18 @@ def measure_speculative(target, draft, order, draft_order, settings: BenchSettin
     if not settings.quick:
         speculative_decode(target, draft, prompt, n, order, draft_order, schedule, reference)
         plain_chained(target, prompt, n, order)
-    rounds, chained = [], []
+    agree = agreement(schedule, n + settings.n_draft + 1, settings.seed) if settings.draft_ahead else None
+    if agree is not None and not settings.quick:
+        speculative_decode_ahead(target, draft, prompt, n, order, draft_order, schedule, reference, agree)
+    rounds, chained, aheads = [], [], []
     for _ in range(max(1, settings.spec_repetitions)):
         _, steps = plain_decode(target, prompt, n, order)
         run = speculative_decode(target, draft, prompt, n, order, draft_order, schedule, reference)
         rounds.append((sum(steps) / max(1, len(steps)), run))
         chained.append(plain_chained(target, prompt, n, order))
+        if agree is not None:
+            aheads.append(speculative_decode_ahead(target, draft, prompt, n, order, draft_order, schedule, reference,
+                                                   agree))
     plain_s = statistics.median(p for p, _ in rounds)
     chained_s = statistics.median(c for c, _ in chained)
     # every round's own figures (the raw numbers behind the medians: how far one round is from the next)
@@ -457,8 +362,8 @@ def measure_speculative(target, draft, order, draft_order, settings: BenchSettin
     cycles = len(run.cycle_s)
     spec_s = run.total_s / run.emitted
     drafted, accepted = sum(run.drafted), sum(run.accepted)
-    divergence = _first_divergence(run.tokens, reference[:n])
-    return {
+    divergence = first_divergence(run.tokens, reference[:n])
+    out = {
         "oracle": True,
         "draft_order": draft_order.name,
         "plain_ms_per_token": 1e3 * plain_s,
@@ -484,6 +389,43 @@ def measure_speculative(target, draft, order, draft_order, settings: BenchSettin
         "rounds": per_round,
         "speedup_range": [min(r["speedup"] for r in per_round), max(r["speedup"] for r in per_round)],
     }
+    if aheads:
+        out["ahead"] = _ahead_summary(aheads, [p for p, _ in rounds], plain_s, reference[:n])
+    return out
+
+
+def _run_summary(run, plain_s: float, reference: list[int]) -> dict:
+    """A timed speculative run's figures beside plain decoding's ``plain_s`` seconds a token."""
+    cycles = len(run.cycle_s)
+    spec_s = run.total_s / run.emitted
+    drafted, accepted = sum(run.drafted), sum(run.accepted)
+    divergence = first_divergence(run.tokens, reference)
+    return {
+        "speculative_ms_per_token": 1e3 * spec_s,
+        "speedup": plain_s / spec_s,
+        "cycle_ms": {"drafting": 1e3 * sum(run.drafting_s) / cycles,
+                     "verifying": 1e3 * sum(run.verifying_s) / cycles,
+                     "bookkeeping": 1e3 * (run.total_s - sum(run.drafting_s) - sum(run.verifying_s)) / cycles},
+        "tokens_per_cycle": run.emitted / cycles,
+        "acceptance": accepted / drafted if drafted else float("nan"),
+        "mean_verify_batch": statistics.fmean(run.verify_widths),
+        "cycles": cycles,
+        "tokens": len(run.tokens),
+        "schedule_reproduced": run.accepted == run.scheduled,
+        "matches_plain": divergence is None,
+        "first_divergence": divergence,
+    }
+
+
+def _ahead_summary(runs: list, plain_rounds: list[float], plain_s: float, reference: list[int]) -> dict:
+    """The draft-ahead runs (one a round, beside that round's plain decoding): the median round's figures,
+    every round's speedup, and the share of cycles whose guesses were made ahead."""
+    per_round = [p / (r.total_s / r.emitted) for p, r in zip(plain_rounds, runs)]
+    run = sorted(runs, key=lambda r: r.total_s / r.emitted)[len(runs) // 2]
+    return {**_run_summary(run, plain_s, reference), "ahead_cycles": sum(run.ahead) / max(1, len(run.ahead)),
+            "rounds_speedup": per_round, "speedup_range": [min(per_round), max(per_round)],
+            "oracle": "per-token agreement: the schedule's where its cycles guess a token, else right with its "
+                      "acceptance (hiraishin.bench_spec.agreement)"}
 
 
 # ---- the whole benchmark ---------------------------------------------------------------------

@@ -96,6 +96,36 @@ def test_draft_orders_are_timed_apart_from_the_targets(micro_path, tmp_path):
         BenchSettings.make(orders=("invariant",), draft_orders=("fastest",))
 
 
+def test_the_draft_ahead_bench_is_exact_and_verifies_guesses_made_ahead(micro_path, tmp_path, capsys):
+    """--draft-ahead: the oracle loop with the draft running ahead emits plain tokens, the target accepts exactly
+    the guesses the per-token oracle calls right, and some cycles verify guesses made ahead."""
+    out = tmp_path / "bench.json"
+    rc = _run_command([str(micro_path), "--device", "cpu", "--quick", "--orders", "invariant", "--widths", "1",
+                       "--tokens", "24", "--draft-ahead", "--json", str(out), "--quiet"])
+    assert rc == 0
+    s = json.loads(out.read_text())["speculative"]["batch_invariant"]
+    a = s["ahead"]
+    assert a["matches_plain"] is True and a["schedule_reproduced"] is True and a["tokens"] == 24
+    assert 0 < a["ahead_cycles"] < 1 and a["speedup"] > 0 and a["speedup_range"][0] <= a["speedup_range"][1]
+    assert a["tokens_per_cycle"] >= 1 and all(a["cycle_ms"][k] >= 0 for k in a["cycle_ms"])
+    assert "batch_invariant ahead" in capsys.readouterr().out
+
+
+def test_the_per_token_oracle_keeps_every_token_the_schedule_guesses():
+    """agreement(): where the schedule's own cycles guess a token it is right or wrong as they say; the tokens
+    they never guess (the target's token after a fully right cycle) are seeded draws."""
+    from hiraishin.bench_spec import agreement
+
+    sched = OracleSchedule.make(40, seed=5)
+    agree = agreement(sched, 200, seed=5)
+    t = 1
+    for i in range(40):
+        k, a = sched.cycle(i)
+        assert all(agree[t:t + a]) and (a == k or not agree[t + a])
+        t += a + 1
+    assert agree == agreement(sched, 200, seed=5) and agree != agreement(sched, 200, seed=6)
+
+
 def test_oracle_schedule_has_the_report_profile_and_is_seeded():
     sched = OracleSchedule.make(1000)
     prof = sched.profile()

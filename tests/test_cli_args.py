@@ -62,6 +62,7 @@ def test_non_utf8_prompt_file(micro_model_path, tmp_path, capsys, no_load):
     (["generate", "{m}", "hi", "--json", "{t}"], ["is a folder"]),
     (["speculative", "{m}"], ["--draft"]),
     (["speculative", "{m}", "--self", "--draft-min", "9"], ["--draft-min 9", "--draft-max 8"]),
+    (["speculative", "{m}", "--self", "--draft-ahead", "--p-min-gap", "1"], ["--draft-ahead", "--p-min-gap"]),
     (["generate", "{m}", "hi", "--system", "be brief"], ["need --chat"]),
     (["generate", "{m}", "hi", "-p", "there"], ["give the prompt once"]),
 ])

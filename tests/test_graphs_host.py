@@ -241,6 +241,33 @@ def test_verify_behind_a_chain_takes_its_tokens(graphs, monkeypatch):
         assert best.tolist() == [next_token(t, 31 + i) for i, t in enumerate(oracle)]
 
 
+@pytest.mark.parametrize("passes", [1, 4])
+def test_chain_more_continues_the_chain_and_a_verify_takes_its_tail(passes, monkeypatch):
+    """chain_more: the passes continuing the last chain (each fed the token before, from the advance), its tokens
+    in a host buffer of its own (the chain's stay readable), twice in a row; a verify pass behind a tail of it
+    takes those rows. Refused (None) behind anything but the last chain."""
+    monkeypatch.setitem(sys.modules, "cupyx", types.SimpleNamespace(
+        empty_pinned=lambda shape, dtype: np.zeros(shape, dtype)))
+    draft = PassGraphs(FakeModel(), max_tokens=16, pdl=False, graph_passes=passes)
+    target = PassGraphs(FakeModel(), max_tokens=16, pdl=False)
+    for _ in range(3):  # warm-up, capture, replay
+        chain = draft.chain_async(np.array([8], np.int32), 30, 4, ORDER)
+        more = draft.chain_more(chain, 34, 4, ORDER)  # the chain fed up to 33; its last token goes in at 34
+        want = reference([8], 30, 12)
+        assert more.tokens().tolist() == want[4:8]  # read before the next chain_more reuses its host buffer
+        again = draft.chain_more(more, 38, 4, ORDER)
+        assert chain.tokens().tolist() == want[:4]  # not overwritten by the continuations (same length)
+        assert again.tokens().tolist() == want[8:]
+        assert draft.model.cells[41] == want[10]
+        tail = again.tail(1, 3)
+        assert tail.n == 2 and tail.tokens().tolist() == want[9:11]
+        best = target.run_after(want[8], tail, 42, ORDER)  # [c_0] + c_1, c_2 at 42
+        assert best.tolist() == [next_token(t, 42 + i) for i, t in enumerate(want[8:11])]
+    assert draft.chain_more(chain, 42, 2, ORDER) is None  # not the last chain
+    draft.run(np.array([3], np.int32), 50, ORDER, want="argmax")
+    assert draft.chain_more(again, 42, 2, ORDER) is None  # a pass ran since
+
+
 def test_run_argmax_of_a_pass(graphs):
     for _ in range(3):
         got = graphs.run(np.array([4, 5, 6], np.int32), 10, ORDER, want="argmax")

@@ -69,3 +69,18 @@ def test_draft_self_loads_a_twin(models, plain):
     res = generate_speculative(target, prompt, "self", n_draft=4, order=INV, max_new_tokens=N_NEW,
                                p_min_gap=0.0, stop_at_eos=False, plain_tokens=plain[prompt])
     assert res.matches_plain and res.acceptance_rate == 1.0 and res.draft_name == target.name
+
+
+@pytest.mark.parametrize("n_draft", [1, 3])
+def test_the_draft_running_ahead_emits_plain_tokens(models, plain, n_draft):
+    """hiraishin.decode.ahead on the micro Qwen3: the twin's guesses made during the verify before are all
+    accepted (its cache in step with the target's), the noisy draft's both ways; plain tokens either way."""
+    target, twin, noisy = models
+    prompt = PROMPTS[0]
+    same = generate_speculative(target, prompt, twin, n_draft=n_draft, order=INV, max_new_tokens=N_NEW,
+                                stop_at_eos=False, plain_tokens=plain[prompt], draft_ahead=True)
+    assert same.tokens == plain[prompt] and same.acceptance_rate == 1.0
+    assert sum(c.ahead for c in same.cycles) >= len(same.cycles) - 2
+    res = generate_speculative(target, prompt, noisy, n_draft=n_draft, order=INV, max_new_tokens=N_NEW,
+                               stop_at_eos=False, plain_tokens=plain[prompt], draft_ahead=True)
+    assert res.tokens == plain[prompt]

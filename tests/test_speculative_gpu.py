@@ -114,3 +114,21 @@ def test_cuda_self_speculation_under_the_variant_order(cuda_models):
     _save(res, f"speculative-cuda-{shape}-self-n8-batch_variant.json")
     print(res)
     assert res.mean_verify_batch > 1  # batched verify passes ran
+
+
+@pytest.mark.parametrize("n_draft", [1, 3, 8])
+def test_cuda_speculative_with_the_draft_ahead_equals_plain(cuda_models, n_draft):
+    """hiraishin.decode.ahead on CUDA graphs: the draft's next chain on its stream beside the target's verify
+    (greedy_chain_more), a verify behind a chain made ahead (a tail of it): plain tokens; the twin's guesses
+    all accepted and, after the first cycle, all made ahead."""
+    shape, target, twin, noisy = cuda_models
+    plain = target.generate(PROMPT, max_new_tokens=N_NEW, order=INV, stop_at_eos=False).tokens
+    for name, draft in (("self", twin), ("noisy", noisy)):
+        if draft is None:
+            continue
+        res = generate_speculative(target, PROMPT, draft, n_draft=n_draft, order=INV, max_new_tokens=N_NEW,
+                                   stop_at_eos=False, plain_tokens=plain, draft_ahead=True)
+        _save(res, f"speculative-cuda-{shape}-{name}-n{n_draft}-ahead-batch_invariant.json")
+        assert res.tokens == plain
+        if name == "self":
+            assert res.acceptance_rate == 1.0 and all(c.ahead for c in res.cycles[1:-1])

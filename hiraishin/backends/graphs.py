@@ -110,6 +110,12 @@ class PendingChain:
         self.done.synchronize()
         return self.host[:self.n, 0].copy()
 
+    def tail(self, start: int, stop: int | None = None) -> "PendingChain":
+        """The chain's tokens ``start..stop-1`` (its rows; to the end by default; the same events): what a verify
+        pass takes when the chain's first tokens are settled already (a draft that ran ahead)."""
+        stop = self.n if stop is None else min(int(stop), self.n)
+        return PendingChain(stop - start, self.dev[start:stop], self.host[start:stop], self.started, self.done)
+
     def spans(self) -> tuple[float, float | None]:
         """Device seconds of the chain (``started`` to ``done``) and of the pass behind it (``done`` to
         ``verified``; None without one). Waits for them."""
@@ -160,7 +166,8 @@ class PassGraphs:
         self._warm: set = set()  # (order, T) that ran once eagerly
         self._failed: set = set()  # (order, T) whose capture failed
         self._graphs: dict = {}  # (order, T) -> OrderedDict plan signature -> cupy Graph (recent last)
-        self._chains: dict = {}  # n -> page-locked int32 (n, 2): a chain's log rows on the host
+        self._chains: dict = {}  # (n, ahead) -> page-locked int32 (n, 2): a chain's log rows on the host
+        self.last_chain = None  # the PendingChain of the last chain_async / chain_more (None once another pass ran)
         self.captures = 0  # graphs captured so far (for tests and benchmarks)
         # hx_argmax_rows's advance: the one-token buffer [id, position] and the token log by position
         # (row p: the greedy token fed at position p and its logit's bits), written by every pass
@@ -217,6 +224,7 @@ class PassGraphs:
         not committed), or None when this (order, width) has no graphs: run an eager pass instead.
         ``want="argmax"``: each position's greedy token instead (int32 (T,), computed in the pass)."""
         T = int(tokens.size)
+        self.last_chain = None
         with self.stream:
             buf = self._pass(T, start_pos, order, lambda: self._upload(T, tokens, start_pos))
             if buf is None:
@@ -247,6 +255,7 @@ class PassGraphs:
         cp = self.model.backend.xp
         T0 = int(tokens.size)
         first = start_pos + T0  # the log cell of the first greedy token
+        self.last_chain = None
         if first + n > self._log.shape[0]:
             return None  # past the log (a cache this long has no room for the chain anyway)
         host = self._chain_buffers(n)
@@ -270,7 +279,44 @@ class PassGraphs:
                                         cp.cuda.runtime.memcpyDeviceToHost, self.stream.ptr)
             done = cp.cuda.Event()
             done.record(self.stream)
-        return PendingChain(made, dev, host, started, done)
+        self.last_chain = PendingChain(made, dev, host, started, done)
+        return self.last_chain
+
+    def chain_more(self, after: "PendingChain", start_pos: int, n: int, order) -> "PendingChain | None":
+        """``n`` more chained one-token passes behind ``after``, the last chain enqueued here (:attr:`last_chain`:
+        a :meth:`chain_async` or a ``chain_more``, no pass since): the first feeds ``after``'s last token at
+        ``start_pos``, each later one the token before, their inputs the advance of the pass before (nothing
+        uploaded, no host wait). A speculative draft running ahead while another stream verifies its guesses.
+        The same passes as continuing the chain, hence the same tokens and cells. The host buffer is not the
+        chains' (``after``'s tokens stay readable) but the next ``chain_more`` of the same length reuses it: read
+        the tokens before making another. None: ``after`` is not the last chain, the log has no room, or no pass
+        could replay."""
+        cp = self.model.backend.xp
+        if after is None or after is not self.last_chain or start_pos + 1 + n > self._log.shape[0]:
+            return None
+        host = self._chain_buffers(n, ahead=True)
+        with self.stream:
+            started = cp.cuda.Event()
+            started.record(self.stream)
+            made = 0
+            while made < n:
+                block = self._block(start_pos + made, n - made, order)
+                if block:
+                    made += block
+                elif self._pass(1, start_pos + made, order, _nothing) is not None:
+                    made += 1
+                else:
+                    break
+            if made == 0:
+                self.last_chain = None
+                return None
+            dev = self._log[start_pos + 1:start_pos + 1 + made]
+            cp.cuda.runtime.memcpyAsync(host.ctypes.data, dev.data.ptr, 8 * made,
+                                        cp.cuda.runtime.memcpyDeviceToHost, self.stream.ptr)
+            done = cp.cuda.Event()
+            done.record(self.stream)
+        self.last_chain = PendingChain(made, dev, host, started, done)
+        return self.last_chain
 
     def greedy_steps(self, token: int, start_pos: int, n: int, order, top_k: int = 1) -> Iterator[tuple]:
         """Plain greedy decoding on the graphs: up to ``n`` one-token passes, pass ``j`` feeding at
@@ -289,6 +335,7 @@ class PassGraphs:
         Stops early if a pass cannot replay (a failed capture). Closing the generator
         waits for every pass enqueued."""
         cp = self.model.backend.xp
+        self.last_chain = None
         n = max(0, min(int(n), self._log.shape[0] - 1 - start_pos))
         top_k = int(top_k)
         N = self.graph_passes if top_k == 1 else 1
@@ -365,6 +412,7 @@ class PassGraphs:
         None: this width cannot replay (wait for ``pending.tokens()`` and run the pass eagerly)."""
         cp = self.model.backend.xp
         T = 1 + pending.n
+        self.last_chain = None  # this pass's argmax writes the advance a chain_more would continue from
         if tokens is None:
             tokens = np.zeros(T, np.int32)
             tokens[0] = first
@@ -392,13 +440,14 @@ class PassGraphs:
             self.stream.synchronize()
         return out.copy()
 
-    def _chain_buffers(self, n: int):
-        """The page-locked int32 (n, 2) buffer a chain of ``n`` copies its log rows into (one per length)."""
-        hit = self._chains.get(n)
+    def _chain_buffers(self, n: int, ahead: bool = False):
+        """The page-locked int32 (n, 2) buffer a chain of ``n`` copies its log rows into (one per length, and
+        another per length for :meth:`chain_more`)."""
+        hit = self._chains.get((n, ahead))
         if hit is None:
             import cupyx
 
-            hit = self._chains[n] = cupyx.empty_pinned((n, 2), np.int32)
+            hit = self._chains[(n, ahead)] = cupyx.empty_pinned((n, 2), np.int32)
         return hit
 
     def _pass(self, T: int, start_pos: int, order, fill) -> dict | None:

@@ -49,6 +49,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefill", type=int, default=None, help="prompt tokens of the prefill test (default 512; quick 16)")
     p.add_argument("--tokens", type=int, default=None, help="tokens of the speculative run (default 64; quick 6)")
     p.add_argument("--repetitions", type=int, default=None, help="timed repetitions (default 5; quick 1)")
+    p.add_argument("--draft-ahead", action="store_true", dest="draft_ahead",
+                   help="also exact speculation with the draft guessing the next cycle during the verify "
+                        "(hiraishin.decode.ahead): 'ahead' beside each order's speculative figures")
     p.add_argument("--quick", action="store_true", help="a smoke run: one repetition, a few tokens")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.add_argument("--llama-bench", metavar="FILE", action="append", default=[],
@@ -64,7 +67,7 @@ def run(args) -> int:
     llama = read_llama_bench(args.llama_bench) if args.llama_bench else None  # checked before the run
     settings = BenchSettings.make(quick=args.quick, orders=args.orders, widths=args.widths, prefill=args.prefill,
                                   spec_tokens=args.tokens, repetitions=args.repetitions,
-                                  draft_orders=args.draft_orders)
+                                  draft_orders=args.draft_orders, draft_ahead=args.draft_ahead or None)
     result = run_bench(args.model, draft_path=args.draft, device=args.device, settings=settings,
                        progress=not args.quiet, argv=["hiraishin", *sys.argv[1:]] if sys.argv else None)
     if llama is not None:

@@ -41,6 +41,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     common.add_prompt(p, default=DEFAULT_PROMPT)
     common.add_n_predict(p, 32, "--tokens")
     common.add_run_options(p)
+    p.add_argument("--draft-ahead", action="store_true",
+                   help="the draft guesses the next cycle while the target verifies this one (no confidence "
+                        "cut; the same tokens)")
     p.add_argument("--no-plain", action="store_true", help="skip the plain greedy run used for comparison")
     common.add_ignore_eos(p, "--no-eos")
 
@@ -54,6 +57,8 @@ def run(args) -> int:
         raise HiraishinError("no draft given: pass -md/--model-draft (or --draft) DRAFT.gguf, or --self")
     if args.draft_min > args.n_draft:
         raise HiraishinError(f"--draft-min {args.draft_min} is larger than --draft-max {args.n_draft}")
+    if args.draft_ahead and (args.p_min_gap > 0 or args.p_min > 0):
+        raise HiraishinError("--draft-ahead takes no confidence cut: leave --p-min-gap and --draft-p-min at 0")
     text = common.read_prompt(args)
     common.check_output(args.json, "--json")
     header = common.open_header(path)
@@ -80,7 +85,7 @@ def run(args) -> int:
                                max_new_tokens=args.n_predict, p_min_gap=args.p_min_gap,
                                stop_at_eos=not args.ignore_eos,
                                plain_tokens=None if plain is None else plain.tokens, progress=True,
-                               p_min=args.p_min, draft_min=args.draft_min)
+                               p_min=args.p_min, draft_min=args.draft_min, draft_ahead=args.draft_ahead)
     print(res)
     if res.vacuous:
         print(f"hiraishin {NAME}: WARNING: the draft proposed no tokens in {len(res.cycles)} cycles; "

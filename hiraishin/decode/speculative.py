@@ -30,6 +30,8 @@ from ..errors import HiraishinError
 from ..order import ReductionOrder
 from .inputs import (ArgumentTypeError, backend_name, check_int, check_order, eos_ids, model_name,
                      prompt_tokens)
+from .ahead import speculative_decode_ahead
+from .cycles import Cycle
 from .passes import draft_and_verify, feed, greedy_chain, greedy_tokens, progress_bar
 from .report import POSITION_NOTE, dump_json, top_two
 
@@ -55,22 +57,6 @@ DEFAULT_P_MIN = 0.0
 LLAMA_CPP_DRAFT_P_MIN = 0.75
 # Largest accepted p_min_gap: a finite bound (the test suite's "never draft" value is 1e9).
 MAX_P_MIN_GAP = 1e30
-
-
-@dataclass
-class Cycle:
-    """One draft + verify cycle."""
-
-    pos: int  # position of the last accepted token, fed first in the verify pass
-    drafted: int
-    accepted: int
-    draft_s: float
-    verify_s: float
-    bookkeeping_s: float
-
-    @property
-    def verify_batch(self) -> int:
-        return self.drafted + 1
 
 
 def _top_probability(logits: np.ndarray) -> float:
@@ -275,6 +261,9 @@ class SpeculativeResult:
             f"  per cycle: draft {split['draft'] * 1e3:.1f} ms, verify {split['verify'] * 1e3:.1f} ms, "
             f"bookkeeping {split['bookkeeping'] * 1e3:.2f} ms",
         ]
+        if self.meta.get("draft_ahead"):
+            lines.append(f"  draft ahead: {sum(c.ahead for c in self.cycles)} of {len(self.cycles)} cycles' "
+                         "guesses made during the verify before")
         if self.vacuous and self.cycles:
             lines.append("  WARNING: the draft proposed no tokens: every verify pass held one token, so "
                          "this run tests nothing about batching (lower --p-min-gap / --draft-p-min)")
@@ -343,7 +332,7 @@ def generate_speculative(model, prompt, draft, n_draft: int = 8,
                          stop_at_eos: bool = True, plain_tokens=None,
                          progress: bool = False, *, p_min: float = DEFAULT_P_MIN, draft_min: int = 0,
                          chat: bool = False, system: str | None = None,
-                         think: bool | None = None) -> SpeculativeResult:
+                         think: bool | None = None, draft_ahead: bool = False) -> SpeculativeResult:
     """Greedy speculative decoding of ``prompt`` with ``model`` as target (usable as a method).
 
     Args:
@@ -363,6 +352,8 @@ def generate_speculative(model, prompt, draft, n_draft: int = 8,
         stop_at_eos: stop after an end-of-sequence token of the target's tokenizer.
         plain_tokens: plain greedy decoding's tokens, to report the first divergence.
         progress: show a tqdm progress bar.
+        draft_ahead: the draft guesses the next cycle while the target verifies this one
+            (:mod:`hiraishin.decode.ahead`; needs ``p_min_gap`` and ``p_min`` 0). The same tokens.
 
     Every argument is checked before any pass (and before ``draft="self"`` loads a twin).
     """
@@ -374,6 +365,11 @@ def generate_speculative(model, prompt, draft, n_draft: int = 8,
         raise HiraishinError(f"draft_min ({draft_min}) must be <= n_draft ({n_draft})")
     p_min_gap = _check_float("p_min_gap", p_min_gap, 0.0, MAX_P_MIN_GAP)
     p_min = _check_float("p_min", p_min, 0.0, 1.0)
+    if not isinstance(draft_ahead, bool):
+        raise ArgumentTypeError(f"draft_ahead must be True or False, got {draft_ahead!r}")
+    if draft_ahead and (p_min_gap > 0 or p_min > 0):
+        raise HiraishinError("draft_ahead drafts a whole chain before the host sees a guess: it takes no "
+                             f"confidence cut (p_min_gap {p_min_gap:g}, p_min {p_min:g}; set both to 0)")
     if isinstance(draft, str):
         if draft != "self":
             raise HiraishinError(f"draft must be a model instance or the string 'self', got {draft!r}")
@@ -401,9 +397,14 @@ def generate_speculative(model, prompt, draft, n_draft: int = 8,
 
     eos = eos_ids(model) if stop_at_eos else ()
     with progress_bar(max_new_tokens, "speculative", progress) as bar:
-        new, cycles, prefill_s = speculative_decode(
-            model, draft, tokens, max_new_tokens, n_draft=n_draft, order=order, p_min_gap=p_min_gap,
-            eos_ids=eos, on_cycle=bar.update, p_min=p_min, draft_min=draft_min)
+        if draft_ahead:
+            new, cycles, prefill_s = speculative_decode_ahead(
+                model, draft, tokens, max_new_tokens, n_draft=n_draft, order=order, eos_ids=eos,
+                on_cycle=bar.update, draft_min=draft_min)
+        else:
+            new, cycles, prefill_s = speculative_decode(
+                model, draft, tokens, max_new_tokens, n_draft=n_draft, order=order, p_min_gap=p_min_gap,
+                eos_ids=eos, on_cycle=bar.update, p_min=p_min, draft_min=draft_min)
     if new and new[-1] in set(eos):
         reason = "eos"
     elif len(new) == max_new_tokens:
@@ -415,6 +416,7 @@ def generate_speculative(model, prompt, draft, n_draft: int = 8,
     return SpeculativeResult(
         tokens=new, text=text, prompt_tokens=tokens, order=order.name, n_draft=n_draft,
         p_min_gap=p_min_gap, cycles=cycles, prefill_s=prefill_s, plain_tokens=plain_tokens,
-        draft_name=model_name(draft), meta={"target": model_name(model), "backend": backend_name(model)},
+        draft_name=model_name(draft), meta={"target": model_name(model), "backend": backend_name(model),
+                                            **({"draft_ahead": True} if draft_ahead else {})},
         p_min=p_min, draft_min=draft_min, stop_reason=reason,
     )

@@ -1,0 +1,147 @@
+"""Speculative decoding whose draft runs ahead: it guesses the next cycle while the target verifies this one.
+
+In :func:`hiraishin.decode.speculative.speculative_decode` a cycle drafts, then verifies: on one GPU the draft's
+passes (latency-bound, small) and the target's verify pass run one after the other. Here, once a cycle's verify
+pass is enqueued behind its guesses, the draft goes on (``greedy_chain_more``, on its own CUDA stream, nothing
+waiting for it) as if every guess will be accepted: it feeds its last guess and makes ``n_draft + 1`` more
+tokens, ``c_0, c_1, ...``. ``c_0`` is its guess of the token the target emits after the guesses. When the verify
+accepted every guess **and** emitted ``c_0``, the next cycle's guesses ``c_1 ..`` are made already (its draft
+cache holds them too): that cycle verifies at once, and drafts the one after beside its own verify. Otherwise
+the guesses made ahead are dropped (the draft's cache rolls back past them) and the next cycle drafts as usual;
+when every guess was accepted its catch-up pass then feeds one token, not two (the last guess went in ahead).
+
+Only the target decides which tokens are emitted, and it verifies every token it emits as in the plain loop:
+the output equals plain greedy decoding exactly when the order makes the target batch-invariant, as there.
+What changes is when the draft's passes run, and that some of them are wasted. The draft needs no confidence
+cut (every guess of a chain is made before the host sees any).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ..model.chains import ChainTokens
+from ..order import ReductionOrder
+from .cycles import Cycle
+from .passes import feed, greedy_chain, greedy_tokens
+
+__all__ = ["speculative_decode_ahead", "draft_chain", "draft_more"]
+
+
+def draft_chain(draft, tokens, start: int, n: int, order) -> ChainTokens:
+    """The draft's ``n`` guesses after ``tokens`` fed at ``start`` (on the device, not waited for, where it can)."""
+    start_chain = getattr(draft, "greedy_chain_async", None)
+    if start_chain is not None and order.verify_limit(start, len(tokens)) == len(tokens):
+        return start_chain(tokens, start, n, order=order)
+    return ChainTokens(host=np.asarray(greedy_chain(draft, tokens, start, n, order), dtype=np.int64))
+
+
+def draft_more(draft, after: ChainTokens, pos: int, n: int, order) -> ChainTokens:
+    """``n`` greedy tokens more after the chain ``after`` (the draft's last), the first pass feeding its last token
+    at ``pos``: ``greedy_chain_more`` where the model has it, else the loop of one-token passes it stands for."""
+    more = getattr(draft, "greedy_chain_more", None)
+    if more is not None and getattr(draft, "kv_len", pos) == pos:
+        return more(after, n, order=order)
+    out, last = [], int(after.tokens()[-1])
+    for p in range(pos, pos + n):
+        last = int(greedy_tokens(draft, [last], p, order)[-1])
+        out.append(last)
+    return ChainTokens(host=np.asarray(out, dtype=np.int64))
+
+
+def _verify(target, first: int, chain: ChainTokens, pos: int, order) -> np.ndarray:
+    """The target's argmax at each position of ``[first] + chain``'s tokens at ``pos`` (behind the chain on the
+    device where both models can)."""
+    verify = getattr(target, "verify_chain", None)
+    if verify is not None:
+        return verify(first, chain, pos, order=order)
+    return greedy_tokens(target, [int(first)] + [int(t) for t in chain.tokens()], pos, order)
+
+
+def speculative_decode_ahead(target, draft, prompt_tokens, max_new_tokens: int, *, n_draft: int = 8,
+                             order: ReductionOrder = ReductionOrder.BATCH_INVARIANT,
+                             draft_order: ReductionOrder | None = None, eos_ids=(), on_cycle=None,
+                             draft_min: int = 0):
+    """The loop with the draft running ahead (see the module docstring). Returns ``(new tokens, cycles, prefill
+    seconds)`` like :func:`~hiraishin.decode.speculative.speculative_decode`; a cycle whose guesses were made
+    during the verify before has ``ahead=True`` and ``draft_s`` 0. ``draft_order``: the draft's order (default
+    ``order``; only the target's decides exactness). The same stops as that loop: ``max_new_tokens``, an EOS id,
+    a full target cache (and the draft's cache bounds the guesses)."""
+    draft_order = order if draft_order is None else draft_order
+    seq = [int(t) for t in prompt_tokens]
+    n_prompt, eos, cycles = len(seq), set(eos_ids), []
+    n_ctx_t = getattr(target, "n_ctx", None)
+    n_ctx_d = getattr(draft, "n_ctx", None)
+    limit = max_new_tokens if n_ctx_t is None else min(max_new_tokens, n_ctx_t - n_prompt + 1)
+    t0 = time.perf_counter()
+    target.reset()
+    draft.reset()
+    feed(draft, seq, 0, draft_order)
+    seq.append(int(np.argmax(feed(target, seq, 0, order))))
+    draft_len = n_prompt  # cells of the draft's cache that hold seq's tokens
+    prefill_s = time.perf_counter() - t0
+    ahead = None  # (chain made ahead, its tokens): c_0 == seq[-1] was fed at seq's last position, c_1.. guess on
+    while len(seq) - n_prompt < limit and seq[-1] not in eos:
+        pos = len(seq) - 1  # the last accepted token: in the target's cache not yet
+        room = min(n_draft, limit - (len(seq) - n_prompt) - 1)
+        room = order.verify_limit(pos, room + 1) - 1
+        if n_ctx_d is not None:
+            room = min(room, n_ctx_d - pos)
+        t0 = time.perf_counter()
+        made = None  # the chain the guesses come from
+        if ahead is not None and room >= max(1, draft_min):
+            cont, ctoks = ahead
+            g = min(room, len(ctoks) - 1)
+            fed = pos + len(ctoks) - 1  # the draft fed c_0 .. c_{m-2} at pos ..: its cache ends here
+            guesses, chain = ctoks[1:1 + g], cont.tail(1, 1 + g)
+            made = cont if g == len(ctoks) - 1 else None  # go on ahead only from the chain's end
+        elif room > 0 and room >= draft_min:
+            pending = seq[draft_len:]
+            chain = made = draft_chain(draft, pending, draft_len, room, draft_order)
+            fed = draft_len + len(pending) + room - 1
+            guesses = None
+        else:
+            chain = None
+        t1 = time.perf_counter()
+        more = None
+        if made is not None:  # the next cycle's guesses, beside this verify: c_0 guesses this cycle's last token
+            m = min(n_draft + 1, (n_ctx_d - fed) if n_ctx_d is not None else n_draft + 1)
+            if m >= 2:
+                more = draft_more(draft, made, fed, m, draft_order)
+        m = more.n if more is not None else 0
+        if chain is not None:
+            best = _verify(target, seq[-1], chain, pos, order)
+            if guesses is None:
+                guesses = [int(t) for t in chain.tokens()]
+        else:
+            guesses, best = [], greedy_tokens(target, [seq[-1]], pos, order)
+        t2 = time.perf_counter()
+        k = 0
+        while k < len(guesses) and guesses[k] == int(best[k]):
+            k += 1
+        seq += guesses[:k] + [int(best[k])]
+        target.rollback(pos + k + 1)
+        end = fed + m if chain is not None else draft_len  # the draft's cache after everything enqueued
+        # read now, before a later chain_more copies into the same host buffer (the verify takes device rows)
+        ctoks = [int(t) for t in more.tokens()] if more is not None and k == len(guesses) else None
+        if ctoks is not None and ctoks[0] == seq[-1]:
+            ahead, draft_len = (more, ctoks), end  # c_0 is seq[-1]: the cache's cells past it are the guesses
+        else:
+            ahead, draft_len = None, min(end, pos + k + 1)
+            draft.rollback(draft_len)
+        draft_s = t1 - t0
+        spans = chain.device_spans() if chain is not None and chain is made else None
+        if spans is not None:  # drafted on the device behind the host: its chain's device time
+            draft_s = min(spans[0], t2 - t0)
+            t1 = t0 + draft_s
+        cycles.append(Cycle(pos, len(guesses), k, draft_s, t2 - t1, time.perf_counter() - t2,
+                            ahead=chain is not None and made is not chain))
+        if on_cycle is not None:
+            on_cycle(k + 1)
+    new = seq[n_prompt:]
+    hit = next((i for i, t in enumerate(new) if t in eos), None)
+    if hit is not None:
+        new = new[:hit + 1]
+    return new[:limit], cycles, prefill_s
