@@ -97,6 +97,16 @@ def _mb(n: float) -> str:
     return f"{n / 1e6:,.1f} MB"
 
 
+def _spec_row(label: str, plain_ms: float, s: dict) -> str:
+    """One row of the speculative table: a run's figures ``s`` beside plain decoding's ``plain_ms`` a token."""
+    c = s["cycle_ms"]
+    same = "yes" if s["matches_plain"] else f"no @{s['first_divergence']}"
+    return (f"| {label:<18} | {plain_ms:>12.3f} | {s['speculative_ms_per_token']:>11.3f} | "
+            f"{s['speedup']:>6.2f}x | {c['drafting']:>8.3f} | {c['verifying']:>9.3f} | "
+            f"{c['bookkeeping']:>11.3f} | {s['tokens_per_cycle']:>9.2f} | {s['acceptance']:>6.1%} | "
+            f"{s['mean_verify_batch']:>12.2f} | {same:>8} |")
+
+
 def format_report(r: dict) -> str:
     """The llama-bench-like text table of a :func:`run_bench` result."""
     lines = []
@@ -157,20 +167,9 @@ def format_report(r: dict) -> str:
     lines.append(hdr)
     lines.append("|" + "|".join("-" * len(c) for c in hdr.split("|")[1:-1]) + "|")
     for name, s in r["speculative"].items():
-        c = s["cycle_ms"]
-        same = "yes" if s["matches_plain"] else f"no @{s['first_divergence']}"
-        lines.append(f"| {name:<18} | {s['plain_ms_per_token']:>12.3f} | {s['speculative_ms_per_token']:>11.3f} | "
-                     f"{s['speedup']:>6.2f}x | {c['drafting']:>8.3f} | {c['verifying']:>9.3f} | "
-                     f"{c['bookkeeping']:>11.3f} | {s['tokens_per_cycle']:>9.2f} | {s['acceptance']:>6.1%} | "
-                     f"{s['mean_verify_batch']:>12.2f} | {same:>8} |")
-        a = s.get("ahead")  # the draft running ahead (bench --draft-ahead)
-        if a:
-            c = a["cycle_ms"]
-            same = "yes" if a["matches_plain"] else f"no @{a['first_divergence']}"
-            lines.append(f"| {'  draft ahead':<18} | {s['plain_ms_per_token']:>12.3f} | "
-                         f"{a['speculative_ms_per_token']:>11.3f} | {a['speedup']:>6.2f}x | {c['drafting']:>8.3f} | "
-                         f"{c['verifying']:>9.3f} | {c['bookkeeping']:>11.3f} | {a['tokens_per_cycle']:>9.2f} | "
-                         f"{a['acceptance']:>6.1%} | {a['mean_verify_batch']:>12.2f} | {same:>8} |")
+        lines.append(_spec_row(name, s["plain_ms_per_token"], s))
+        if s.get("ahead"):  # the draft running ahead (bench --draft-ahead)
+            lines.append(_spec_row("  draft ahead", s["plain_ms_per_token"], s["ahead"]))
     rep = o["report"]
     rc = rep["cycle_ms"]
     lines.append(f"| {'report (RTX 5060)':<18} | {rep['plain_ms_per_token']:>12.3f} | "

@@ -39,6 +39,18 @@ class SpecRun:
     verify_widths: list[int] = field(default_factory=list)
     ahead: list[bool] = field(default_factory=list)  # (speculative_decode_ahead) guesses made ahead
 
+    def record(self, cycle_s: float, drafting_s: float, verifying_s: float, drafted: int, accepted: int,
+               scheduled: int, ahead: bool = False) -> None:
+        """One cycle's figures (its verify pass took ``drafted + 1`` tokens)."""
+        self.cycle_s.append(cycle_s)
+        self.drafting_s.append(drafting_s)
+        self.verifying_s.append(verifying_s)
+        self.drafted.append(drafted)
+        self.accepted.append(accepted)
+        self.scheduled.append(scheduled)
+        self.verify_widths.append(drafted + 1)
+        self.ahead.append(ahead)
+
     @property
     def total_s(self) -> float:
         return sum(self.cycle_s)
@@ -97,28 +109,30 @@ def speculative_decode(target, draft, prompt, n_tokens: int, order, draft_order,
             t_draft = 0.0
             best, t_verify = timed_pass(target, batch, p, order)
         # bookkeeping: acceptance against the target's own argmax, emit, roll both caches back
-        n_acc = 0
-        while n_acc < k and int(best[n_acc]) == guesses[n_acc]:
-            n_acc += 1
-        emitted = guesses[:n_acc] + [int(best[n_acc])]
-        seq.extend(emitted)
-        run.tokens.extend(emitted)
-        target.rollback(p + n_acc + 1)
+        n_acc = _accept(target, guesses, best, p, seq, run)
         if draft.kv_len > p + n_acc + 1:
             draft.rollback(p + n_acc + 1)
         now = time.perf_counter()
-        run.cycle_s.append(now - t_cycle)
+        run.record(now - t_cycle, t_draft, t_verify, k, n_acc, right)
         t_cycle = now
-        run.drafting_s.append(t_draft)
-        run.verifying_s.append(t_verify)
-        run.drafted.append(k)
-        run.accepted.append(n_acc)
-        run.scheduled.append(right)
-        run.verify_widths.append(k + 1)
         i += 1
     sync()
     run.tokens = run.tokens[:n_tokens]
     return run
+
+
+def _accept(target, guesses: list[int], best, p: int, seq: list[int], run: SpecRun) -> int:
+    """The guesses the target's argmaxes ``best`` accept (a prefix), emitted with the target's next token into
+    ``seq`` and ``run.tokens``; the target's cache rolled back past them (the pending token at ``p`` and the
+    accepted guesses stay). Returns how many were accepted."""
+    n_acc = 0
+    while n_acc < len(guesses) and int(best[n_acc]) == guesses[n_acc]:
+        n_acc += 1
+    emitted = guesses[:n_acc] + [int(best[n_acc])]
+    seq.extend(emitted)
+    run.tokens.extend(emitted)
+    target.rollback(p + n_acc + 1)
+    return n_acc
 
 
 def first_divergence(a, b) -> int | None:
@@ -212,13 +226,7 @@ def speculative_decode_ahead(target, draft, prompt, n_tokens: int, order, draft_
         else:
             best, _ = timed_pass(target, [seq[-1]], p, order)
         t2 = time.perf_counter()
-        n_acc = 0
-        while n_acc < k and int(best[n_acc]) == guesses[n_acc]:
-            n_acc += 1
-        emitted = guesses[:n_acc] + [int(best[n_acc])]
-        seq.extend(emitted)
-        run.tokens.extend(emitted)
-        target.rollback(p + n_acc + 1)
+        n_acc = _accept(target, guesses, best, p, seq, run)
         bonus = p + n_acc + 1 - base  # the output index of the target's token: c_0 guessed it
         if more is not None and n_acc == k and bonus < len(agree) and agree[bonus]:
             ahead = more
@@ -231,15 +239,8 @@ def speculative_decode_ahead(target, draft, prompt, n_tokens: int, order, draft_
         if spans is not None:
             draft_s = min(spans[0], t2 - t0)
         now = time.perf_counter()
-        run.cycle_s.append(now - t_cycle)
+        run.record(now - t_cycle, draft_s, t2 - t0 - draft_s, k, n_acc, right, chain is not None and chain is not made)
         t_cycle = now
-        run.drafting_s.append(draft_s)
-        run.verifying_s.append(t2 - t0 - draft_s)
-        run.drafted.append(k)
-        run.accepted.append(n_acc)
-        run.scheduled.append(right)
-        run.verify_widths.append(k + 1)
-        run.ahead.append(chain is not None and chain is not made)
         i += 1
     sync()
     run.tokens = run.tokens[:n_tokens]

@@ -359,32 +359,18 @@ def measure_speculative(target, draft, order, draft_order, settings: BenchSettin
                   "speedup": p / (r.total_s / r.emitted), "plain_chained_ms_per_token": 1e3 * c}
                  for (p, r), (c, _) in zip(rounds, chained)]
     run = sorted((r for _, r in rounds), key=lambda s: s.total_s / s.emitted)[len(rounds) // 2]
-    cycles = len(run.cycle_s)
-    spec_s = run.total_s / run.emitted
-    drafted, accepted = sum(run.drafted), sum(run.accepted)
-    divergence = first_divergence(run.tokens, reference[:n])
+    summary = _run_summary(run, plain_s, reference[:n])
+    spec_s = summary["speculative_ms_per_token"] / 1e3
     out = {
         "oracle": True,
         "draft_order": draft_order.name,
         "plain_ms_per_token": 1e3 * plain_s,
-        "speculative_ms_per_token": 1e3 * spec_s,
-        "speedup": plain_s / spec_s,
+        **summary,
         # plain decoding with no host wait per token (greedy_chain): its floor, had the loop no
         # use for each token as it comes (streaming, a stop token); the speedup over that too
         "plain_chained_ms_per_token": 1e3 * chained_s,
         "speedup_vs_chained": chained_s / spec_s,
         "chained_matches_plain": all(tokens == reference[:n] for _, tokens in chained),
-        "cycle_ms": {"drafting": 1e3 * sum(run.drafting_s) / cycles,
-                     "verifying": 1e3 * sum(run.verifying_s) / cycles,
-                     "bookkeeping": 1e3 * (run.total_s - sum(run.drafting_s) - sum(run.verifying_s)) / cycles},
-        "tokens_per_cycle": run.emitted / cycles,
-        "acceptance": accepted / drafted if drafted else float("nan"),
-        "mean_verify_batch": statistics.fmean(run.verify_widths),
-        "cycles": cycles,
-        "tokens": len(run.tokens),
-        "schedule_reproduced": run.accepted == run.scheduled,
-        "matches_plain": divergence is None,
-        "first_divergence": divergence,
         "repetitions": len(rounds),
         "rounds": per_round,
         "speedup_range": [min(r["speedup"] for r in per_round), max(r["speedup"] for r in per_round)],

@@ -26,13 +26,13 @@ from hiraishin.kernels.rope.emulate import rope_tables
 from hiraishin.plans import AttentionPlan
 
 from cuda_shim import GXX, ShimBuilder, bits, run
+from fattn_inputs import rope_inputs
 
 pytestmark = pytest.mark.skipif(GXX is None, reason="g++ not on PATH")
 
 SOURCES = ATTN_ROPE_PRELUDE + ("fused/fused.cu", "attention/fattn_vec.cu")
 EPS = np.float32(1e-6)
 ROPE_BASE = 1e6
-NAN_F16 = 0x7E00
 
 # argv: q k v wq wk pos cos sin kcache vcache H Hkv D eps P kv_attended chunk fused(0/1) yq_bytes scale_bits
 #       tree_threads, then outputs: kcache vcache dst parts meta yq
@@ -82,24 +82,10 @@ def shim(tmp_path_factory):
     return ShimBuilder(tmp_path_factory.mktemp("fattn-rope-shim"))
 
 
-def make_case(H, Hkv, D, pos, kv_att, seed):
-    rng = np.random.default_rng(seed)
-    q = (rng.standard_normal((1, H, D)) * 3).astype(np.float32)
-    k = (rng.standard_normal((1, Hkv, D)) * 3).astype(np.float32)
-    v = rng.standard_normal((1, Hkv, D)).astype(np.float32)
-    wq = (1.0 + 0.2 * rng.standard_normal(D)).astype(np.float32)
-    wk = (1.0 + 0.2 * rng.standard_normal(D)).astype(np.float32)
-    # filled cells below the token's, NaN at its cell (it must be stored before it is read), stale past it
-    cache = [(1.5 * rng.standard_normal((kv_att, Hkv, D))).astype(np.float16) for _ in range(2)]
-    for c in cache:
-        c.view(np.uint16)[pos] = NAN_F16
-    cos_t, sin_t = rope_tables(kv_att, D, ROPE_BASE)
-    return q, k, v, wq, wk, cache, cos_t, sin_t
-
-
 def launch(shim, tmp_path, case, fused, layout, edit=None, tag=""):
     H, Hkv, D, pos, P, chunk, kv_att = case
-    q, k, v, wq, wk, (kc, vc), cos_t, sin_t = make_case(H, Hkv, D, pos, kv_att, seed=H * 1000 + D + pos)
+    q, k, v, wq, wk, kc, vc = rope_inputs(H, Hkv, D, pos, kv_att, seed=H * 1000 + D + pos)
+    cos_t, sin_t = rope_tables(kv_att, D, ROPE_BASE)
     exe = shim.build(SOURCES, {**quantize_defines(layout), "HX_D": D, "HX_ATTN_ROPE": 1, "HX_ATTN_Q8_1": 1}, MAIN,
                      f"rope_d{D}_{layout}{tag}", edit=edit)
     paths = []

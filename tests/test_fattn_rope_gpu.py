@@ -11,22 +11,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from fattn_inputs import rope_inputs
 
 pytestmark = pytest.mark.gpu
 
 EPS = np.float32(1e-6)
-
-
-def _inputs(H, Hkv, D, pos, n_ctx, seed):
-    rng = np.random.default_rng(seed)
-    q = (rng.standard_normal((1, H, D)) * 3).astype(np.float32)
-    k = (rng.standard_normal((1, Hkv, D)) * 3).astype(np.float32)
-    v = rng.standard_normal((1, Hkv, D)).astype(np.float32)
-    wq = (1.0 + 0.2 * rng.standard_normal(D)).astype(np.float32)
-    wk = (1.0 + 0.2 * rng.standard_normal(D)).astype(np.float32)
-    cache = (1.5 * rng.standard_normal((n_ctx, Hkv, D))).astype(np.float16)
-    cache.view(np.uint16)[pos] = 0x7E00  # NaN: the token's cell must be stored before it is read
-    return q, k, v, wq, wk, cache
 
 
 # (order, n_head, n_head_kv, head_dim, position, n_ctx, q8_1 layout): the 8B's and the 0.6B's heads, short
@@ -49,7 +38,7 @@ def test_rope_attention_launch_equals_qk_norm_rope_kv_then_attention(case):
 
     order_name, H, Hkv, D, pos, n_ctx, layout = case
     plan = attention_plan(getattr(ReductionOrder, order_name), 1, pos + 1, H, Hkv, D, current_profile(D)).launched()
-    q, k, v, wq, wk, cache = _inputs(H, Hkv, D, pos, n_ctx, seed=pos + H)
+    q, k, v, wq, wk, cache, _ = rope_inputs(H, Hkv, D, pos, n_ctx, seed=pos + H)
     cos_t, sin_t = rope_tables(n_ctx, D, 1e6)
     qd, kd, vd, wqd, wkd, cosd, sind = map(cp.asarray, (q, k, v, wq, wk, cos_t, sin_t))
     posd = cp.asarray(np.array([pos], np.int32))

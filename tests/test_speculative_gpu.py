@@ -123,12 +123,15 @@ def test_cuda_speculative_with_the_draft_ahead_equals_plain(cuda_models, n_draft
     all accepted and, after the first cycle, all made ahead."""
     shape, target, twin, noisy = cuda_models
     plain = target.generate(PROMPT, max_new_tokens=N_NEW, order=INV, stop_at_eos=False).tokens
-    for name, draft in (("self", twin), ("noisy", noisy)):
-        if draft is None:
-            continue
+    for name, draft in _drafts(twin, noisy):
         res = generate_speculative(target, PROMPT, draft, n_draft=n_draft, order=INV, max_new_tokens=N_NEW,
                                    stop_at_eos=False, plain_tokens=plain, draft_ahead=True)
         _save(res, f"speculative-cuda-{shape}-{name}-n{n_draft}-ahead-batch_invariant.json")
         assert res.tokens == plain
         if name == "self":
             assert res.acceptance_rate == 1.0 and all(c.ahead for c in res.cycles[1:-1])
+
+
+def _drafts(twin, noisy):
+    """(name, draft) of the twin and, where the shape has one, the noisy draft."""
+    return [(name, d) for name, d in (("self", twin), ("noisy", noisy)) if d is not None]

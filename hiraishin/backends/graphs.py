@@ -265,21 +265,8 @@ class PassGraphs:
             buf = self._pass(T0, start_pos, order, lambda: self._upload(T0, tokens, start_pos))
             if buf is None:
                 return None
-            made = 1
-            while made < n:  # inputs: the previous pass's advance (nothing to enqueue first)
-                block = self._block(first + made - 1, n - made, order)
-                if block:
-                    made += block
-                elif self._pass(1, first + made - 1, order, _nothing) is not None:
-                    made += 1
-                else:
-                    break
-            dev = self._log[first:first + made]
-            cp.cuda.runtime.memcpyAsync(host.ctypes.data, dev.data.ptr, 8 * made,
-                                        cp.cuda.runtime.memcpyDeviceToHost, self.stream.ptr)
-            done = cp.cuda.Event()
-            done.record(self.stream)
-        self.last_chain = PendingChain(made, dev, host, started, done)
+            made = 1 + self._chained(first, n - 1, order)
+            self.last_chain = self._pending(first, made, host, started)
         return self.last_chain
 
     def chain_more(self, after: "PendingChain", start_pos: int, n: int, order) -> "PendingChain | None":
@@ -298,25 +285,35 @@ class PassGraphs:
         with self.stream:
             started = cp.cuda.Event()
             started.record(self.stream)
-            made = 0
-            while made < n:
-                block = self._block(start_pos + made, n - made, order)
-                if block:
-                    made += block
-                elif self._pass(1, start_pos + made, order, _nothing) is not None:
-                    made += 1
-                else:
-                    break
-            if made == 0:
-                self.last_chain = None
-                return None
-            dev = self._log[start_pos + 1:start_pos + 1 + made]
-            cp.cuda.runtime.memcpyAsync(host.ctypes.data, dev.data.ptr, 8 * made,
-                                        cp.cuda.runtime.memcpyDeviceToHost, self.stream.ptr)
-            done = cp.cuda.Event()
-            done.record(self.stream)
-        self.last_chain = PendingChain(made, dev, host, started, done)
+            made = self._chained(start_pos, n, order)
+            self.last_chain = self._pending(start_pos + 1, made, host, started) if made else None
         return self.last_chain
+
+    def _pending(self, first: int, made: int, host, started) -> "PendingChain":
+        """The :class:`PendingChain` of ``made`` passes whose tokens are the log rows from cell ``first`` (call inside
+        ``with self.stream``, behind them): their copy into ``host`` and the event that ends them."""
+        cp = self.model.backend.xp
+        dev = self._log[first:first + made]
+        cp.cuda.runtime.memcpyAsync(host.ctypes.data, dev.data.ptr, 8 * made, cp.cuda.runtime.memcpyDeviceToHost,
+                                    self.stream.ptr)
+        done = cp.cuda.Event()
+        done.record(self.stream)
+        return PendingChain(made, dev, host, started, done)
+
+    def _chained(self, pos: int, n: int, order) -> int:
+        """Enqueue up to ``n`` chained one-token passes at ``pos ..`` (call inside ``with self.stream``), each fed
+        the token the pass before made (its advance: nothing to enqueue first), ``graph_passes`` to a graph where
+        they can; returns how many (fewer when a capture failed)."""
+        made = 0
+        while made < n:
+            block = self._block(pos + made, n - made, order)
+            if block:
+                made += block
+            elif self._pass(1, pos + made, order, _nothing) is not None:
+                made += 1
+            else:
+                break
+        return made
 
     def greedy_steps(self, token: int, start_pos: int, n: int, order, top_k: int = 1) -> Iterator[tuple]:
         """Plain greedy decoding on the graphs: up to ``n`` one-token passes, pass ``j`` feeding at

@@ -24,8 +24,8 @@ import numpy as np
 
 from ..model.chains import ChainTokens
 from ..order import ReductionOrder
-from .cycles import Cycle
-from .passes import feed, greedy_chain, greedy_tokens
+from .cycles import Cycle, new_tokens, prefill, room_for_guesses
+from .passes import greedy_chain, greedy_tokens
 
 __all__ = ["speculative_decode_ahead", "draft_chain", "draft_more"]
 
@@ -70,25 +70,14 @@ def speculative_decode_ahead(target, draft, prompt_tokens, max_new_tokens: int, 
     ``order``; only the target's decides exactness). The same stops as that loop: ``max_new_tokens``, an EOS id,
     a full target cache (and the draft's cache bounds the guesses)."""
     draft_order = order if draft_order is None else draft_order
-    seq = [int(t) for t in prompt_tokens]
-    n_prompt, eos, cycles = len(seq), set(eos_ids), []
-    n_ctx_t = getattr(target, "n_ctx", None)
     n_ctx_d = getattr(draft, "n_ctx", None)
-    limit = max_new_tokens if n_ctx_t is None else min(max_new_tokens, n_ctx_t - n_prompt + 1)
-    t0 = time.perf_counter()
-    target.reset()
-    draft.reset()
-    feed(draft, seq, 0, draft_order)
-    seq.append(int(np.argmax(feed(target, seq, 0, order))))
+    seq, limit, prefill_s = prefill(target, draft, prompt_tokens, max_new_tokens, order, draft_order)
+    n_prompt, eos, cycles = len(seq) - 1, set(eos_ids), []
     draft_len = n_prompt  # cells of the draft's cache that hold seq's tokens
-    prefill_s = time.perf_counter() - t0
     ahead = None  # (chain made ahead, its tokens): c_0 == seq[-1] was fed at seq's last position, c_1.. guess on
     while len(seq) - n_prompt < limit and seq[-1] not in eos:
         pos = len(seq) - 1  # the last accepted token: in the target's cache not yet
-        room = min(n_draft, limit - (len(seq) - n_prompt) - 1)
-        room = order.verify_limit(pos, room + 1) - 1
-        if n_ctx_d is not None:
-            room = min(room, n_ctx_d - pos)
+        room = room_for_guesses(order, seq, n_prompt, limit, n_draft, n_ctx_d)
         t0 = time.perf_counter()
         made = None  # the chain the guesses come from
         if ahead is not None and room >= max(1, draft_min):
@@ -140,8 +129,4 @@ def speculative_decode_ahead(target, draft, prompt_tokens, max_new_tokens: int, 
                             ahead=chain is not None and made is not chain))
         if on_cycle is not None:
             on_cycle(k + 1)
-    new = seq[n_prompt:]
-    hit = next((i for i, t in enumerate(new) if t in eos), None)
-    if hit is not None:
-        new = new[:hit + 1]
-    return new[:limit], cycles, prefill_s
+    return new_tokens(seq, n_prompt, eos, limit), cycles, prefill_s

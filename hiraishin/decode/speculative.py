@@ -31,7 +31,7 @@ from ..order import ReductionOrder
 from .inputs import (ArgumentTypeError, backend_name, check_int, check_order, eos_ids, model_name,
                      prompt_tokens)
 from .ahead import speculative_decode_ahead
-from .cycles import Cycle
+from .cycles import Cycle, new_tokens, prefill, room_for_guesses
 from .passes import draft_and_verify, feed, greedy_chain, greedy_tokens, progress_bar
 from .report import POSITION_NOTE, dump_json, top_two
 
@@ -102,26 +102,15 @@ def speculative_decode(target, draft, prompt_tokens, max_new_tokens: int, *, n_d
     last token alone, llama.cpp's ``--draft-min``). Like plain decoding, the run stops when the
     target's KV cache (``target.n_ctx``) is full: at most ``n_ctx - len(prompt) + 1`` new tokens.
     """
-    seq = [int(t) for t in prompt_tokens]
-    n_prompt, eos, cycles = len(seq), set(eos_ids), []
-    n_ctx_t = getattr(target, "n_ctx", None)
     n_ctx_d = getattr(draft, "n_ctx", None)
-    limit = max_new_tokens if n_ctx_t is None else min(max_new_tokens, n_ctx_t - n_prompt + 1)
-    t0 = time.perf_counter()
-    target.reset()
-    draft.reset()
-    feed(draft, seq, 0, order)
-    seq.append(int(np.argmax(feed(target, seq, 0, order))))  # prefill; the first new token
+    seq, limit, prefill_s = prefill(target, draft, prompt_tokens, max_new_tokens, order, order)
+    n_prompt, eos, cycles = len(seq) - 1, set(eos_ids), []
     draft_len = n_prompt  # the draft's KV length: it lags the accepted tokens by one or two
-    prefill_s = time.perf_counter() - t0
     while len(seq) - n_prompt < limit and seq[-1] not in eos:
         pos = len(seq) - 1  # the last accepted token: in no KV cache yet
         # guesses the verify pass may take: the tokens still wanted, the KV boundary, and the
         # draft's cache (it feeds positions up to pos + room - 1)
-        room = min(n_draft, limit - (len(seq) - n_prompt) - 1)
-        room = order.verify_limit(pos, room + 1) - 1
-        if n_ctx_d is not None:
-            room = min(room, n_ctx_d - pos)
+        room = room_for_guesses(order, seq, n_prompt, limit, n_draft, n_ctx_d)
         t0 = time.perf_counter()
         guesses, draft_end = [], draft_len
         if room > 0 and room >= draft_min and p_min_gap <= 0 and p_min <= 0:
@@ -152,11 +141,7 @@ def speculative_decode(target, draft, prompt_tokens, max_new_tokens: int, *, n_d
         cycles.append(Cycle(pos, len(guesses), k, t1 - t0, t2 - t1, time.perf_counter() - t2))
         if on_cycle is not None:
             on_cycle(k + 1)
-    new = seq[n_prompt:]
-    hit = next((i for i, t in enumerate(new) if t in eos), None)
-    if hit is not None:
-        new = new[:hit + 1]
-    return new[:limit], cycles, prefill_s
+    return new_tokens(seq, n_prompt, eos, limit), cycles, prefill_s
 
 
 def first_divergence(a, b) -> int | None:

@@ -50,6 +50,16 @@ class ChainTokens:
         the host, no device spans)."""
         return None if self.pending is None else self.pending.spans()
 
+def _check_chain(order, n, what: str) -> int:
+    """A chain's order and token count, checked (``what``: the method, for the message); the count as an int."""
+    if not isinstance(order, ReductionOrder):
+        raise HiraishinError(f"order must be a ReductionOrder (e.g. ReductionOrder.BATCH_INVARIANT), "
+                             f"got {type(order).__name__}")
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise HiraishinError(f"{what} needs n >= 1 tokens to make, got {n!r}")
+    return int(n)
+
+
 class ChainMethods:
     """Chains of greedy passes (a mixin: the model provides ``forward_argmax``, ``_check_tokens``, ``_check_start``,
     ``cache``, ``kv_len``, ``n_ctx`` and ``_graphs``, its :class:`~hiraishin.backends.graphs.PassGraphs` or None)."""
@@ -74,12 +84,7 @@ class ChainMethods:
         it as it is, its pass enqueued behind the chain's on the device (a speculative verify with no
         host round trip between the draft's passes and the target's). Without graphs the tokens are
         made at once, by the loop itself."""
-        if not isinstance(order, ReductionOrder):
-            raise HiraishinError(f"order must be a ReductionOrder (e.g. ReductionOrder.BATCH_INVARIANT), "
-                                 f"got {type(order).__name__}")
-        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-            raise HiraishinError(f"greedy_chain needs n >= 1 tokens to make, got {n!r}")
-        n = int(n)
+        n = _check_chain(order, n, "greedy_chain")
         tokens = self._check_tokens(tokens)
         T0 = tokens.size
         start_pos = self._check_start(start_pos, T0 + n - 1)
@@ -175,12 +180,7 @@ class ChainMethods:
         ``after``'s last token and the first ``n - 1`` new ones. With CUDA graphs they are enqueued behind the
         chain on this model's stream and nothing waits: a speculative draft guessing the next cycle's tokens
         while the target verifies this cycle's (``hiraishin.decode.ahead``). Without graphs, made at once."""
-        if not isinstance(order, ReductionOrder):
-            raise HiraishinError(f"order must be a ReductionOrder (e.g. ReductionOrder.BATCH_INVARIANT), "
-                                 f"got {type(order).__name__}")
-        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-            raise HiraishinError(f"greedy_chain_more needs n >= 1 tokens to make, got {n!r}")
-        n = int(n)
+        n = _check_chain(order, n, "greedy_chain_more")
         pos = self._check_start(self.kv_len, n)
         out: list[int] = []
         if after.pending is not None and self._graphs is not None:
