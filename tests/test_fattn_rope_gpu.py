@@ -20,12 +20,16 @@ EPS = np.float32(1e-6)
 
 # (order, n_head, n_head_kv, head_dim, position, n_ctx, q8_1 layout): the 8B's and the 0.6B's heads, short
 # caches (one block) and long ones (several; the cell in the last chunk of a block that walks several)
-CASES = [("BATCH_INVARIANT", 32, 8, 128, 4095, 4096, "Q4_K"), ("BATCH_INVARIANT", 16, 8, 128, 40, 256, "Q4_K"),
-         ("FIXED_SPLIT", 16, 8, 128, 700, 1024, "Q6_K"), ("BATCH_VARIANT", 16, 8, 128, 1500, 2048, "Q4_K"),
-         ("BATCH_INVARIANT", 8, 1, 64, 300, 512, None), ("BATCH_INVARIANT", 4, 4, 64, 0, 256, None)]
+# (order, n_head, n_head_kv, head_dim, first position, tokens, n_ctx, q8_1 layout): one-token passes, and verify
+# passes on caches under 1,024 cells (the one-query kernel), one across a chunk boundary
+CASES = [("BATCH_INVARIANT", 32, 8, 128, 4095, 1, 4096, "Q4_K"), ("BATCH_INVARIANT", 16, 8, 128, 40, 1, 256, "Q4_K"),
+         ("FIXED_SPLIT", 16, 8, 128, 700, 1, 1024, "Q6_K"), ("BATCH_VARIANT", 16, 8, 128, 1500, 1, 2048, "Q4_K"),
+         ("BATCH_INVARIANT", 8, 1, 64, 300, 1, 512, None), ("BATCH_INVARIANT", 4, 4, 64, 0, 1, 256, None),
+         ("BATCH_INVARIANT", 32, 8, 128, 40, 3, 256, "Q4_K"), ("SUBBLOCK", 32, 8, 128, 125, 6, 512, "MMA_Q4_K"),
+         ("BATCH_INVARIANT", 16, 8, 128, 500, 16, 1024, "Q6_K")]
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-H{c[1]}x{c[2]}-D{c[3]}-pos{c[4]}")
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-H{c[1]}x{c[2]}-D{c[3]}-pos{c[4]}-T{c[5]}")
 def test_rope_attention_launch_equals_qk_norm_rope_kv_then_attention(case):
     import cupy as cp
 
@@ -36,25 +40,26 @@ def test_rope_attention_launch_equals_qk_norm_rope_kv_then_attention(case):
     from hiraishin.kernels.rope import rope_tables
     from hiraishin.plans import attention_plan
 
-    order_name, H, Hkv, D, pos, n_ctx, layout = case
-    plan = attention_plan(getattr(ReductionOrder, order_name), 1, pos + 1, H, Hkv, D, current_profile(D)).launched()
-    q, k, v, wq, wk, cache, _ = rope_inputs(H, Hkv, D, pos, n_ctx, seed=pos + H)
+    order_name, H, Hkv, D, pos, T, n_ctx, layout = case
+    plan = attention_plan(getattr(ReductionOrder, order_name), T, pos + T, H, Hkv, D, current_profile(D)).launched()
+    assert plan.kernel_name == "fattn_vec_q1", plan.describe()
+    q, k, v, wq, wk, cache, _ = rope_inputs(H, Hkv, D, pos, n_ctx, seed=pos + H, T=T)
     cos_t, sin_t = rope_tables(n_ctx, D, 1e6)
     qd, kd, vd, wqd, wkd, cosd, sind = map(cp.asarray, (q, k, v, wq, wk, cos_t, sin_t))
-    posd = cp.asarray(np.array([pos], np.int32))
+    posd = cp.asarray(np.arange(pos, pos + T, dtype=np.int32))
     P = plan.parallel_blocks
     runs = []
     for fused in (True, False):
         kc, vc = cp.asarray(cache), cp.asarray(cache)
-        out = cp.full((1, H, D), np.nan, cp.float32)
-        parts, meta = cp.full((1, H, P, D), np.nan, cp.float32), cp.full((1, H, P, 2), np.nan, cp.float32)
-        yq = cp.full(output_shape(1, H * D, layout), 0xAB, cp.uint8)
+        out = cp.full((T, H, D), np.nan, cp.float32)
+        parts, meta = cp.full((T, H, P, D), np.nan, cp.float32), cp.full((T, H, P, 2), np.nan, cp.float32)
+        yq = cp.full(output_shape(T, H * D, layout), 0xAB, cp.uint8)
         if fused:
             launch_rope_attention(qd, kd, vd, wqd, wkd, EPS, posd, cosd, sind, kc, vc, plan, parts, meta, yq, out,
                                   layout)
         else:
-            q_roped = cp.empty((1, H, D), cp.float32)
-            QkNormRopeKvLaunch(1, H, Hkv, D, EPS)(qd, kd, vd, wqd, wkd, posd, cosd, sind, q_roped, kc, vc)
+            q_roped = cp.empty((T, H, D), cp.float32)
+            QkNormRopeKvLaunch(T, H, Hkv, D, EPS)(qd, kd, vd, wqd, wkd, posd, cosd, sind, q_roped, kc, vc)
             if P == 1:
                 launch_attention_q8_1(q_roped, kc, vc, posd, plan, yq, out, layout, kv_from_positions=True)
             else:
@@ -83,12 +88,13 @@ def test_models_with_the_rope_attention_launch_decode_the_same(tiny_model_path, 
         first = int(m.forward_argmax(prompt, 0, order)[-1])
         chain = m.greedy_chain([first], prompt_len, 10, order).tolist()
         stream = list(m.greedy_stream(first, prompt_len, 10, order))
+        verify = m.forward(chain[:4], prompt_len, order).view(np.uint32)  # a verify pass (graphs)
         m.cuda_graphs = False
         logits = m.forward([chain[-1]], m.kv_len, order)  # an eager one-token pass
         cache = [m.backend.to_host(m.cache.k(il)).view(np.uint16).copy() for il in (0, m.config.n_layer - 1)]
         runs.append((first, chain, [t for t, _ in stream], np.array([v for _, v in stream], np.float32).view(np.uint32),
-                     logits.view(np.uint32), cache))
-    (f0, c0, s0, v0, l0, k0), (f1, c1, s1, v1, l1, k1) = runs
+                     logits.view(np.uint32), cache, verify))
+    (f0, c0, s0, v0, l0, k0, w0), (f1, c1, s1, v1, l1, k1, w1) = runs
     assert f0 == f1 and c0 == c1 and s0 == s1 == c0
-    assert np.array_equal(v0, v1) and np.array_equal(l0, l1)
+    assert np.array_equal(v0, v1) and np.array_equal(l0, l1) and np.array_equal(w0, w1)
     assert all(np.array_equal(a, b) for a, b in zip(k0, k1))

@@ -86,12 +86,12 @@ class CudaAttentionOps:
                               layer: int, kv_len: int, order, weight, out=None, q_out=None):
         """:meth:`qk_norm_rope_store` of the projections' raw rows ``q`` (T, H, D), ``k``, ``v`` (T, Hkv, D)
         (the roped q into ``q_out``), then :meth:`attention_matvec`. With ``HIRAISHIN_ATTN_ROPE=1``
-        (``kernels.fused.launch.ATTN_ROPE``) a one-token pass whose plan runs the one-query vector kernel
-        does the first inside its attention launch (``fattn_vec_q1_rope``: the same bits, one launch
+        (``kernels.fused.launch.ATTN_ROPE``) a pass of at most 16 tokens whose plan runs the one-query vector
+        kernel does the first inside its attention launch (``fattn_vec_q1_rope``: the same bits, one launch
         fewer; ``q_out`` is then not written)."""
         T, H, D = q.shape
         k_cache, v_cache = cache.k(layer), cache.v(layer)
-        if fused_launch.ATTN_ROPE and T == 1:
+        if fused_launch.ATTN_ROPE and T <= fused_launch.ROPE_MAX_TOKENS:
             plan = self.backend.attention_plan(order, T, kv_len, H, k_cache.shape[1], D)
             if fused_launch.rope_attention_runs(plan) and (plan.parallel_blocks > 1 or fused_launch.ATTN_Q8_1):
                 mvs, (layout,) = self._layouts((weight,), T, order)

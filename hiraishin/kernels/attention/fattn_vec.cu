@@ -342,24 +342,27 @@ fattn_vec_q1(const float* __restrict__ Q, const unsigned short* __restrict__ K,
 }
 
 #ifdef HX_ATTN_ROPE
-// fattn_vec_q1 of a one-token pass whose q, k and v are still the Q/K/V projections' raw rows: each block
-// first does the part of fused/fused.cu's hx_qk_norm_rope_kv its attention reads, then attends as
-// fattn_vec_q1 does (HIRAISHIN_ATTN_ROPE; one launch a layer fewer). Compiled after rmsnorm/rmsnorm.cu
-// (hx_rms_scale_from_partials) and, with HX_ATTN_Q8_1, quantize/quantize_q8_1.cu.
-//   * every block: its q head normed (rmsnorm's tree over D, see below) and roped (hx_rope_pair) into
-//     shared memory: the float32 row hx_qk_norm_rope_kv writes to q_out, which fattn_vec_q1 would load;
-//   * the blocks whose chunks hold the token's cell (block (pos / chunk_cells) % P of each q head): the
-//     k of their KV head normed and roped, and v, rounded to f16 into that cache cell, then a barrier,
-//     so the block's own loads of the cell see them (__syncthreads orders a block's global writes for
-//     its threads). The n_head / n_head_kv q heads of a KV head write the same bits to the same cell;
-//     no block reads a cell another block writes. K and V are therefore not `const __restrict__` here:
-//     a read-only (non-coherent) load of memory the kernel writes would be undefined.
+// fattn_vec_q1 of a pass of n_tokens <= FV_ROPE_MAX_TOKENS tokens whose q, k and v are still the Q/K/V
+// projections' raw rows: each block first does the part of fused/fused.cu's hx_qk_norm_rope_kv its attention
+// reads, then attends as fattn_vec_q1 does (HIRAISHIN_ATTN_ROPE; one launch a layer fewer). Compiled after
+// rmsnorm/rmsnorm.cu (hx_rms_scale_from_partials) and, with HX_ATTN_Q8_1, quantize/quantize_q8_1.cu.
+//   * block (t, y, h): its query, token t's q head h, normed (rmsnorm's tree over D, see below) and roped
+//     (hx_rope_pair) into shared memory: the float32 row hx_qk_norm_rope_kv writes to q_out, which
+//     fattn_vec_q1 would load;
+//   * every token j of the pass whose cell lies in block y's chunks (chunk (pos[j] / chunk_cells) % P == y):
+//     the k of the block's KV head normed and roped, and v, rounded to f16 into that cell; then a barrier,
+//     so the block's own loads of the cells see them (__syncthreads orders a block's global writes for its
+//     threads). Every block of the same y and KV head stores the same bits to the same cells, and a block
+//     stores each cell of its chunks it may load (a masked cell's 0 * v must not meet a stale NaN), so no
+//     block reads a cell another block writes. K and V are therefore not `const __restrict__` here: a
+//     read-only (non-coherent) load of memory the kernel writes would be undefined.
 // The tree: hx_qk_norm_rope_kv runs rmsnorm's block of block_threads(D) = 256 threads, thread t holding
 // value t (D <= 128: one each), so its warps past D / 32 hold +0 and its partials past them are +0. Here
 // thread 32 * w + lane holds value 32 * w + lane: warp w's butterfly is the tree's warp w's, and the
 // 4 partials with 0.0f in the lanes past them are the 8 with +0 in lanes 4..7: the same scale.
 // The float work before the attention is hx_qk_norm_rope_kv's, op for op, and the attention is
-// fattn_vec_q1's: the bits of those two launches (tests/test_fattn_rope.py, tests/test_fused_gpu.py).
+// fattn_vec_q1's: the bits of those two launches (tests/test_fattn_rope.py, tests/test_fattn_rope_gpu.py).
+#define FV_ROPE_MAX_TOKENS 16  // the tokens whose k rows a block may norm (a verify pass: at most 16)
 static_assert(HX_D <= FV_NTHREADS, "one value per thread in the head norms");
 // The norm weights of pair d (dims d, d + half) for thread d < half, zeros elsewhere. Weights are never
 // written, so fattn_vec_q1_rope reads them before it waits on the previous kernel.
@@ -369,61 +372,72 @@ __device__ __forceinline__ float2 fv_weight_pair(const float* __restrict__ w, co
     p.y = d < half ? __ldg(w + d + half) : 0.0f;
     return p;
 }
+// Row x (D floats) normed with `scale` and w's pair, roped at the table row of `cell`: thread d < half's two
+// outputs (dims d, d + half), hx_qk_norm_rope_kv's products in its order.
+__device__ __forceinline__ void fv_norm_rope(const float* x, const float scale, const float2 w,
+                                             const float* __restrict__ cos_table,
+                                             const float* __restrict__ sin_table, const int cell, const int d,
+                                             float& y0, float& y1) {
+    constexpr int half = HX_D / 2;
+    const size_t at = (size_t)cell * half + d;
+    hx_rope_pair(__fmul_rn(__fmul_rn(scale, x[d]), w.x), __fmul_rn(__fmul_rn(scale, x[d + half]), w.y),
+                 cos_table[at], sin_table[at], y0, y1);
+}
 extern "C" __global__ void __launch_bounds__(FV_NTHREADS, 1)
 fattn_vec_q1_rope(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
                   const float* __restrict__ wq, const float* __restrict__ wk,
                   const float* __restrict__ cos_table, const float* __restrict__ sin_table,
-                  unsigned short* K, unsigned short* V,  // (n_ctx, n_head_kv, D) f16: read, and written at pos[0]
+                  unsigned short* K, unsigned short* V,  // (n_ctx, n_head_kv, D) f16: read, and written at pos[j]
                   const int* __restrict__ q_pos, float* __restrict__ dst, float* __restrict__ parts,
-                  float* __restrict__ meta, const int n_head, const int n_head_kv, const int kv_attended,
-                  const int chunk_cells, const float scale, const float eps, unsigned char* __restrict__ yq) {
+                  float* __restrict__ meta, const int n_tokens, const int n_head, const int n_head_kv,
+                  const int kv_attended, const int chunk_cells, const float scale, const float eps,
+                  unsigned char* __restrict__ yq) {
     constexpr int D = HX_D;
     constexpr int half = D / 2;
     const int lane = threadIdx.x;
     const int w = threadIdx.y;
     const int tid = 32 * w + lane;
+    const int t = blockIdx.x;
     const int h = blockIdx.z;
     const int kv_head = h / (n_head / n_head_kv);
     const float2 wqp = fv_weight_pair(wq, tid, half);
     const float2 wkp = fv_weight_pair(wk, tid, half);
     HX_PDL_ENTRY();
-    __shared__ float partial[2][FV_NWARPS];  // the q and k trees' warp partials
+    __shared__ float partial_q[FV_NWARPS];                      // the trees' warp partials: the query's,
+    __shared__ float partial_k[FV_ROPE_MAX_TOKENS][FV_NWARPS];  // and each stored token's k
     alignas(16) __shared__ float q_sh[D];
-    const bool pair = tid < half;
-    const float* qr = q + (size_t)h * D;
-    const float* kr = k + (size_t)kv_head * D;
-    const int cell = q_pos[0];
-    const bool store = (cell / chunk_cells) % (int)gridDim.y == (int)blockIdx.y;  // uniform per block
+    const int P = gridDim.y;
+    const int y = blockIdx.y;
+    const float* qr = q + ((size_t)t * n_head + h) * D;
     const float xq = tid < D ? qr[tid] : 0.0f;
-    const float xk = store && tid < D ? kr[tid] : 0.0f;
     const float sq = hx_warp_sum(tid < D ? __fmaf_rn(xq, xq, 0.0f) : 0.0f);
-    const float sk = hx_warp_sum(tid < D ? __fmaf_rn(xk, xk, 0.0f) : 0.0f);
-    if (lane == 0) {
-        partial[0][w] = sq;
-        partial[1][w] = sk;
+    if (lane == 0) partial_q[w] = sq;
+    for (int j = 0; j < n_tokens; ++j) {  // uniform per block
+        if ((q_pos[j] / chunk_cells) % P != y) continue;
+        const float xk = tid < D ? k[((size_t)j * n_head_kv + kv_head) * D + tid] : 0.0f;
+        const float sk = hx_warp_sum(tid < D ? __fmaf_rn(xk, xk, 0.0f) : 0.0f);
+        if (lane == 0) partial_k[j][w] = sk;
     }
     __syncthreads();
-    const float scale_q = hx_rms_scale_from_partials(partial[0], FV_NWARPS, D, eps);  // whole warps: butterflies
-    const float scale_k = hx_rms_scale_from_partials(partial[1], FV_NWARPS, D, eps);
-    const size_t cos_at = (size_t)cell * half + tid;
-    if (pair) {
-        const float c = cos_table[cos_at];
-        const float sn = sin_table[cos_at];
-        hx_rope_pair(__fmul_rn(__fmul_rn(scale_q, xq), wqp.x), __fmul_rn(__fmul_rn(scale_q, qr[tid + half]), wqp.y), c, sn,
-                     q_sh[tid], q_sh[tid + half]);
-        if (store) {
+    const float scale_q = hx_rms_scale_from_partials(partial_q, FV_NWARPS, D, eps);  // whole warps: butterflies
+    if (tid < half) fv_norm_rope(qr, scale_q, wqp, cos_table, sin_table, q_pos[t], tid, q_sh[tid], q_sh[tid + half]);
+    for (int j = 0; j < n_tokens; ++j) {
+        const int cell = q_pos[j];
+        if ((cell / chunk_cells) % P != y) continue;
+        const float scale_k = hx_rms_scale_from_partials(partial_k[j], FV_NWARPS, D, eps);
+        const size_t row = (size_t)j * n_head_kv + kv_head;
+        const size_t at = ((size_t)cell * n_head_kv + kv_head) * D;
+        if (tid < half) {
             float y0, y1;
-            hx_rope_pair(__fmul_rn(__fmul_rn(scale_k, xk), wkp.x), __fmul_rn(__fmul_rn(scale_k, kr[tid + half]), wkp.y),
-                         c, sn, y0, y1);
-            unsigned short* kc = K + ((size_t)cell * n_head_kv + kv_head) * D;
-            kc[tid] = hx_f2h(y0);
-            kc[tid + half] = hx_f2h(y1);
+            fv_norm_rope(k + row * D, scale_k, wkp, cos_table, sin_table, cell, tid, y0, y1);
+            K[at + tid] = hx_f2h(y0);
+            K[at + tid + half] = hx_f2h(y1);
         }
+        if (tid < D) V[at + tid] = hx_f2h(v[row * D + tid]);
     }
-    if (store && tid < D) V[((size_t)cell * n_head_kv + kv_head) * D + tid] = hx_f2h(v[(size_t)kv_head * D + tid]);
-    __syncthreads();  // q_sh, and the cell's K and V for this block's own loads
-    fattn_vec_impl<1, false, true>(q_sh, K, V, q_pos, dst, parts, meta, 1, n_head, n_head_kv, -1, kv_attended,
-                                   chunk_cells, scale, yq);
+    __syncthreads();  // q_sh, and the cells' K and V for this block's own loads
+    fattn_vec_impl<1, false, true>(q_sh, K, V, q_pos, dst, parts, meta, n_tokens, n_head, n_head_kv, -1,
+                                   kv_attended, chunk_cells, scale, yq);
 }
 #endif
 

@@ -31,10 +31,10 @@ fused kernel (``fused.cu``)   equals, bit for bit
 ``fattn_vec_*`` with          one parallel block (``P = 1``): ``o = fattn_vec_*(q, K, V)`` (T, H, D), then
 ``HX_ATTN_Q8_1``              ``quantize_q8_1(o)`` of its rows in ``layout``, stored by the threads that
 (in ``fattn_vec.cu``)         normalise ``o``; optionally ``o`` too (``launch_attention_q8_1``)
-``fattn_vec_q1_rope``         one token (T = 1): ``hx_qk_norm_rope_kv`` of its raw q, k, v, then ``fattn_vec_q1``
+``fattn_vec_q1_rope``         T <= 16 tokens: ``hx_qk_norm_rope_kv`` of their raw q, k, v, then ``fattn_vec_q1``
 (``HX_ATTN_ROPE``, in         of the roped q (with ``HX_ATTN_Q8_1``'s q8_1 when ``P = 1``; partials for the
-``fattn_vec.cu``)             combine when ``P > 1``); each block norms its own q head, the blocks holding the
-                              token's cell store it (``launch_rope_attention``; off unless
+``fattn_vec.cu``)             combine when ``P > 1``); each block norms its own q head and stores the pass's
+                              cells in its chunks (``launch_rope_attention``; off unless
                               ``HIRAISHIN_ATTN_ROPE=1``)
 ============================  ===========================================================================
 

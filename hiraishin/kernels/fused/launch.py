@@ -28,7 +28,7 @@ __all__ = ["SOURCE", "SOURCE_EMBED", "EMBED_NORM", "EMBED_NORM_KERNELS", "EmbedR
            "norm_slices", "RmsNormQ8_1Launch", "AddRmsNormQ8_1Launch", "SwigluQ8_1Launch", "QkNormRopeKvLaunch",
            "launch_rms_norm_q8_1", "launch_add_rms_norm_q8_1", "launch_swiglu_q8_1", "launch_qk_norm_rope_kv",
            "SOURCE_COMBINE", "CombineQ8_1Launch", "launch_combine_q8_1", "ATTN_Q8_1", "attention_q8_1_epilogue",
-           "launch_attention_q8_1", "ATTN_ROPE", "RopeAttentionLaunch", "rope_attention_runs", "launch_rope_attention"]
+           "launch_attention_q8_1", "ATTN_ROPE", "ROPE_MAX_TOKENS", "RopeAttentionLaunch", "rope_attention_runs", "launch_rope_attention"]
 
 # fused.cu is compiled after the unfused sources whose device functions it calls (hx_rms_scale,
 # hx_q8_1_store): one copy of that code for the fused and the unfused kernels.
@@ -52,14 +52,16 @@ SOURCE_COMBINE = ("quantize/quantize_q8_1.cu", "attention/fattn_vec.cu")
 ATTN_Q8_1_PRELUDE = ("quantize/quantize_q8_1.cu",)
 ENV_ATTN_Q8_1 = "HIRAISHIN_ATTN_Q8_1"
 ATTN_Q8_1 = os.environ.get(ENV_ATTN_Q8_1, "1").strip() != "0"
-# A one-token pass's q/k head norms, RoPE and KV store inside its attention launch (fattn_vec.cu
-# fattn_vec_q1_rope, compiled with HX_ATTN_ROPE after rmsnorm.cu): one launch a layer fewer, the same bits.
+# A pass's q/k head norms, RoPE and KV store inside its attention launch (fattn_vec.cu fattn_vec_q1_rope,
+# compiled with HX_ATTN_ROPE after rmsnorm.cu; plans of the one-query kernel, up to 16 tokens: one-token
+# passes, and verify passes on caches under 1,024 cells): one launch a layer fewer, the same bits.
 # Off by default until a GPU run measures it (HIRAISHIN_ATTN_ROPE=1 for the A/B): each block redoes its
 # head's norm (and, in the blocks holding the token's cell, its KV head's), work the separate launch
 # spread over more blocks; what it saves is one dependent launch (~2.4 us a launch on the 0.6B's chain,
 # bench/NOTES_speculation.md session 20).
 ATTN_ROPE_PRELUDE = ("rmsnorm/rmsnorm.cu", "quantize/quantize_q8_1.cu")
 ATTN_ROPE_KERNEL = "fattn_vec_q1_rope"
+ROPE_MAX_TOKENS = 16  # fattn_vec.cu FV_ROPE_MAX_TOKENS: the passes it takes (a verify pass has at most 16)
 ENV_ATTN_ROPE = "HIRAISHIN_ATTN_ROPE"
 ATTN_ROPE = os.environ.get(ENV_ATTN_ROPE, "0").strip() == "1"
 # A null device pointer: the optional float outputs are skipped when given this.
@@ -346,33 +348,36 @@ def attention_q8_1_epilogue(layout: str | None = None) -> tuple:
 
 
 class RopeAttentionLaunch:
-    """A one-token pass's q/k head norms, RoPE, KV store and vector attention (``fattn_vec_q1_rope``):
-    call ``(q, k, v, q_norm_w, k_norm_w, pos, cos_t, sin_t, k_cache, v_cache, parts, meta, out_q, out=None)``.
+    """A pass's q/k head norms, RoPE, KV store and vector attention, one query per CUDA block
+    (``fattn_vec_q1_rope``): call ``(q, k, v, q_norm_w, k_norm_w, pos, cos_t, sin_t, k_cache, v_cache, parts, meta,
+    out_q, out=None)``.
 
-    ``q`` float32 (1, H, D) (or (1, H*D)), ``k``, ``v`` (1, Hkv, D): the projections' raw rows; norm
-    weights float32 (D,); ``pos`` int32 (1,) on the device; RoPE tables float32 (n_ctx, D/2); caches one
-    layer's float16 (n_ctx, Hkv, D), written at cell ``pos[0]`` and read up to it (the KV length is read
-    from ``pos``: graph-replayable). ``P`` parallel blocks over ``kv_attended`` cells in chunks of
-    ``chunk_cells`` (a one-query vector plan's fields, :func:`launch_rope_attention`). With ``P == 1`` the
-    normalised rows go to ``out_q`` as q8_1 in ``layout`` (and to ``out`` float32 (1, H, D) unless None);
-    with ``P > 1`` the partials ``parts`` (1, H, P, D) and ``meta`` (1, H, P, 2), which
+    ``q`` float32 (T, H, D) (or (T, H*D)), ``k``, ``v`` (T, Hkv, D): the projections' raw rows, T <=
+    :data:`ROPE_MAX_TOKENS`; norm weights float32 (D,); ``pos`` int32 (T,) on the device, consecutive; RoPE tables
+    float32 (n_ctx, D/2); caches one layer's float16 (n_ctx, Hkv, D), written at cells ``pos`` and read up to the
+    last (the KV length is read from ``pos``: graph-replayable). ``P`` parallel blocks over ``kv_attended`` cells
+    in chunks of ``chunk_cells`` (a one-query vector plan's fields, :func:`launch_rope_attention`). With ``P == 1``
+    the normalised rows go to ``out_q`` as q8_1 in ``layout`` (and to ``out`` float32 (T, H, D) unless None);
+    with ``P > 1`` the partials ``parts`` (T, H, P, D) and ``meta`` (T, H, P, 2), which
     :class:`CombineQ8_1Launch` merges. The bits of :class:`QkNormRopeKvLaunch` then the plan's attention.
     """
 
     __slots__ = ("kernel", "grid", "scalars", "P")
 
-    def __init__(self, H: int, n_head_kv: int, D: int, P: int, chunk_cells: int, kv_attended: int, eps: float,
-                 layout: str | None = None):
+    def __init__(self, T: int, H: int, n_head_kv: int, D: int, P: int, chunk_cells: int, kv_attended: int,
+                 eps: float, layout: str | None = None):
         if D > NTHREADS or D > block_threads(D):  # the kernel's tree argument (fattn_vec.cu)
             raise ValueError(f"{ATTN_ROPE_KERNEL} needs one value per thread of its block and of rmsnorm's, "
                              f"D <= {NTHREADS}, got D = {D}")
+        if not 1 <= T <= ROPE_MAX_TOKENS:
+            raise ValueError(f"{ATTN_ROPE_KERNEL} takes 1..{ROPE_MAX_TOKENS} tokens, got {T}")
         self.P = P
         defines = {**quantize_defines(layout), "HX_D": D, "HX_ATTN_ROPE": 1}
         if P == 1:
             defines["HX_ATTN_Q8_1"] = 1
         self.kernel = get_kernel(ATTN_ROPE_PRELUDE + (SOURCE_VEC,), ATTN_ROPE_KERNEL, defines)
-        self.grid = (1, P, H)
-        self.scalars = (np.int32(H), np.int32(n_head_kv), np.int32(kv_attended), np.int32(chunk_cells),
+        self.grid = (T, P, H)
+        self.scalars = (np.int32(T), np.int32(H), np.int32(n_head_kv), np.int32(kv_attended), np.int32(chunk_cells),
                         np.float32(attention_scale(D)), np.float32(eps))
 
     def __call__(self, q, k, v, q_norm_w, k_norm_w, pos, cos_t, sin_t, k_cache, v_cache, parts, meta, out_q,
@@ -385,8 +390,9 @@ class RopeAttentionLaunch:
 
 
 def rope_attention_runs(plan) -> bool:
-    """Whether ``fattn_vec_q1_rope`` can run ``plan``: one query, the one-query vector kernel."""
-    return plan.n_queries == 1 and plan.kernel_name == KERNEL_Q1
+    """Whether ``fattn_vec_q1_rope`` can run ``plan``: the one-query vector kernel, at most
+    :data:`ROPE_MAX_TOKENS` queries."""
+    return plan.kernel_name == KERNEL_Q1 and plan.n_queries <= ROPE_MAX_TOKENS
 
 
 def launch_rope_attention(q, k, v, q_norm_w, k_norm_w, eps: float, pos, cos_t, sin_t, k_cache, v_cache, plan,
@@ -394,10 +400,10 @@ def launch_rope_attention(q, k, v, q_norm_w, k_norm_w, eps: float, pos, cos_t, s
     """:class:`RopeAttentionLaunch` of the one-query vector ``plan`` (cached per geometry), unchecked but
     for the plan: a ValueError names any other."""
     if not rope_attention_runs(plan):
-        raise ValueError(f"{ATTN_ROPE_KERNEL} runs one-query {KERNEL_Q1} plans, got {plan.kernel_name} "
-                         f"with {plan.n_queries} queries")
-    launch = _cached(RopeAttentionLaunch, plan.n_head, plan.n_head_kv, plan.head_dim, plan.parallel_blocks,
-                     plan.chunk_cells, plan.kv_attended, float(eps), layout)
+        raise ValueError(f"{ATTN_ROPE_KERNEL} runs {KERNEL_Q1} plans of at most {ROPE_MAX_TOKENS} queries, got "
+                         f"{plan.kernel_name} with {plan.n_queries}")
+    launch = _cached(RopeAttentionLaunch, plan.n_queries, plan.n_head, plan.n_head_kv, plan.head_dim,
+                     plan.parallel_blocks, plan.chunk_cells, plan.kv_attended, float(eps), layout)
     return launch(q, k, v, q_norm_w, k_norm_w, pos, cos_t, sin_t, k_cache, v_cache, parts, meta, out_q, out)
 
 
