@@ -176,8 +176,28 @@ for (order_name, name), r in runs.items():
 # weights' bandwidth dominates — carries the cycle. What the invariant order costs in that verify pass
 # is notebook 06.
 
+# %% [markdown]
+# ## The draft running ahead
+#
+# A cycle above drafts, then verifies: on one GPU the small draft's passes and the target's verify pass take
+# turns. `draft_ahead=True` (`hiraishin.decode.ahead`) lets the draft go on while the target verifies, as if
+# every guess will be accepted: it feeds its last guess and guesses on. When the target then accepts every
+# guess *and* emits the draft's next guess, the next cycle's guesses exist already and it verifies at once;
+# otherwise they are dropped. The target still decides every token, so the tokens cannot change; what changes
+# is when the draft's passes run, and that some are wasted. On the CPU nothing runs side by side, so here it
+# only costs; on a GPU the draft's passes run on their own stream beside the verify (`hiraishin bench
+# --draft-ahead` measures what that hides):
+
+# %%
+with clock("speculative BATCH_INVARIANT, self draft, running ahead"):
+    ahead = target.generate_speculative(ids, drafts["self"], n_draft=N_DRAFT, order=INVARIANT, max_new_tokens=N_NEW,
+                                        stop_at_eos=False, plain_tokens=plain[INVARIANT.name].tokens, draft_ahead=True)
+print(ahead)
+
 # %%
 # The claims of this notebook, checked.
+assert ahead.tokens == plain[INVARIANT.name].tokens and ahead.accepted == ahead.drafted
+assert all(c.ahead for c in ahead.cycles[1:-1])  # after the first, every cycle's guesses were made ahead
 for name in drafts:
     r = runs[INVARIANT.name, name]
     assert r.drafted > 0, "a run that drafted nothing checks nothing"
