@@ -52,6 +52,17 @@ def test_speculative_command_self_and_draft(micro_model_path, tmp_path, capsys):
     assert rc == 0 and SpeculativeResult.load(out).matches_plain
 
 
+def test_speculative_command_with_the_draft_ahead(micro_model_path, tmp_path, capsys):
+    out = tmp_path / "ahead.json"
+    rc = main(["speculative", str(micro_model_path), "--self", "--draft-ahead", "--n-draft", "3", "--prompt",
+               "Hello there", "--tokens", "12", "--device", "cpu", "--json", str(out)])
+    assert rc == 0
+    res = SpeculativeResult.load(out)
+    assert res.matches_plain and res.acceptance_rate == 1.0 and res.meta["draft_ahead"] is True
+    assert sum(c.ahead for c in res.cycles) >= 1
+    assert "draft ahead:" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("argv, message", [
     (["replay", "M.gguf", "--batch-sizes", "2,x"], "batch sizes"),
     (["replay", "M.gguf", "--order", "sideways"], "unknown order"),
