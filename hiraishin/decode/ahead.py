@@ -66,7 +66,8 @@ def speculative_decode_ahead(target, draft, prompt_tokens, max_new_tokens: int, 
                              draft_min: int = 0):
     """The loop with the draft running ahead (see the module docstring). Returns ``(new tokens, cycles, prefill
     seconds)`` like :func:`~hiraishin.decode.speculative.speculative_decode`; a cycle whose guesses were made
-    during the verify before has ``ahead=True`` and ``draft_s`` 0. ``draft_order``: the draft's order (default
+    during the verify before has ``ahead=True`` and ``draft_s`` about 0 (nothing drafted before its verify; the
+    next cycle's passes, enqueued beside it, count in ``verify_s``). ``draft_order``: the draft's order (default
     ``order``; only the target's decides exactness). The same stops as that loop: ``max_new_tokens``, an EOS id,
     a full target cache (and the draft's cache bounds the guesses)."""
     draft_order = order if draft_order is None else draft_order
