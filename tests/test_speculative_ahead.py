@@ -109,3 +109,26 @@ def test_the_drafts_cache_holds_the_emitted_tokens_at_their_positions(noise):
     kept = min(draft.n, len(seq))
     want = draft.emb[seq[:kept]] + draft.pos_emb[np.arange(kept) % len(draft.pos_emb)]
     assert np.array_equal(draft.kv[:kept], want)
+
+
+def test_a_tail_of_a_chain_read_already_keeps_its_tokens():
+    """ChainTokens.tail of a device chain whose tokens were read: the tail answers from them, not from the
+    page-locked buffer (which the next chain_more of the same length overwrites)."""
+    from hiraishin.model.chains import ChainTokens
+
+    class Pending:  # a PendingChain stand-in whose buffer was overwritten since its tokens were read
+        def __init__(self, host):
+            self.n, self.host = len(host), np.asarray(host, np.int32)
+
+        def tokens(self):
+            return self.host.copy()
+
+        def tail(self, start, stop=None):
+            return Pending(self.host[start:stop])
+
+    chain = ChainTokens(pending=Pending([5, 6, 7, 8]))
+    assert chain.tokens().tolist() == [5, 6, 7, 8]
+    chain.pending.host[:] = [1, 1, 1, 1]  # the next chain_more's copy
+    tail = chain.tail(1, 3)
+    assert tail.n == 2 and tail.tokens().tolist() == [6, 7] and tail.pending is not None
+    assert ChainTokens(pending=Pending([5, 6, 7])).tail(1).tokens().tolist() == [6, 7]  # not read yet: the buffer

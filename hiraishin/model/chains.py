@@ -40,10 +40,15 @@ class ChainTokens:
 
     def tail(self, start: int, stop: int | None = None) -> "ChainTokens":
         """Tokens ``start..stop-1`` (to the end by default), as a chain :meth:`ChainMethods.verify_chain` takes (on
-        the device still, if they are there)."""
-        if self.pending is not None:
-            return ChainTokens(pending=self.pending.tail(start, stop))
-        return ChainTokens(host=self._host[start:stop].copy())
+        the device still, if they are there). Tokens read already come with it: a later chain may reuse the
+        page-locked buffer they were copied into, and a verify pass that falls back to the host must not read
+        another chain's tokens there."""
+        if self.pending is None:
+            return ChainTokens(host=self._host[start:stop].copy())
+        out = ChainTokens(pending=self.pending.tail(start, stop))
+        if self._host is not None:
+            out._host = self._host[start:stop].copy()
+        return out
 
     def device_spans(self) -> tuple[float, float | None] | None:
         """Device seconds of the chain and of a :meth:`Qwen3.verify_chain` pass behind it (None: made on
