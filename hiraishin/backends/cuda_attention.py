@@ -58,14 +58,15 @@ class CudaAttentionOps:
         plan = self.backend.attention_plan(order, T, kv_len, H, k_cache.shape[1], D)
         return self.flash_attn(q, k_cache, v_cache, pos, plan, out, kv_from_positions=True)
 
-    def attention_matvec(self, q, k_cache, v_cache, pos, kv_len: int, order, weight, out=None):
+    def attention_matvec(self, q, k_cache, v_cache, pos, kv_len: int, order, weight, out=None, plan=None):
         """:meth:`causal_attention`, then the output projection ``weight`` (data, qtype) of its rows
         (T, H*D). With more than one parallel block the combine quantizes straight into the
         projection's q8_1 layout (``fattn_combine_q8_1``: one launch instead of two, the same bits);
         with one (normalised inside the kernel) the vector kernel does (``HX_ATTN_Q8_1``, unless
         ``HIRAISHIN_ATTN_Q8_1=0``): again the bits of a quantize launch after it."""
         T, H, D = q.shape
-        plan = self.backend.attention_plan(order, T, kv_len, H, k_cache.shape[1], D)
+        if plan is None:  # (the caller's, when it has made it: rope_attention_matvec)
+            plan = self.backend.attention_plan(order, T, kv_len, H, k_cache.shape[1], D)
         if plan.parallel_blocks == 1 and (plan.kernel == "tile" or not fused_launch.ATTN_Q8_1):
             a = self.flash_attn(q, k_cache, v_cache, pos, plan, self.scratch("attn", (T, H, D)),
                                 kv_from_positions=True)
@@ -91,6 +92,7 @@ class CudaAttentionOps:
         fewer; ``q_out`` is then not written)."""
         T, H, D = q.shape
         k_cache, v_cache = cache.k(layer), cache.v(layer)
+        plan = None
         if fused_launch.ATTN_ROPE and T <= fused_launch.ROPE_MAX_TOKENS:
             plan = self.backend.attention_plan(order, T, kv_len, H, k_cache.shape[1], D)
             if fused_launch.rope_attention_runs(plan) and (plan.parallel_blocks > 1 or fused_launch.ATTN_Q8_1):
@@ -103,7 +105,7 @@ class CudaAttentionOps:
                     launch_combine_q8_1(parts, meta, xq, None, layout)
                 return self._run_matvecs((weight,), mvs, {layout: xq}, T, (out,))[0]
         q = self.qk_norm_rope_store(q, k, v, q_norm_w, k_norm_w, eps, pos, cos_t, sin_t, cache, layer, out=q_out)
-        return self.attention_matvec(q, k_cache, v_cache, pos, kv_len, order, weight, out)
+        return self.attention_matvec(q, k_cache, v_cache, pos, kv_len, order, weight, out, plan)
 
     def store_kv(self, cache, layer: int, pos, k, v) -> None:
         """Store float32 ``k``, ``v`` (T, n_head_kv, D) as f16 at the cells of the device positions ``pos``."""

@@ -133,7 +133,28 @@ def norm_slices(n: int) -> int:
     return max(1, -(-(n // _Q8_1_VALUES) // warps))
 
 
-class RmsNormQ8_1Launch:
+class _NormLaunch:
+    """What the norm launches share: the kernel of ``name`` (from ``source``), grid (:func:`norm_slices` ``(n)``,
+    rows), block :func:`norm_geometry` ``(n)[0]`` threads (the rmsnorm tree), the scalars (n, eps) and the q8_1
+    output's shape; a launch of no rows launches nothing."""
+
+    __slots__ = ("kernel", "grid", "block", "scalars", "shape", "rows")
+
+    def __init__(self, name: str, rows: int, n: int, eps: float, layout: str | None, layout2: str | None,
+                 source: tuple = SOURCE):
+        self.kernel = fused_kernel(name, layout, layout2, n, source)
+        self.rows = rows
+        self.grid = (norm_slices(n), rows, 1)
+        self.block = (norm_geometry(n)[0], 1, 1)
+        self.scalars = (np.int32(n), np.float32(eps))
+        self.shape = output_shape(rows, n, layout)
+
+    def _launch(self, args: tuple) -> None:
+        if self.rows:
+            self.kernel(self.grid, self.block, args + self.scalars)
+
+
+class RmsNormQ8_1Launch(_NormLaunch):
     """``rms_norm`` of float32 (rows, n) then q8_1 in ``layout``: call ``(x, w, out_q, out_norm=None,
     out_q2=None)``.
 
@@ -143,67 +164,48 @@ class RmsNormQ8_1Launch:
     (:func:`norm_slices` ``(n)``, rows), block :func:`norm_geometry` ``(n)[0]`` threads: the rmsnorm tree.
     """
 
-    __slots__ = ("kernel", "grid", "block", "scalars", "shape", "rows")
+    __slots__ = ()
 
     def __init__(self, rows: int, n: int, eps: float, layout: str | None = None, layout2: str | None = None):
-        self.kernel = fused_kernel("hx_rms_norm_q8_1", layout, layout2, n)
-        self.rows = rows
-        self.grid = (norm_slices(n), rows, 1)
-        self.block = (norm_geometry(n)[0], 1, 1)
-        self.scalars = (np.int32(n), np.float32(eps))
-        self.shape = output_shape(rows, n, layout)
+        super().__init__("hx_rms_norm_q8_1", rows, n, eps, layout, layout2)
 
     def __call__(self, x, w, out_q, out_norm=None, out_q2=None):
-        if self.rows:
-            self.kernel(self.grid, self.block, (x, w, out_q, _ptr(out_norm), _ptr(out_q2)) + self.scalars)
+        self._launch((x, w, out_q, _ptr(out_norm), _ptr(out_q2)))
         return out_q
 
 
-class AddRmsNormQ8_1Launch:
+class AddRmsNormQ8_1Launch(_NormLaunch):
     """``s = a + b`` then :class:`RmsNormQ8_1Launch` of ``s``: call ``(a, b, w, out_sum, out_q, out_norm=None,
     out_q2=None)``.
 
     ``a``, ``b``, ``out_sum`` float32 (rows, n) (``out_sum``, the next residual, overlapping neither).
     """
 
-    __slots__ = ("kernel", "grid", "block", "scalars", "shape", "rows")
+    __slots__ = ()
 
     def __init__(self, rows: int, n: int, eps: float, layout: str | None = None, layout2: str | None = None):
-        self.kernel = fused_kernel("hx_add_rms_norm_q8_1", layout, layout2, n)
-        self.rows = rows
-        self.grid = (norm_slices(n), rows, 1)
-        self.block = (norm_geometry(n)[0], 1, 1)
-        self.scalars = (np.int32(n), np.float32(eps))
-        self.shape = output_shape(rows, n, layout)
+        super().__init__("hx_add_rms_norm_q8_1", rows, n, eps, layout, layout2)
 
     def __call__(self, a, b, w, out_sum, out_q, out_norm=None, out_q2=None):
-        if self.rows:
-            self.kernel(self.grid, self.block, (a, b, w, out_sum, out_q, _ptr(out_norm), _ptr(out_q2)) + self.scalars)
+        self._launch((a, b, w, out_sum, out_q, _ptr(out_norm), _ptr(out_q2)))
         return out_q
 
 
-class EmbedRmsNormQ8_1Launch:
+class EmbedRmsNormQ8_1Launch(_NormLaunch):
     """The rows of an embedding ``table`` (``qtype`` rows of ``row_bytes`` bytes) at the token ``ids``,
     dequantized into ``out_rows``, then :class:`RmsNormQ8_1Launch` of them: call ``(table, ids, w, out_rows,
     out_q, out_norm=None, out_q2=None)``; ``ids`` int32 (rows,) on the device, ``out_rows`` float32 (rows, n).
     """
 
-    __slots__ = ("kernel", "grid", "block", "scalars", "shape", "rows", "row_bytes")
+    __slots__ = ("row_bytes",)
 
     def __init__(self, qtype: str, row_bytes: int, rows: int, n: int, eps: float, layout: str | None = None,
                  layout2: str | None = None):
-        self.kernel = fused_kernel(EMBED_NORM_KERNELS[qtype], layout, layout2, n, SOURCE_EMBED)
-        self.rows = rows
+        super().__init__(EMBED_NORM_KERNELS[qtype], rows, n, eps, layout, layout2, SOURCE_EMBED)
         self.row_bytes = np.int64(row_bytes)
-        self.grid = (norm_slices(n), rows, 1)
-        self.block = (norm_geometry(n)[0], 1, 1)
-        self.scalars = (np.int32(n), np.float32(eps))
-        self.shape = output_shape(rows, n, layout)
 
     def __call__(self, table, ids, w, out_rows, out_q, out_norm=None, out_q2=None):
-        if self.rows:
-            self.kernel(self.grid, self.block, (table, ids, self.row_bytes, w, out_rows, out_q, _ptr(out_norm),
-                                                _ptr(out_q2)) + self.scalars)
+        self._launch((table, ids, self.row_bytes, w, out_rows, out_q, _ptr(out_norm), _ptr(out_q2)))
         return out_q
 
 
