@@ -126,3 +126,19 @@ def test_head_argmax_fails_on_a_wrong_slot_count(shim, tmp_path):
     want_token = int(emulate_argmax_rows(mmvq.emulate(w, qtype, xq, plan))[0])
     counters = ints[4 + ARGMAX_SLOTS:5 + 2 * ARGMAX_SLOTS]
     assert ints[0] != want_token or counters.any()
+
+
+def test_the_cuda_backend_reads_the_head_argmax_switch(monkeypatch):
+    # The switch lives on the launch module, which the package's `launch` function hides from
+    # `from hiraishin.kernels.mmvq import launch` (a backend that read it so found a function: session 22).
+    import sys
+
+    from hiraishin.backends.cuda import CudaOps
+
+    launch_module = sys.modules["hiraishin.kernels.mmvq.launch"]
+    for on in (False, True):
+        monkeypatch.setattr(launch_module, "HEAD_ARGMAX", on)
+        assert CudaOps._head_argmax(None, [object()], 2) is None  # never for a pass of two tokens
+        assert CudaOps._head_argmax(None, [object(), object()], 1) is None  # nor for two weights
+    monkeypatch.setattr(launch_module, "HEAD_ARGMAX", False)
+    assert CudaOps._head_argmax(None, [object()], 1) is None

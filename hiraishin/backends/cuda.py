@@ -32,8 +32,14 @@ from ..kernels.mmq.launch import MMQMultiLaunch
 from ..kernels.mmq.launch import multi_enabled as mmq_multi_enabled
 from ..kernels.mmq.launch import xlayout_setting as mmq_xlayout
 from ..kernels.mmq_stock.launch import launch as mmq_stock_launch
-from ..kernels.mmvq import launch as mmvq_launch
-from ..kernels.mmvq.launch import MULTI_MAX_WEIGHTS, MixedMatVecLaunch, MultiMatVecLaunch, prepared_plan
+from ..kernels.mmvq.launch import (
+    MULTI_MAX_WEIGHTS,
+    ArgmaxMatVecLaunch,
+    MixedMatVecLaunch,
+    MultiMatVecLaunch,
+    head_argmax_enabled,
+    prepared_plan,
+)
 from ..kernels.mmvq.launch import mixed_enabled as mmvq_mixed_enabled
 from ..kernels.norm_mmvq import launch as norm_mmvq
 from ..kernels.quantize.launch import QuantizeLaunch
@@ -372,7 +378,7 @@ class CudaOps(CudaAttentionOps):
 
     def _head_argmax(self, mvs, T: int):
         """The ``mmvq_argmax`` launch of a one-token output head (cached), or None (see :meth:`norm_matvecs`)."""
-        if not mmvq_launch.HEAD_ARGMAX or T != 1 or len(mvs) != 1:
+        if not head_argmax_enabled() or T != 1 or len(mvs) != 1:
             return None
         mv = mvs[0]
         plan = mv.plan
@@ -384,8 +390,7 @@ class CudaOps(CudaAttentionOps):
         key = ("head_argmax", mv.qtype, mv.n, k, plan)
         hit = self._token_scratch.get(key)
         if hit is None:
-            hit = self._token_scratch[key] = mmvq_launch.ArgmaxMatVecLaunch(mv.qtype, mv.n, k, plan.rows_per_block,
-                                                                    plan.nwarps)
+            hit = self._token_scratch[key] = ArgmaxMatVecLaunch(mv.qtype, mv.n, k, plan.rows_per_block, plan.nwarps)
         return hit
 
     def _norm_mmvq_launches(self, mvs, T: int, n: int, eps: float):

@@ -34,6 +34,7 @@ __all__ = [
     "ArgmaxMatVecLaunch",
     "ARGMAX_SLOTS",
     "HEAD_ARGMAX",
+    "head_argmax_enabled",
     "ENV_HEAD_ARGMAX",
     "PlanLaunches",
     "MultiMatVecLaunch",
@@ -238,6 +239,13 @@ class MatVecLaunch:
 ARGMAX_SLOTS = 64
 ENV_HEAD_ARGMAX = "HIRAISHIN_HEAD_ARGMAX"
 HEAD_ARGMAX = os.environ.get(ENV_HEAD_ARGMAX, "0").strip() == "1"
+
+
+def head_argmax_enabled() -> bool:
+    """Whether a one-token head launch also picks the greedy token (:data:`HEAD_ARGMAX`, read at each call:
+    a test sets it on this module, ``sys.modules["hiraishin.kernels.mmvq.launch"]``, since the package's
+    ``launch`` is the function of that name)."""
+    return HEAD_ARGMAX
 
 
 class ArgmaxMatVecLaunch:
