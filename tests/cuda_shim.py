@@ -91,6 +91,7 @@ struct int4 { int x, y, z, w; };
 struct int2 { int x, y; };
 struct float2 { float x, y; };
 template <class T> inline T __ldg(const T* p) { T v; std::memcpy(&v, p, sizeof(T)); return v; }
+template <class T> inline T __ldcg(const T* p) { return *p; }
 inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
     const unsigned long long b = (unsigned long long)x | ((unsigned long long)y << 32);
     unsigned r = 0;

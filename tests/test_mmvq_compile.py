@@ -18,6 +18,7 @@ from hiraishin.kernels.fused.launch import SOURCE as FUSED_SOURCE
 from hiraishin.kernels.fused.launch import SOURCE_EMBED
 from hiraishin.kernels.mmvq.launch import SOURCE as MMVQ_SOURCE
 from hiraishin.kernels.mmvq.launch import capped_compile, kernel_defines, preset_kernel_defines
+from hiraishin.kernels.mmvq_swiglu.launch import SOURCE as MMVQ_SWIGLU_SOURCE
 from hiraishin.kernels.norm_mmvq.launch import SOURCE as NORM_MMVQ_SOURCE
 from hiraishin.kernels.norm_mmvq.launch import norm_mmvq_defines, norm_mmvq_geometry
 from hiraishin.kernels.quantize.launch import SOURCE as QUANTIZE_SOURCE
@@ -67,6 +68,10 @@ CASES += [(NORM_MMVQ_SOURCE, norm_mmvq_defines(q, k, ncols, rows, 4, None if q =
           for q, k, ncols, rows in (("Q4_K", 1024, 1, 4), ("Q4_K", 4096, 1, 2), ("Q4_K", 4096, 4, 2),
                                     ("Q6_K", 1024, 1, 4), ("Q6_K", 4096, 3, 2), ("Q8_0", 1024, 1, 4))]
 
+# gate/up with SwiGLU as their epilogue (mmvq_swiglu): the 0.6B's and 8B's one-token launches (a Q6_K and a Q4_K
+# down projection's layout), a verify pass's three columns
+CASES += [(MMVQ_SWIGLU_SOURCE, {**kernel_defines("Q4_K", ncols, rows, 4, nblocks), **quantize_defines(down)})
+          for ncols, rows, nblocks, down in ((1, 1, 4, "Q6_K"), (1, 1, 16, "Q4_K"), (3, 2, 16, "Q6_K"))]
 
 def _compile(tmp_path, source, defines) -> str:
     tmp_path.mkdir(parents=True, exist_ok=True)

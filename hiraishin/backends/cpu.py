@@ -96,6 +96,18 @@ class CpuOps:
         """``silu(g) * u`` times ``weight`` (the FFN down projection)."""
         return self.mul_mats((weight,), self.swiglu(g, u), order)[0]
 
+    def norm_swiglu_matvec(self, x, norm_w, eps: float, gate, up, down, order, outs=None, residual=None,
+                           out_sum=None, between=None):
+        """A feed-forward block: :meth:`norm_matvecs` of ``gate`` and ``up``, ``between()`` (if given), then
+        :meth:`swiglu_matvec` into ``down``. ``outs``: (gate's, up's, down's output) or None. Returns
+        ``(d, s)`` (``s``: ``x + residual``, None without one). The CUDA ops may do SwiGLU inside the gate/up
+        launch: the same bits."""
+        outs = outs or (None, None, None)
+        (g, u), s = self.norm_matvecs(x, norm_w, eps, (gate, up), order, outs[:2], residual, out_sum)
+        if between is not None:
+            between()
+        return self.swiglu_matvec(g, u, down, order, out=outs[2]), s
+
     def qk_norm_rope_store(self, q, k, v, q_norm_w, k_norm_w, eps: float, pos, cos_t, sin_t, cache, layer: int,
                            out=None):
         """Head norms and RoPE of q (T, H, D) and k (T, Hkv, D), k and v stored as f16 at cells ``pos``

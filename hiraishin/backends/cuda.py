@@ -41,6 +41,7 @@ from ..kernels.mmvq.launch import (
     prepared_plan,
 )
 from ..kernels.mmvq.launch import mixed_enabled as mmvq_mixed_enabled
+from ..kernels.mmvq_swiglu.launch import SwigluMatVecLaunch, swiglu_epilogue_enabled, swiglu_epilogue_fits
 from ..kernels.norm_mmvq import launch as norm_mmvq
 from ..kernels.quantize.launch import QuantizeLaunch
 from ..kernels.quantize.launch import output_shape as quantize_output_shape
@@ -92,7 +93,8 @@ class CudaOps(CudaAttentionOps):
         self._norm_multis: dict = {}  # norm_matvecs' fused launches (or None: not fused), by weights and limits
         self._quantize: dict = {}
         # each token-picking launch's own scratch: (T, n) -> hx_argmax_rows' (partials, counters);
-        # ("topk", n, k) -> TopKRow; ("head_argmax", ...) -> ArgmaxMatVecLaunch
+        # ("topk", n, k) -> TopKRow; ("head_argmax", ...) -> ArgmaxMatVecLaunch; and the other launches with
+        # counters of their own: ("swiglu", ...) -> SwigluMatVecLaunch
         self._token_scratch: dict = {}
         self._scratch: dict = {}
         self._ahead = None  # (side stream, fork event, join event) of l2_ahead, made on first use
@@ -318,6 +320,13 @@ class CudaOps(CudaAttentionOps):
             if argmax is not None:
                 self.argmax_rows(results[0], out=argmax[0], advance=argmax[1], pos=argmax[2])
             return results, s
+        norm, s = self._norm_launch(x, norm_w, eps, residual, out_sum)
+        return self._normed_matvecs(norm, weights, mvs, layouts, T, n, outs, argmax), s
+
+    def _norm_launch(self, x, norm_w, eps: float, residual, out_sum):
+        """``(norm, s)``: the norm launch of :meth:`_normed_matvecs` for ``rms_norm(x [+ residual])`` and the
+        sum's buffer (``out_sum`` or a new one; None without a residual)."""
+        T, n = x.shape
         s = None if residual is None else self._empty((T, n), _F32) if out_sum is None else out_sum
 
         def norm(xq, normed, first, xq2, second):
@@ -326,7 +335,7 @@ class CudaOps(CudaAttentionOps):
             else:
                 launch_add_rms_norm_q8_1(x, residual, norm_w, eps, s, xq, normed, first, xq2, second)
 
-        return self._normed_matvecs(norm, weights, mvs, layouts, T, n, outs, argmax), s
+        return norm, s
 
     def embed_norm_matvecs(self, table, qtype: str, ids, norm_w, eps: float, weights, order, outs=None,
                            out_rows=None):
@@ -348,10 +357,24 @@ class CudaOps(CudaAttentionOps):
         return self._normed_matvecs(norm, weights, mvs, layouts, T, n, outs), rows
 
     def _normed_matvecs(self, norm, weights, mvs, layouts, T: int, n: int, outs, argmax=None):
-        """``norm(xq, normed, first, xq2, second)`` (a norm launch) writes the normed rows as q8_1 in the
-        layout the first weight's mat-vec reads (``xq``) and in a second layout (``xq2``, a Q6_K weight
-        beside Q4_K ones), and the normed floats when a further layout quantizes them (``normed``,
-        else None); then every mat-vec (and ``argmax``: see :meth:`norm_matvecs`)."""
+        """:meth:`_normed` activations, then every mat-vec (and ``argmax``: see :meth:`norm_matvecs`)."""
+        xqs = self._normed(norm, layouts, T, n)
+        head = None if argmax is None else self._head_argmax(mvs, T)
+        if head is not None:  # the head and its greedy token in one launch
+            token, advance, pos = argmax
+            out = self._empty((T, mvs[0].n), _F32) if outs is None or outs[0] is None else outs[0]
+            head(weights[0][0], xqs[mvs[0].layout], out, token, pos, *(advance or (None, None)))
+            return [out]
+        results = self._run_matvecs(weights, mvs, xqs, T, outs)
+        if argmax is not None:
+            self.argmax_rows(results[0], out=argmax[0], advance=argmax[1], pos=argmax[2])
+        return results
+
+    def _normed(self, norm, layouts, T: int, n: int) -> dict:
+        """``{layout: q8_1 activations}``: ``norm(xq, normed, first, xq2, second)`` (a norm launch) writes the
+        normed rows as q8_1 in the first of ``layouts`` (``xq``) and in a second one (``xq2``, a Q6_K weight
+        beside Q4_K ones), and the normed floats when a further layout quantizes them (``normed``, else
+        None)."""
         first = layouts[0]
         xq = self._q8_1_scratch(T, n, first)
         # a second layout comes from the same launch (yq2); any further one quantizes the normed floats
@@ -365,16 +388,7 @@ class CudaOps(CudaAttentionOps):
             xqs[second] = xq2
         for layout in rest:
             xqs[layout] = self.quantize(normed, layout)
-        head = None if argmax is None else self._head_argmax(mvs, T)
-        if head is not None:  # the head and its greedy token in one launch
-            token, advance, pos = argmax
-            out = self._empty((T, mvs[0].n), _F32) if outs is None or outs[0] is None else outs[0]
-            head(weights[0][0], xqs[mvs[0].layout], out, token, pos, *(advance or (None, None)))
-            return [out]
-        results = self._run_matvecs(weights, mvs, xqs, T, outs)
-        if argmax is not None:
-            self.argmax_rows(results[0], out=argmax[0], advance=argmax[1], pos=argmax[2])
-        return results
+        return xqs
 
     def _head_argmax(self, mvs, T: int):
         """The ``mmvq_argmax`` launch of a one-token output head (cached), or None (see :meth:`norm_matvecs`)."""
@@ -429,6 +443,51 @@ class CudaOps(CudaAttentionOps):
         return [(norm_mmvq.NormMatVecLaunch(qtype, tuple(mvs[i].n for i in part), n, T, plan.rows_per_block,
                                             plan.nwarps, mvs[part[0]].layout, eps), part)
                 for qtype, plan, part in parts]
+
+    def norm_swiglu_matvec(self, x, norm_w, eps: float, gate, up, down, order, outs=None, residual=None,
+                           out_sum=None, between=None):
+        """A feed-forward block (``CpuOps.norm_swiglu_matvec``): the norm of ``x`` (+ ``residual``), the
+        ``gate`` and ``up`` mat-vecs, ``between()`` (if given), then SwiGLU into ``down``'s mat-vec. With
+        ``HIRAISHIN_SWIGLU_EPILOGUE=1`` (``kernels.mmvq_swiglu``) where gate and up share one mmvq launch,
+        SwiGLU and its q8_1 are that launch's epilogue (``mmvq_swiglu``: the same bits, one launch fewer)."""
+        T, n = x.shape
+        outs = outs or (None, None, None)
+        fused = None
+        if swiglu_epilogue_enabled():
+            mvs, layouts = self._layouts((gate, up), T, order)
+            fused = self._swiglu_launch(mvs, down, T, order)
+        if fused is None:
+            (g, u), s = self.norm_matvecs(x, norm_w, eps, (gate, up), order, outs[:2], residual, out_sum)
+            if between is not None:
+                between()
+            return self.swiglu_matvec(g, u, down, order, out=outs[2]), s
+        launch, down_mv = fused
+        norm, s = self._norm_launch(x, norm_w, eps, residual, out_sum)
+        xqs = self._normed(norm, layouts, T, n)
+        g, u = (self._empty((T, mv.n), _F32) if o is None else o for mv, o in zip(mvs, outs))
+        yq = self._q8_1_scratch(T, mvs[0].n, down_mv.layout)
+        launch(gate[0], up[0], xqs[mvs[0].layout], g, u, yq)
+        if between is not None:
+            between()
+        return self._run_matvecs((down,), [down_mv], {down_mv.layout: yq}, T, outs[2:])[0], s
+
+    def _swiglu_launch(self, mvs, down, T: int, order):
+        """``(SwigluMatVecLaunch, down's prepared mat-vec)`` (cached) when gate and up (``mvs``) share one
+        mmvq launch whose geometry fits the kernel (:func:`swiglu_epilogue_fits`), else None."""
+        gate, up = mvs
+        plan = gate.plan
+        if not (gate.group is not None and gate.group == up.group and isinstance(plan, MatVecPlan)
+                and gate.n == up.n and swiglu_epilogue_fits(gate.n, plan.rows_per_block)):
+            return None
+        (down_mv,), _ = self._layouts((down,), T, order)
+        key = ("swiglu", gate.group, gate.n, T, down_mv.layout)
+        hit = self._token_scratch.get(key)
+        if hit is None:
+            qtype, row_bytes, _ = gate.group
+            t = matvec_traits(qtype)
+            hit = self._token_scratch[key] = SwigluMatVecLaunch(qtype, gate.n, row_bytes // t.block_bytes * t.qk, T,
+                                                                plan.rows_per_block, plan.nwarps, down_mv.layout)
+        return hit, down_mv
 
     def swiglu_matvec(self, g, u, weight, order, out=None):
         """``silu(g) * u`` quantized straight into the down projection's layout (one fused launch),

@@ -91,6 +91,13 @@ __device__ __forceinline__ float hx_expf(float x) {
     return __fmul_rn(y, __int_as_float((n + 127) << 23));
 }
 
+// SwiGLU's product silu(g) * u with silu(g) = g / (1 + e**-g): the one sequence of every kernel that
+// computes it (elementwise.cu, fused.cu, mmvq_swiglu.cu) and of their emulators.
+__device__ __forceinline__ float hx_swiglu(const float g, const float u) {
+    const float silu = __fdiv_rn(g, __fadd_rn(1.0f, hx_expf(-g)));
+    return __fmul_rn(silu, u);
+}
+
 // Butterfly sum over the 32 lanes of a warp (xor 16, 8, 4, 2, 1); every lane
 // ends with the same value because a + b == b + a in IEEE arithmetic.
 __device__ __forceinline__ float hx_warp_sum(float x) {

@@ -286,14 +286,16 @@ class Qwen3(ChainMethods):
                                           L.attn_k_norm.data, eps, pos, self.rope_cos, self.rope_sin, self.cache, il,
                                           start_pos + T, order, (L.attn_output.data, L.attn_output.qtype),
                                           out=b("attn_output"), q_out=b("q_rope"))
-            (g, u), x = ops.norm_matvecs(o, L.ffn_norm.data, eps, ((L.ffn_gate.data, L.ffn_gate.qtype),
-                                                                   (L.ffn_up.data, L.ffn_up.qtype)), order,
-                                         (b("ffn_gate"), b("ffn_up")), residual=x, out_sum=b("ffn_inp"))
-            if ahead:
+            between = None
+            if ahead:  # the next weights into L2 while SwiGLU and the down projection run
                 nxt = W.layers[il + 1] if il + 1 < len(W.layers) else None
-                ops.l2_ahead(ahead.after_gate_up(L, (W.output.data,) if nxt is None else
-                                                 (nxt.attn_q.data, nxt.attn_k.data, nxt.attn_v.data)), ahead.bulk)
-            d = ops.swiglu_matvec(g, u, (L.ffn_down.data, L.ffn_down.qtype), order, out=b("ffn_down"))
+                after = ahead.after_gate_up(L, (W.output.data,) if nxt is None else
+                                            (nxt.attn_q.data, nxt.attn_k.data, nxt.attn_v.data))
+                between = lambda after=after: ops.l2_ahead(after, ahead.bulk)  # noqa: E731
+            d, x = ops.norm_swiglu_matvec(o, L.ffn_norm.data, eps, (L.ffn_gate.data, L.ffn_gate.qtype),
+                                          (L.ffn_up.data, L.ffn_up.qtype), (L.ffn_down.data, L.ffn_down.qtype),
+                                          order, (b("ffn_gate"), b("ffn_up"), b("ffn_down")), residual=x,
+                                          out_sum=b("ffn_inp"), between=between)
             carry = (d, x)
         # each position's greedy token on the device (forward_argmax), with a chain's advance (CUDA graphs: the
         # next one-token pass's inputs and the token log), from the head's launch where the backend can

@@ -14,9 +14,7 @@ extern "C" __global__ void hx_swiglu_f32(const float* __restrict__ g, const floa
     HX_PDL_ENTRY();
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    const float gi = g[i];
-    const float silu = __fdiv_rn(gi, __fadd_rn(1.0f, hx_expf(-gi)));
-    out[i] = __fmul_rn(silu, u[i]);
+    out[i] = hx_swiglu(g[i], u[i]);
 }
 
 // out = a + b

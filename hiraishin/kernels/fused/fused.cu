@@ -236,9 +236,7 @@ extern "C" __global__ void hx_swiglu_q8_1(const float* __restrict__ g, const flo
     }
     const int lane = threadIdx.x % 32;
     const size_t i = (size_t)col * k + ib * 32 + lane;
-    const float gi = g[i];
-    const float silu = __fdiv_rn(gi, __fadd_rn(1.0f, hx_expf(-gi)));
-    const float v = __fmul_rn(silu, u[i]);
+    const float v = hx_swiglu(g[i], u[i]);
     if (m) m[i] = v;
     hx_q8_1_store(yq, col, nb, ib, lane, v);
 }
