@@ -41,8 +41,9 @@
 #             well when it is set (the same script run over the old package), CHAIN_ROUNDS times in turn;
 #             CHAIN_ARGS: more of its arguments (e.g. "--steps 24 --graph-passes 2,4,8": the chain from graphs of
 #             N passes as well, what capturing several passes to a graph would save);
-#   abmany    the ab step once per entry of AB_SETS ("VAR=v1,v2 ..."; default the three draft switches
-#             HIRAISHIN_ATTN_ROPE, HIRAISHIN_EMBED_NORM, HIRAISHIN_HEAD_ARGMAX, each 0,1), AB_PER s a value;
+#   abmany    the ab step once per entry of AB_SETS ("VAR=v1,v2 ..."; default the four launch-removing switches
+#             HIRAISHIN_SWIGLU_EPILOGUE, HIRAISHIN_ATTN_ROPE, HIRAISHIN_EMBED_NORM, HIRAISHIN_HEAD_ARGMAX, each 0,1),
+#             AB_PER s a value;
 #   overlap   bench/overlap_passes.py: the 8B's verify graph (OVERLAP_WIDTHS, default 3) and 1-2 of the 0.6B's
 #             one-token graphs one after the other and side by side on two streams (OVERLAP_ORDERS): how much
 #             of the draft a loop that drafts during the verify could hide;
@@ -189,7 +190,7 @@ want pdl && ab_replays HIRAISHIN_PDL_TRIGGER "after_wait early" "${PDL_ORDERS:-i
 want ab && ab_replays "${AB_VAR:-HIRAISHIN_PREFETCH_AHEAD}" "${AB_VALUES:-0 1}" "${AB_ORDERS:-invariant}" 120
 # several switches in one call: AB_SETS="VAR=v1,v2 VAR2=v1,v2 ...", each an ab step of its own (AB_ORDERS, AB_WIDTHS)
 if want abmany; then
-    for set in ${AB_SETS:-HIRAISHIN_ATTN_ROPE=0,1 HIRAISHIN_EMBED_NORM=0,1 HIRAISHIN_HEAD_ARGMAX=0,1}; do
+    for set in ${AB_SETS:-HIRAISHIN_SWIGLU_EPILOGUE=0,1 HIRAISHIN_ATTN_ROPE=0,1 HIRAISHIN_EMBED_NORM=0,1 HIRAISHIN_HEAD_ARGMAX=0,1}; do
         values=${set#*=}
         ab_replays "${set%%=*}" "${values//,/ }" "${AB_ORDERS:-invariant}" ${AB_PER:-80}
     done
