@@ -88,10 +88,20 @@ def test_body_has_entry_edge_cases():
     b(int* x) { HX_PDL_ENTRY(); { x[0] = 2; } }
     #define K(name) extern "C" __global__ void name(int* x) { HX_PDL_ENTRY(); }
     K(c)
+    #define KK(T, NAME)                                   \\
+        extern "C" __global__ void NAME(T* x) {           \\
+            if (1) { HX_PDL_ENTRY(); }                    \\
+        }
+    KK(float, d)
+    #define NO_WAIT(NAME) extern "C" __global__ void NAME(int* x) { x[0] = 3; }
+    NO_WAIT(e)
     """
     assert not pdl.body_has_entry(src, "a")
     assert pdl.body_has_entry(src, "b")
-    assert not pdl.body_has_entry(src, "c")  # made by a macro: never launched early
+    assert pdl.body_has_entry(src, "c")  # made by a macro: its kernel's body counts
+    assert pdl.body_has_entry(src, "d")  # over continued lines, the name as the second argument
+    assert not pdl.body_has_entry(src, "e")  # a macro whose kernel does not wait
+    assert not pdl.body_has_entry(src, "float")  # an argument that is not the kernel's name
     assert not pdl.body_has_entry(src, "missing")
 
 

@@ -122,24 +122,48 @@ def pdl_scope(enabled: bool = True):
 def body_has_entry(source: str, name: str) -> bool:
     """True when the ``__global__`` function ``name`` in ``source`` names ``HX_PDL_ENTRY`` in its body.
 
-    Kernels defined through a macro (the name is not written after ``__global__``) are not found
-    and so never launched with PDL: the safe answer.
+    A kernel a function-like macro makes (``#define K(NAME, ...) ... __global__ void NAME(...) {...}``, then
+    ``K(name, ...)``) is found through the macro: the argument in NAME's place is ``name``, and the macro's
+    kernel body is what counts. Anything else (a name found nowhere, a macro whose kernel does not wait) is
+    False: never launched early, the safe answer.
     """
     base = name.split("<", 1)[0]
-    m = re.search(r"__global__[^;{]*?\b" + re.escape(base) + r"\s*\(", source)
+    body = _kernel_body(source, base)
+    if body is not None:
+        return "HX_PDL_ENTRY" in body
+    for macro, params, text in _function_macros(source):
+        for call in re.finditer(r"(?<![\w#])" + re.escape(macro) + r"\s*\(([^()]*)\)", source):
+            args = [a.strip() for a in call.group(1).split(",")]
+            if len(args) == len(params) and base in args:
+                body = _kernel_body(text, params[args.index(base)])
+                if body is not None and "HX_PDL_ENTRY" in body:
+                    return True
+    return False
+
+
+def _kernel_body(source: str, name: str) -> str | None:
+    """The body of the ``__global__`` function ``name`` in ``source`` (None: none)."""
+    m = re.search(r"__global__[^;{]*?\b" + re.escape(name) + r"\s*\(", source)
     if m is None:
-        return False
-    start = source.index("{", m.end())
+        return None
+    start = source.find("{", m.end())
     depth = 0
-    for i in range(start, len(source)):
+    for i in range(max(start, 0), len(source)):
         c = source[i]
         if c == "{":
             depth += 1
         elif c == "}":
             depth -= 1
             if depth == 0:
-                return "HX_PDL_ENTRY" in source[start:i]
-    return False
+                return source[start:i]
+    return None
+
+
+def _function_macros(source: str):
+    """``(name, parameters, replacement text)`` of each function-like ``#define`` in ``source`` (continued
+    lines joined)."""
+    for m in re.finditer(r"^[ \t]*#[ \t]*define[ \t]+(\w+)\(([^)]*)\)((?:[^\n]*\\\n)*[^\n]*)", source, re.M):
+        yield m.group(1), [p.strip() for p in m.group(2).split(",")], m.group(3).replace("\\\n", "\n")
 
 
 def _ctype(arg):

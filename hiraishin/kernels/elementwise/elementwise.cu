@@ -87,10 +87,10 @@ __device__ __forceinline__ float hx_row_f32(const unsigned char* row, const int 
     return ((const float*)row)[col];
 }
 
-// One kernel per table type: grid (n_ids, ceil(n_cols / blockDim.x)), one thread per element. Written out
-// per type (not by a macro) so that each body shows its HX_PDL_ENTRY: kernels/pdl.py launches early only
-// the kernels whose own body waits, and a pass's first launch follows the previous pass's argmax (whose
-// advance writes the token id) where passes share a graph (PassGraphs.graph_passes).
+// One kernel per table type: grid (n_ids, ceil(n_cols / blockDim.x)), one thread per element. Each waits
+// (HX_PDL_ENTRY) before it reads the ids: a pass's first launch follows the previous pass's argmax (whose
+// advance writes the token id) where passes share a graph (PassGraphs.graph_passes). kernels/pdl.py finds
+// that wait through the macro (pdl.body_has_entry).
 template <float (*ELEMENT)(const unsigned char*, int)>
 __device__ __forceinline__ void hx_get_rows(const unsigned char* __restrict__ table, const int* __restrict__ ids,
                                             float* __restrict__ out, const int n_cols, const long long row_bytes) {
@@ -99,30 +99,17 @@ __device__ __forceinline__ void hx_get_rows(const unsigned char* __restrict__ ta
     if (col >= n_cols) return;
     out[(long long)t * n_cols + col] = ELEMENT(table + (long long)ids[t] * row_bytes, col);
 }
-#define HX_GET_ROWS_ARGS                                                                                  \
-    const unsigned char* __restrict__ table, const int* __restrict__ ids, float* __restrict__ out,        \
-        const int n_cols, const long long row_bytes
-
-extern "C" __global__ void hx_get_rows_q4_K(HX_GET_ROWS_ARGS) {
-    HX_PDL_ENTRY();
-    hx_get_rows<hx_row_q4_K>(table, ids, out, n_cols, row_bytes);
-}
-extern "C" __global__ void hx_get_rows_q6_K(HX_GET_ROWS_ARGS) {
-    HX_PDL_ENTRY();
-    hx_get_rows<hx_row_q6_K>(table, ids, out, n_cols, row_bytes);
-}
-extern "C" __global__ void hx_get_rows_q8_0(HX_GET_ROWS_ARGS) {
-    HX_PDL_ENTRY();
-    hx_get_rows<hx_row_q8_0>(table, ids, out, n_cols, row_bytes);
-}
-extern "C" __global__ void hx_get_rows_f16(HX_GET_ROWS_ARGS) {
-    HX_PDL_ENTRY();
-    hx_get_rows<hx_row_f16>(table, ids, out, n_cols, row_bytes);
-}
-extern "C" __global__ void hx_get_rows_f32(HX_GET_ROWS_ARGS) {
-    HX_PDL_ENTRY();
-    hx_get_rows<hx_row_f32>(table, ids, out, n_cols, row_bytes);
-}
+#define HX_GET_ROWS_KERNEL(NAME, ELEMENT)                                                                  \
+    extern "C" __global__ void NAME(const unsigned char* __restrict__ table, const int* __restrict__ ids,  \
+                                    float* __restrict__ out, const int n_cols, const long long row_bytes) { \
+        HX_PDL_ENTRY();                                                                                     \
+        hx_get_rows<ELEMENT>(table, ids, out, n_cols, row_bytes);                                           \
+    }
+HX_GET_ROWS_KERNEL(hx_get_rows_q4_K, hx_row_q4_K)
+HX_GET_ROWS_KERNEL(hx_get_rows_q6_K, hx_row_q6_K)
+HX_GET_ROWS_KERNEL(hx_get_rows_q8_0, hx_row_q8_0)
+HX_GET_ROWS_KERNEL(hx_get_rows_f16, hx_row_f16)
+HX_GET_ROWS_KERNEL(hx_get_rows_f32, hx_row_f32)
 
 // ---- KV store: cache[pos[t], h, d] = f16(kv[t, h, d]) for the K and the V of one layer ---------
 // Positions come from the device (the pass's int32 positions), so a CUDA graph of a pass replays

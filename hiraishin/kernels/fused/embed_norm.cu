@@ -38,44 +38,19 @@ __device__ __forceinline__ void hx_embed_norm(const unsigned char* __restrict__ 
 // Grid (slices, rows) and block as hx_rms_norm_q8_1 (launch.py norm_slices / norm_geometry). table:
 // the embedding's rows of row_bytes bytes; ids: int32 (rows,); s: float32 (rows, n), the dequantized
 // rows; yq (yq2: a second layout, or NULL) the q8_1 bytes of their norm; y the float32 norm, or NULL.
-// Written out per type (not by a macro) so that each body shows its HX_PDL_ENTRY (kernels/pdl.py launches
-// early only the kernels whose own body waits).
-#define HX_EMBED_NORM_ARGS                                                                                  \
-    const unsigned char* __restrict__ table, const int* __restrict__ ids, const long long row_bytes,        \
-        const float* __restrict__ w, float* s, unsigned char* __restrict__ yq, float* __restrict__ y,       \
-        unsigned char* __restrict__ yq2, const int n, const float eps
-
-extern "C" __global__ void hx_embed_rms_norm_q8_1_q4_K(HX_EMBED_NORM_ARGS) {
-    hx_prefetch_lines(w, 4LL * n, threadIdx.x, blockDim.x);  // the norm weight (read after the reduction) into L2
-    HX_NORM_W_PRE(w, n);
-    HX_PDL_ENTRY();
-    hx_embed_norm<hx_row_q4_K>(table, ids, row_bytes, w, s, yq, y, yq2, n, eps, HX_NORM_W_ARG);
-}
-
-extern "C" __global__ void hx_embed_rms_norm_q8_1_q6_K(HX_EMBED_NORM_ARGS) {
-    hx_prefetch_lines(w, 4LL * n, threadIdx.x, blockDim.x);
-    HX_NORM_W_PRE(w, n);
-    HX_PDL_ENTRY();
-    hx_embed_norm<hx_row_q6_K>(table, ids, row_bytes, w, s, yq, y, yq2, n, eps, HX_NORM_W_ARG);
-}
-
-extern "C" __global__ void hx_embed_rms_norm_q8_1_q8_0(HX_EMBED_NORM_ARGS) {
-    hx_prefetch_lines(w, 4LL * n, threadIdx.x, blockDim.x);
-    HX_NORM_W_PRE(w, n);
-    HX_PDL_ENTRY();
-    hx_embed_norm<hx_row_q8_0>(table, ids, row_bytes, w, s, yq, y, yq2, n, eps, HX_NORM_W_ARG);
-}
-
-extern "C" __global__ void hx_embed_rms_norm_q8_1_f16(HX_EMBED_NORM_ARGS) {
-    hx_prefetch_lines(w, 4LL * n, threadIdx.x, blockDim.x);
-    HX_NORM_W_PRE(w, n);
-    HX_PDL_ENTRY();
-    hx_embed_norm<hx_row_f16>(table, ids, row_bytes, w, s, yq, y, yq2, n, eps, HX_NORM_W_ARG);
-}
-
-extern "C" __global__ void hx_embed_rms_norm_q8_1_f32(HX_EMBED_NORM_ARGS) {
-    hx_prefetch_lines(w, 4LL * n, threadIdx.x, blockDim.x);
-    HX_NORM_W_PRE(w, n);
-    HX_PDL_ENTRY();
-    hx_embed_norm<hx_row_f32>(table, ids, row_bytes, w, s, yq, y, yq2, n, eps, HX_NORM_W_ARG);
-}
+// One kernel per table type; kernels/pdl.py finds each one's wait (HX_PDL_ENTRY) through the macro.
+#define HX_EMBED_NORM_KERNEL(NAME, ELEMENT)                                                                  \
+    extern "C" __global__ void NAME(const unsigned char* __restrict__ table, const int* __restrict__ ids,    \
+                                    const long long row_bytes, const float* __restrict__ w, float* s,         \
+                                    unsigned char* __restrict__ yq, float* __restrict__ y,                    \
+                                    unsigned char* __restrict__ yq2, const int n, const float eps) {          \
+        hx_prefetch_lines(w, 4LL * n, threadIdx.x, blockDim.x); /* the norm weight, read after the reduction */ \
+        HX_NORM_W_PRE(w, n);                                                                                  \
+        HX_PDL_ENTRY();                                                                                       \
+        hx_embed_norm<ELEMENT>(table, ids, row_bytes, w, s, yq, y, yq2, n, eps, HX_NORM_W_ARG);               \
+    }
+HX_EMBED_NORM_KERNEL(hx_embed_rms_norm_q8_1_q4_K, hx_row_q4_K)
+HX_EMBED_NORM_KERNEL(hx_embed_rms_norm_q8_1_q6_K, hx_row_q6_K)
+HX_EMBED_NORM_KERNEL(hx_embed_rms_norm_q8_1_q8_0, hx_row_q8_0)
+HX_EMBED_NORM_KERNEL(hx_embed_rms_norm_q8_1_f16, hx_row_f16)
+HX_EMBED_NORM_KERNEL(hx_embed_rms_norm_q8_1_f32, hx_row_f32)
