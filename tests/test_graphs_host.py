@@ -302,7 +302,23 @@ def test_chain_in_blocks_of_passes_makes_the_same_tokens(blocks, monkeypatch):
     pending = blocks.chain_async(np.array([5], np.int32), 20, 11, ORDER)
     assert pending.n == 11 and pending.tokens().tolist() == reference([5], 20, 11)
     assert seen == [1, 4, 4, 1, 1]  # the first pass (its own inputs), two blocks, the two passes left over
-    assert len(blocks._blocks[ORDER]) == 1 and blocks.model.cells[30] == reference([5], 20, 11)[9]
+    assert len(blocks._blocks[ORDER, 4]) == 1 and blocks.model.cells[30] == reference([5], 20, 11)[9]
+
+
+def test_a_new_graph_passes_captures_blocks_of_its_own(blocks, monkeypatch):
+    """Changing ``graph_passes`` on a live PassGraphs (bench/chain_steps.py does) must not launch the blocks of the
+    old count as if they held the new one (H200, session 22: blocks of 2 launched for blocks of 4 skipped passes)."""
+    blocks.graph_passes = 2
+    for _ in range(2):
+        blocks.chain_async(np.array([5], np.int32), 20, 11, ORDER).tokens()
+    blocks.graph_passes = 4
+    for _ in range(2):
+        blocks.chain_async(np.array([5], np.int32), 20, 11, ORDER).tokens()
+    seen = _launches(blocks, monkeypatch)
+    blocks.model.cells.clear()  # what the chains before wrote: only this chain's passes may fill the cells
+    pending = blocks.chain_async(np.array([5], np.int32), 20, 11, ORDER)
+    assert pending.tokens().tolist() == reference([5], 20, 11) and seen == [1, 4, 4, 1, 1]
+    assert all(blocks.model.cells.get(20 + j) == t for j, t in enumerate([5] + reference([5], 20, 11)[:10]))
 
 
 def test_blocks_stay_inside_one_attention_plan(blocks, monkeypatch):

@@ -155,7 +155,9 @@ class PassGraphs:
         self.graph_passes = _graph_passes_from_env() if graph_passes is None else int(graph_passes)
         if not 1 <= self.graph_passes <= MAX_GRAPH_PASSES:
             raise ValueError(f"graph_passes must be in 1..{MAX_GRAPH_PASSES}, got {graph_passes!r}")
-        self._blocks: dict = {}  # order -> OrderedDict plan signature -> graph of graph_passes chained passes
+        # (order, N) -> OrderedDict plan signature -> graph of N chained passes (N: graph_passes when captured; a
+        # caller may change graph_passes, and a graph of other N passes must then not stand in for N)
+        self._blocks: dict = {}
         self.stream = cp.cuda.Stream(non_blocking=True)
         # The stream does not wait for the default stream, where the model's weights, KV cache and
         # RoPE tables were just uploaded and zeroed (asynchronously): let that work finish first.
@@ -494,7 +496,7 @@ class PassGraphs:
             return 0
         if _signature(self._plan(order, 1, start_pos + N - 1)) != sig:  # the plan only moves forward
             return 0
-        blocks = self._blocks.setdefault(order, OrderedDict())
+        blocks = self._blocks.setdefault((order, N), OrderedDict())
         graph = blocks.get(sig)
         if graph is None:
             ids, pos = self._inputs(1)
