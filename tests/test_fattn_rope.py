@@ -191,22 +191,24 @@ class _Cache:
     v = k
 
 
-@pytest.mark.parametrize("switch,T,shared,P,attn_q8_1,fused", [
-    (True, 1, False, 1, True, True), (True, 1, False, 3, True, True), (True, 1, False, 3, False, True),
-    (True, 3, False, 2, True, True),    # a verify pass on a short cache: the one-query kernel too
-    (True, 1, False, 1, False, False),  # one block without the q8_1 epilogue: the unfused kernels
-    (True, 3, True, 1, True, False),    # queries sharing K/V loads (a long cache): the unfused kernels
-    (True, 17, False, 2, True, False),  # past the 16 tokens the fused kernel takes
-    (False, 1, False, 1, True, False)])
-def test_the_cuda_ops_take_the_fused_launch_where_it_runs(monkeypatch, switch, T, shared, P, attn_q8_1, fused):
-    """``CudaOps.rope_attention_matvec`` (host logic, no GPU): the fused launch for a pass of at most 16 tokens
-    whose plan is the one-query vector kernel's, with the switch on (the combine behind it when P > 1), else the
-    two ops."""
+@pytest.mark.parametrize("limit,T,shared,P,attn_q8_1,fused", [
+    (16, 1, False, 1, True, True), (16, 1, False, 3, True, True), (16, 1, False, 3, False, True),
+    (16, 3, False, 2, True, True),    # a verify pass on a short cache: the one-query kernel too
+    (1, 1, False, 1, True, True),     # the default: one-token passes
+    (1, 3, False, 2, True, False),    # the default: not a verify pass (measured slower there)
+    (16, 1, False, 1, False, False),  # one block without the q8_1 epilogue: the unfused kernels
+    (16, 3, True, 1, True, False),    # queries sharing K/V loads (a long cache): the unfused kernels
+    (16, 17, False, 2, True, False),  # past the 16 tokens the fused kernel takes
+    (0, 1, False, 1, True, False)])   # HIRAISHIN_ATTN_ROPE=0
+def test_the_cuda_ops_take_the_fused_launch_where_it_runs(monkeypatch, limit, T, shared, P, attn_q8_1, fused):
+    """``CudaOps.rope_attention_matvec`` (host logic, no GPU): the fused launch for a pass of at most ``limit``
+    tokens (``HIRAISHIN_ATTN_ROPE``) whose plan is the one-query vector kernel's (the combine behind it when
+    P > 1), else the two ops."""
     from hiraishin.backends import cuda as cuda_backend
     from hiraishin.backends import cuda_attention
     from hiraishin.kernels.fused import launch as fused_launch
 
-    monkeypatch.setattr(fused_launch, "ATTN_ROPE", switch)
+    monkeypatch.setattr(fused_launch, "ATTN_ROPE_TOKENS", limit)
     monkeypatch.setattr(fused_launch, "ATTN_Q8_1", attn_q8_1)
     calls = []
     monkeypatch.setattr(cuda_attention, "launch_rope_attention", lambda *a: calls.append("rope_attention"))
@@ -228,3 +230,16 @@ def test_the_cuda_ops_take_the_fused_launch_where_it_runs(monkeypatch, switch, T
         assert calls == ["rope_attention"] + (["combine"] if P > 1 else []) + ["matvec"]
     else:
         assert calls == ["qk_norm_rope_store", "attention_matvec"]
+
+
+@pytest.mark.parametrize("text,want", [("", 1), ("0", 0), ("1", 1), ("16", 16), ("17", None), ("yes", None),
+                                       ("-1", None)])
+def test_the_fused_attention_limit_from_the_environment(monkeypatch, text, want):
+    from hiraishin.kernels.fused import launch as fused_launch
+
+    monkeypatch.setenv(fused_launch.ENV_ATTN_ROPE, text)
+    if want is None:
+        with pytest.raises(ValueError, match=fused_launch.ENV_ATTN_ROPE):
+            fused_launch._rope_tokens_from_env()
+    else:
+        assert fused_launch._rope_tokens_from_env() == want

@@ -83,7 +83,7 @@ def test_models_with_the_rope_attention_launch_decode_the_same(tiny_model_path, 
     prompt = [5 + (7 * i) % 900 for i in range(prompt_len)]
     runs = []
     for on in (False, True):
-        monkeypatch.setattr(fused_launch, "ATTN_ROPE", on)
+        monkeypatch.setattr(fused_launch, "ATTN_ROPE_TOKENS", fused_launch.ROPE_MAX_TOKENS if on else 0)
         m = Qwen3.from_gguf(tiny_model_path, device="cuda", progress=False, cuda_graphs=True, n_ctx=256)
         first = int(m.forward_argmax(prompt, 0, order)[-1])
         chain = m.greedy_chain([first], prompt_len, 10, order).tolist()

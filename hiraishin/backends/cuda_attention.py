@@ -86,14 +86,14 @@ class CudaAttentionOps:
     def rope_attention_matvec(self, q, k, v, q_norm_w, k_norm_w, eps: float, pos, cos_t, sin_t, cache,
                               layer: int, kv_len: int, order, weight, out=None, q_out=None):
         """:meth:`qk_norm_rope_store` of the projections' raw rows ``q`` (T, H, D), ``k``, ``v`` (T, Hkv, D)
-        (the roped q into ``q_out``), then :meth:`attention_matvec`. With ``HIRAISHIN_ATTN_ROPE=1``
-        (``kernels.fused.launch.ATTN_ROPE``) a pass of at most 16 tokens whose plan runs the one-query vector
-        kernel does the first inside its attention launch (``fattn_vec_q1_rope``: the same bits, one launch
-        fewer; ``q_out`` is then not written)."""
+        (the roped q into ``q_out``), then :meth:`attention_matvec`. A pass of at most ``HIRAISHIN_ATTN_ROPE``
+        tokens (``kernels.fused.launch.ATTN_ROPE_TOKENS``, default 1) whose plan runs the one-query vector kernel
+        does the first inside its attention launch (``fattn_vec_q1_rope``: the same bits, one launch fewer;
+        ``q_out`` is then not written)."""
         T, H, D = q.shape
         k_cache, v_cache = cache.k(layer), cache.v(layer)
         plan = None
-        if fused_launch.ATTN_ROPE and T <= fused_launch.ROPE_MAX_TOKENS:
+        if T <= fused_launch.ATTN_ROPE_TOKENS:
             plan = self.backend.attention_plan(order, T, kv_len, H, k_cache.shape[1], D)
             if fused_launch.rope_attention_runs(plan) and (plan.parallel_blocks > 1 or fused_launch.ATTN_Q8_1):
                 mvs, (layout,) = self._layouts((weight,), T, order)

@@ -34,8 +34,9 @@ fused kernel (``fused.cu``)   equals, bit for bit
 ``fattn_vec_q1_rope``         T <= 16 tokens: ``hx_qk_norm_rope_kv`` of their raw q, k, v, then ``fattn_vec_q1``
 (``HX_ATTN_ROPE``, in         of the roped q (with ``HX_ATTN_Q8_1``'s q8_1 when ``P = 1``; partials for the
 ``fattn_vec.cu``)             combine when ``P > 1``); each block norms its own q head and stores the pass's
-                              cells in its chunks (``launch_rope_attention``; off unless
-                              ``HIRAISHIN_ATTN_ROPE=1``)
+                              cells in its chunks (``launch_rope_attention``; the backend
+                              takes it for passes of at most ``HIRAISHIN_ATTN_ROPE`` tokens,
+                              default 1: measured faster there, slower at 3)
 ============================  ===========================================================================
 
 Geometry: the norm kernels run rmsnorm's tree of ``block_threads(n)`` threads, in a block of that

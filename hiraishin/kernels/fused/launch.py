@@ -28,14 +28,16 @@ __all__ = ["SOURCE", "SOURCE_EMBED", "EMBED_NORM", "EMBED_NORM_KERNELS", "EmbedR
            "norm_slices", "RmsNormQ8_1Launch", "AddRmsNormQ8_1Launch", "SwigluQ8_1Launch", "QkNormRopeKvLaunch",
            "launch_rms_norm_q8_1", "launch_add_rms_norm_q8_1", "launch_swiglu_q8_1", "launch_qk_norm_rope_kv",
            "SOURCE_COMBINE", "CombineQ8_1Launch", "launch_combine_q8_1", "ATTN_Q8_1", "attention_q8_1_epilogue",
-           "launch_attention_q8_1", "ATTN_ROPE", "ROPE_MAX_TOKENS", "RopeAttentionLaunch", "rope_attention_runs", "launch_rope_attention"]
+           "launch_attention_q8_1", "ATTN_ROPE_TOKENS", "ROPE_MAX_TOKENS", "RopeAttentionLaunch", "rope_attention_runs", "launch_rope_attention"]
 
 # fused.cu is compiled after the unfused sources whose device functions it calls (hx_rms_scale,
 # hx_q8_1_store): one copy of that code for the fused and the unfused kernels.
 SOURCE = ("rmsnorm/rmsnorm.cu", "quantize/quantize_q8_1.cu", "fused/fused.cu")
 # The embedding and the first norm in one launch (embed_norm.cu): the norm kernels' code after get_rows'
-# element functions (elementwise.cu). Off by default until a GPU run measures it (HIRAISHIN_EMBED_NORM=1 for
-# the A/B; bench/ablate_pass.py's "no embedding" variant times the launch it removes at most).
+# element functions (elementwise.cu). Off: measured no faster on the H200 (bench/results/2026-12-05-h200-session22,
+# graph replays, logits digests equal: every pass within +-0.5%, e.g. the 0.6B's one token 0.630 -> 0.632 ms, the
+# 8B's 2.334 -> 2.344; the pass's first launch waits on nothing in a replay, so removing it saves nothing).
+# HIRAISHIN_EMBED_NORM=1 repeats the A/B.
 SOURCE_EMBED = SOURCE + ("elementwise/elementwise.cu", "fused/embed_norm.cu")
 # one per get_rows table type, named after get_rows' kernel of that type
 EMBED_NORM_KERNELS = {q: name.replace("hx_get_rows_", "hx_embed_rms_norm_q8_1_") for q, name in GET_ROWS_KERNELS.items()}
@@ -53,17 +55,30 @@ ATTN_Q8_1_PRELUDE = ("quantize/quantize_q8_1.cu",)
 ENV_ATTN_Q8_1 = "HIRAISHIN_ATTN_Q8_1"
 ATTN_Q8_1 = os.environ.get(ENV_ATTN_Q8_1, "1").strip() != "0"
 # A pass's q/k head norms, RoPE and KV store inside its attention launch (fattn_vec.cu fattn_vec_q1_rope,
-# compiled with HX_ATTN_ROPE after rmsnorm.cu; plans of the one-query kernel, up to 16 tokens: one-token
-# passes, and verify passes on caches under 1,024 cells): one launch a layer fewer, the same bits.
-# Off by default until a GPU run measures it (HIRAISHIN_ATTN_ROPE=1 for the A/B): each block redoes its
-# head's norm (and, in the blocks holding the token's cell, its KV head's), work the separate launch
-# spread over more blocks; what it saves is one dependent launch (~2.4 us a launch on the 0.6B's chain,
-# bench/NOTES_speculation.md session 20).
+# compiled with HX_ATTN_ROPE after rmsnorm.cu; plans of the one-query kernel of up to ROPE_MAX_TOKENS tokens):
+# one launch a layer fewer, the same bits. Each block redoes its head's norm (and, in the blocks holding the
+# pass's cells, its KV head's), work the separate launch spreads over more blocks. Measured on the H200
+# (bench/results/2026-12-05-h200-session22, graph replays, logits digests equal): faster for one token (the
+# 0.6B 0.632 -> 0.617 ms, the 8B 2.339 -> 2.329 under BATCH_INVARIANT; the bench's draft step 0.624 -> 0.610),
+# slower for three (0.818 -> 0.862, 3.341 -> 3.391: every token's block norms every cell's k). So the backend
+# fuses passes of at most ATTN_ROPE_TOKENS tokens: HIRAISHIN_ATTN_ROPE, default 1 (0: never; at most 16).
 ATTN_ROPE_PRELUDE = ("rmsnorm/rmsnorm.cu", "quantize/quantize_q8_1.cu")
 ATTN_ROPE_KERNEL = "fattn_vec_q1_rope"
 ROPE_MAX_TOKENS = 16  # fattn_vec.cu FV_ROPE_MAX_TOKENS: the passes it takes (a verify pass has at most 16)
 ENV_ATTN_ROPE = "HIRAISHIN_ATTN_ROPE"
-ATTN_ROPE = os.environ.get(ENV_ATTN_ROPE, "0").strip() == "1"
+
+
+def _rope_tokens_from_env() -> int:
+    text = os.environ.get(ENV_ATTN_ROPE, "").strip()
+    if not text:
+        return 1
+    if not (text.isdigit() and 0 <= int(text) <= ROPE_MAX_TOKENS):
+        raise ValueError(f"{ENV_ATTN_ROPE}={text!r}: the most tokens a pass may have to take the fused attention "
+                         f"launch must be an integer in 0..{ROPE_MAX_TOKENS}")
+    return int(text)
+
+
+ATTN_ROPE_TOKENS = _rope_tokens_from_env()  # read at import, as the other switches; a test may set it here
 # A null device pointer: the optional float outputs are skipped when given this.
 NULL = np.uint64(0)
 _Q8_1_VALUES = 32  # values per q8_1 block (one warp's lanes)

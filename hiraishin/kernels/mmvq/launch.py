@@ -233,9 +233,10 @@ class MatVecLaunch:
 
 # mmvq_argmax (mmvq.cu, HX_ARGMAX): the output head of a one-token pass with its greedy token in the same launch
 # (hx_argmax_rows' rule and advance). Its CUDA blocks max their keys into this many slots (the Qwen3 head's
-# 37,984 blocks of 4 rows: ~600 atomics an address) before the last block reads them. Off by default until a
-# GPU run times it against the head then hx_argmax_rows (HIRAISHIN_HEAD_ARGMAX=1 for the A/B;
-# bench/ablate_pass.py's "no argmax" variant times the launch it removes at most).
+# 37,984 blocks of 4 rows: ~600 atomics an address) before the last block reads them. Off: measured SLOWER on
+# the H200 (bench/results/2026-12-05-h200-session22, one-token graph replays under BATCH_INVARIANT, logits
+# digests equal): the 0.6B 0.631 -> 0.657 ms, the 8B 2.340 -> 2.435 (tens of thousands of blocks each fencing
+# and counting cost more than the argmax launch they remove). HIRAISHIN_HEAD_ARGMAX=1 repeats the A/B.
 ARGMAX_SLOTS = 64
 ENV_HEAD_ARGMAX = "HIRAISHIN_HEAD_ARGMAX"
 HEAD_ARGMAX = os.environ.get(ENV_HEAD_ARGMAX, "0").strip() == "1"

@@ -25,10 +25,13 @@ SOURCE = ("quantize/quantize_q8_1.cu", "mmvq/mmvq.cu", "mmvq_swiglu/mmvq_swiglu.
 # Rows of gate (and of up) behind one q8_1 block of the product: the unit of the epilogue.
 GROUP_ROWS = 32
 
-# Off by default until an H200 A/B times it against mmvq_multi then hx_swiglu_q8_1 (bench/final_session.sh
-# step abmany, HIRAISHIN_SWIGLU_EPILOGUE=0,1: replay times and logits digests; it can only save the launch
-# it removes, ~1.5 us in the chain, 28 a 0.6B pass). Read at import, as the other switches; a test may set
-# SWIGLU_EPILOGUE on this module.
+# Off: measured SLOWER on the H200 (bench/results/2026-12-05-h200-session22, graph replays under
+# BATCH_INVARIANT, logits digests equal; SUBBLOCK's gate/up run the sub-block MMA kernels and never take it):
+# the 0.6B 0.631 -> 0.679 ms at one token, 0.818 -> 0.891 at three; the 8B 2.340 -> 2.453, 3.340 -> 3.751.
+# Under programmatic dependent launch the SwiGLU launch it removes costs little in the chain, while every
+# CUDA block of the big gate/up grid now fences and counts before it retires, and the last group's product
+# waits behind the last block. Kept, bit-exact and tested, as that measured alternative
+# (HIRAISHIN_SWIGLU_EPILOGUE=1). Read at import, as the other switches; a test may set SWIGLU_EPILOGUE here.
 ENV_SWIGLU_EPILOGUE = "HIRAISHIN_SWIGLU_EPILOGUE"
 SWIGLU_EPILOGUE = os.environ.get(ENV_SWIGLU_EPILOGUE, "0").strip() == "1"
 
