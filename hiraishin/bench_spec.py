@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .bench_timing import timed_feed, timed_pass
-from .decode.ahead import draft_chain, draft_more
+from .decode.ahead import MIN_AHEAD_PASSES, draft_chain, draft_more
 from .decode.oracle import REPORT, OracleSchedule
 from .decode.passes import draft_and_verify
 
@@ -176,12 +176,14 @@ def _oracle_guesses(agree, reference, start: int, n: int, n_vocab: int) -> list[
 
 
 def speculative_decode_ahead(target, draft, prompt, n_tokens: int, order, draft_order, schedule: OracleSchedule,
-                             reference: list[int], agree: list[bool]) -> SpecRun:
+                             reference: list[int], agree: list[bool], ahead_passes: int | None = None) -> SpecRun:
     """:func:`speculative_decode` with the draft running ahead (:mod:`hiraishin.decode.ahead`): once a cycle's
     verify pass is enqueued, the draft's next chain (the schedule's next draft length, plus the token after this
     cycle's guesses) goes on beside it; when the oracle says every guess of the cycle and the draft's guess of
     the target's next token are right (``agree``), the next cycle verifies those at once. ``run.ahead``: the
-    cycles whose guesses were made ahead. Draft lengths are the schedule's, rightness per token ``agree``'s."""
+    cycles whose guesses were made ahead. Draft lengths are the schedule's, rightness per token ``agree``'s;
+    ``ahead_passes`` caps the chain made ahead (None: the schedule's next draft length + 1), and a cycle verifying
+    guesses made ahead takes those only."""
     n_vocab = target.config.n_vocab
     n_ctx_d = getattr(draft, "n_ctx", None)
     target.reset()
@@ -217,9 +219,11 @@ def speculative_decode_ahead(target, draft, prompt, n_tokens: int, order, draft_
         more = None
         if made is not None and len(run.tokens) + k + 1 < n_tokens:  # a next cycle: its chain beside this verify
             m = schedule.cycle(i + 1)[0] + 1
+            if ahead_passes is not None:
+                m = min(m, ahead_passes)
             if n_ctx_d is not None:
                 m = min(m, n_ctx_d - fed)
-            if m >= 2:
+            if m >= MIN_AHEAD_PASSES:
                 more = draft_more(draft, made, fed, m, draft_order)
         if chain is not None:
             best = target.verify_chain(seq[-1], chain, p, order=order, tokens=[seq[-1]] + guesses)

@@ -72,6 +72,7 @@ from .errors import HiraishinError
 from .decode.oracle import ORACLE_SEED, REPORT, OracleSchedule
 from .bench_timing import even_out, seeded_prompt, timed_chain, timed_feed, timed_greedy_steps, timed_pass
 from .bench_spec import agreement, first_divergence, speculative_decode, speculative_decode_ahead
+from .decode.ahead import MIN_AHEAD_PASSES
 from .order import ReductionOrder
 
 __all__ = ["ORDERS", "REPORT", "BenchSettings", "OracleSchedule", "run_bench",
@@ -130,6 +131,7 @@ class BenchSettings:
     seed: int = ORACLE_SEED
     # also exact speculation with the draft running ahead (hiraishin.decode.ahead): "ahead" beside each order's
     draft_ahead: bool = False
+    ahead_passes: int | None = None  # the most passes it makes ahead (None: the schedule's next draft length + 1)
 
     @classmethod
     def make(cls, quick: bool = False, **overrides) -> "BenchSettings":
@@ -146,6 +148,12 @@ class BenchSettings:
             raise HiraishinError(f"verify widths must be in 1..16, got {base.widths}")
         if base.prefill < 1:
             raise HiraishinError(f"prefill must be >= 1 token, got {base.prefill}")
+        if base.ahead_passes is not None:
+            if not base.draft_ahead:
+                raise HiraishinError("ahead_passes limits the draft running ahead: it needs draft_ahead")
+            if base.ahead_passes < MIN_AHEAD_PASSES:
+                raise HiraishinError(f"ahead_passes must be >= {MIN_AHEAD_PASSES} (the draft's guess of the target's "
+                                     f"next token and one guess), got {base.ahead_passes}")
         return base
 
 
@@ -342,7 +350,8 @@ def measure_speculative(target, draft, order, draft_order, settings: BenchSettin
         plain_chained(target, prompt, n, order)
     agree = agreement(schedule, n + settings.n_draft + 1, settings.seed) if settings.draft_ahead else None
     if agree is not None and not settings.quick:
-        speculative_decode_ahead(target, draft, prompt, n, order, draft_order, schedule, reference, agree)
+        speculative_decode_ahead(target, draft, prompt, n, order, draft_order, schedule, reference, agree,
+                                 settings.ahead_passes)
     rounds, chained, aheads = [], [], []
     for _ in range(max(1, settings.spec_repetitions)):
         _, steps = plain_decode(target, prompt, n, order)
@@ -351,7 +360,7 @@ def measure_speculative(target, draft, order, draft_order, settings: BenchSettin
         chained.append(plain_chained(target, prompt, n, order))
         if agree is not None:
             aheads.append(speculative_decode_ahead(target, draft, prompt, n, order, draft_order, schedule, reference,
-                                                   agree))
+                                                   agree, settings.ahead_passes))
     plain_s = statistics.median(p for p, _ in rounds)
     chained_s = statistics.median(c for c, _ in chained)
     # every round's own figures (the raw numbers behind the medians: how far one round is from the next)
@@ -376,7 +385,8 @@ def measure_speculative(target, draft, order, draft_order, settings: BenchSettin
         "speedup_range": [min(r["speedup"] for r in per_round), max(r["speedup"] for r in per_round)],
     }
     if aheads:
-        out["ahead"] = _ahead_summary(aheads, [p for p, _ in rounds], plain_s, reference[:n])
+        out["ahead"] = {**_ahead_summary(aheads, [p for p, _ in rounds], plain_s, reference[:n]),
+                        "ahead_passes": settings.ahead_passes}
     return out
 
 

@@ -94,17 +94,25 @@ def test_draft_orders_are_timed_apart_from_the_targets(micro_path, tmp_path):
     assert r["speculative"]["batch_invariant"]["matches_plain"] is True
     with pytest.raises(HiraishinError, match="unknown order 'fastest'"):
         BenchSettings.make(orders=("invariant",), draft_orders=("fastest",))
+    with pytest.raises(HiraishinError, match="needs draft_ahead"):
+        BenchSettings.make(ahead_passes=2)
+    with pytest.raises(HiraishinError, match="ahead_passes must be >= 2"):
+        BenchSettings.make(draft_ahead=True, ahead_passes=1)
 
 
-def test_the_draft_ahead_bench_is_exact_and_verifies_guesses_made_ahead(micro_path, tmp_path, capsys):
+@pytest.mark.parametrize("ahead_passes", [None, 2])
+def test_the_draft_ahead_bench_is_exact_and_verifies_guesses_made_ahead(micro_path, tmp_path, capsys, ahead_passes):
     """--draft-ahead: the oracle loop with the draft running ahead emits plain tokens, the target accepts exactly
-    the guesses the per-token oracle calls right, and some cycles verify guesses made ahead."""
+    the guesses the per-token oracle calls right, and some cycles verify guesses made ahead (--ahead-passes 2:
+    one guess each)."""
     out = tmp_path / "bench.json"
+    cap = [] if ahead_passes is None else ["--ahead-passes", str(ahead_passes)]
     rc = _run_command([str(micro_path), "--device", "cpu", "--quick", "--orders", "invariant", "--widths", "1",
-                       "--tokens", "24", "--draft-ahead", "--json", str(out), "--quiet"])
+                       "--tokens", "24", "--draft-ahead", *cap, "--json", str(out), "--quiet"])
     assert rc == 0
     s = json.loads(out.read_text())["speculative"]["batch_invariant"]
     a = s["ahead"]
+    assert a["ahead_passes"] == ahead_passes
     assert a["matches_plain"] is True and a["schedule_reproduced"] is True and a["tokens"] == 24
     assert 0 < a["ahead_cycles"] < 1 and a["speedup"] > 0 and a["speedup_range"][0] <= a["speedup_range"][1]
     assert a["tokens_per_cycle"] >= 1 and all(a["cycle_ms"][k] >= 0 for k in a["cycle_ms"])

@@ -63,6 +63,8 @@ def test_non_utf8_prompt_file(micro_model_path, tmp_path, capsys, no_load):
     (["speculative", "{m}"], ["--draft"]),
     (["speculative", "{m}", "--self", "--draft-min", "9"], ["--draft-min 9", "--draft-max 8"]),
     (["speculative", "{m}", "--self", "--draft-ahead", "--p-min-gap", "1"], ["--draft-ahead", "--p-min-gap"]),
+    (["speculative", "{m}", "--self", "--ahead-passes", "2"], ["--ahead-passes 2", "--draft-ahead"]),
+    (["speculative", "{m}", "--self", "--draft-ahead", "--ahead-passes", "1"], ["--ahead-passes 1", "at least 2"]),
     (["generate", "{m}", "hi", "--system", "be brief"], ["need --chat"]),
     (["generate", "{m}", "hi", "-p", "there"], ["give the prompt once"]),
 ])

@@ -60,6 +60,11 @@ def test_speculative_command_with_the_draft_ahead(micro_model_path, tmp_path, ca
     res = SpeculativeResult.load(out)
     assert res.matches_plain and res.acceptance_rate == 1.0 and res.meta["draft_ahead"] is True
     assert sum(c.ahead for c in res.cycles) >= 1
+    rc = main(["speculative", str(micro_model_path), "--self", "--draft-ahead", "--ahead-passes", "2", "--n-draft",
+               "3", "--prompt", "Hello there", "--tokens", "12", "--device", "cpu", "--json", str(out)])
+    capped = SpeculativeResult.load(out)
+    assert rc == 0 and capped.matches_plain and capped.meta["ahead_passes"] == 2
+    assert all(c.drafted <= 1 for c in capped.cycles if c.ahead) and any(c.ahead for c in capped.cycles)
     assert "draft ahead:" in capsys.readouterr().out
 
 

@@ -132,3 +132,29 @@ def test_a_tail_of_a_chain_read_already_keeps_its_tokens():
     tail = chain.tail(1, 3)
     assert tail.n == 2 and tail.tokens().tolist() == [6, 7] and tail.pending is not None
     assert ChainTokens(pending=Pending([5, 6, 7])).tail(1).tokens().tolist() == [6, 7]  # not read yet: the buffer
+
+
+@pytest.mark.parametrize("ahead_passes", [2, 3])
+@pytest.mark.parametrize("noise", [0.0, 0.05, 0.3])
+def test_a_capped_run_ahead_gives_plain_tokens_and_short_ahead_cycles(ahead_passes, noise):
+    """``ahead_passes`` caps the chain made ahead: a cycle verifying guesses made ahead takes at most
+    ``ahead_passes - 1`` of them (the first pass is the guess of the target's token), every token stays plain's."""
+    target, draft = FakeModel(), FakeModel(noise=noise)
+    plain = target.generate("the quick brown fox", 50, order=INV, stop_at_eos=False).tokens
+    res = generate_speculative(target, "the quick brown fox", draft, n_draft=6, order=INV, max_new_tokens=50,
+                               plain_tokens=plain, stop_at_eos=False, draft_ahead=True, ahead_passes=ahead_passes)
+    assert res.tokens == plain and res.meta["ahead_passes"] == ahead_passes
+    ahead = [c for c in res.cycles if c.ahead]
+    assert all(c.drafted <= ahead_passes - 1 for c in ahead)
+    assert ahead or noise > 0.1  # a draft this good is right about whole cycles (a noisy one may never be)
+    assert any(c.drafted > ahead_passes - 1 for c in res.cycles if not c.ahead)  # drafted ones take n_draft
+    if noise == 0.0:  # self-speculation: every cycle after the first verifies guesses made ahead
+        assert all(c.ahead for c in res.cycles[1:-1]) and all(c.accepted == c.drafted for c in res.cycles)
+
+
+def test_ahead_passes_is_checked():
+    target, draft = FakeModel(), FakeModel()
+    with pytest.raises(HiraishinError, match="draft_ahead"):
+        generate_speculative(target, "hi", draft, ahead_passes=2)
+    with pytest.raises(HiraishinError, match="ahead_passes"):
+        generate_speculative(target, "hi", draft, draft_ahead=True, ahead_passes=1)

@@ -52,6 +52,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-ahead", action="store_true", dest="draft_ahead",
                    help="also exact speculation with the draft guessing the next cycle during the verify "
                         "(hiraishin.decode.ahead): 'ahead' beside each order's speculative figures")
+    p.add_argument("--ahead-passes", type=int, default=None, metavar="N", dest="ahead_passes",
+                   help="with --draft-ahead: the most passes the draft makes ahead (at least 2; default the "
+                        "next cycle's draft length + 1)")
     p.add_argument("--quick", action="store_true", help="a smoke run: one repetition, a few tokens")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.add_argument("--llama-bench", metavar="FILE", action="append", default=[],
@@ -67,7 +70,8 @@ def run(args) -> int:
     llama = read_llama_bench(args.llama_bench) if args.llama_bench else None  # checked before the run
     settings = BenchSettings.make(quick=args.quick, orders=args.orders, widths=args.widths, prefill=args.prefill,
                                   spec_tokens=args.tokens, repetitions=args.repetitions,
-                                  draft_orders=args.draft_orders, draft_ahead=args.draft_ahead or None)
+                                  draft_orders=args.draft_orders, draft_ahead=args.draft_ahead or None,
+                                  ahead_passes=args.ahead_passes)
     result = run_bench(args.model, draft_path=args.draft, device=args.device, settings=settings,
                        progress=not args.quiet, argv=["hiraishin", *sys.argv[1:]] if sys.argv else None)
     if llama is not None:

@@ -44,6 +44,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-ahead", action="store_true",
                    help="the draft guesses the next cycle while the target verifies this one (no confidence "
                         "cut; the same tokens)")
+    p.add_argument("--ahead-passes", type=int, default=None, metavar="N",
+                   help="with --draft-ahead: the most passes the draft makes ahead (at least 2; default "
+                        "--draft-max + 1)")
     p.add_argument("--no-plain", action="store_true", help="skip the plain greedy run used for comparison")
     common.add_ignore_eos(p, "--no-eos")
 
@@ -57,6 +60,8 @@ def run(args) -> int:
         raise HiraishinError("no draft given: pass -md/--model-draft (or --draft) DRAFT.gguf, or --self")
     if args.draft_min > args.n_draft:
         raise HiraishinError(f"--draft-min {args.draft_min} is larger than --draft-max {args.n_draft}")
+    if args.ahead_passes is not None and (not args.draft_ahead or args.ahead_passes < 2):
+        raise HiraishinError(f"--ahead-passes {args.ahead_passes}: it needs --draft-ahead and at least 2 passes")
     if args.draft_ahead and (args.p_min_gap > 0 or args.p_min > 0):
         raise HiraishinError("--draft-ahead takes no confidence cut: leave --p-min-gap and --draft-p-min at 0")
     text = common.read_prompt(args)
@@ -85,7 +90,8 @@ def run(args) -> int:
                                max_new_tokens=args.n_predict, p_min_gap=args.p_min_gap,
                                stop_at_eos=not args.ignore_eos,
                                plain_tokens=None if plain is None else plain.tokens, progress=True,
-                               p_min=args.p_min, draft_min=args.draft_min, draft_ahead=args.draft_ahead)
+                               p_min=args.p_min, draft_min=args.draft_min, draft_ahead=args.draft_ahead,
+                               ahead_passes=args.ahead_passes)
     print(res)
     if res.vacuous:
         print(f"hiraishin {NAME}: WARNING: the draft proposed no tokens in {len(res.cycles)} cycles; "

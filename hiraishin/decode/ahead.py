@@ -27,7 +27,10 @@ from ..order import ReductionOrder
 from .cycles import Cycle, new_tokens, prefill, room_for_guesses
 from .passes import greedy_chain, greedy_tokens
 
-__all__ = ["speculative_decode_ahead", "draft_chain", "draft_more"]
+__all__ = ["speculative_decode_ahead", "draft_chain", "draft_more", "MIN_AHEAD_PASSES"]
+
+# The fewest passes worth running ahead: the draft's guess of the target's next token (c_0) and one guess after it.
+MIN_AHEAD_PASSES = 2
 
 
 def draft_chain(draft, tokens, start: int, n: int, order) -> ChainTokens:
@@ -63,13 +66,16 @@ def _verify(target, first: int, chain: ChainTokens, pos: int, order) -> np.ndarr
 def speculative_decode_ahead(target, draft, prompt_tokens, max_new_tokens: int, *, n_draft: int = 8,
                              order: ReductionOrder = ReductionOrder.BATCH_INVARIANT,
                              draft_order: ReductionOrder | None = None, eos_ids=(), on_cycle=None,
-                             draft_min: int = 0):
+                             draft_min: int = 0, ahead_passes: int | None = None):
     """The loop with the draft running ahead (see the module docstring). Returns ``(new tokens, cycles, prefill
     seconds)`` like :func:`~hiraishin.decode.speculative.speculative_decode`; a cycle whose guesses were made
     during the verify before has ``ahead=True`` and ``draft_s`` about 0 (nothing drafted before its verify; the
     next cycle's passes, enqueued beside it, count in ``verify_s``). ``draft_order``: the draft's order (default
-    ``order``; only the target's decides exactness). The same stops as that loop: ``max_new_tokens``, an EOS id,
+    ``order``; only the target's decides exactness). ``ahead_passes``: the most passes the draft makes ahead
+    (at least 2: its guess of the target's next token and one guess; default ``n_draft + 1``); a cycle that
+    verifies guesses made ahead verifies those only. The same stops as that loop: ``max_new_tokens``, an EOS id,
     a full target cache (and the draft's cache bounds the guesses)."""
+    ahead_max = n_draft + 1 if ahead_passes is None else int(ahead_passes)
     draft_order = order if draft_order is None else draft_order
     n_ctx_d = getattr(draft, "n_ctx", None)
     seq, limit, prefill_s = prefill(target, draft, prompt_tokens, max_new_tokens, order, draft_order)
@@ -97,8 +103,8 @@ def speculative_decode_ahead(target, draft, prompt_tokens, max_new_tokens: int, 
         t1 = time.perf_counter()
         more = None
         if made is not None:  # the next cycle's guesses, beside this verify: c_0 guesses this cycle's last token
-            m = min(n_draft + 1, (n_ctx_d - fed) if n_ctx_d is not None else n_draft + 1)
-            if m >= 2:
+            m = min(ahead_max, (n_ctx_d - fed) if n_ctx_d is not None else ahead_max)
+            if m >= MIN_AHEAD_PASSES:
                 more = draft_more(draft, made, fed, m, draft_order)
         m = more.n if more is not None else 0
         if chain is not None:

@@ -30,7 +30,7 @@ from ..errors import HiraishinError
 from ..order import ReductionOrder
 from .inputs import (ArgumentTypeError, backend_name, check_int, check_order, eos_ids, model_name,
                      prompt_tokens)
-from .ahead import speculative_decode_ahead
+from .ahead import MIN_AHEAD_PASSES, speculative_decode_ahead
 from .cycles import Cycle, new_tokens, prefill, room_for_guesses
 from .passes import draft_and_verify, feed, greedy_chain, greedy_tokens, progress_bar
 from .report import POSITION_NOTE, dump_json, top_two
@@ -317,7 +317,8 @@ def generate_speculative(model, prompt, draft, n_draft: int = 8,
                          stop_at_eos: bool = True, plain_tokens=None,
                          progress: bool = False, *, p_min: float = DEFAULT_P_MIN, draft_min: int = 0,
                          chat: bool = False, system: str | None = None,
-                         think: bool | None = None, draft_ahead: bool = False) -> SpeculativeResult:
+                         think: bool | None = None, draft_ahead: bool = False,
+                         ahead_passes: int | None = None) -> SpeculativeResult:
     """Greedy speculative decoding of ``prompt`` with ``model`` as target (usable as a method).
 
     Args:
@@ -339,6 +340,8 @@ def generate_speculative(model, prompt, draft, n_draft: int = 8,
         progress: show a tqdm progress bar.
         draft_ahead: the draft guesses the next cycle while the target verifies this one
             (:mod:`hiraishin.decode.ahead`; needs ``p_min_gap`` and ``p_min`` 0). The same tokens.
+        ahead_passes: with ``draft_ahead``, the most passes the draft makes ahead (at least 2; default
+            ``n_draft + 1``): fewer run beside the verify, and a cycle verifying them takes fewer guesses.
 
     Every argument is checked before any pass (and before ``draft="self"`` loads a twin).
     """
@@ -352,6 +355,10 @@ def generate_speculative(model, prompt, draft, n_draft: int = 8,
     p_min = _check_float("p_min", p_min, 0.0, 1.0)
     if not isinstance(draft_ahead, bool):
         raise ArgumentTypeError(f"draft_ahead must be True or False, got {draft_ahead!r}")
+    if ahead_passes is not None:
+        ahead_passes = check_int("ahead_passes", ahead_passes, MIN_AHEAD_PASSES)
+        if not draft_ahead:
+            raise HiraishinError("ahead_passes limits the draft running ahead: pass draft_ahead=True too")
     if draft_ahead and (p_min_gap > 0 or p_min > 0):
         raise HiraishinError("draft_ahead drafts a whole chain before the host sees a guess: it takes no "
                              f"confidence cut (p_min_gap {p_min_gap:g}, p_min {p_min:g}; set both to 0)")
@@ -385,7 +392,7 @@ def generate_speculative(model, prompt, draft, n_draft: int = 8,
         if draft_ahead:
             new, cycles, prefill_s = speculative_decode_ahead(
                 model, draft, tokens, max_new_tokens, n_draft=n_draft, order=order, eos_ids=eos,
-                on_cycle=bar.update, draft_min=draft_min)
+                on_cycle=bar.update, draft_min=draft_min, ahead_passes=ahead_passes)
         else:
             new, cycles, prefill_s = speculative_decode(
                 model, draft, tokens, max_new_tokens, n_draft=n_draft, order=order, p_min_gap=p_min_gap,
@@ -402,6 +409,7 @@ def generate_speculative(model, prompt, draft, n_draft: int = 8,
         tokens=new, text=text, prompt_tokens=tokens, order=order.name, n_draft=n_draft,
         p_min_gap=p_min_gap, cycles=cycles, prefill_s=prefill_s, plain_tokens=plain_tokens,
         draft_name=model_name(draft), meta={"target": model_name(model), "backend": backend_name(model),
-                                            **({"draft_ahead": True} if draft_ahead else {})},
+                                            **({"draft_ahead": True} if draft_ahead else {}),
+                                            **({"ahead_passes": ahead_passes} if ahead_passes is not None else {})},
         p_min=p_min, draft_min=draft_min, stop_reason=reason,
     )
