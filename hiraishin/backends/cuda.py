@@ -448,8 +448,9 @@ class CudaOps(CudaAttentionOps):
                            out_sum=None, between=None):
         """A feed-forward block (``CpuOps.norm_swiglu_matvec``): the norm of ``x`` (+ ``residual``), the
         ``gate`` and ``up`` mat-vecs, ``between()`` (if given), then SwiGLU into ``down``'s mat-vec. With
-        ``HIRAISHIN_SWIGLU_EPILOGUE=1`` (``kernels.mmvq_swiglu``) where gate and up share one mmvq launch,
-        SwiGLU and its q8_1 are that launch's epilogue (``mmvq_swiglu``: the same bits, one launch fewer)."""
+        ``HIRAISHIN_SWIGLU_EPILOGUE=1`` (``kernels.mmvq_swiglu``; off: measured slower on the H200) where gate and
+        up share one mmvq launch, SwiGLU and its q8_1 are that launch's epilogue (``mmvq_swiglu``: the same bits,
+        one launch fewer)."""
         T, n = x.shape
         outs = outs or (None, None, None)
         fused = None
