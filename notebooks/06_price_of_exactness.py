@@ -32,8 +32,9 @@ import time
 import matplotlib.pyplot as plt
 import numpy as np
 from nbsupport import (
-    REPO,
+    RESULTS,
     Stopwatch,
+    committed_results,
     device_name,
     load_model,
     model_path,
@@ -51,7 +52,6 @@ from hiraishin.plans import matvec_plan
 PLAN_ORDERS = (ReductionOrder.BATCH_VARIANT, ReductionOrder.BATCH_INVARIANT, ReductionOrder.FIXED_SPLIT)
 ORDERS = (*PLAN_ORDERS, ReductionOrder.SUBBLOCK)  # every preset, timed live on a GPU
 WIDTHS = list(range(1, 17))
-RESULTS = REPO / "bench" / "results"  # the committed GPU results of this checkout
 # colour and marker per order, the same in every figure (benchmark files name the orders shortly)
 STYLES = {"variant": ("tab:red", "o"), "batch_variant": ("tab:red", "o"), "invariant": ("tab:blue", "s"),
           "batch_invariant": ("tab:blue", "s"), "invariant16": ("tab:cyan", "v"),
@@ -91,23 +91,16 @@ show_file("hiraishin.plans", "matvec.py", "def _balanced", after=4)
 # columns) and the attention benchmark `bench_fattn.json`.
 
 # %%
-def _dated(name):
-    """(date it records, path, data) of every committed result file called ``name``, in any folder."""
-    for f in sorted(RESULTS.rglob(name)):
-        data = json.loads(f.read_text())
-        yield str(data.get("meta", data).get("date", "")), f, data
-
-
 def newest(name):
     """(path, data) of the newest committed result file called ``name``, by the date it records; or (None, None)."""
-    found = [(date, str(f), f, data) for date, f, data in _dated(name)]
+    found = [(date, str(f), f, data) for date, f, data in committed_results(name)]
     return max(found)[2:] if found else (None, None)
 
 
 def newest_per_order(name):
     """order -> (date, path, {width: ms}): each order's rows from the newest committed ``name`` holding it."""
     best = {}
-    for date, f, data in _dated(name):
+    for date, f, data in committed_results(name):
         per = {}
         for row in data.get("rows", []):  # rows of (order, width, ms)
             per.setdefault(row["order"], {})[int(row["width"])] = float(row["ms"])
@@ -190,7 +183,7 @@ if verify:
 # %%
 def newest_matvec_orders():
     """(path, data) of the newest committed price-of-exactness.json with per-order mat-vec rows, or (None, None)."""
-    found = [(date, str(f), f, data) for date, f, data in _dated("price-of-exactness.json") if data.get("matvec_orders")]
+    found = [(date, str(f), f, data) for date, f, data in committed_results("price-of-exactness.json") if data.get("matvec_orders")]
     return max(found)[2:] if found else (None, None)
 
 

@@ -21,6 +21,7 @@ import contextlib
 import importlib
 import importlib.resources
 import inspect
+import json
 import os
 import resource
 import time
@@ -36,6 +37,14 @@ SYNTH_SEED = 0
 DRAFT_NOISE = 0.01
 # The checkout these notebooks live in (bench/results/ is read from there).
 REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "bench" / "results"  # the committed GPU results of this checkout
+
+
+def committed_results(name: str):
+    """(date it records, path, data) of every committed result file called ``name`` under ``bench/results/``."""
+    for f in sorted(RESULTS.rglob(name)):
+        data = json.loads(f.read_text())
+        yield str(data.get("meta", data).get("date", "")), f, data
 # The package whose files the excerpts come from.
 _PACKAGE = "hiraishin"
 
