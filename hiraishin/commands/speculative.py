@@ -52,6 +52,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
+    from ..decode.ahead import MIN_AHEAD_PASSES
     from ..errors import HiraishinError
     from ..order import ReductionOrder
 
@@ -60,8 +61,9 @@ def run(args) -> int:
         raise HiraishinError("no draft given: pass -md/--model-draft (or --draft) DRAFT.gguf, or --self")
     if args.draft_min > args.n_draft:
         raise HiraishinError(f"--draft-min {args.draft_min} is larger than --draft-max {args.n_draft}")
-    if args.ahead_passes is not None and (not args.draft_ahead or args.ahead_passes < 2):
-        raise HiraishinError(f"--ahead-passes {args.ahead_passes}: it needs --draft-ahead and at least 2 passes")
+    if args.ahead_passes is not None and (not args.draft_ahead or args.ahead_passes < MIN_AHEAD_PASSES):
+        raise HiraishinError(f"--ahead-passes {args.ahead_passes}: it needs --draft-ahead and at least "
+                             f"{MIN_AHEAD_PASSES} passes")
     if args.draft_ahead and (args.p_min_gap > 0 or args.p_min > 0):
         raise HiraishinError("--draft-ahead takes no confidence cut: leave --p-min-gap and --draft-p-min at 0")
     text = common.read_prompt(args)

@@ -618,10 +618,12 @@ mmvq_argmax(const u8* __restrict__ w, const u8* __restrict__ y, float* dst, cons
     const int lane = threadIdx.x;
     const unsigned int slots = min(gridDim.x, (unsigned int)HX_ARGMAX_SLOTS);
     int last = 0;
+    __threadfence();  // every lane's rows visible on the device before the count says so (the last block reads
+    __syncwarp();     // the token's logit, which any lane of any block may have stored; as mmvq_swiglu.cu)
     if (lane == 0) {
         const unsigned int slot = blockIdx.x % HX_ARGMAX_SLOTS;
         atomicMax(&slot_keys[slot], key);
-        __threadfence();  // the key (and the rows) visible before the count says so
+        __threadfence();  // the key visible before the count says so
         const unsigned int in_slot = (gridDim.x - slot + HX_ARGMAX_SLOTS - 1) / HX_ARGMAX_SLOTS;
         if (atomicAdd(&counters[slot], 1u) == in_slot - 1) {
             __threadfence();
