@@ -216,7 +216,8 @@ def test_blocks_of_passes_equal_the_eager_loop(blocked, models, order, prompt_le
         log = blocked.pass_graphs._log[prompt_len + 1:prompt_len + 1 + n].get()
         got = list(blocked.greedy_stream(first, prompt_len, n, order))
         assert [t for t, _ in got] == want and log[:, 0].tolist() == want
-    assert blocked.pass_graphs._blocks.get(order), "no block of passes was used"
+    # Blocks are kept per (order, passes a block): a block of four was captured and used.
+    assert blocked.pass_graphs._blocks.get((order, 4)), "no block of four passes was used"
     eager.rollback(prompt_len)
     rows = [eager.forward([t], prompt_len + i, order)[0] for i, t in enumerate([first] + want[:-1])]
     values = np.array([row[t] for row, t in zip(rows, want)], np.float32)
