@@ -153,7 +153,16 @@ def format_report(r: dict) -> str:
                  + ", ".join(f"{n} {v['decode_ms']:.3f} ms" + (f" ({v['decode_sync_ms']:.3f} synced)"
                                                                    if "decode_sync_ms" in v else "")
                              for n, v in d["orders"].items())
-                 + f"; speculation drafts under its fastest order, {d['order']}")
+                 + f"; the fastest, {d['order']}")
+    if "speculation_order" in d:  # (a JSON of older runs: the draft drafted under its fastest one-token step)
+        widths = d["first_pass_widths"]
+        lines.append(f"  a cycle's drafting, modelled from its first pass (1 token in {widths['1']} cycles, 2 in "
+                     f"{widths['2']}) and its one-token steps: "
+                     + ", ".join(f"{n} {v['cycle_drafting_ms']:.3f} ms (passes of 1 / 2 tokens "
+                                 f"{v['pass_ms']['1']:.3f} / {v['pass_ms']['2']:.3f})" for n, v in d["orders"].items())
+                     + f"; speculation drafts under the cheapest, {d['speculation_order']}")
+    else:
+        lines.append(f"  speculation drafts under its fastest order, {d['order']}")
     lines.append("")
     o = r["oracle"]
     lines.append("speculative decoding, ORACLE schedule (seeded, the original report's profile: which guesses are "

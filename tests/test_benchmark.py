@@ -89,8 +89,16 @@ def test_draft_orders_are_timed_apart_from_the_targets(micro_path, tmp_path):
     r = json.loads(out.read_text())
     assert set(r["orders"]) == {"batch_invariant"}  # the target under its order only
     assert set(r["draft"]["orders"]) == {"fixed_split", "batch_invariant"}
-    fastest = min(r["draft"]["orders"], key=lambda n: r["draft"]["orders"][n]["decode_ms"])
-    assert r["draft"]["order"] == fastest == r["speculative"]["batch_invariant"]["draft_order"]
+    orders = r["draft"]["orders"]
+    assert r["draft"]["order"] == min(orders, key=lambda n: orders[n]["decode_ms"])  # the fastest one-token step
+    # speculation drafts under the order whose passes of the schedule cost least, as the JSON's own figures say
+    cheapest = min(orders, key=lambda n: orders[n]["cycle_drafting_ms"])
+    assert r["draft"]["speculation_order"] == cheapest == r["speculative"]["batch_invariant"]["draft_order"]
+    schedule = OracleSchedule.for_tokens(BenchSettings.make(quick=True).spec_tokens)
+    for v in orders.values():
+        assert set(v["pass_ms"]) == {"1", "2"} and all(t > 0 for t in v["pass_ms"].values())
+        assert v["cycle_drafting_ms"] == pytest.approx(benchmark.cycle_drafting_ms(schedule, v["pass_ms"], v["decode_ms"]))
+    assert sum(r["draft"]["first_pass_widths"].values()) == len(schedule.k)
     assert r["speculative"]["batch_invariant"]["matches_plain"] is True
     with pytest.raises(HiraishinError, match="unknown order 'fastest'"):
         BenchSettings.make(orders=("invariant",), draft_orders=("fastest",))
@@ -145,6 +153,47 @@ def test_oracle_schedule_has_the_report_profile_and_is_seeded():
     small = OracleSchedule.for_tokens(64)
     assert small.profile()["mean_verify_batch"] == pytest.approx(2.97, abs=0.05)
     assert OracleSchedule.make(5, n_draft=1).k == [1] * 5  # no endless nudging when k cannot grow
+
+
+def test_first_pass_widths_are_the_draft_passes_the_oracle_loop_makes(micro_path, monkeypatch):
+    """OracleSchedule.first_pass_widths, by which the bench picks the draft's order, is what
+    bench_spec.speculative_decode feeds the draft first in each cycle: two tokens after a fully right
+    cycle, else one."""
+    from hiraishin import Qwen3, bench_spec
+    from hiraishin.order import ReductionOrder
+
+    fed = []
+    real = bench_spec.draft_and_verify
+
+    def spy(draft, target, tokens, *args, **kwargs):
+        fed.append(len(tokens))
+        return real(draft, target, tokens, *args, **kwargs)
+
+    monkeypatch.setattr(bench_spec, "draft_and_verify", spy)
+    order = ReductionOrder.BATCH_INVARIANT
+    target = Qwen3.from_gguf(micro_path, device="cpu", progress=False, n_ctx=128)
+    draft = Qwen3.from_gguf(micro_path, device="cpu", progress=False, n_ctx=128)
+    prompt = list(range(3, 11))
+    n = 30
+    schedule = OracleSchedule.make(40, seed=11)
+    reference, _ = benchmark.plain_decode(target, prompt, n + 5, order)
+    run = bench_spec.speculative_decode(target, draft, prompt, n, order, order, schedule, reference)
+    assert run.tokens == reference[:n]
+    cycles = len(fed)
+    assert cycles > 5 and 1 in fed and 2 in fed
+    assert fed == schedule.first_pass_widths()[:cycles]
+
+
+def test_cycle_drafting_prefers_the_cheaper_two_token_pass():
+    """An order a little faster at one token but much slower at two drafts a cycle more slowly."""
+    schedule = OracleSchedule.make(200, seed=4)
+    twos = schedule.first_pass_widths().count(2)
+    assert 0.4 < twos / 200 < 0.8  # the report's profile: most cycles accept every guess
+    variant_like = benchmark.cycle_drafting_ms(schedule, {"1": 0.66, "2": 1.05}, 0.618)
+    invariant_like = benchmark.cycle_drafting_ms(schedule, {"1": 0.67, "2": 0.78}, 0.620)
+    assert invariant_like < variant_like
+    passes = sum(schedule.k)
+    assert variant_like == pytest.approx((200 * 0.66 + twos * 0.39 + (passes - 200) * 0.618) / 200)
 
 
 def test_parsers():

@@ -88,6 +88,13 @@ class OracleSchedule:
         """(drafted, scheduled right) of cycle ``i`` (the schedule repeats past its end)."""
         return self.k[i % len(self.k)], self.a[i % len(self.a)]
 
+    def first_pass_widths(self) -> list[int]:
+        """Tokens in the draft's first pass of each cycle, as the oracle loops feed it: one (the target's
+        token) after a cycle that rejected a guess, whose rollback leaves the draft's cache just short of
+        it; two after a cycle that accepted every guess (the draft's last guess, never fed, and the
+        target's token). The first cycle follows the prompt's prefill: one."""
+        return [1] + [2 if a == k else 1 for k, a in zip(self.k[:-1], self.a[:-1])]
+
     def profile(self) -> dict:
         drafted, right = sum(self.k), sum(self.a)
         return {"cycles": len(self.k), "acceptance": right / drafted, "mean_verify_batch": 1 + drafted / len(self.k),
