@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .bench_timing import timed_feed, timed_pass
-from .decode.ahead import MIN_AHEAD_PASSES, draft_chain, draft_more
+from .decode.ahead import drafting_seconds, next_chain, run_ahead
 from .decode.oracle import REPORT, OracleSchedule
 from .decode.passes import draft_and_verify
 
@@ -203,28 +203,17 @@ def speculative_decode_ahead(target, draft, prompt, n_tokens: int, order, draft_
         k = min(schedule.cycle(i)[0], n_tokens - len(run.tokens))
         k = max(0, min(k, order.verify_limit(p, k + 1) - 1))
         t0 = time.perf_counter()
-        made = chain = None
-        if ahead is not None and k > 0:
-            k = min(k, ahead.n - 1)
-            fed = p + ahead.n - 1
-            chain, made = ahead.tail(1, 1 + k), (ahead if k == ahead.n - 1 else None)
-        elif k > 0:
-            chain = made = draft_chain(draft, seq[draft.kv_len:p + 1], draft.kv_len, k, draft_order)
-            fed = p + k
+        k, chain, made, fed = next_chain(draft, ahead, seq[draft.kv_len:p + 1], draft.kv_len, p, k, draft_order)
         guesses = _oracle_guesses(agree, reference, p + 1 - base, k, n_vocab)
         right = 0  # the oracle's right guesses: the target must accept exactly these
         while right < k and agree[p + 1 - base + right]:
             right += 1
         t1 = time.perf_counter()
         more = None
-        if made is not None and len(run.tokens) + k + 1 < n_tokens:  # a next cycle: its chain beside this verify
+        if len(run.tokens) + k + 1 < n_tokens:  # a next cycle: its chain beside this verify
             m = schedule.cycle(i + 1)[0] + 1
-            if ahead_passes is not None:
-                m = min(m, ahead_passes)
-            if n_ctx_d is not None:
-                m = min(m, n_ctx_d - fed)
-            if m >= MIN_AHEAD_PASSES:
-                more = draft_more(draft, made, fed, m, draft_order)
+            more = run_ahead(draft, made, fed, m if ahead_passes is None else min(m, ahead_passes), draft_order,
+                             n_ctx_d)
         if chain is not None:
             best = target.verify_chain(seq[-1], chain, p, order=order, tokens=[seq[-1]] + guesses)
         else:
@@ -238,10 +227,7 @@ def speculative_decode_ahead(target, draft, prompt, n_tokens: int, order, draft_
             ahead = None
             if draft.kv_len > p + n_acc + 1:
                 draft.rollback(p + n_acc + 1)
-        draft_s = t1 - t0
-        spans = chain.device_spans() if chain is not None and chain is made else None
-        if spans is not None:
-            draft_s = min(spans[0], t2 - t0)
+        draft_s = drafting_seconds(chain, made, t0, t1, t2)
         now = time.perf_counter()
         run.record(now - t_cycle, draft_s, t2 - t0 - draft_s, k, n_acc, right, chain is not None and chain is not made)
         t_cycle = now

@@ -27,7 +27,8 @@ from ..order import ReductionOrder
 from .cycles import Cycle, new_tokens, prefill, room_for_guesses
 from .passes import greedy_chain, greedy_tokens
 
-__all__ = ["speculative_decode_ahead", "draft_chain", "draft_more", "MIN_AHEAD_PASSES"]
+__all__ = ["speculative_decode_ahead", "draft_chain", "draft_more", "next_chain", "run_ahead", "drafting_seconds",
+           "MIN_AHEAD_PASSES"]
 
 # The fewest passes worth running ahead: the draft's guess of the target's next token (c_0) and one guess after it.
 MIN_AHEAD_PASSES = 2
@@ -52,6 +53,41 @@ def draft_more(draft, after: ChainTokens, pos: int, n: int, order) -> ChainToken
         last = int(greedy_tokens(draft, [last], p, order)[-1])
         out.append(last)
     return ChainTokens(host=np.asarray(out, dtype=np.int64))
+
+
+def next_chain(draft, ahead: ChainTokens | None, pending, draft_len: int, pos: int, k: int, order):
+    """Where a cycle's ``k`` guesses come from, the one step both loops of the draft running ahead share (this
+    module's and the oracle bench's, :func:`hiraishin.bench_spec.speculative_decode_ahead`). ``ahead``: the chain made
+    during the verify before (``c_0`` fed at the pending token's position ``pos``, then its guesses), or None: then a
+    new chain of ``pending`` fed at ``draft_len``. Returns ``(k, chain, made, fed)``: ``k`` cut to the guesses the
+    chain made ahead holds; ``chain`` the guesses' chain (None when ``k`` is 0); ``made`` the chain the next one may go
+    on from (its end is the draft's last pass; None for a cut chain made ahead); ``fed`` the draft cache's length
+    behind ``chain``'s passes."""
+    if k <= 0:
+        return 0, None, None, draft_len
+    if ahead is not None:
+        k = min(k, ahead.n - 1)
+        return k, ahead.tail(1, 1 + k), (ahead if k == ahead.n - 1 else None), pos + ahead.n - 1
+    chain = draft_chain(draft, pending, draft_len, k, order)
+    return k, chain, chain, draft_len + len(pending) + k - 1
+
+
+def run_ahead(draft, made: ChainTokens | None, fed: int, m: int, order, n_ctx: int | None) -> ChainTokens | None:
+    """The chain of up to ``m`` passes the draft makes beside a verify, on from ``made`` (fed up to ``fed``), or
+    None: nothing to go on from, or fewer than :data:`MIN_AHEAD_PASSES` fit the draft's cache of ``n_ctx`` cells."""
+    if made is None:
+        return None
+    if n_ctx is not None:
+        m = min(m, n_ctx - fed)
+    return draft_more(draft, made, fed, m, order) if m >= MIN_AHEAD_PASSES else None
+
+
+def drafting_seconds(chain: ChainTokens | None, made: ChainTokens | None, t0: float, t1: float, t2: float) -> float:
+    """A cycle's drafting time: its chain's device time where it was drafted on the device behind the host (the
+    host saw neither its end nor the verify's start before ``t2``), else the host's ``t1 - t0``; 0-ish for
+    guesses made ahead (their passes counted in the verify before)."""
+    spans = chain.device_spans() if chain is not None and chain is made else None
+    return min(spans[0], t2 - t0) if spans is not None else t1 - t0
 
 
 def _verify(target, first: int, chain: ChainTokens, pos: int, order) -> np.ndarray:
@@ -86,26 +122,19 @@ def speculative_decode_ahead(target, draft, prompt_tokens, max_new_tokens: int, 
         pos = len(seq) - 1  # the last accepted token: in the target's cache not yet
         room = room_for_guesses(order, seq, n_prompt, limit, n_draft, n_ctx_d)
         t0 = time.perf_counter()
-        made = None  # the chain the guesses come from
+        guesses = None
         if ahead is not None and room >= max(1, draft_min):
             cont, ctoks = ahead
-            g = min(room, len(ctoks) - 1)
-            fed = pos + len(ctoks) - 1  # the draft fed c_0 .. c_{m-2} at pos ..: its cache ends here
-            guesses, chain = ctoks[1:1 + g], cont.tail(1, 1 + g)
-            made = cont if g == len(ctoks) - 1 else None  # go on ahead only from the chain's end
+            g, chain, made, fed = next_chain(draft, cont, None, draft_len, pos, room, draft_order)
+            guesses = ctoks[1:1 + g]
         elif room > 0 and room >= draft_min:
-            pending = seq[draft_len:]
-            chain = made = draft_chain(draft, pending, draft_len, room, draft_order)
-            fed = draft_len + len(pending) + room - 1
-            guesses = None
+            _, chain, made, fed = next_chain(draft, None, seq[draft_len:], draft_len, pos, room, draft_order)
         else:
-            chain = None
+            chain = made = None
+            fed = draft_len
         t1 = time.perf_counter()
-        more = None
-        if made is not None:  # the next cycle's guesses, beside this verify: c_0 guesses this cycle's last token
-            m = min(ahead_max, (n_ctx_d - fed) if n_ctx_d is not None else ahead_max)
-            if m >= MIN_AHEAD_PASSES:
-                more = draft_more(draft, made, fed, m, draft_order)
+        more = run_ahead(draft, made, fed, ahead_max, draft_order, n_ctx_d)  # the next cycle's guesses, beside
+        # this verify: c_0 guesses this cycle's last token
         m = more.n if more is not None else 0
         if chain is not None:
             best = _verify(target, seq[-1], chain, pos, order)
@@ -127,11 +156,8 @@ def speculative_decode_ahead(target, draft, prompt_tokens, max_new_tokens: int, 
         else:
             ahead, draft_len = None, min(end, pos + k + 1)
             draft.rollback(draft_len)
-        draft_s = t1 - t0
-        spans = chain.device_spans() if chain is not None and chain is made else None
-        if spans is not None:  # drafted on the device behind the host: its chain's device time
-            draft_s = min(spans[0], t2 - t0)
-            t1 = t0 + draft_s
+        draft_s = drafting_seconds(chain, made, t0, t1, t2)
+        t1 = t0 + draft_s
         cycles.append(Cycle(pos, len(guesses), k, draft_s, t2 - t1, time.perf_counter() - t2,
                             ahead=chain is not None and made is not chain))
         if on_cycle is not None:
