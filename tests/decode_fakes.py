@@ -55,6 +55,7 @@ class FakeModel:
         self.tokenizer = FakeTokenizer(n_vocab, eos_ids)
         self.name = name
         self.passes: list[tuple[int, int]] = []  # (start_pos, n_tokens) of every forward
+        self.orders: list[str] = []  # the order of every forward (its name)
 
     # --- the interface ---------------------------------------------------------------------
 
@@ -74,6 +75,7 @@ class FakeModel:
         if start_pos + T > self.n_ctx:
             raise ValueError("past n_ctx")
         self.passes.append((start_pos, T))
+        self.orders.append(order.name)
         rec = record if record is not None else {}
         x = self.emb[tokens] + self.pos_emb[np.arange(start_pos, start_pos + T) % len(self.pos_emb)]
         rec["token_embd"] = x.copy()

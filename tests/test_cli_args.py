@@ -88,6 +88,7 @@ def test_bad_arguments_refused_before_loading(argv, words, micro_model_path, tmp
     (["replay", "M.gguf", "--tokens", "-5"], ">= 0"),
     (["replay", "M.gguf", "--batch-sizes", "2,x"], "batch sizes"),
     (["replay", "M.gguf", "--order", "sideways"], "unknown order"),
+    (["speculative", "M.gguf", "--self", "--draft-order", "fastest"], "unknown order 'fastest'"),
 ])
 def test_bad_values_are_usage_errors(argv, words, capsys):
     with pytest.raises(SystemExit) as e:

@@ -50,6 +50,10 @@ def test_speculative_command_self_and_draft(micro_model_path, tmp_path, capsys):
     rc = main(["speculative", str(micro_model_path), "--draft", str(draft), "--n-draft", "2", "--p-min-gap", "0",
                "--prompt", "Hello there", "--tokens", "6", "--device", "cpu", "--json", str(out)])
     assert rc == 0 and SpeculativeResult.load(out).matches_plain
+    rc = main(["speculative", str(micro_model_path), "--draft", str(draft), "--draft-order", "variant", "--n-draft",
+               "2", "--prompt", "Hello there", "--tokens", "6", "--device", "cpu", "--json", str(out)])
+    res = SpeculativeResult.load(out)
+    assert rc == 0 and res.matches_plain and res.order == "batch_invariant" and res.draft_order == "batch_variant"
 
 
 def test_speculative_command_with_the_draft_ahead(micro_model_path, tmp_path, capsys):

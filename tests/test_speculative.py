@@ -84,3 +84,14 @@ def test_the_draft_running_ahead_emits_plain_tokens(models, plain, n_draft):
     res = generate_speculative(target, prompt, noisy, n_draft=n_draft, order=INV, max_new_tokens=N_NEW,
                                stop_at_eos=False, plain_tokens=plain[prompt], draft_ahead=True)
     assert res.tokens == plain[prompt]
+
+
+def test_a_draft_under_another_order_emits_plain_tokens(models, plain):
+    """The micro Qwen3 target under BATCH_INVARIANT, its noisy draft under BATCH_VARIANT (other bits in its
+    batched passes): the target's order alone decides the tokens."""
+    target, _, noisy = models
+    prompt = PROMPTS[2]
+    res = generate_speculative(target, prompt, noisy, n_draft=3, order=INV, max_new_tokens=N_NEW,
+                               stop_at_eos=False, plain_tokens=plain[prompt],
+                               draft_order=ReductionOrder.BATCH_VARIANT)
+    assert res.tokens == plain[prompt] and res.drafted > 0 and res.draft_order == "batch_variant"

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from decode_fakes import FakeModel
 
+from hiraishin.decode.inputs import ArgumentTypeError
 from hiraishin.decode.replay import feed
 from hiraishin.decode.speculative import (
     SpeculativeResult,
@@ -56,6 +57,27 @@ def test_self_speculation_under_a_variant_order_measures_the_bug():
     res = generate_speculative(target, "hello world", draft, n_draft=8, order=INV, max_new_tokens=40,
                                p_min_gap=0.0, plain_tokens=plain)
     assert res.matches_plain and res.acceptance_rate == 1.0
+
+
+@pytest.mark.parametrize("loop", ["chain", "confidence cut", "ahead"])
+def test_the_draft_runs_its_own_order_and_only_the_targets_decides(loop, tmp_path):
+    """draft_order: every draft pass under it, every target pass under ``order``; the tokens are plain decoding's
+    under the target's order even though the draft's order changes its guesses' bits (variant_shift)."""
+    target, draft = FakeModel(variant_shift=0.5), FakeModel(variant_shift=0.5, noise=0.3)
+    plain = target.generate("hello world", 30, order=INV, stop_at_eos=False).tokens
+    target.orders.clear()
+    kwargs = {"chain": {}, "confidence cut": {"p_min_gap": 0.5}, "ahead": {"draft_ahead": True}}[loop]
+    res = generate_speculative(target, "hello world", draft, n_draft=4, order=INV, max_new_tokens=30,
+                               stop_at_eos=False, plain_tokens=plain, draft_order=VAR, **kwargs)
+    assert res.tokens == plain and 0 < res.accepted < res.drafted
+    assert set(target.orders) == {INV.name} and set(draft.orders) == {VAR.name}
+    assert res.draft_order == VAR.name and f"under {VAR.name}" in str(res)
+    assert SpeculativeResult.load(res.save(tmp_path / "r.json")).draft_order == VAR.name
+    same = generate_speculative(target, "hello world", draft, n_draft=4, order=INV, max_new_tokens=8,
+                                draft_order=INV)
+    assert same.draft_order is None  # the target's own order is no separate draft order
+    with pytest.raises(ArgumentTypeError, match="draft_order must be a ReductionOrder"):
+        generate_speculative(target, "hi", draft, draft_order="variant")
 
 
 def test_verify_batches_stop_at_the_kv_boundary():

@@ -132,6 +132,18 @@ def test_cuda_speculative_with_the_draft_ahead_equals_plain(cuda_models, n_draft
             assert res.acceptance_rate == 1.0 and all(c.ahead for c in res.cycles[1:-1])
 
 
+@pytest.mark.parametrize("draft_ahead", [False, True])
+def test_cuda_draft_under_its_own_order_equals_plain(cuda_models, draft_ahead):
+    """The draft's chains under BATCH_VARIANT (its own graphs), the target's verify passes under BATCH_INVARIANT
+    behind them on the device: plain tokens."""
+    shape, target, twin, noisy = cuda_models
+    plain = target.generate(PROMPT, max_new_tokens=N_NEW, order=INV, stop_at_eos=False).tokens
+    for name, draft in _drafts(twin, noisy):
+        res = generate_speculative(target, PROMPT, draft, n_draft=3, order=INV, max_new_tokens=N_NEW,
+                                   stop_at_eos=False, plain_tokens=plain, draft_ahead=draft_ahead, draft_order=VAR)
+        assert res.tokens == plain and res.drafted > 0, str(res)
+
+
 def _drafts(twin, noisy):
     """(name, draft) of the twin and, where the shape has one, the noisy draft."""
     return [(name, d) for name, d in (("self", twin), ("noisy", noisy)) if d is not None]

@@ -47,6 +47,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ahead-passes", type=int, default=None, metavar="N",
                    help="with --draft-ahead: the most passes the draft makes ahead (at least 2; default "
                         "--draft-max + 1)")
+    p.add_argument("--draft-order", type=common.parse_order, default=None, metavar="ORDER",
+                   help="the draft's reduction order (default --order's): only the target's order decides the "
+                        "tokens, so the draft may run its fastest")
     p.add_argument("--no-plain", action="store_true", help="skip the plain greedy run used for comparison")
     common.add_ignore_eos(p, "--no-eos")
 
@@ -93,7 +96,7 @@ def run(args) -> int:
                                stop_at_eos=not args.ignore_eos,
                                plain_tokens=None if plain is None else plain.tokens, progress=True,
                                p_min=args.p_min, draft_min=args.draft_min, draft_ahead=args.draft_ahead,
-                               ahead_passes=args.ahead_passes)
+                               ahead_passes=args.ahead_passes, draft_order=args.draft_order)
     print(res)
     if res.vacuous:
         print(f"hiraishin {NAME}: WARNING: the draft proposed no tokens in {len(res.cycles)} cycles; "

@@ -94,8 +94,12 @@ def _draft_guesses(draft, pending, start, n, order, gap_min, p_min=0.0):
 def speculative_decode(target, draft, prompt_tokens, max_new_tokens: int, *, n_draft: int = 8,
                        order: ReductionOrder = ReductionOrder.BATCH_INVARIANT,
                        p_min_gap: float = DEFAULT_P_MIN_GAP, eos_ids=(), on_cycle=None,
-                       p_min: float = DEFAULT_P_MIN, draft_min: int = 0):
+                       p_min: float = DEFAULT_P_MIN, draft_min: int = 0,
+                       draft_order: ReductionOrder | None = None):
     """The core loop. Returns ``(new tokens, cycles, prefill seconds)``.
+
+    ``draft_order``: the order of the draft's passes (default ``order``). Only the target's order decides
+    which tokens come out: a guess is kept only where the target's own argmax equals it.
 
     ``target`` and ``draft`` need ``forward(tokens, start_pos, order=)``, ``rollback(pos)``,
     ``reset()``. Drafts shorter than ``draft_min`` are dropped (the verify pass then takes the
@@ -103,7 +107,8 @@ def speculative_decode(target, draft, prompt_tokens, max_new_tokens: int, *, n_d
     target's KV cache (``target.n_ctx``) is full: at most ``n_ctx - len(prompt) + 1`` new tokens.
     """
     n_ctx_d = getattr(draft, "n_ctx", None)
-    seq, limit, prefill_s = prefill(target, draft, prompt_tokens, max_new_tokens, order, order)
+    draft_order = order if draft_order is None else draft_order
+    seq, limit, prefill_s = prefill(target, draft, prompt_tokens, max_new_tokens, order, draft_order)
     n_prompt, eos, cycles = len(seq) - 1, set(eos_ids), []
     draft_len = n_prompt  # the draft's KV length: it lags the accepted tokens by one or two
     while len(seq) - n_prompt < limit and seq[-1] not in eos:
@@ -118,14 +123,14 @@ def speculative_decode(target, draft, prompt_tokens, max_new_tokens: int, *, n_d
             # (draft_and_verify: the verify's ids copied on the device from the draft's argmaxes)
             pending = seq[draft_len:]
             guesses, best, draft_s, verify_s = draft_and_verify(draft, target, pending, draft_len, room,
-                                                                seq[-1], pos, order)
+                                                                seq[-1], pos, order, draft_order)
             draft_end = draft_len + len(pending) + room - 1
             t2 = time.perf_counter()
             t1 = t2 - verify_s  # the split draft_and_verify reports (device time of the draft chain)
         else:
             if room > 0:
-                guesses, draft_end = _draft_guesses(draft, seq[draft_len:], draft_len, room, order, p_min_gap,
-                                                    p_min)
+                guesses, draft_end = _draft_guesses(draft, seq[draft_len:], draft_len, room, draft_order,
+                                                    p_min_gap, p_min)
                 if len(guesses) < draft_min:
                     guesses = []
             t1 = time.perf_counter()
@@ -170,6 +175,7 @@ class SpeculativeResult:
     p_min: float = DEFAULT_P_MIN
     draft_min: int = 0
     stop_reason: str = "max_tokens"  # "eos", "max_tokens" or "context", as plain decoding says
+    draft_order: str | None = None  # the draft's order where it was not the target's
 
     @property
     def drafted(self) -> int:
@@ -237,7 +243,8 @@ class SpeculativeResult:
         split = self.time_split
         cut = f"gap >= {self.p_min_gap:g}" + (f", p >= {self.p_min:g}" if self.p_min else "")
         lines = [
-            f"speculative ({self.order}, draft {self.draft_name or '?'}, n_draft {self.n_draft}, "
+            f"speculative ({self.order}, draft {self.draft_name or '?'}"
+            + (f" under {self.draft_order}" if self.draft_order else "") + f", n_draft {self.n_draft}, "
             f"{cut}): {len(self.tokens)} tokens in {len(self.cycles)} cycles, {self.total_s:.2f} s, "
             f"stopped: {self.stop_reason}",
             (f"  acceptance {self.acceptance_rate:.1%} ({self.accepted}/{self.drafted}), "
@@ -318,7 +325,8 @@ def generate_speculative(model, prompt, draft, n_draft: int = 8,
                          progress: bool = False, *, p_min: float = DEFAULT_P_MIN, draft_min: int = 0,
                          chat: bool = False, system: str | None = None,
                          think: bool | None = None, draft_ahead: bool = False,
-                         ahead_passes: int | None = None) -> SpeculativeResult:
+                         ahead_passes: int | None = None,
+                         draft_order: ReductionOrder | None = None) -> SpeculativeResult:
     """Greedy speculative decoding of ``prompt`` with ``model`` as target (usable as a method).
 
     Args:
@@ -328,7 +336,8 @@ def generate_speculative(model, prompt, draft, n_draft: int = 8,
         draft: the draft model, a separate instance with its own KV cache, or
             ``"self"``: a second instance of the target loaded from its file.
         n_draft: most guesses per cycle (llama.cpp's ``--draft-max``).
-        order: the reduction order of every pass, draft and target.
+        order: the reduction order of the target's passes, and of the draft's unless ``draft_order`` is given.
+            It alone decides the tokens: under an exact order they are plain greedy decoding's.
         max_new_tokens: tokens to generate; fewer when the KV cache fills (``stop_reason``
             ``"context"``, as plain decoding stops).
         p_min_gap: the draft stops when its top-two logits are closer than this (0: never).
@@ -342,10 +351,15 @@ def generate_speculative(model, prompt, draft, n_draft: int = 8,
             (:mod:`hiraishin.decode.ahead`; needs ``p_min_gap`` and ``p_min`` 0). The same tokens.
         ahead_passes: with ``draft_ahead``, the most passes the draft makes ahead (at least 2; default
             ``n_draft + 1``): fewer run beside the verify, and a cycle verifying them takes fewer guesses.
+        draft_order: the order of the draft's passes (default ``order``): any order drafts, since the target
+            keeps a guess only where its own argmax agrees; e.g. the draft's fastest (``hiraishin bench``
+            picks it by the cost of a cycle's drafting). The same tokens, perhaps other guesses.
 
     Every argument is checked before any pass (and before ``draft="self"`` loads a twin).
     """
     order = check_order(order)
+    if draft_order is not None:
+        draft_order = check_order(draft_order, "draft_order")
     n_draft = check_int("n_draft", n_draft, 1)
     max_new_tokens = check_int("max_new_tokens", max_new_tokens, 1)
     draft_min = check_int("draft_min", draft_min, 0)
@@ -392,11 +406,11 @@ def generate_speculative(model, prompt, draft, n_draft: int = 8,
         if draft_ahead:
             new, cycles, prefill_s = speculative_decode_ahead(
                 model, draft, tokens, max_new_tokens, n_draft=n_draft, order=order, eos_ids=eos,
-                on_cycle=bar.update, draft_min=draft_min, ahead_passes=ahead_passes)
+                on_cycle=bar.update, draft_min=draft_min, ahead_passes=ahead_passes, draft_order=draft_order)
         else:
             new, cycles, prefill_s = speculative_decode(
                 model, draft, tokens, max_new_tokens, n_draft=n_draft, order=order, p_min_gap=p_min_gap,
-                eos_ids=eos, on_cycle=bar.update, p_min=p_min, draft_min=draft_min)
+                eos_ids=eos, on_cycle=bar.update, p_min=p_min, draft_min=draft_min, draft_order=draft_order)
     if new and new[-1] in set(eos):
         reason = "eos"
     elif len(new) == max_new_tokens:
@@ -412,4 +426,5 @@ def generate_speculative(model, prompt, draft, n_draft: int = 8,
                                             **({"draft_ahead": True} if draft_ahead else {}),
                                             **({"ahead_passes": ahead_passes} if ahead_passes is not None else {})},
         p_min=p_min, draft_min=draft_min, stop_reason=reason,
+        draft_order=draft_order.name if draft_order is not None and draft_order != order else None,
     )
