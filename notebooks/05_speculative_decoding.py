@@ -179,6 +179,30 @@ for (order_name, name), r in runs.items():
 # is notebook 06.
 
 # %% [markdown]
+# ## The draft's own order
+#
+# Exactness is the target's business alone: a guess survives only where it equals the target's own argmax, so
+# the draft may compute its guesses in any order of adds, even a batch-variant one, and the tokens stay plain
+# decoding's under the target's order. `draft_order=` (`hiraishin speculative --draft-order`) runs the draft's
+# passes under an order of their own; here the noisy draft under `BATCH_VARIANT` for a `BATCH_INVARIANT` target:
+
+# %%
+with clock("speculative BATCH_INVARIANT, noisy draft under BATCH_VARIANT"):
+    mixed = target.generate_speculative(ids, drafts["noisy"], n_draft=N_DRAFT, order=INVARIANT,
+                                        max_new_tokens=N_NEW, stop_at_eos=False,
+                                        plain_tokens=plain[INVARIANT.name].tokens, draft_order=VARIANT)
+print(mixed)
+
+# %% [markdown]
+# So the draft's order is a speed choice, and which order is fastest depends on the passes a cycle makes, not only
+# on a one-token step. After a cycle that accepted every guess the draft has not yet fed its own last guess, so its
+# next cycle starts with a pass of **two** tokens (with the original report's acceptance, 62% of cycles do). On the
+# H200 the 0.6B-shaped draft's one-token step costs the same under `BATCH_VARIANT` and `BATCH_INVARIANT`, but its
+# pass of three tokens 1.07 ms against 0.82 (`bench/results/2026-12-04-h200-session19/`): the variant order's
+# multi-column mat-vec geometry. `hiraishin bench` therefore times each candidate order's first pass at one and two
+# tokens and drafts under the order whose passes of the schedule cost least (`draft.speculation_order`).
+
+# %% [markdown]
 # ## The draft running ahead
 #
 # A cycle above drafts, then verifies: on one GPU the small draft's passes and the target's verify pass take
@@ -224,6 +248,7 @@ else:
 # %%
 # The claims of this notebook, checked.
 assert ahead.tokens == plain[INVARIANT.name].tokens and ahead.accepted == ahead.drafted
+assert mixed.tokens == plain[INVARIANT.name].tokens and mixed.draft_order == VARIANT.name and mixed.drafted > 0
 assert all(c.ahead for c in ahead.cycles[1:-1])  # after the first, every cycle's guesses were made ahead
 if ahead_runs:  # on the GPU too, running ahead kept plain decoding's tokens under the exact orders
     assert all(spec["ahead"]["matches_plain"] for name, spec in data["speculative"].items()
