@@ -116,8 +116,8 @@ class BenchSettings:
     """What to run. ``quick``: fewer repetitions and tokens (a CPU smoke run, seconds per token)."""
 
     orders: tuple[str, ...] = DEFAULT_ORDERS
-    # orders the draft step is timed under, the fastest drafting (its order decides no token);
-    # None: the target's orders
+    # orders the draft is timed under; speculation drafts under the cheapest (cycle_drafting_ms; its order
+    # decides no token); None: the target's orders
     draft_orders: tuple[str, ...] | None = None
     widths: tuple[int, ...] = tuple(range(1, 17))
     prefill: int = 512

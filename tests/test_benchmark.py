@@ -97,7 +97,8 @@ def test_draft_orders_are_timed_apart_from_the_targets(micro_path, tmp_path):
     schedule = OracleSchedule.for_tokens(BenchSettings.make(quick=True).spec_tokens)
     for v in orders.values():
         assert set(v["pass_ms"]) == {"1", "2"} and all(t > 0 for t in v["pass_ms"].values())
-        assert v["cycle_drafting_ms"] == pytest.approx(benchmark.cycle_drafting_ms(schedule, v["pass_ms"], v["decode_ms"]))
+        modelled = benchmark.cycle_drafting_ms(schedule, v["pass_ms"], v["decode_ms"])
+        assert v["cycle_drafting_ms"] == pytest.approx(modelled)
     assert sum(r["draft"]["first_pass_widths"].values()) == len(schedule.k)
     assert r["speculative"]["batch_invariant"]["matches_plain"] is True
     with pytest.raises(HiraishinError, match="unknown order 'fastest'"):

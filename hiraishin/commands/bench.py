@@ -42,8 +42,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--orders", type=_orders, default=None,
                    help="comma-separated orders: variant, invariant, fixed_split, subblock, invariant16 (default variant,invariant,subblock)")
     p.add_argument("--draft-orders", type=_orders, default=None, dest="draft_orders",
-                   help="orders to time the draft step under, the fastest drafting (only the target's order "
-                        "decides the tokens; default: --orders)")
+                   help="orders to time the draft under; speculation drafts under the one whose passes of the "
+                        "oracle schedule cost least (only the target's order decides the tokens; default: --orders)")
     p.add_argument("--widths", type=_widths, default=None,
                    help="verify widths, e.g. 1-16 or 1,2,4 (default 1-16; quick 1,2,4,8,16)")
     p.add_argument("--prefill", type=int, default=None, help="prompt tokens of the prefill test (default 512; quick 16)")
