@@ -478,6 +478,7 @@ def run_bench(model_path, draft_path=None, device: str = "auto", settings: Bench
     if callable(used):
         memory["used_bytes"] = int(used())
         memory["used_over_file_and_kv"] = memory["used_bytes"] / (memory["file_bytes"] + memory["kv_cache_bytes"])
+    schedule = OracleSchedule.for_tokens(settings.spec_tokens, settings.seed, settings.n_draft)  # each order's runs
     result = {
         "schema": SCHEMA,
         "model": {"name": target.name, "path": str(model_path), "bytes": model_path.stat().st_size,
@@ -497,13 +498,11 @@ def run_bench(model_path, draft_path=None, device: str = "auto", settings: Bench
         "oracle": {"seed": settings.seed, "report": REPORT,
                    "description": "ORACLE: which drafted tokens are right comes from a seeded schedule with the "
                                   "original report's profile; every draft step and verify pass runs for real",
-                   "schedule": OracleSchedule.for_tokens(settings.spec_tokens, settings.seed,
-                                                         settings.n_draft).profile()},
+                   "schedule": schedule.profile()},
         "speculative": {},
     }
     result["model"]["floor_ms"] = 1e3 * result["model"]["bytes"] / (result["copy_bandwidth_gbs"] * 1e9)
     draft_names = settings.draft_orders or settings.orders
-    schedule = OracleSchedule.for_tokens(settings.spec_tokens, settings.seed, settings.n_draft)
     for name in draft_names:
         order = ORDERS[name]
         _log(progress, f"[{order.name}] draft step")
@@ -523,7 +522,8 @@ def run_bench(model_path, draft_path=None, device: str = "auto", settings: Bench
     # (its multi-column mat-vec geometry) costs far more than under the one-column-geometry orders.
     spec_name = min(orders, key=lambda n: orders[n]["cycle_drafting_ms"])
     result["draft"]["speculation_order"] = spec_name
-    result["draft"]["first_pass_widths"] = {str(w): schedule.first_pass_widths().count(w) for w in FIRST_PASS_WIDTHS}
+    first = schedule.first_pass_widths()
+    result["draft"]["first_pass_widths"] = {str(w): first.count(w) for w in FIRST_PASS_WIDTHS}
     draft_order = next(ORDERS[n] for n in draft_names if ORDERS[n].name == spec_name)
     for name in settings.orders:
         order = ORDERS[name]

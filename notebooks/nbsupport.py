@@ -45,6 +45,8 @@ def committed_results(name: str):
     for f in sorted(RESULTS.rglob(name)):
         data = json.loads(f.read_text())
         yield str(data.get("meta", data).get("date", "")), f, data
+
+
 # The package whose files the excerpts come from.
 _PACKAGE = "hiraishin"
 

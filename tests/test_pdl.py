@@ -95,6 +95,9 @@ def test_body_has_entry_edge_cases():
     KK(float, d)
     #define NO_WAIT(NAME) extern "C" __global__ void NAME(int* x) { x[0] = 3; }
     NO_WAIT(e)
+    extern "C" __global__ void f(int* x);
+    extern "C" __global__ void g(int* x) { HX_PDL_ENTRY(); }
+    extern "C" __global__ void f(int* x) { x[0] = 4; }
     """
     assert not pdl.body_has_entry(src, "a")
     assert pdl.body_has_entry(src, "b")
@@ -103,6 +106,7 @@ def test_body_has_entry_edge_cases():
     assert not pdl.body_has_entry(src, "e")  # a macro whose kernel does not wait
     assert not pdl.body_has_entry(src, "float")  # an argument that is not the kernel's name
     assert not pdl.body_has_entry(src, "missing")
+    assert not pdl.body_has_entry(src, "f")  # its declaration has no body: not g's body, its own definition's
 
 
 class _FakeDevicePtr:

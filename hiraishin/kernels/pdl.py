@@ -142,13 +142,19 @@ def body_has_entry(source: str, name: str) -> bool:
 
 
 def _kernel_body(source: str, name: str) -> str | None:
-    """The body of the ``__global__`` function ``name`` in ``source`` (None: none)."""
-    m = re.search(r"__global__[^;{]*?\b" + re.escape(name) + r"\s*\(", source)
-    if m is None:
-        return None
-    start = source.find("{", m.end())
+    """The body of the ``__global__`` function ``name`` in ``source`` (None: none; a declaration, whose
+    parameter list ends in ``;``, has no body and is passed over)."""
+    for m in re.finditer(r"__global__[^;{]*?\b" + re.escape(name) + r"\s*\(", source):
+        start = source.find("{", m.end())
+        if start >= 0 and ";" not in source[m.end():start]:
+            return _braced(source, start)
+    return None
+
+
+def _braced(source: str, start: int) -> str | None:
+    """``source[start:i]`` up to the brace that closes the one at ``start`` (None: it never closes)."""
     depth = 0
-    for i in range(max(start, 0), len(source)):
+    for i in range(start, len(source)):
         c = source[i]
         if c == "{":
             depth += 1
