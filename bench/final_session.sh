@@ -50,8 +50,9 @@
 #   pdl       the ab step for HIRAISHIN_PDL_TRIGGER=after_wait and =early (PDL_ORDERS, default invariant,subblock);
 #   draft     bench/replay_widths.py on the 0.6B draft under DRAFT_AB_ORDERS (default invariant,nwarps1,nwarps2;
 #             widths 1 and 2, the draft's passes): which order drafts fastest (only speed counts there);
-#   norm      bench/sweep_norm.py: the fused norm kernels in blocks of other sizes than their tree
-#             (NORM_VARIANTS), replay times of both shapes and logits digests (no bit may change);
+#   norm      bench/sweep_norm.py: the fused norm kernels in blocks of other sizes than their tree, and the norm
+#             inside the mat-vecs (NORM_VARIANTS; NORM_ARGS: more arguments, e.g. "--orders variant --widths 1"),
+#             replay times of both shapes and logits digests (no bit may change);
 #   stalls    bench/ncu_stalls.sh over STALL_PROFILES (e.g. "qwen3-8b subblock 16 hx_mmq"), NCU_EXTRA sections
 #             beside its own: what bounds a launch (memory latency, a pipe, issue) at a width;
 #   kernels   per-kernel times under Nsight Compute (bench/kernel_times.sh), if time is left.
@@ -224,7 +225,7 @@ fi
 if want norm; then
     echo "== norm launch geometry ($(left) s left)"
     timeout $(cap 240) python3 bench/sweep_norm.py /tmp/qwen3-0.6b.gguf /tmp/qwen3-8b.gguf \
-        ${NORM_VARIANTS:+--variants $NORM_VARIANTS} --json "$OUT/sweep-norm.json" 2>&1 | tail -n 70
+        ${NORM_VARIANTS:+--variants $NORM_VARIANTS} $NORM_ARGS --json "$OUT/sweep-norm.json" 2>&1 | tail -n 70
     echo "sweep_norm exit ${PIPESTATUS[0]}"
 fi
 

@@ -7,8 +7,10 @@ launches (``norm_mmvq/launch.py``'s limits): per variant, graph-replayed passes 
         [--json F]
 
 A variant is "tree" (the tree's own thread count) or a thread count, optionally followed by
-"/mmvq=T:B:G": norm_mmvq for passes of at most T tokens, launches of at most B CUDA blocks, G row
-groups per CUDA block ("/mmvq=0:0:4": norm launches of their own, as before norm_mmvq).
+"/mmvq=T:B:G[:S]": norm_mmvq for passes of at most T tokens, launches of at most B CUDA blocks, G row
+groups per CUDA block, and at most S CUDA blocks per SM (each then strides over several blocks' rows and
+makes the norm once; 0 or absent: one CUDA block per G row groups) ("/mmvq=0:0:4": norm launches of their
+own, as before norm_mmvq).
 
 Session 5 measured two earlier forms, both slower and dropped (bench/results/2026-12-02-h200-session5):
 smaller blocks whose threads read their tree threads' values one loop step at a time (b-norm-pdl), and
@@ -31,7 +33,8 @@ from hiraishin.benchmark import parse_widths  # noqa: E402
 from hiraishin.kernels.fused import launch as fused_launch  # noqa: E402
 from hiraishin.kernels.norm_mmvq import launch as norm_mmvq  # noqa: E402
 
-_MMVQ_LIMITS = ("NORM_MMVQ_MAX_TOKENS", "NORM_MMVQ_MAX_BLOCKS", "NORM_MMVQ_GROUPS")
+_MMVQ_LIMITS = ("NORM_MMVQ_MAX_TOKENS", "NORM_MMVQ_MAX_BLOCKS", "NORM_MMVQ_GROUPS", "NORM_MMVQ_PER_SM")
+_DEFAULTS = {name: getattr(norm_mmvq, name) for name in _MMVQ_LIMITS}
 
 
 def _apply(variant: str) -> dict:
@@ -41,9 +44,12 @@ def _apply(variant: str) -> dict:
     fused_launch.NORM_BLOCK_THREADS = threads
     fused_launch._launches.clear()  # a launch compiles its kernel and fixes its geometry when first built
     knobs = {"norm_block_threads": threads}
+    # every variant starts from the library's limits (a variant without "/mmvq=" does not inherit the one before)
+    values = dict(_DEFAULTS)
     if mmvq:
-        for name, value in zip(_MMVQ_LIMITS, (int(v) for v in mmvq.split(":"))):
-            setattr(norm_mmvq, name, value)
+        values.update(zip(_MMVQ_LIMITS, (int(v) for v in mmvq.split(":"))))
+    for name, value in values.items():
+        setattr(norm_mmvq, name, value)
     knobs.update({name.lower(): getattr(norm_mmvq, name) for name in _MMVQ_LIMITS})
     return knobs
 

@@ -30,7 +30,7 @@ EPS_ARG = repr(float(EPS))
 MAIN = r'''
 int main(int argc, char** argv) {
     // argv: x, r ("-": none), norm weight, weights (three row counts one after another), n0, n1, n2,
-    // eps, out, s out ("-": none)
+    // eps, out, s out ("-": none), CUDA blocks (0: one per HX_NORM_GROUPS row blocks; fewer: they stride)
     const int k = HX_NBLOCKS * HX_QK;
     int n[3] = {atoi(argv[5]), atoi(argv[6]), atoi(argv[7])};
     const float eps = strtof(argv[8], nullptr);
@@ -44,7 +44,8 @@ int main(int argc, char** argv) {
     std::vector<float> out((size_t)HX_NCOLS * (n[0] + n[1] + n[2]), -12345.0f);
     std::vector<float> s((size_t)HX_NCOLS * k, -12345.0f);
     float* op[3] = {out.data(), out.data() + (size_t)HX_NCOLS * n[0], out.data() + (size_t)HX_NCOLS * (n[0] + n[1])};
-    hx_launch({(rblocks + HX_NORM_GROUPS - 1) / HX_NORM_GROUPS, 1, 1},
+    const unsigned grid = atoi(argv[11]);
+    hx_launch({grid ? grid : (rblocks + HX_NORM_GROUPS - 1) / HX_NORM_GROUPS, 1, 1},
               {32, (unsigned)HX_NWARPS, (unsigned)HX_NORM_GROUPS},
               (size_t)HX_NORM_GROUPS * (HX_NWARPS - 1) * HX_NCOLS * HX_RPB * 32 * 4,
               [&] { hx_norm_mmvq((const float*)x.data(), has_r ? (const float*)r.data() : nullptr,
@@ -76,8 +77,16 @@ CASES = [("Q4_K", 1024, 1, 4, 4, 4, True), ("Q4_K", 256, 2, 2, 4, 2, False), ("Q
          ("Q4_K", 4096, 2, 2, 4, 2, True), ("Q8_0", 1024, 1, 4, 4, 4, True)]
 
 
-@pytest.mark.parametrize("qtype,k,ncols,rpb,nwarps,groups,residual", CASES)
-def test_norm_mmvq_source_equals_norm_then_matvec(shim, tmp_path, qtype, k, ncols, rpb, nwarps, groups, residual):
+# A grid of fewer CUDA blocks than row groups (launch.py NORM_MMVQ_PER_SM): each block makes the norm once and
+# strides over the rows of several blocks, the last of them past the end of the last weight.
+STRIDED = [("Q4_K", 1024, 1, 4, 4, 4, True, 1), ("Q6_K", 1024, 3, 2, 4, 2, True, 2),
+           ("Q4_K", 256, 2, 2, 4, 2, False, 3)]
+
+
+@pytest.mark.parametrize("qtype,k,ncols,rpb,nwarps,groups,residual,grid",
+                         [case + (0,) for case in CASES] + STRIDED)
+def test_norm_mmvq_source_equals_norm_then_matvec(shim, tmp_path, qtype, k, ncols, rpb, nwarps, groups, residual,
+                                                 grid):
     rng = np.random.default_rng(k + ncols)
     ns = (11, 5, 7)  # row counts the rows per block do not divide
     ws = [random_blocks(qtype, n, k, seed=20 + i) for i, n in enumerate(ns)]
@@ -90,7 +99,7 @@ def test_norm_mmvq_source_equals_norm_then_matvec(shim, tmp_path, qtype, k, ncol
     np.concatenate(ws).tofile(tmp_path / "w.bin")
     run(shim.build(SOURCE, defines, MAIN, "norm_mmvq"), tmp_path / "x.bin", tmp_path / "r.bin" if residual else "-",
         tmp_path / "nw.bin", tmp_path / "w.bin", *ns, EPS_ARG, tmp_path / "o.bin",
-        tmp_path / "s.bin" if residual else "-")
+        tmp_path / "s.bin" if residual else "-", grid)
     got = np.fromfile(tmp_path / "o.bin", np.float32)
     plan = MatVecPlan("mmvq", qtype, nwarps=nwarps, rows_per_block=rpb, cols_per_launch=ncols, ncols=ncols)
     want, s = emulate(x, r if residual else None, nw, EPS, [(w, qtype) for w in ws], plan)
@@ -127,7 +136,7 @@ def test_norm_mmvq_source_sees_a_broken_hand_over(shim, tmp_path):
 
     exe = shim.build(SOURCE, defines, MAIN, "norm_mmvq_changed", edit=edit)
     run(exe, tmp_path / "x.bin", tmp_path / "r.bin", tmp_path / "nw.bin", tmp_path / "w.bin", *ns, EPS_ARG,
-        tmp_path / "o.bin", "-")
+        tmp_path / "o.bin", "-", 0)
     got = np.fromfile(tmp_path / "o.bin", np.float32)
     assert not np.array_equal(bits(got), bits(np.concatenate([p.ravel() for p in want])))
 
@@ -158,3 +167,39 @@ def test_emulator_is_norm_then_matvec():
     np.testing.assert_array_equal(bits(out), bits(mmvq_emulate(w, qtype, quantize.emulate(y), plan)))
     (out0,), none = emulate(x, None, nw, EPS, [(w, qtype)], plan)
     assert none is None and out0.shape == (2, 9)
+
+
+def test_norm_mmvq_grid_caps_blocks_per_sm_by_what_fits():
+    from hiraishin.kernels.norm_mmvq.launch import norm_mmvq_grid
+
+    assert norm_mmvq_grid(1024, 0, 4, 132) == 1024  # no cap: one CUDA block per row groups
+    assert norm_mmvq_grid(1024, 2, 4, 132) == 264
+    assert norm_mmvq_grid(1024, 8, 3, 132) == 396  # never more than fit at once
+    assert norm_mmvq_grid(100, 2, 4, 132) == 100  # fewer blocks than the cap
+    assert norm_mmvq_grid(1024, 1, 0, 132) == 132  # a driver answer of 0 still launches a block per SM
+
+
+def test_sweep_variants_start_from_the_library_limits():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import sweep_norm
+
+    from hiraishin.kernels.fused import launch as fused_launch
+    from hiraishin.kernels.norm_mmvq import launch as norm_mmvq
+
+    saved = {name: getattr(norm_mmvq, name) for name in sweep_norm._MMVQ_LIMITS}
+    threads = fused_launch.NORM_BLOCK_THREADS
+    try:
+        knobs = sweep_norm._apply("256/mmvq=1:100000:4:2")
+        assert (knobs["norm_mmvq_max_tokens"], knobs["norm_mmvq_per_sm"]) == (1, 2)
+        knobs = sweep_norm._apply("256/mmvq=4:1024:4")  # no S: no cap, not the variant before's
+        assert (knobs["norm_mmvq_max_tokens"], knobs["norm_mmvq_per_sm"]) == (4, saved["NORM_MMVQ_PER_SM"])
+        knobs = sweep_norm._apply("256")  # no "/mmvq=": the library's limits (the fusion off)
+        assert {name.upper(): v for name, v in knobs.items() if name.startswith("norm_mmvq")} == saved
+    finally:
+        for name, value in saved.items():
+            setattr(norm_mmvq, name, value)
+        fused_launch.NORM_BLOCK_THREADS = threads
+        fused_launch._launches.clear()

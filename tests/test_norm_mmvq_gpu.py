@@ -2,8 +2,9 @@
 
 Needs CuPy and a GPU (``-m gpu``). Shapes of Qwen3-0.6B and -8B (Q, K and V of one launch; gate and
 up; a lone Q6_K V), rows the rows per block do not divide, one to four tokens, with and without the
-residual; then whole passes: a model whose norms fuse (turned on: the default is off, measured slower)
-gives the same logits with the fusion off.
+residual, each launch also with one CUDA block per SM (the blocks then stride over several blocks' rows);
+then whole passes: a model whose norms fuse (turned on: the default is off, measured slower) gives the same
+logits with the fusion off.
 """
 
 from __future__ import annotations
@@ -51,12 +52,15 @@ def test_norm_mmvq_equals_norm_launch_then_matvec_and_emulator(qtype, k, ns, T):
     xd, rd, nwd = cp.asarray(x), cp.asarray(r), cp.asarray(nw)
     wds = [cp.asarray(w) for w in ws]
     layout = layout_for(qtype)
-    fused = NormMatVecLaunch(qtype, ns, k, T, plan.rows_per_block, plan.nwarps, layout, float(EPS))
+    fused = NormMatVecLaunch(qtype, ns, k, T, plan.rows_per_block, plan.nwarps, layout, float(EPS), per_sm=0)
+    # one CUDA block per SM: each strides over the rows of several blocks (NORM_MMVQ_PER_SM)
+    strided = NormMatVecLaunch(qtype, ns, k, T, plan.rows_per_block, plan.nwarps, layout, float(EPS), per_sm=1)
+    assert strided.grid[0] == min(fused.grid[0], cp.cuda.Device().attributes["MultiProcessorCount"])
     multi = MultiMatVecLaunch(qtype, ns, k, T, plan.rows_per_block, plan.nwarps)
-    for residual in (True, False):
+    for residual, launch in ((True, fused), (False, fused), (True, strided), (False, strided)):
         got = [cp.full((T, n), -1.0, cp.float32) for n in ns]
         s = cp.full((T, k), -1.0, cp.float32) if residual else None
-        fused(xd, rd if residual else None, nwd, s, wds, got)
+        launch(xd, rd if residual else None, nwd, s, wds, got)
         xq = cp.zeros(output_shape(T, k, layout), cp.uint8)
         s_ref = cp.empty((T, k), cp.float32)
         if residual:
@@ -66,8 +70,9 @@ def test_norm_mmvq_equals_norm_launch_then_matvec_and_emulator(qtype, k, ns, T):
         ref = multi(wds, xq, [cp.empty((T, n), cp.float32) for n in ns])
         emu, s_emu = emulate(x, r if residual else None, nw, EPS, [(w, qtype) for w in ws], plan)
         for n, g, want, e in zip(ns, got, ref, emu):
-            assert np.array_equal(_bits(g.get()), _bits(want.get())), f"{qtype} {n} rows, T={T}: kernel != unfused"
-            assert np.array_equal(_bits(g.get()), _bits(e)), f"{qtype} {n} rows, T={T}: kernel != emulator"
+            where = f"{qtype} {n} rows, T={T}, grid {launch.grid[0]} of {launch.blocks}"
+            assert np.array_equal(_bits(g.get()), _bits(want.get())), f"{where}: kernel != unfused"
+            assert np.array_equal(_bits(g.get()), _bits(e)), f"{where}: kernel != emulator"
         if residual:
             assert np.array_equal(_bits(s.get()), _bits(s_ref.get()))
             assert np.array_equal(_bits(s.get()), _bits(s_emu))
@@ -85,12 +90,16 @@ def test_norm_mmvq_spills_nothing():
             assert launch.kernel.local_size_bytes == 0, (qtype, k, T)
 
 
+@pytest.mark.parametrize("per_sm", [0, 1])
 @pytest.mark.parametrize("order", [ReductionOrder.BATCH_INVARIANT, ReductionOrder.BATCH_VARIANT],
                          ids=lambda o: o.name)
-def test_passes_with_the_norm_fused_equal_passes_without(tiny_model_path, order, monkeypatch):
+def test_passes_with_the_norm_fused_equal_passes_without(tiny_model_path, order, per_sm, monkeypatch):
     from hiraishin.kernels.norm_mmvq import launch as norm_mmvq
 
     monkeypatch.setattr(norm_mmvq, "NORM_MMVQ_MAX_TOKENS", 4)  # off by default (measured slower)
+    monkeypatch.setattr(norm_mmvq, "NORM_MMVQ_PER_SM", per_sm)
+    if per_sm:  # the tiny model's launches have fewer blocks than an H200 has SMs: one CUDA block strides over all
+        monkeypatch.setattr(norm_mmvq, "_fit", lambda kernel, block, shared: (1, 1))
     fused = Qwen3.from_gguf(tiny_model_path, device="cuda", progress=False, cuda_graphs=True, n_ctx=512)
     rng = np.random.default_rng(3)
     prompt = rng.integers(0, fused.config.n_vocab, 20).tolist()
@@ -108,7 +117,10 @@ def test_passes_with_the_norm_fused_equal_passes_without(tiny_model_path, order,
         return outs
 
     with_fusion = run(fused)
-    assert any(v for v in fused.ops._norm_multis.values()), "no norm was fused: the comparison would be empty"
+    launches = [launch for v in fused.ops._norm_multis.values() if v for launch, _ in v]
+    assert launches, "no norm was fused: the comparison would be empty"
+    if per_sm:
+        assert all(launch.grid[0] == 1 for launch in launches) and any(launch.blocks > 1 for launch in launches)
     monkeypatch.setattr(norm_mmvq, "NORM_MMVQ_MAX_TOKENS", 0)
     plain = Qwen3.from_gguf(tiny_model_path, device="cuda", progress=False, cuda_graphs=True, n_ctx=512)
     without = run(plain)

@@ -415,7 +415,8 @@ class CudaOps(CudaAttentionOps):
         limits are read per call, so a benchmark may change them)."""
         if not 0 < T <= norm_mmvq.NORM_MMVQ_MAX_TOKENS:  # the default (off): no key to build per call
             return None
-        limits = (norm_mmvq.NORM_MMVQ_MAX_TOKENS, norm_mmvq.NORM_MMVQ_MAX_BLOCKS, norm_mmvq.NORM_MMVQ_GROUPS)
+        limits = (norm_mmvq.NORM_MMVQ_MAX_TOKENS, norm_mmvq.NORM_MMVQ_MAX_BLOCKS, norm_mmvq.NORM_MMVQ_GROUPS,
+                  norm_mmvq.NORM_MMVQ_PER_SM)
         key = (tuple((mv.group, mv.n) for mv in mvs), T, n, float(eps), limits)
         if key in self._norm_multis:
             return self._norm_multis[key]

@@ -12,7 +12,11 @@ dependent launch in a pass's chain per norm (a one-token pass's norm launches co
 the norm repeated by every CUDA block before its first dot product. Measured, it pays more than it
 saves (the 0.6B's one-token pass 0.711 -> 0.825 ms, the 8B's 2.553 -> 3.088;
 bench/results/2026-12-02-h200-session6), so the backend does not fuse by default
-(:data:`.launch.NORM_MMVQ_MAX_TOKENS` = 0): the kernel is kept as that measured alternative.
+(:data:`.launch.NORM_MMVQ_MAX_TOKENS` = 0): the kernel is kept as that measured alternative. That
+measurement launched one CUDA block per four row blocks (1,024-1,536 on the 0.6B: waves of blocks, each
+waiting for its own norm); with :data:`.launch.NORM_MMVQ_PER_SM` the grid is at most what the SMs hold at
+once and every block strides over several blocks' rows, so the norm is made once per resident block (the
+same bits; not yet timed).
 
 Files: ``norm_mmvq.cu``; :mod:`.launch` (``NormMatVecLaunch``, the geometry and the limits);
 :mod:`.emulate`.

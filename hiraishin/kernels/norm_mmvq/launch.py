@@ -18,8 +18,8 @@ from ..mmvq.launch import MULTI_MAX_WEIGHTS, kernel_defines, mmvq_kernel, multi_
 from ..quantize.launch import quantize_defines
 from ..rmsnorm.emulate import block_threads
 
-__all__ = ["SOURCE", "NORM_MMVQ_GROUPS", "NORM_MMVQ_MAX_TOKENS", "NORM_MMVQ_MAX_BLOCKS", "norm_mmvq_geometry",
-           "norm_mmvq_blocks", "norm_mmvq_defines", "NormMatVecLaunch"]
+__all__ = ["SOURCE", "NORM_MMVQ_GROUPS", "NORM_MMVQ_MAX_TOKENS", "NORM_MMVQ_MAX_BLOCKS", "NORM_MMVQ_PER_SM",
+           "norm_mmvq_geometry", "norm_mmvq_blocks", "norm_mmvq_grid", "norm_mmvq_defines", "NormMatVecLaunch"]
 
 # norm_mmvq.cu calls the norm kernels' device code (rmsnorm.cu's tree and scale, fused.cu's played tree
 # and per-value store, quantize_q8_1.cu's q8_1 store) and mmvq.cu's rows: one copy of each.
@@ -43,9 +43,16 @@ NORM_MMVQ_GROUPS = 4
 # Passes of at most this many tokens fuse (each CUDA block norms every token's row; the shared memory
 # holds them all). 0: none (see above).
 NORM_MMVQ_MAX_TOKENS = 0
-# A group of weights fuses only if its launch has at most this many CUDA blocks: every block repeats
-# the norm, so a wide matrix (the output head, 151,936 rows) keeps its norm launch.
+# A group of weights fuses only if its launch has at most this many CUDA blocks (one per NORM_MMVQ_GROUPS row
+# blocks, before NORM_MMVQ_PER_SM): every block repeats the norm, so a wide matrix (the output head, 151,936
+# rows) keeps its norm launch.
 NORM_MMVQ_MAX_BLOCKS = 1024
+# At most this many CUDA blocks per SM (and never more than the driver says fit at once): a grid of fewer
+# blocks than row groups strides over them, so each resident block makes the norm once, not once per wave of
+# blocks (session 6 launched one block per NORM_MMVQ_GROUPS row blocks: 1,024-1,536 on the 0.6B, two or more
+# waves, each waiting for its norm). 0: no cap (that grid). Unmeasured: an A/B for bench/sweep_norm.py
+# ("/mmvq=T:B:G:S").
+NORM_MMVQ_PER_SM = 0
 
 
 def norm_mmvq_geometry(n: int, nwarps: int, groups: int | None = None) -> tuple[int, int, int] | None:
@@ -68,6 +75,14 @@ def norm_mmvq_blocks(ns, rows_per_block: int, geometry: tuple[int, int, int]) ->
     return -(-sum(-(-int(n) // rows_per_block) for n in ns) // geometry[0])
 
 
+def norm_mmvq_grid(blocks: int, per_sm: int, fit_per_sm: int, sm_count: int) -> int:
+    """CUDA blocks to launch for ``blocks`` blocks' work: all of them when ``per_sm`` is 0, else at most
+    ``min(per_sm, fit_per_sm)`` per SM (``fit_per_sm``: what the driver says fits at once, at least 1)."""
+    if per_sm <= 0:
+        return blocks
+    return max(1, min(blocks, min(per_sm, max(1, fit_per_sm)) * sm_count))
+
+
 def norm_mmvq_defines(qtype: str, k: int, ncols: int, rows_per_block: int, nwarps: int, layout: str | None,
                       geometry: tuple[int, int, int], min_blocks: int | None = None) -> dict:
     """``#define``\\ s of ``hx_norm_mmvq``: mmvq's for the geometry (the same rows, the same bits), the
@@ -83,6 +98,15 @@ def norm_mmvq_defines(qtype: str, k: int, ncols: int, rows_per_block: int, nwarp
             "HX_NORM_GROUPS": int(groups), "HX_NORM_PLAY": int(play), "HX_NORM_VALS": int(vals)}
 
 
+def _fit(kernel, block: tuple, shared: int) -> tuple[int, int]:
+    """(CUDA blocks of ``kernel`` that fit on one SM at once, the device's SM count), from the driver."""
+    import cupy as cp
+
+    threads = block[0] * block[1] * block[2]
+    fit = cp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.kernel.ptr, threads, shared)
+    return int(fit), int(cp.cuda.Device().attributes["MultiProcessorCount"])
+
+
 class NormMatVecLaunch:
     """One ``hx_norm_mmvq`` launch: RMSNorm of ``x`` (+ ``r``) and the mat-vecs of up to three
     (``n_i``, ``k``) ``qtype`` weights reading it, for ``ncols`` tokens.
@@ -90,13 +114,15 @@ class NormMatVecLaunch:
     Call it ``(x, r, nw, s, ws, outs)``: ``x`` float32 (ncols, k), ``r`` the residual (same shape)
     or None, ``nw`` the norm weight (k,), ``s`` float32 (ncols, k) receiving ``x + r`` or None,
     ``ws`` the weights, ``outs`` float32 (ncols, n_i) each. Bits: those of
-    ``hx_add_rms_norm_q8_1`` (or ``hx_rms_norm_q8_1``) into ``layout`` and then ``mmvq_multi``.
+    ``hx_add_rms_norm_q8_1`` (or ``hx_rms_norm_q8_1``) into ``layout`` and then ``mmvq_multi``, whatever
+    the grid: ``per_sm`` (default :data:`NORM_MMVQ_PER_SM`, read when built) caps the CUDA blocks per SM
+    (:func:`norm_mmvq_grid`), and each block then takes several blocks' rows.
     """
 
     __slots__ = ("kernel", "grid", "block", "shared", "nblk", "ns", "scalars", "blocks")
 
     def __init__(self, qtype: str, ns: tuple, k: int, ncols: int, rows_per_block: int, nwarps: int,
-                 layout: str | None, eps: float):
+                 layout: str | None, eps: float, per_sm: int | None = None):
         if not 1 <= len(ns) <= MULTI_MAX_WEIGHTS:
             raise ValueError(f"hx_norm_mmvq takes 1..{MULTI_MAX_WEIGHTS} weights, got {len(ns)}")
         geometry = norm_mmvq_geometry(k, nwarps)
@@ -108,9 +134,12 @@ class NormMatVecLaunch:
         self.ns = tuple(np.int32(n) for n in ns)
         self.nblk = tuple(np.int32(-(-n // rows_per_block)) for n in ns)
         self.blocks = norm_mmvq_blocks(ns, rows_per_block, geometry)
-        self.grid = (self.blocks, 1, 1)
         self.block = (32, nwarps, groups)
         self.shared = groups * (nwarps - 1) * ncols * rows_per_block * 32 * 4
+        per_sm = NORM_MMVQ_PER_SM if per_sm is None else per_sm
+        grid = self.blocks if per_sm <= 0 else norm_mmvq_grid(self.blocks, per_sm, *_fit(self.kernel, self.block,
+                                                                                        self.shared))
+        self.grid = (grid, 1, 1)
         self.scalars = (np.int32(k), np.float32(eps))
 
     def __call__(self, x, r, nw, s, ws, outs):

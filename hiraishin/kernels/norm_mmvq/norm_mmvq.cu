@@ -20,6 +20,7 @@
 //   HX_NORM_VALS    values of the row per tree thread (ceil(n / tree threads)).
 // Dynamic shared memory: HX_NORM_GROUPS * (HX_NWARPS-1)*HX_NCOLS*HX_RPB*32 floats (the groups'
 // hand-over). Static: the HX_NCOLS normed rows in the mat-vec's layout (HX_NCOLS * HX_COL_BYTES).
+// Grid: ceil(row blocks / HX_NORM_GROUPS) CUDA blocks, or fewer (each then strides; see the kernel).
 #if !defined(HX_NORM_GROUPS) || !defined(HX_NORM_PLAY) || !defined(HX_NORM_VALS) || !defined(HX_Y_SHARED)
 #error "norm_mmvq.cu needs HX_NORM_GROUPS, HX_NORM_PLAY, HX_NORM_VALS and HX_Y_SHARED (launch.py norm_mmvq_defines)"
 #endif
@@ -34,12 +35,23 @@ hx_norm_mmvq(const float* __restrict__ x, const float* __restrict__ r, const flo
              const u8* __restrict__ w0, float* __restrict__ dst0, const int nrows0, const int nblk0,
              const u8* __restrict__ w1, float* __restrict__ dst1, const int nrows1, const int nblk1,
              const u8* __restrict__ w2, float* __restrict__ dst2, const int nrows2) {
-    // this group's row block, whichever weight it maps to (past the last: recomputes the last row
-    // of weight 2, writes nothing; every group reaches the one block barrier of hx_mmvq_rows)
-    const hx_weight_of_block p = hx_pick_weight(blockIdx.x * HX_NORM_GROUPS + threadIdx.z, w0, dst0, nrows0, nblk0,
-                                                w1, dst1, nrows1, nblk1, w2, dst2, nrows2);
+    // CUDA block b takes row blocks b*G .. b*G+G-1 (group g = threadIdx.z the g-th), whichever weight
+    // each maps to; past the last it recomputes the last row of weight 2 and writes nothing (every
+    // group reaches the one block barrier of hx_mmvq_rows). A grid of fewer CUDA blocks than that
+    // (launch.py NORM_MMVQ_PER_SM) strides: block b also takes b + gridDim.x, ..., so the norm is
+    // made once per resident block instead of once per G row blocks. Which block sums a row changes
+    // no bit of it.
+    const int nblocks = (nblk0 + nblk1 + (nrows2 + HX_RPB - 1) / HX_RPB + HX_NORM_GROUPS - 1) / HX_NORM_GROUPS;
+    const auto pick = [&](const int b) {
+        return hx_pick_weight(b * HX_NORM_GROUPS + threadIdx.z, w0, dst0, nrows0, nblk0, w1, dst1, nrows1, nblk1,
+                              w2, dst2, nrows2);
+    };
     const int tid = threadIdx.x + 32 * (threadIdx.y + HX_NWARPS * threadIdx.z);
-    hx_prefetch_rows(p.w, p.nrows, HX_RPB * p.index);  // the group's weight rows into L2 before the wait
+#pragma unroll 1
+    for (int b = blockIdx.x; b < nblocks; b += gridDim.x) {  // the groups' weight rows into L2 before the wait
+        const hx_weight_of_block p = pick(b);
+        hx_prefetch_rows(p.w, p.nrows, HX_RPB * p.index);
+    }
     hx_prefetch_lines(nw, 4LL * n, tid, HX_NORM_THREADS);
     HX_PDL_ENTRY();
 
@@ -59,6 +71,13 @@ hx_norm_mmvq(const float* __restrict__ x, const float* __restrict__ r, const flo
         __syncthreads();  // yq's column j is complete; warp_partial is free for the next column
     }
     extern __shared__ float tmp_shared[];
-    hx_mmvq_rows(p.w, yq, p.out, p.nrows, p.nrows, HX_RPB * p.index, threadIdx.y,
-                 tmp_shared + threadIdx.z * ((HX_NWARPS - 1) * HX_NCOLS * HX_RPB * 32));
+    float* hand_over = tmp_shared + threadIdx.z * ((HX_NWARPS - 1) * HX_NCOLS * HX_RPB * 32);
+#pragma unroll 1
+    for (int b = blockIdx.x; b < nblocks; b += gridDim.x) {
+        const hx_weight_of_block p = pick(b);
+        hx_mmvq_rows(p.w, yq, p.out, p.nrows, p.nrows, HX_RPB * p.index, threadIdx.y, hand_over);
+        if (b + gridDim.x < nblocks) {
+            __syncthreads();  // warp 0 has read the hand-over before the next rows' warps write it
+        }
+    }
 }
