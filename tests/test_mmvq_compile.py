@@ -22,6 +22,8 @@ from hiraishin.kernels.mmvq_swiglu.launch import SOURCE as MMVQ_SWIGLU_SOURCE
 from hiraishin.kernels.norm_mmvq.launch import SOURCE as NORM_MMVQ_SOURCE
 from hiraishin.kernels.norm_mmvq.launch import norm_mmvq_defines, norm_mmvq_geometry
 from hiraishin.kernels.quantize.launch import SOURCE as QUANTIZE_SOURCE
+from hiraishin.kernels.swiglu_down.launch import SOURCE as SWIGLU_DOWN_SOURCE
+from hiraishin.kernels.swiglu_down.launch import swiglu_down_compile
 from hiraishin.kernels.quantize.launch import quantize_defines
 from hiraishin.kernels.quantize.layout import LAYOUT_BYTES
 from hiraishin.kernels.tiled.launch import SOURCE as TILED_SOURCE
@@ -109,6 +111,25 @@ def test_compiles_without_spills(tmp_path, source, defines):
     assert not _spills(log), log
     warnings = [line for line in log.splitlines() if "warning" in line and "#pragma once" not in line]
     assert not warnings, log
+
+
+# SwiGLU inside the down projection (swiglu_down): the 0.6B's rows of 3,072 values and the 8B's of 12,288, one and
+# two tokens, Q4_K and Q6_K down weights, at the rows per CUDA block of the library's one-column plans; the row
+# groups a CUDA block as the launch picks them (the 8B's four-row Q4_K blocks need fewer threads a block)
+SWIGLU_DOWN_CASES = [(("Q4_K", 3072, 1, 1, 4), 4), (("Q6_K", 3072, 1, 1, 4), 4), (("Q4_K", 12288, 1, 4, 4), 2),
+                     (("Q6_K", 12288, 2, 2, 4), None)]
+
+
+@pytest.mark.parametrize("args, groups", SWIGLU_DOWN_CASES, ids=[str(a) for a, _ in SWIGLU_DOWN_CASES])
+def test_swiglu_down_compiles_without_spills(tmp_path, args, groups):
+    def at(d):
+        out = _compile(tmp_path / f"g{d['HX_SWIGLU_GROUPS']}-cap{d['HX_MIN_BLOCKS']}", SWIGLU_DOWN_SOURCE, d)
+        return out, int(_spills(out))
+
+    log, defines = swiglu_down_compile(*args, at)
+    assert not _spills(log), log
+    if groups is not None:
+        assert defines["HX_SWIGLU_GROUPS"] == groups
 
 
 def test_preset_launches_compile_without_spills(tmp_path):

@@ -203,3 +203,16 @@ def test_sweep_variants_start_from_the_library_limits():
             setattr(norm_mmvq, name, value)
         fused_launch.NORM_BLOCK_THREADS = threads
         fused_launch._launches.clear()
+
+
+def test_limits_from_the_environment(monkeypatch):
+    from hiraishin.errors import BackendError
+    from hiraishin.kernels.norm_mmvq.launch import ENV_NORM_MMVQ, limits_from_env
+
+    assert limits_from_env("") == {}
+    assert limits_from_env("1:100000") == {"NORM_MMVQ_MAX_TOKENS": 1, "NORM_MMVQ_MAX_BLOCKS": 100000}
+    monkeypatch.setenv(ENV_NORM_MMVQ, "1:1024:4:2")
+    assert limits_from_env()["NORM_MMVQ_PER_SM"] == 2
+    for bad in ("1:2:3:4:5", "on", "1:-2"):
+        with pytest.raises(BackendError, match=ENV_NORM_MMVQ):
+            limits_from_env(bad)

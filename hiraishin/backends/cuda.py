@@ -43,6 +43,8 @@ from ..kernels.mmvq.launch import (
 from ..kernels.mmvq.launch import mixed_enabled as mmvq_mixed_enabled
 from ..kernels.mmvq_swiglu.launch import SwigluMatVecLaunch, swiglu_epilogue_enabled, swiglu_epilogue_fits
 from ..kernels.norm_mmvq import launch as norm_mmvq
+from ..kernels.swiglu_down import launch as swiglu_down
+from ..kernels.swiglu_down.launch import SwigluDownLaunch, swiglu_down_fits, swiglu_down_tokens
 from ..kernels.quantize.launch import QuantizeLaunch
 from ..kernels.quantize.launch import output_shape as quantize_output_shape
 from ..kernels.quantize.layout import LAYOUT_COLUMN_GROUP, as_layout, layout_for
@@ -493,12 +495,30 @@ class CudaOps(CudaAttentionOps):
 
     def swiglu_matvec(self, g, u, weight, order, out=None):
         """``silu(g) * u`` quantized straight into the down projection's layout (one fused launch),
-        then its mat-vec."""
+        then its mat-vec. With ``HIRAISHIN_SWIGLU_DOWN=N`` (``kernels.swiglu_down``; off by default, not yet
+        timed) a pass of at most N tokens whose down mat-vec is one mmvq launch makes the product inside
+        that launch (``hx_swiglu_down``: the same bits, one launch fewer)."""
         T, k = g.shape
         mvs, (layout,) = self._layouts((weight,), T, order)
+        fused = self._swiglu_down_launch(mvs[0], T, k) if 0 < T <= swiglu_down_tokens() else None
+        if fused is not None:
+            return fused(g, u, weight[0], self._empty((T, mvs[0].n), _F32) if out is None else out)
         xq = self._q8_1_scratch(T, k, layout)
         launch_swiglu_q8_1(g, u, xq, None, layout)
         return self._run_matvecs((weight,), mvs, {layout: xq}, T, (out,))[0]
+
+    def _swiglu_down_launch(self, mv, T: int, k: int):
+        """The ``hx_swiglu_down`` launch of a down mat-vec ``mv`` (cached), or None where its plan is not one
+        mmvq launch or the product rows do not fit the kernel (:func:`swiglu_down_fits`)."""
+        key = ("swiglu_down", mv.group, mv.n, T, k, swiglu_down.SWIGLU_DOWN_PER_SM, swiglu_down.SWIGLU_DOWN_GROUPS)
+        if key in self._token_scratch:
+            return self._token_scratch[key]
+        plan = mv.plan
+        hit = None
+        if mv.group is not None and isinstance(plan, MatVecPlan) and swiglu_down_fits(mv.qtype, k, T):
+            hit = SwigluDownLaunch(mv.qtype, mv.n, k, T, plan.rows_per_block, plan.nwarps)
+        self._token_scratch[key] = hit
+        return hit
 
     def _q8_1_scratch(self, T: int, K: int, layout):
         """The reused buffer of (T, K) activations' q8_1 bytes in ``layout`` (one per shape and layout). An

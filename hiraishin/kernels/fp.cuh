@@ -92,7 +92,7 @@ __device__ __forceinline__ float hx_expf(float x) {
 }
 
 // SwiGLU's product silu(g) * u with silu(g) = g / (1 + e**-g): the one sequence of every kernel that
-// computes it (elementwise.cu, fused.cu, mmvq_swiglu.cu) and of their emulators.
+// computes it (elementwise.cu, fused.cu, mmvq_swiglu.cu, swiglu_down.cu) and of their emulators.
 __device__ __forceinline__ float hx_swiglu(const float g, const float u) {
     const float silu = __fdiv_rn(g, __fadd_rn(1.0f, hx_expf(-g)));
     return __fmul_rn(silu, u);

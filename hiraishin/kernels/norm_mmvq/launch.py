@@ -10,8 +10,11 @@ either way, only the number of launches in a pass changes.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
+from ...errors import BackendError
 from ..fused.launch import NULL
 from ...plans.matvec import matvec_traits
 from ..mmvq.launch import MULTI_MAX_WEIGHTS, kernel_defines, mmvq_kernel, multi_weight_args, register_cap_blocks
@@ -19,11 +22,11 @@ from ..quantize.launch import quantize_defines
 from ..rmsnorm.emulate import block_threads
 
 __all__ = ["SOURCE", "NORM_MMVQ_GROUPS", "NORM_MMVQ_MAX_TOKENS", "NORM_MMVQ_MAX_BLOCKS", "NORM_MMVQ_PER_SM",
-           "norm_mmvq_geometry", "norm_mmvq_blocks", "norm_mmvq_grid", "norm_mmvq_defines", "NormMatVecLaunch"]
+           "ENV_NORM_MMVQ", "limits_from_env", "norm_mmvq_geometry", "norm_mmvq_blocks", "norm_mmvq_grid", "norm_mmvq_defines", "NormMatVecLaunch"]
 
 # norm_mmvq.cu calls the norm kernels' device code (rmsnorm.cu's tree and scale, fused.cu's played tree
-# and per-value store, quantize_q8_1.cu's q8_1 store) and mmvq.cu's rows: one copy of each.
-SOURCE = ("rmsnorm/rmsnorm.cu", "quantize/quantize_q8_1.cu", "fused/fused.cu", "mmvq/mmvq.cu",
+# and per-value store, quantize_q8_1.cu's q8_1 store) and mmvq.cu's rows (strided.cuh): one copy of each.
+SOURCE = ("rmsnorm/rmsnorm.cu", "quantize/quantize_q8_1.cu", "fused/fused.cu", "mmvq/mmvq.cu", "mmvq/strided.cuh",
           "norm_mmvq/norm_mmvq.cu")
 
 # Measured on the H200 (bench/results/2026-12-02-h200-session6/a-norm-mmvq-tests, sweep_norm.py variants
@@ -53,6 +56,30 @@ NORM_MMVQ_MAX_BLOCKS = 1024
 # waves, each waiting for its norm). 0: no cap (that grid). Unmeasured: an A/B for bench/sweep_norm.py
 # ("/mmvq=T:B:G:S").
 NORM_MMVQ_PER_SM = 0
+# HIRAISHIN_NORM_MMVQ="T:B:G:S" (any leading part) sets the four limits above at import, so a whole bench can
+# run with the norm inside the mat-vecs (bench/sweep_norm.py sets them per variant instead).
+ENV_NORM_MMVQ = "HIRAISHIN_NORM_MMVQ"
+_LIMITS = ("NORM_MMVQ_MAX_TOKENS", "NORM_MMVQ_MAX_BLOCKS", "NORM_MMVQ_GROUPS", "NORM_MMVQ_PER_SM")
+
+
+def limits_from_env(text: str | None = None) -> dict:
+    """``{limit name: value}`` of the leading limits ``text`` (default: ``HIRAISHIN_NORM_MMVQ``) gives as
+    ``T:B:G:S``; ``{}`` when unset."""
+    text = (os.environ.get(ENV_NORM_MMVQ, "") if text is None else text).strip()
+    if not text:
+        return {}
+    parts = text.split(":")
+    if len(parts) > len(_LIMITS) or not all(part.strip().isdigit() for part in parts):
+        raise BackendError(f"{ENV_NORM_MMVQ} must be T[:B[:G[:S]]] (tokens, CUDA blocks, row groups a block, "
+                           f"blocks per SM; whole numbers), got {text!r}")
+    return dict(zip(_LIMITS, (int(part) for part in parts)))
+
+
+_ENV = limits_from_env()
+NORM_MMVQ_MAX_TOKENS = _ENV.get("NORM_MMVQ_MAX_TOKENS", NORM_MMVQ_MAX_TOKENS)
+NORM_MMVQ_MAX_BLOCKS = _ENV.get("NORM_MMVQ_MAX_BLOCKS", NORM_MMVQ_MAX_BLOCKS)
+NORM_MMVQ_GROUPS = _ENV.get("NORM_MMVQ_GROUPS", NORM_MMVQ_GROUPS)
+NORM_MMVQ_PER_SM = _ENV.get("NORM_MMVQ_PER_SM", NORM_MMVQ_PER_SM)
 
 
 def norm_mmvq_geometry(n: int, nwarps: int, groups: int | None = None) -> tuple[int, int, int] | None:

@@ -11,7 +11,7 @@
 // (tests/test_norm_mmvq.py on the CPU, tests/test_norm_mmvq_gpu.py on a GPU). Only the work is
 // repeated, once per CUDA block, on a row that is in L2.
 //
-// Compiled after rmsnorm.cu, quantize_q8_1.cu, fused.cu and mmvq.cu (launch.py SOURCE) with
+// Compiled after rmsnorm.cu, quantize_q8_1.cu, fused.cu, mmvq.cu and mmvq/strided.cuh (launch.py SOURCE) with
 // mmvq.cu's defines (HX_Y_SHARED: it reads its activations from shared memory), the q8_1 layout the
 // mat-vec reads (HX_LAYOUT, HX_LAYOUT_BYTES) and:
 //   HX_NORM_GROUPS  mat-vec row blocks per CUDA block: block (32, HX_NWARPS, HX_NORM_GROUPS), group
@@ -20,7 +20,7 @@
 //   HX_NORM_VALS    values of the row per tree thread (ceil(n / tree threads)).
 // Dynamic shared memory: HX_NORM_GROUPS * (HX_NWARPS-1)*HX_NCOLS*HX_RPB*32 floats (the groups'
 // hand-over). Static: the HX_NCOLS normed rows in the mat-vec's layout (HX_NCOLS * HX_COL_BYTES).
-// Grid: ceil(row blocks / HX_NORM_GROUPS) CUDA blocks, or fewer (each then strides; see the kernel).
+// Grid: ceil(row blocks / HX_NORM_GROUPS) CUDA blocks, or fewer (each then strides: mmvq/strided.cuh).
 #if !defined(HX_NORM_GROUPS) || !defined(HX_NORM_PLAY) || !defined(HX_NORM_VALS) || !defined(HX_Y_SHARED)
 #error "norm_mmvq.cu needs HX_NORM_GROUPS, HX_NORM_PLAY, HX_NORM_VALS and HX_Y_SHARED (launch.py norm_mmvq_defines)"
 #endif
@@ -35,23 +35,11 @@ hx_norm_mmvq(const float* __restrict__ x, const float* __restrict__ r, const flo
              const u8* __restrict__ w0, float* __restrict__ dst0, const int nrows0, const int nblk0,
              const u8* __restrict__ w1, float* __restrict__ dst1, const int nrows1, const int nblk1,
              const u8* __restrict__ w2, float* __restrict__ dst2, const int nrows2) {
-    // CUDA block b takes row blocks b*G .. b*G+G-1 (group g = threadIdx.z the g-th), whichever weight
-    // each maps to; past the last it recomputes the last row of weight 2 and writes nothing (every
-    // group reaches the one block barrier of hx_mmvq_rows). A grid of fewer CUDA blocks than that
-    // (launch.py NORM_MMVQ_PER_SM) strides: block b also takes b + gridDim.x, ..., so the norm is
-    // made once per resident block instead of once per G row blocks. Which block sums a row changes
-    // no bit of it.
-    const int nblocks = (nblk0 + nblk1 + (nrows2 + HX_RPB - 1) / HX_RPB + HX_NORM_GROUPS - 1) / HX_NORM_GROUPS;
-    const auto pick = [&](const int b) {
-        return hx_pick_weight(b * HX_NORM_GROUPS + threadIdx.z, w0, dst0, nrows0, nblk0, w1, dst1, nrows1, nblk1,
-                              w2, dst2, nrows2);
-    };
+    // the rows: mmvq_multi's, HX_NORM_GROUPS row blocks a CUDA block, striding when the grid is smaller
+    // (launch.py NORM_MMVQ_PER_SM): the norm is then made once per resident block (mmvq/strided.cuh)
+    const hx_weights3 ws = {w0, dst0, nrows0, nblk0, w1, dst1, nrows1, nblk1, w2, dst2, nrows2};
     const int tid = threadIdx.x + 32 * (threadIdx.y + HX_NWARPS * threadIdx.z);
-#pragma unroll 1
-    for (int b = blockIdx.x; b < nblocks; b += gridDim.x) {  // the groups' weight rows into L2 before the wait
-        const hx_weight_of_block p = pick(b);
-        hx_prefetch_rows(p.w, p.nrows, HX_RPB * p.index);
-    }
+    hx_strided_prefetch(ws, HX_NORM_GROUPS);  // the weight rows into L2 before the wait
     hx_prefetch_lines(nw, 4LL * n, tid, HX_NORM_THREADS);
     HX_PDL_ENTRY();
 
@@ -71,13 +59,5 @@ hx_norm_mmvq(const float* __restrict__ x, const float* __restrict__ r, const flo
         __syncthreads();  // yq's column j is complete; warp_partial is free for the next column
     }
     extern __shared__ float tmp_shared[];
-    float* hand_over = tmp_shared + threadIdx.z * ((HX_NWARPS - 1) * HX_NCOLS * HX_RPB * 32);
-#pragma unroll 1
-    for (int b = blockIdx.x; b < nblocks; b += gridDim.x) {
-        const hx_weight_of_block p = pick(b);
-        hx_mmvq_rows(p.w, yq, p.out, p.nrows, p.nrows, HX_RPB * p.index, threadIdx.y, hand_over);
-        if (b + gridDim.x < nblocks) {
-            __syncthreads();  // warp 0 has read the hand-over before the next rows' warps write it
-        }
-    }
+    hx_strided_rows(ws, HX_NORM_GROUPS, yq, tmp_shared);
 }
