@@ -102,11 +102,14 @@ def test_swiglu_down_defines_and_switch(monkeypatch):
     d = swiglu_down_defines("Q6_K", 3072, 1, 1, 4, 2)
     assert d["HX_Y_SHARED"] == 1 and d["HX_SWIGLU_GROUPS"] == 2 and "HX_W_EARLY" not in d
     assert d["HX_LAYOUT"] != 0  # the Q6_K mat-vec's own layout, not llama.cpp's blocks
-    monkeypatch.setenv(swiglu_down.ENV_SWIGLU_DOWN, "2")
-    assert swiglu_down._tokens_from_env() == 2
-    monkeypatch.setenv(swiglu_down.ENV_SWIGLU_DOWN, "on")
-    with pytest.raises(BackendError, match="HIRAISHIN_SWIGLU_DOWN"):
-        swiglu_down._tokens_from_env()
+    assert swiglu_down.settings_from_env("") == {}
+    assert swiglu_down.settings_from_env("2") == {"SWIGLU_DOWN_TOKENS": 2}
+    monkeypatch.setenv(swiglu_down.ENV_SWIGLU_DOWN, "1:2:3")
+    assert swiglu_down.settings_from_env() == {"SWIGLU_DOWN_TOKENS": 1, "SWIGLU_DOWN_GROUPS": 2,
+                                               "SWIGLU_DOWN_PER_SM": 3}
+    for bad in ("on", "1:2:3:4", "1:-1"):
+        with pytest.raises(BackendError, match="HIRAISHIN_SWIGLU_DOWN"):
+            swiglu_down.settings_from_env(bad)
     assert swiglu_down.swiglu_down_tokens() == swiglu_down.SWIGLU_DOWN_TOKENS
 
 

@@ -23,32 +23,45 @@ from ..quantize.launch import quantize_defines
 from ..quantize.layout import LAYOUT_BYTES, layout_for
 
 __all__ = ["SOURCE", "ENV_SWIGLU_DOWN", "SWIGLU_DOWN_TOKENS", "SWIGLU_DOWN_GROUPS", "SWIGLU_DOWN_PER_SM",
-           "SWIGLU_DOWN_MAX_SHARED", "swiglu_down_tokens", "swiglu_down_fits", "swiglu_down_defines",
+           "SWIGLU_DOWN_MAX_SHARED", "settings_from_env", "swiglu_down_tokens", "swiglu_down_fits", "swiglu_down_defines",
            "swiglu_down_compile", "SwigluDownLaunch"]
 
 # quantize_q8_1.cu's hx_q8_1_store (for the down weight's layout), mmvq.cu's rows, their strided form, the kernel.
 SOURCE = ("quantize/quantize_q8_1.cu", "mmvq/mmvq.cu", "mmvq/strided.cuh", "swiglu_down/swiglu_down.cu")
 
-# Passes of at most this many tokens make SwiGLU inside the down launch (HIRAISHIN_SWIGLU_DOWN=N; 0: never, the
-# default). Unmeasured: written for an A/B on the GPU (the SwiGLU launch is one of a layer's ~8 dependent
-# launches in a one-token pass; the session-6 form of this idea for the norm, one CUDA block per four row
-# blocks and so a norm per wave, was slower: norm_mmvq/launch.py).
-ENV_SWIGLU_DOWN = "HIRAISHIN_SWIGLU_DOWN"
-
-
-def _tokens_from_env() -> int:
-    text = os.environ.get(ENV_SWIGLU_DOWN, "0").strip() or "0"
-    if not text.isdigit():
-        raise BackendError(f"{ENV_SWIGLU_DOWN} must be a number of tokens (0: off), got {text!r}")
-    return int(text)
-
-
-SWIGLU_DOWN_TOKENS = _tokens_from_env()  # read at import, as the other switches; a test may set it here
-# Mat-vec row blocks (of 32 * nwarps threads each) per CUDA block: the threads that share one product row.
+# Passes of at most this many tokens make SwiGLU inside the down launch; 0: never (the default). Unmeasured:
+# written for an A/B on the GPU (the SwiGLU launch is one of a layer's ~8 dependent launches in a one-token
+# pass; the session-6 form of this idea for the norm, one CUDA block per four row blocks and so a norm per wave
+# of blocks, was slower: norm_mmvq/launch.py).
+SWIGLU_DOWN_TOKENS = 0
+# Mat-vec row blocks (of 32 * nwarps threads each) per CUDA block: the threads that share one product row (fewer
+# where the kernel would spill: swiglu_down_compile).
 SWIGLU_DOWN_GROUPS = 4
 # At most this many CUDA blocks per SM (and never more than fit at once): each makes the product once and
 # strides over the rows of several blocks (mmvq/strided.cuh). 0: one CUDA block per SWIGLU_DOWN_GROUPS row blocks.
 SWIGLU_DOWN_PER_SM = 1
+# HIRAISHIN_SWIGLU_DOWN="N[:G[:S]]" sets the three above at import (tokens, row groups, blocks per SM).
+ENV_SWIGLU_DOWN = "HIRAISHIN_SWIGLU_DOWN"
+_SETTINGS = ("SWIGLU_DOWN_TOKENS", "SWIGLU_DOWN_GROUPS", "SWIGLU_DOWN_PER_SM")
+
+
+def settings_from_env(text: str | None = None) -> dict:
+    """``{setting name: value}`` of the leading settings ``text`` (default: ``HIRAISHIN_SWIGLU_DOWN``) gives as
+    ``N:G:S``; ``{}`` when unset."""
+    text = (os.environ.get(ENV_SWIGLU_DOWN, "") if text is None else text).strip()
+    if not text:
+        return {}
+    parts = text.split(":")
+    if len(parts) > len(_SETTINGS) or not all(part.strip().isdigit() for part in parts):
+        raise BackendError(f"{ENV_SWIGLU_DOWN} must be N[:G[:S]] (tokens, row groups a CUDA block, blocks per SM; "
+                           f"whole numbers, N = 0: off), got {text!r}")
+    return dict(zip(_SETTINGS, (int(part) for part in parts)))
+
+
+_ENV = settings_from_env()  # read at import, as the other switches; a test may set the constants here
+SWIGLU_DOWN_TOKENS = _ENV.get("SWIGLU_DOWN_TOKENS", SWIGLU_DOWN_TOKENS)
+SWIGLU_DOWN_GROUPS = max(1, _ENV.get("SWIGLU_DOWN_GROUPS", SWIGLU_DOWN_GROUPS))
+SWIGLU_DOWN_PER_SM = _ENV.get("SWIGLU_DOWN_PER_SM", SWIGLU_DOWN_PER_SM)
 # The product rows live in static shared memory, whose limit per CUDA block is 48 KiB; Qwen3-8B's 12,288-value
 # rows take ~13.5 KiB a token in the Q4_K/Q6_K layouts.
 SWIGLU_DOWN_MAX_SHARED = 48 * 1024
