@@ -28,13 +28,23 @@ from ..plans import attention_plan, matvec_plan
 from . import checks
 from .kv_cache import KVCache
 
-__all__ = ["Backend", "ENV_ATTN_TRIM", "ATTN_TRIM"]
+__all__ = ["Backend", "ENV_ATTN_TRIM", "ATTN_TRIM", "feed_forward_steps"]
 
 # The parallel blocks of an attention launch that would sum no filled cell are not launched
 # (AttentionPlan.launched: the same bits; a short cache then needs no combine launch).
 # HIRAISHIN_ATTN_TRIM=0 launches the order's plan as it is (A/B measurements).
 ENV_ATTN_TRIM = "HIRAISHIN_ATTN_TRIM"
 ATTN_TRIM = os.environ.get(ENV_ATTN_TRIM, "1").strip() != "0"
+
+
+def feed_forward_steps(ops, x, norm_w, eps: float, gate, up, down, order, outs, residual, out_sum, between):
+    """A feed-forward block as its steps, on either backend's ``ops`` (the CPU's whole ``norm_swiglu_matvec``,
+    the CUDA ops' where they fuse nothing): ``norm_matvecs`` of ``gate`` and ``up``, ``between()`` (if given),
+    then ``swiglu_matvec`` into ``down``. ``outs``: (gate's, up's, down's output). Returns ``(d, s)``."""
+    (g, u), s = ops.norm_matvecs(x, norm_w, eps, (gate, up), order, outs[:2], residual, out_sum)
+    if between is not None:
+        between()
+    return ops.swiglu_matvec(g, u, down, order, out=outs[2]), s
 
 
 class Backend:

@@ -11,7 +11,7 @@ from ..kernels.attention.emulate import emulate_combine, emulate_partials
 from ..kernels.fused import emulate_qk_norm_rope_kv
 from ..kernels.mmq_stock import emulate as mmq_stock_emulate
 from ..plans import MMQStockPlan, SubBlockPlan
-from .base import Backend
+from .base import Backend, feed_forward_steps
 
 __all__ = ["CpuBackend", "CpuOps"]
 
@@ -102,11 +102,8 @@ class CpuOps:
         :meth:`swiglu_matvec` into ``down``. ``outs``: (gate's, up's, down's output) or None. Returns
         ``(d, s)`` (``s``: ``x + residual``, None without one). The CUDA ops may do SwiGLU inside the gate/up
         launch: the same bits."""
-        outs = outs or (None, None, None)
-        (g, u), s = self.norm_matvecs(x, norm_w, eps, (gate, up), order, outs[:2], residual, out_sum)
-        if between is not None:
-            between()
-        return self.swiglu_matvec(g, u, down, order, out=outs[2]), s
+        return feed_forward_steps(self, x, norm_w, eps, gate, up, down, order, outs or (None, None, None), residual,
+                                  out_sum, between)
 
     def qk_norm_rope_store(self, q, k, v, q_norm_w, k_norm_w, eps: float, pos, cos_t, sin_t, cache, layer: int,
                            out=None):

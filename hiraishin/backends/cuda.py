@@ -50,7 +50,7 @@ from ..kernels.quantize.launch import output_shape as quantize_output_shape
 from ..kernels.quantize.layout import LAYOUT_COLUMN_GROUP, as_layout, layout_for
 from ..plans import MMQStockPlan, SubBlockPlan
 from ..plans.matvec import MatVecPlan, matvec_traits
-from .base import Backend
+from .base import Backend, feed_forward_steps
 from .checks import get_rows_width
 from .cuda_attention import CudaAttentionOps
 from .cuda_matvec import PreparedMatVec
@@ -461,10 +461,7 @@ class CudaOps(CudaAttentionOps):
             mvs, layouts = self._layouts((gate, up), T, order)
             fused = self._swiglu_launch(mvs, down, T, order)
         if fused is None:
-            (g, u), s = self.norm_matvecs(x, norm_w, eps, (gate, up), order, outs[:2], residual, out_sum)
-            if between is not None:
-                between()
-            return self.swiglu_matvec(g, u, down, order, out=outs[2]), s
+            return feed_forward_steps(self, x, norm_w, eps, gate, up, down, order, outs, residual, out_sum, between)
         launch, down_mv = fused
         norm, s = self._norm_launch(x, norm_w, eps, residual, out_sum)
         xqs = self._normed(norm, layouts, T, n)
