@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from graph_passes import replayed_passes
 
 from hiraishin import Qwen3, ReductionOrder
 
@@ -105,24 +106,13 @@ def test_passes_with_the_norm_fused_equal_passes_without(tiny_model_path, order,
     prompt = rng.integers(0, fused.config.n_vocab, 20).tolist()
     steps = [rng.integers(0, fused.config.n_vocab, w).tolist() for w in (1, 2, 3, 4, 1)]
 
-    def run(model):
-        model.reset()
-        model.forward(prompt, 0, order)
-        pos, outs = len(prompt), []
-        for tokens in steps:
-            for _ in range(3):  # eager warm-up, capture, replay
-                out = model.forward(tokens, pos, order)
-            outs.append(out)
-            pos += len(tokens)
-        return outs
-
-    with_fusion = run(fused)
+    with_fusion = replayed_passes(fused, prompt, steps, order)
     launches = [launch for v in fused.ops._norm_multis.values() if v for launch, _ in v]
     assert launches, "no norm was fused: the comparison would be empty"
     if per_sm:
         assert all(launch.grid[0] == 1 for launch in launches) and any(launch.blocks > 1 for launch in launches)
     monkeypatch.setattr(norm_mmvq, "NORM_MMVQ_MAX_TOKENS", 0)
     plain = Qwen3.from_gguf(tiny_model_path, device="cuda", progress=False, cuda_graphs=True, n_ctx=512)
-    without = run(plain)
+    without = replayed_passes(plain, prompt, steps, order)
     for i, (a, b) in enumerate(zip(with_fusion, without)):
         assert np.array_equal(_bits(a), _bits(b)), f"step {i} ({len(steps[i])} tokens)"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from graph_passes import replayed_passes
 
 from hiraishin import Qwen3, ReductionOrder
 
@@ -72,23 +73,12 @@ def test_passes_with_swiglu_in_the_down_launch_equal_passes_without(tiny_model_p
     prompt = rng.integers(0, fused.config.n_vocab, 20).tolist()
     steps = [rng.integers(0, fused.config.n_vocab, w).tolist() for w in (1, 2, 3, 1)]
 
-    def run(model):
-        model.reset()
-        model.forward(prompt, 0, order)
-        pos, outs = len(prompt), []
-        for tokens in steps:
-            for _ in range(3):  # eager warm-up, capture, replay
-                out = model.forward(tokens, pos, order)
-            outs.append(out)
-            pos += len(tokens)
-        return outs
-
-    with_fusion = run(fused)
+    with_fusion = replayed_passes(fused, prompt, steps, order)
     launches = [v for key, v in fused.ops._token_scratch.items() if key[0] == "swiglu_down" and v is not None]
     assert launches, "no down launch made SwiGLU: the comparison would be empty"
     assert all(launch.grid[0] == 1 for launch in launches)
     monkeypatch.setattr(swiglu_down, "SWIGLU_DOWN_TOKENS", 0)
     plain = Qwen3.from_gguf(tiny_model_path, device="cuda", progress=False, cuda_graphs=True, n_ctx=512)
-    without = run(plain)
+    without = replayed_passes(plain, prompt, steps, order)
     for i, (a, b) in enumerate(zip(with_fusion, without)):
         assert np.array_equal(_bits(a), _bits(b)), f"step {i} ({len(steps[i])} tokens)"
