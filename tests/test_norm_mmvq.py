@@ -169,14 +169,14 @@ def test_emulator_is_norm_then_matvec():
     assert none is None and out0.shape == (2, 9)
 
 
-def test_norm_mmvq_grid_caps_blocks_per_sm_by_what_fits():
-    from hiraishin.kernels.norm_mmvq.launch import norm_mmvq_grid
+def test_resident_grid_caps_blocks_per_sm_by_what_fits():
+    from hiraishin.kernels.mmvq.launch import resident_grid
 
-    assert norm_mmvq_grid(1024, 0, 4, 132) == 1024  # no cap: one CUDA block per row groups
-    assert norm_mmvq_grid(1024, 2, 4, 132) == 264
-    assert norm_mmvq_grid(1024, 8, 3, 132) == 396  # never more than fit at once
-    assert norm_mmvq_grid(100, 2, 4, 132) == 100  # fewer blocks than the cap
-    assert norm_mmvq_grid(1024, 1, 0, 132) == 132  # a driver answer of 0 still launches a block per SM
+    assert resident_grid(1024, 0, 4, 132) == 1024  # no cap: one CUDA block per row groups
+    assert resident_grid(1024, 2, 4, 132) == 264
+    assert resident_grid(1024, 8, 3, 132) == 396  # never more than fit at once
+    assert resident_grid(100, 2, 4, 132) == 100  # fewer blocks than the cap
+    assert resident_grid(1024, 1, 0, 132) == 132  # a driver answer of 0 still launches a block per SM
 
 
 def test_sweep_variants_start_from_the_library_limits():

@@ -100,7 +100,7 @@ def test_passes_with_the_norm_fused_equal_passes_without(tiny_model_path, order,
     monkeypatch.setattr(norm_mmvq, "NORM_MMVQ_MAX_TOKENS", 4)  # off by default (measured slower)
     monkeypatch.setattr(norm_mmvq, "NORM_MMVQ_PER_SM", per_sm)
     if per_sm:  # the tiny model's launches have fewer blocks than an H200 has SMs: one CUDA block strides over all
-        monkeypatch.setattr(norm_mmvq, "_fit", lambda kernel, block, shared: (1, 1))
+        monkeypatch.setattr(norm_mmvq, "strided_grid", lambda kernel, blocks, block, shared, per_sm: (1, 1, 1))
     fused = Qwen3.from_gguf(tiny_model_path, device="cuda", progress=False, cuda_graphs=True, n_ctx=512)
     rng = np.random.default_rng(3)
     prompt = rng.integers(0, fused.config.n_vocab, 20).tolist()

@@ -67,7 +67,8 @@ def test_passes_with_swiglu_in_the_down_launch_equal_passes_without(tiny_model_p
     from hiraishin.kernels.swiglu_down import launch as swiglu_down
 
     monkeypatch.setattr(swiglu_down, "SWIGLU_DOWN_TOKENS", 2)  # off by default (not yet timed)
-    monkeypatch.setattr(swiglu_down, "_fit", lambda kernel, block, shared: (1, 1))  # one CUDA block strides
+    # one CUDA block strides over every row
+    monkeypatch.setattr(swiglu_down, "strided_grid", lambda kernel, blocks, block, shared, per_sm: (1, 1, 1))
     fused = Qwen3.from_gguf(tiny_model_path, device="cuda", progress=False, cuda_graphs=True, n_ctx=512)
     rng = np.random.default_rng(4)
     prompt = rng.integers(0, fused.config.n_vocab, 20).tolist()

@@ -44,6 +44,7 @@ __all__ = [
     "precompile",
     "kernel_attributes",
     "clear_cache",
+    "env_counts",
 ]
 
 # Per-SM limits of the GPUs we compile for (sm_80 .. sm_90): registers, threads, resident blocks.
@@ -298,3 +299,17 @@ def clear_cache() -> None:
     with _lock:
         _modules.clear()
         _kernels.clear()
+
+
+def env_counts(env: str, names: tuple, usage: str, text: str | None = None) -> dict:
+    """``{name: whole number}`` for the leading ``names`` that the environment variable ``env`` (or ``text``)
+    gives colon-separated (``"1:1024:4"``); ``{}`` when unset. A switch with several numbers (a fusion's
+    tokens, CUDA blocks, groups) reads itself with this; ``usage`` (e.g. ``"T[:B[:G[:S]]]"``) goes into the
+    error that names ``env`` and the bad text."""
+    text = (os.environ.get(env, "") if text is None else text).strip()
+    if not text:
+        return {}
+    parts = text.split(":")
+    if len(parts) > len(names) or not all(part.strip().isdigit() for part in parts):
+        raise BackendError(f"{env} must be {usage} (whole numbers), got {text!r}")
+    return dict(zip(names, (int(part) for part in parts)))

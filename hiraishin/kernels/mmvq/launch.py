@@ -206,6 +206,29 @@ def mmvq_kernel(defines: dict, source=SOURCE, name: str = "mmvq"):
     return capped_compile(defines, compiled)
 
 
+def resident_grid(blocks: int, per_sm: int, fit_per_sm: int, sm_count: int) -> int:
+    """CUDA blocks to launch for ``blocks`` blocks' rows in a kernel that strides (``mmvq/strided.cuh``): all of
+    them when ``per_sm`` is 0, else at most ``min(per_sm, fit_per_sm)`` per SM (``fit_per_sm``: what the driver
+    says fits at once, at least 1)."""
+    if per_sm <= 0:
+        return blocks
+    return max(1, min(blocks, min(per_sm, max(1, fit_per_sm)) * sm_count))
+
+
+def strided_grid(kernel, blocks: int, block: tuple, shared: int, per_sm: int) -> tuple:
+    """The grid of a striding ``kernel`` (a compiled launch with ``block`` threads and ``shared`` dynamic bytes)
+    whose rows fill ``blocks`` CUDA blocks: :func:`resident_grid` with the driver's occupancy and SM count
+    (asked only when ``per_sm`` caps it)."""
+    if per_sm <= 0:
+        return (blocks, 1, 1)
+    import cupy as cp
+
+    threads = block[0] * block[1] * block[2]
+    fit = cp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.kernel.ptr, threads, shared)
+    sms = cp.cuda.Device().attributes["MultiProcessorCount"]
+    return (resident_grid(blocks, per_sm, int(fit), int(sms)), 1, 1)
+
+
 class MatVecLaunch:
     """One compiled mmvq launch: ``ncols`` columns of a (``n``, ``k``) ``qtype`` weight.
 

@@ -10,19 +10,18 @@ either way, only the number of launches in a pass changes.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
-from ...errors import BackendError
+from ..compile import env_counts
 from ..fused.launch import NULL
 from ...plans.matvec import matvec_traits
-from ..mmvq.launch import MULTI_MAX_WEIGHTS, kernel_defines, mmvq_kernel, multi_weight_args, register_cap_blocks
+from ..mmvq.launch import (MULTI_MAX_WEIGHTS, kernel_defines, mmvq_kernel, multi_weight_args, register_cap_blocks,
+                           strided_grid)
 from ..quantize.launch import quantize_defines
 from ..rmsnorm.emulate import block_threads
 
 __all__ = ["SOURCE", "NORM_MMVQ_GROUPS", "NORM_MMVQ_MAX_TOKENS", "NORM_MMVQ_MAX_BLOCKS", "NORM_MMVQ_PER_SM",
-           "ENV_NORM_MMVQ", "limits_from_env", "norm_mmvq_geometry", "norm_mmvq_blocks", "norm_mmvq_grid", "norm_mmvq_defines", "NormMatVecLaunch"]
+           "ENV_NORM_MMVQ", "limits_from_env", "norm_mmvq_geometry", "norm_mmvq_blocks", "norm_mmvq_defines", "NormMatVecLaunch"]
 
 # norm_mmvq.cu calls the norm kernels' device code (rmsnorm.cu's tree and scale, fused.cu's played tree
 # and per-value store, quantize_q8_1.cu's q8_1 store) and mmvq.cu's rows (strided.cuh): one copy of each.
@@ -65,14 +64,8 @@ _LIMITS = ("NORM_MMVQ_MAX_TOKENS", "NORM_MMVQ_MAX_BLOCKS", "NORM_MMVQ_GROUPS", "
 def limits_from_env(text: str | None = None) -> dict:
     """``{limit name: value}`` of the leading limits ``text`` (default: ``HIRAISHIN_NORM_MMVQ``) gives as
     ``T:B:G:S``; ``{}`` when unset."""
-    text = (os.environ.get(ENV_NORM_MMVQ, "") if text is None else text).strip()
-    if not text:
-        return {}
-    parts = text.split(":")
-    if len(parts) > len(_LIMITS) or not all(part.strip().isdigit() for part in parts):
-        raise BackendError(f"{ENV_NORM_MMVQ} must be T[:B[:G[:S]]] (tokens, CUDA blocks, row groups a block, "
-                           f"blocks per SM; whole numbers), got {text!r}")
-    return dict(zip(_LIMITS, (int(part) for part in parts)))
+    return env_counts(ENV_NORM_MMVQ, _LIMITS, "T[:B[:G[:S]]] (tokens, CUDA blocks, row groups a block, blocks per SM)",
+                      text)
 
 
 _ENV = limits_from_env()
@@ -102,14 +95,6 @@ def norm_mmvq_blocks(ns, rows_per_block: int, geometry: tuple[int, int, int]) ->
     return -(-sum(-(-int(n) // rows_per_block) for n in ns) // geometry[0])
 
 
-def norm_mmvq_grid(blocks: int, per_sm: int, fit_per_sm: int, sm_count: int) -> int:
-    """CUDA blocks to launch for ``blocks`` blocks' work: all of them when ``per_sm`` is 0, else at most
-    ``min(per_sm, fit_per_sm)`` per SM (``fit_per_sm``: what the driver says fits at once, at least 1)."""
-    if per_sm <= 0:
-        return blocks
-    return max(1, min(blocks, min(per_sm, max(1, fit_per_sm)) * sm_count))
-
-
 def norm_mmvq_defines(qtype: str, k: int, ncols: int, rows_per_block: int, nwarps: int, layout: str | None,
                       geometry: tuple[int, int, int], min_blocks: int | None = None) -> dict:
     """``#define``\\ s of ``hx_norm_mmvq``: mmvq's for the geometry (the same rows, the same bits), the
@@ -125,15 +110,6 @@ def norm_mmvq_defines(qtype: str, k: int, ncols: int, rows_per_block: int, nwarp
             "HX_NORM_GROUPS": int(groups), "HX_NORM_PLAY": int(play), "HX_NORM_VALS": int(vals)}
 
 
-def _fit(kernel, block: tuple, shared: int) -> tuple[int, int]:
-    """(CUDA blocks of ``kernel`` that fit on one SM at once, the device's SM count), from the driver."""
-    import cupy as cp
-
-    threads = block[0] * block[1] * block[2]
-    fit = cp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.kernel.ptr, threads, shared)
-    return int(fit), int(cp.cuda.Device().attributes["MultiProcessorCount"])
-
-
 class NormMatVecLaunch:
     """One ``hx_norm_mmvq`` launch: RMSNorm of ``x`` (+ ``r``) and the mat-vecs of up to three
     (``n_i``, ``k``) ``qtype`` weights reading it, for ``ncols`` tokens.
@@ -143,7 +119,7 @@ class NormMatVecLaunch:
     ``ws`` the weights, ``outs`` float32 (ncols, n_i) each. Bits: those of
     ``hx_add_rms_norm_q8_1`` (or ``hx_rms_norm_q8_1``) into ``layout`` and then ``mmvq_multi``, whatever
     the grid: ``per_sm`` (default :data:`NORM_MMVQ_PER_SM`, read when built) caps the CUDA blocks per SM
-    (:func:`norm_mmvq_grid`), and each block then takes several blocks' rows.
+    (``mmvq.launch.strided_grid``), and each block then takes several blocks' rows.
     """
 
     __slots__ = ("kernel", "grid", "block", "shared", "nblk", "ns", "scalars", "blocks")
@@ -164,9 +140,7 @@ class NormMatVecLaunch:
         self.block = (32, nwarps, groups)
         self.shared = groups * (nwarps - 1) * ncols * rows_per_block * 32 * 4
         per_sm = NORM_MMVQ_PER_SM if per_sm is None else per_sm
-        grid = self.blocks if per_sm <= 0 else norm_mmvq_grid(self.blocks, per_sm, *_fit(self.kernel, self.block,
-                                                                                        self.shared))
-        self.grid = (grid, 1, 1)
+        self.grid = strided_grid(self.kernel, self.blocks, self.block, self.shared, per_sm)
         self.scalars = (np.int32(k), np.float32(eps))
 
     def __call__(self, x, r, nw, s, ws, outs):

@@ -9,16 +9,12 @@ is the backend's choice (``hiraishin.backends.cuda``, :func:`swiglu_down_tokens`
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
-from ...errors import BackendError
 from ...plans.matvec import matvec_traits
 from ...quant import BLOCK_BYTES
-from ..compile import get_kernel
-from ..mmvq.launch import capped_compile, kernel_defines, register_cap_blocks
-from ..norm_mmvq.launch import norm_mmvq_grid
+from ..compile import env_counts, get_kernel
+from ..mmvq.launch import capped_compile, kernel_defines, register_cap_blocks, strided_grid
 from ..quantize.launch import quantize_defines
 from ..quantize.layout import LAYOUT_BYTES, layout_for
 
@@ -48,14 +44,8 @@ _SETTINGS = ("SWIGLU_DOWN_TOKENS", "SWIGLU_DOWN_GROUPS", "SWIGLU_DOWN_PER_SM")
 def settings_from_env(text: str | None = None) -> dict:
     """``{setting name: value}`` of the leading settings ``text`` (default: ``HIRAISHIN_SWIGLU_DOWN``) gives as
     ``N:G:S``; ``{}`` when unset."""
-    text = (os.environ.get(ENV_SWIGLU_DOWN, "") if text is None else text).strip()
-    if not text:
-        return {}
-    parts = text.split(":")
-    if len(parts) > len(_SETTINGS) or not all(part.strip().isdigit() for part in parts):
-        raise BackendError(f"{ENV_SWIGLU_DOWN} must be N[:G[:S]] (tokens, row groups a CUDA block, blocks per SM; "
-                           f"whole numbers, N = 0: off), got {text!r}")
-    return dict(zip(_SETTINGS, (int(part) for part in parts)))
+    return env_counts(ENV_SWIGLU_DOWN, _SETTINGS,
+                      "N[:G[:S]] (tokens, N = 0: off; row groups a CUDA block; blocks per SM)", text)
 
 
 _ENV = settings_from_env()  # read at import, as the other switches; a test may set the constants here
@@ -113,15 +103,6 @@ def swiglu_down_compile(qtype: str, k: int, ncols: int, rows_per_block: int, nwa
         g //= 2
 
 
-def _fit(kernel, block: tuple, shared: int) -> tuple[int, int]:
-    """(CUDA blocks of ``kernel`` that fit on one SM at once, the device's SM count), from the driver."""
-    import cupy as cp
-
-    threads = block[0] * block[1] * block[2]
-    fit = cp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.kernel.ptr, threads, shared)
-    return int(fit), int(cp.cuda.Device().attributes["MultiProcessorCount"])
-
-
 class SwigluDownLaunch:
     """One ``hx_swiglu_down`` launch: ``silu(g) * u`` of ``ncols`` rows of ``k`` values, quantized to q8_1 in
     the layout a ``qtype`` mat-vec reads, times an (``n``, ``k``) ``qtype`` weight.
@@ -149,9 +130,7 @@ class SwigluDownLaunch:
         self.block = (32, nwarps, groups)
         self.shared = groups * (nwarps - 1) * ncols * rows_per_block * 32 * 4
         per_sm = SWIGLU_DOWN_PER_SM if per_sm is None else per_sm
-        grid = self.blocks if per_sm <= 0 else norm_mmvq_grid(self.blocks, per_sm, *_fit(self.kernel, self.block,
-                                                                                        self.shared))
-        self.grid = (grid, 1, 1)
+        self.grid = strided_grid(self.kernel, self.blocks, self.block, self.shared, per_sm)
         self.n = np.int32(n)
 
     def __call__(self, g, u, w, out):
