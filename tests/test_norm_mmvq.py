@@ -216,3 +216,26 @@ def test_limits_from_the_environment(monkeypatch):
     for bad in ("1:2:3:4:5", "on", "1:-2"):
         with pytest.raises(BackendError, match=ENV_NORM_MMVQ):
             limits_from_env(bad)
+
+
+def test_the_backend_fuses_a_norm_only_where_one_launch_takes_every_weight(monkeypatch):
+    """Q, K and V of one type: one hx_norm_mmvq launch; a Q6_K V beside Q4_K Q and K (half of Qwen3 Q4_K_M's
+    layers): no fusion (the norm launch and mmvq_mixed are two launches, as two fused launches would be)."""
+    from types import SimpleNamespace
+
+    from hiraishin.backends.cuda import CudaOps
+    from hiraishin.kernels.norm_mmvq import launch as norm_mmvq
+    from hiraishin.plans.matvec import matvec_traits
+
+    monkeypatch.setattr(norm_mmvq, "NormMatVecLaunch", lambda *args: args)
+
+    def mv(qtype, n, k=1024):
+        plan = MatVecPlan("mmvq", qtype, nwarps=4, rows_per_block=1, cols_per_launch=1, ncols=1)
+        t = matvec_traits(qtype)
+        return SimpleNamespace(group=(qtype, k // t.qk * t.block_bytes, plan), n=n, plan=plan, layout=qtype)
+
+    one_type = CudaOps._plan_norm_mmvq([mv("Q4_K", 2048), mv("Q4_K", 1024), mv("Q4_K", 1024)], 1, 1024, 1e-6, 1, 1024)
+    assert [(args[0], args[1], idx) for args, idx in one_type] == [("Q4_K", (2048, 1024, 1024), [0, 1, 2])]
+    assert CudaOps._plan_norm_mmvq([mv("Q4_K", 2048), mv("Q4_K", 1024), mv("Q6_K", 1024)], 1, 1024, 1e-6, 1,
+                                   1024) is None
+    assert CudaOps._plan_norm_mmvq([mv("Q4_K", 3072), mv("Q4_K", 3072)], 1, 1024, 1e-6, 1, 1024) is None  # > B blocks

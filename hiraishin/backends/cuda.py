@@ -412,9 +412,9 @@ class CudaOps(CudaAttentionOps):
     def _norm_mmvq_launches(self, mvs, T: int, n: int, eps: float):
         """The ``hx_norm_mmvq`` launches that replace a norm launch and these mat-vecs, each with the
         indices of its weights (grouped as :meth:`_run_matvecs` groups them); None when the pass is
-        wider than ``NORM_MMVQ_MAX_TOKENS``, a mat-vec is not a one-launch mmvq plan, the row
-        length has no geometry, or a launch has more than ``NORM_MMVQ_MAX_BLOCKS`` CUDA blocks (the
-        limits are read per call, so a benchmark may change them)."""
+        wider than ``NORM_MMVQ_MAX_TOKENS``, a mat-vec is not a one-launch mmvq plan, the weights are of
+        two types, the row length has no geometry, or a launch has more than ``NORM_MMVQ_MAX_BLOCKS`` CUDA
+        blocks (the limits are read per call, so a benchmark may change them)."""
         if not 0 < T <= norm_mmvq.NORM_MMVQ_MAX_TOKENS:  # the default (off): no key to build per call
             return None
         limits = (norm_mmvq.NORM_MMVQ_MAX_TOKENS, norm_mmvq.NORM_MMVQ_MAX_BLOCKS, norm_mmvq.NORM_MMVQ_GROUPS,
@@ -432,6 +432,10 @@ class CudaOps(CudaAttentionOps):
         groups: dict = {}
         for i, mv in enumerate(mvs):
             groups.setdefault(mv.group, []).append(i)
+        if len(groups) > 1:
+            # weights of two types (Q4_K Q and K beside a Q6_K V): a fused launch per type makes the norm twice in
+            # as many launches as the norm launch and mmvq_mixed
+            return None
         parts = []  # (qtype, plan, weight indices) of each launch
         for (qtype, row_bytes, plan), idx in groups.items():
             t = matvec_traits(qtype)
