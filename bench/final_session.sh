@@ -114,17 +114,20 @@ fi
 
 # Replays and logits digests under each value of one environment variable (a change that must keep
 # every bit): ab_replays VAR "VALUES" ORDERS SECONDS_PER_VALUE
+# a value as part of a file name that comes back from the device ("/" and ":" are not kept there)
+safe_name() { local s=${1//\//_}; echo "${s//:/-}"; }
+
 ab_replays() {
     local var=$1 values=$2 orders=$3 per=$4 v
     for v in $values; do
         echo "== replays under $var=$v ($(left) s left)"
         env "$var=$v" timeout $(cap $per) python3 bench/replay_widths.py /tmp/qwen3-0.6b.gguf \
-            /tmp/qwen3-8b.gguf --orders $orders --widths ${AB_WIDTHS:-1,3} --json "$OUT/replay-$var-${v//\//_}.json" 2>&1 | tail -n 12
+            /tmp/qwen3-8b.gguf --orders $orders --widths ${AB_WIDTHS:-1,3} --json "$OUT/replay-$var-$(safe_name "$v").json" 2>&1 | tail -n 12
     done
     python3 - "$OUT" "$var" $values <<'PY'
 import json, sys
 out, var, values = sys.argv[1], sys.argv[2], sys.argv[3:]
-runs = [json.load(open(f"{out}/replay-{var}-{v.replace('/', '_')}.json"))["rows"] for v in values]
+runs = [json.load(open(f"{out}/replay-{var}-{v.replace('/', '_').replace(':', '-')}.json"))["rows"] for v in values]
 for rows in zip(*runs):
     same = "same bits" if len({r["logits_sha256"] for r in rows}) == 1 else "BITS DIFFER"
     times = " -> ".join(f"{r['replay_ms']:.3f}" for r in rows)
