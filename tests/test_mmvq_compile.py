@@ -115,21 +115,18 @@ def test_compiles_without_spills(tmp_path, source, defines):
 
 # SwiGLU inside the down projection (swiglu_down): the 0.6B's rows of 3,072 values and the 8B's of 12,288, one and
 # two tokens, Q4_K and Q6_K down weights, at the rows per CUDA block of the library's one-column plans; the row
-# groups a CUDA block as the launch picks them (the 8B's four-row Q4_K blocks need fewer threads a block)
-SWIGLU_DOWN_CASES = [(("Q4_K", 3072, 1, 1, 4), 4), (("Q6_K", 3072, 1, 1, 4), 4), (("Q4_K", 12288, 1, 4, 4), 2),
-                     (("Q6_K", 12288, 2, 2, 4), None)]
+# groups a CUDA block as the launch picks them (halved while the kernel spills)
+SWIGLU_DOWN_CASES = [("Q4_K", 3072, 1, 1, 4), ("Q6_K", 3072, 1, 1, 4), ("Q4_K", 12288, 1, 4, 4), ("Q6_K", 12288, 2, 2, 4)]
 
 
-@pytest.mark.parametrize("args, groups", SWIGLU_DOWN_CASES, ids=[str(a) for a, _ in SWIGLU_DOWN_CASES])
-def test_swiglu_down_compiles_without_spills(tmp_path, args, groups):
+@pytest.mark.parametrize("args", SWIGLU_DOWN_CASES, ids=str)
+def test_swiglu_down_compiles_without_spills(tmp_path, args):
     def at(d):
         out = _compile(tmp_path / f"g{d['HX_SWIGLU_GROUPS']}-cap{d['HX_MIN_BLOCKS']}", SWIGLU_DOWN_SOURCE, d)
         return out, int(_spills(out))
 
     log, defines = swiglu_down_compile(*args, at)
-    assert not _spills(log), log
-    if groups is not None:
-        assert defines["HX_SWIGLU_GROUPS"] == groups
+    assert not _spills(log), (defines, log)
 
 
 def test_preset_launches_compile_without_spills(tmp_path):

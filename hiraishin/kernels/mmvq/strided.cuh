@@ -33,11 +33,22 @@ __device__ __forceinline__ hx_weight_of_block hx_strided_pick(const hx_weights3&
     return p;
 }
 
-// Every row this CUDA block will compute into L2 (call before the PDL wait: weights are never written).
-__device__ __forceinline__ void hx_strided_prefetch(const hx_weights3& ws, const int groups) {
+// Rows ask L2 for their weights this many of the block's strides ahead: the first HX_STRIDE_AHEAD strides
+// before the PDL wait (as mmvq's kernels ask for their rows), then stride s + HX_STRIDE_AHEAD while stride s
+// runs. Not all at once: a wide matrix striding over one wave of blocks (the output head: 128 MB on Qwen3-8B,
+// more than L2) would evict its own lines before they are read. Cache hints only: no value changes.
+#ifndef HX_STRIDE_AHEAD
+#define HX_STRIDE_AHEAD 2
+#endif
+
+// The rows of this CUDA block's strides first .. first + count - 1 into L2.
+__device__ __forceinline__ void hx_strided_prefetch(const hx_weights3& ws, const int groups, const int first,
+                                                    const int count) {
     const int nblocks = hx_strided_blocks(ws, groups);
 #pragma unroll 1
-    for (int b = blockIdx.x; b < nblocks; b += gridDim.x) {
+    for (int s = first; s < first + count; ++s) {
+        const int b = blockIdx.x + s * gridDim.x;
+        if (b >= nblocks) break;
         const hx_weight_of_block p = hx_strided_pick(ws, b, groups);
         hx_prefetch_rows(p.w, p.nrows, HX_RPB * p.index);
     }
@@ -45,13 +56,14 @@ __device__ __forceinline__ void hx_strided_prefetch(const hx_weights3& ws, const
 
 // The rows of every CUDA block this one takes, from the HX_NCOLS activation columns yq (shared memory, the
 // mat-vec's layout). tmp_shared: groups * (HX_NWARPS-1)*HX_NCOLS*HX_RPB*32 floats (each group's hand-over).
-// Every thread of the CUDA block calls it.
+// Every thread of the CUDA block calls it, after hx_strided_prefetch(ws, groups, 0, HX_STRIDE_AHEAD).
 __device__ __forceinline__ void hx_strided_rows(const hx_weights3& ws, const int groups, const u8* yq,
                                                 float* tmp_shared) {
     const int nblocks = hx_strided_blocks(ws, groups);
     float* hand_over = tmp_shared + threadIdx.z * ((HX_NWARPS - 1) * HX_NCOLS * HX_RPB * 32);
 #pragma unroll 1
-    for (int b = blockIdx.x; b < nblocks; b += gridDim.x) {
+    for (int s = 0, b = blockIdx.x; b < nblocks; ++s, b += gridDim.x) {
+        hx_strided_prefetch(ws, groups, s + HX_STRIDE_AHEAD, 1);
         const hx_weight_of_block p = hx_strided_pick(ws, b, groups);
         hx_mmvq_rows(p.w, yq, p.out, p.nrows, p.nrows, HX_RPB * p.index, threadIdx.y, hand_over);
         if (b + gridDim.x < nblocks) {

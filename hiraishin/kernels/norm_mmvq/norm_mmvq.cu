@@ -39,7 +39,7 @@ hx_norm_mmvq(const float* __restrict__ x, const float* __restrict__ r, const flo
     // (launch.py NORM_MMVQ_PER_SM): the norm is then made once per resident block (mmvq/strided.cuh)
     const hx_weights3 ws = {w0, dst0, nrows0, nblk0, w1, dst1, nrows1, nblk1, w2, dst2, nrows2};
     const int tid = threadIdx.x + 32 * (threadIdx.y + HX_NWARPS * threadIdx.z);
-    hx_strided_prefetch(ws, HX_NORM_GROUPS);  // the weight rows into L2 before the wait
+    hx_strided_prefetch(ws, HX_NORM_GROUPS, 0, HX_STRIDE_AHEAD);  // the first rows into L2 before the wait
     hx_prefetch_lines(nw, 4LL * n, tid, HX_NORM_THREADS);
     HX_PDL_ENTRY();
 

@@ -28,7 +28,7 @@ hx_swiglu_down(const float* __restrict__ g, const float* __restrict__ u, const u
                float* __restrict__ dst, const int nrows) {
     const int nblk = (nrows + HX_RPB - 1) / HX_RPB;
     const hx_weights3 ws = {w, dst, nrows, nblk, w, dst, 0, 0, w, dst, 0};  // one weight
-    hx_strided_prefetch(ws, HX_SWIGLU_GROUPS);  // the weight rows into L2 before the wait
+    hx_strided_prefetch(ws, HX_SWIGLU_GROUPS, 0, HX_STRIDE_AHEAD);  // the first rows into L2 before the wait
     HX_PDL_ENTRY();
 
     __shared__ __align__(16) u8 yq[HX_NCOLS * HX_COL_BYTES];
