@@ -3,7 +3,8 @@
     python3 bench/pick_ab.py OUT VAR BASE CANDIDATE [--model 8b] [--widths 9,12,16] [--gain 0.01] [--threshold]
     python3 bench/pick_ab.py OUT VAR BASE CANDIDATE [CANDIDATE ...] --passes MODEL:ORDER:WIDTH,... [--gain 0.01]
 
-Reads ``OUT/replay-VAR-<value>.json`` of both values and prints CANDIDATE when its replays of ``--model`` at
+Reads ``OUT/replay-VAR-<value>.json`` of both values (``/`` in a value as ``_``, ``:`` as ``-``, as
+final_session.sh names them) and prints CANDIDATE when its replays of ``--model`` at
 ``--widths`` took at least ``--gain`` less time in total than BASE's with the same logits digests at every
 width (a change that must keep every bit; logits that are not all finite compare nothing), else BASE; the
 comparison goes to stderr. A rule fixed before the run, so that one call can measure a change and then
@@ -100,7 +101,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     def rows(value):
-        with open(f"{args.out}/replay-{args.var}-{value.replace('/', '_')}.json") as f:
+        with open(f"{args.out}/replay-{args.var}-{value.replace('/', '_').replace(':', '-')}.json") as f:
             return json.load(f)["rows"]
 
     widths = {int(w) for w in args.widths.split(",")}

@@ -85,7 +85,7 @@ def test_fastest_is_the_lowest_relative_sum_of_the_named_passes(tmp_path, capsys
     slightly = {"1": _ordered_rows({**ONE_TOKEN, PASSES[0]: 2.49})}  # 0.4% of one pass: under the 1% asked
     assert pick_ab.pick_fastest(_ordered_rows(ONE_TOKEN), slightly, PASSES, 0.01)[0] is None
     for v, rows in {"0": _ordered_rows(ONE_TOKEN), **cands}.items():
-        (tmp_path / f"replay-E-{v}.json").write_text(json.dumps({"rows": rows}))
+        (tmp_path / f"replay-E-{v.replace(':', '-')}.json").write_text(json.dumps({"rows": rows}))  # as named
     assert pick_ab.main([str(tmp_path), "E", "0", "1", "1:4096", "--passes",
                          "qwen3-8b.gguf:batch_invariant:1,qwen3-0.6b.gguf:fixed_split:1"]) == 0
     assert capsys.readouterr().out.strip() == "1:4096"
