@@ -372,15 +372,15 @@ __device__ __forceinline__ float2 fv_weight_pair(const float* __restrict__ w, co
     p.y = d < half ? __ldg(w + d + half) : 0.0f;
     return p;
 }
-// Row x (D floats) normed with `scale` and w's pair, roped at the table row of `cell`: thread d < half's two
-// outputs (dims d, d + half), hx_qk_norm_rope_kv's products in its order.
-__device__ __forceinline__ void fv_norm_rope(const float* x, const float scale, const float2 w,
+// Dims d and d + half of a row (x0, x1), normed with `scale` and w's pair, roped at the table row of `cell`:
+// thread d < half's two outputs, hx_qk_norm_rope_kv's products in its order.
+__device__ __forceinline__ void fv_norm_rope(const float x0, const float x1, const float scale, const float2 w,
                                              const float* __restrict__ cos_table,
                                              const float* __restrict__ sin_table, const int cell, const int d,
                                              float& y0, float& y1) {
     constexpr int half = HX_D / 2;
     const size_t at = (size_t)cell * half + d;
-    hx_rope_pair(__fmul_rn(__fmul_rn(scale, x[d]), w.x), __fmul_rn(__fmul_rn(scale, x[d + half]), w.y),
+    hx_rope_pair(__fmul_rn(__fmul_rn(scale, x0), w.x), __fmul_rn(__fmul_rn(scale, x1), w.y),
                  cos_table[at], sin_table[at], y0, y1);
 }
 extern "C" __global__ void __launch_bounds__(FV_NTHREADS, 1)
@@ -409,31 +409,52 @@ fattn_vec_q1_rope(const float* __restrict__ q, const float* __restrict__ k, cons
     const int P = gridDim.y;
     const int y = blockIdx.y;
     const float* qr = q + ((size_t)t * n_head + h) * D;
+    // Every value this thread reads before the attention, loaded at once (the loops over the pass's tokens
+    // unroll, predicated): one L2 round trip for the pass, not two a token. xk[j]: value tid of token j's k row
+    // (+0 where the block does not store token j or tid >= D); k_hi[j]: value tid + half (thread tid < half's
+    // second dim); xv[j]: value tid of its v row.
+    float xk[FV_ROPE_MAX_TOKENS], k_hi[FV_ROPE_MAX_TOKENS], xv[FV_ROPE_MAX_TOKENS];
+    int cells[FV_ROPE_MAX_TOKENS];
+    unsigned int stores = 0;  // bit j: this block stores token j's cell (uniform per block)
+#pragma unroll
+    for (int j = 0; j < FV_ROPE_MAX_TOKENS; ++j) {
+        if (j >= n_tokens) break;  // uniform per block
+        cells[j] = q_pos[j];
+        const bool mine = (cells[j] / chunk_cells) % P == y;
+        stores |= (unsigned int)mine << j;
+        const float* kr = k + ((size_t)j * n_head_kv + kv_head) * D;
+        xk[j] = mine && tid < D ? kr[tid] : 0.0f;
+        k_hi[j] = mine && tid < half ? kr[tid + half] : 0.0f;
+        xv[j] = mine && tid < D ? v[((size_t)j * n_head_kv + kv_head) * D + tid] : 0.0f;
+    }
     const float xq = tid < D ? qr[tid] : 0.0f;
+    const float xq_hi = tid < half ? qr[tid + half] : 0.0f;
     const float sq = hx_warp_sum(tid < D ? __fmaf_rn(xq, xq, 0.0f) : 0.0f);
     if (lane == 0) partial_q[w] = sq;
-    for (int j = 0; j < n_tokens; ++j) {  // uniform per block
-        if ((q_pos[j] / chunk_cells) % P != y) continue;
-        const float xk = tid < D ? k[((size_t)j * n_head_kv + kv_head) * D + tid] : 0.0f;
-        const float sk = hx_warp_sum(tid < D ? __fmaf_rn(xk, xk, 0.0f) : 0.0f);
+#pragma unroll
+    for (int j = 0; j < FV_ROPE_MAX_TOKENS; ++j) {
+        if (j >= n_tokens) break;
+        if (!(stores >> j & 1u)) continue;
+        const float sk = hx_warp_sum(tid < D ? __fmaf_rn(xk[j], xk[j], 0.0f) : 0.0f);
         if (lane == 0) partial_k[j][w] = sk;
     }
     __syncthreads();
     const float scale_q = hx_rms_scale_from_partials(partial_q, FV_NWARPS, D, eps);  // whole warps: butterflies
-    if (tid < half) fv_norm_rope(qr, scale_q, wqp, cos_table, sin_table, q_pos[t], tid, q_sh[tid], q_sh[tid + half]);
-    for (int j = 0; j < n_tokens; ++j) {
-        const int cell = q_pos[j];
-        if ((cell / chunk_cells) % P != y) continue;
+    if (tid < half) fv_norm_rope(xq, xq_hi, scale_q, wqp, cos_table, sin_table, q_pos[t], tid, q_sh[tid], q_sh[tid + half]);
+#pragma unroll
+    for (int j = 0; j < FV_ROPE_MAX_TOKENS; ++j) {
+        if (j >= n_tokens) break;
+        const int cell = cells[j];
+        if (!(stores >> j & 1u)) continue;
         const float scale_k = hx_rms_scale_from_partials(partial_k[j], FV_NWARPS, D, eps);
-        const size_t row = (size_t)j * n_head_kv + kv_head;
         const size_t at = ((size_t)cell * n_head_kv + kv_head) * D;
         if (tid < half) {
             float y0, y1;
-            fv_norm_rope(k + row * D, scale_k, wkp, cos_table, sin_table, cell, tid, y0, y1);
+            fv_norm_rope(xk[j], k_hi[j], scale_k, wkp, cos_table, sin_table, cell, tid, y0, y1);
             K[at + tid] = hx_f2h(y0);
             K[at + tid + half] = hx_f2h(y1);
         }
-        if (tid < D) V[at + tid] = hx_f2h(v[row * D + tid]);
+        if (tid < D) V[at + tid] = hx_f2h(xv[j]);
     }
     __syncthreads();  // q_sh, and the cells' K and V for this block's own loads
     fattn_vec_impl<1, false, true>(q_sh, K, V, q_pos, dst, parts, meta, n_tokens, n_head, n_head_kv, -1,
