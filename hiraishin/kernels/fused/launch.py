@@ -62,6 +62,8 @@ ATTN_Q8_1 = os.environ.get(ENV_ATTN_Q8_1, "1").strip() != "0"
 # 0.6B 0.632 -> 0.617 ms, the 8B 2.339 -> 2.329 under BATCH_INVARIANT; the bench's draft step 0.624 -> 0.610),
 # slower for three (0.818 -> 0.862, 3.341 -> 3.391: every token's block norms every cell's k). So the backend
 # fuses passes of at most ATTN_ROPE_TOKENS tokens: HIRAISHIN_ATTN_ROPE, default 1 (0: never; at most 16).
+# Since session 24 a block loads every stored token's k and v at once (one L2 round trip a pass, where the
+# measured kernel made two a token, one after another): the A/B at 2-16 tokens is owed to a GPU run.
 ATTN_ROPE_PRELUDE = ("rmsnorm/rmsnorm.cu", "quantize/quantize_q8_1.cu")
 ATTN_ROPE_KERNEL = "fattn_vec_q1_rope"
 ROPE_MAX_TOKENS = 16  # fattn_vec.cu FV_ROPE_MAX_TOKENS: the passes it takes (a verify pass has at most 16)
