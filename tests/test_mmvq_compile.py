@@ -20,7 +20,8 @@ from hiraishin.kernels.mmvq.launch import SOURCE as MMVQ_SOURCE
 from hiraishin.kernels.mmvq.launch import capped_compile, kernel_defines, preset_kernel_defines
 from hiraishin.kernels.mmvq_swiglu.launch import SOURCE as MMVQ_SWIGLU_SOURCE
 from hiraishin.kernels.norm_mmvq.launch import SOURCE as NORM_MMVQ_SOURCE
-from hiraishin.kernels.norm_mmvq.launch import norm_mmvq_defines, norm_mmvq_geometry
+from hiraishin.kernels.norm_mmvq.launch import MIXED_SOURCE as NORM_MIXED_SOURCE
+from hiraishin.kernels.norm_mmvq.launch import norm_mixed_defines, norm_mmvq_defines, norm_mmvq_geometry
 from hiraishin.kernels.quantize.launch import SOURCE as QUANTIZE_SOURCE
 from hiraishin.kernels.swiglu_down.launch import SOURCE as SWIGLU_DOWN_SOURCE
 from hiraishin.kernels.swiglu_down.launch import swiglu_down_compile
@@ -70,6 +71,10 @@ CASES += [(NORM_MMVQ_SOURCE, norm_mmvq_defines(q, k, ncols, rows, 4, None if q =
           for q, k, ncols, rows in (("Q4_K", 1024, 1, 4), ("Q4_K", 4096, 1, 2), ("Q4_K", 4096, 4, 2),
                                     ("Q6_K", 1024, 1, 4), ("Q6_K", 4096, 3, 2), ("Q8_0", 1024, 1, 4))]
 
+# the same with a Q6_K V beside Q4_K Q and K (hx_norm_mmvq_mixed): the 0.6B's and the 8B's rows, one and three tokens
+CASES += [(NORM_MIXED_SOURCE, norm_mixed_defines(("Q4_K", "Q6_K"), rows, k, ncols, 4, 2, norm_mmvq_geometry(k, 4)))
+          for k, ncols, rows in ((1024, 1, (1, 1)), (4096, 1, (4, 2)), (4096, 3, (2, 2)))]
+
 # gate/up with SwiGLU as their epilogue (mmvq_swiglu): the 0.6B's and 8B's one-token launches (a Q6_K and a Q4_K
 # down projection's layout), a verify pass's three columns
 CASES += [(MMVQ_SWIGLU_SOURCE, {**kernel_defines("Q4_K", ncols, rows, 4, nblocks), **quantize_defines(down)})
@@ -100,7 +105,7 @@ def _spills(log) -> bool:
 
 @pytest.mark.parametrize("source, defines", CASES, ids=[f"{s}-{d}" for s, d in CASES])
 def test_compiles_without_spills(tmp_path, source, defines):
-    if source in (MMVQ_SOURCE, NORM_MMVQ_SOURCE):
+    if source in (MMVQ_SOURCE, NORM_MMVQ_SOURCE, NORM_MIXED_SOURCE):
         # the register rule mmvq.launch.mmvq_kernel follows on the GPU (a cap that spills is relaxed)
         def at(d):
             out = _compile(tmp_path / f"cap{d.get('HX_MIN_BLOCKS', 1)}", source, d)

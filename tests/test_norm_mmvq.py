@@ -218,24 +218,110 @@ def test_limits_from_the_environment(monkeypatch):
             limits_from_env(bad)
 
 
-def test_the_backend_fuses_a_norm_only_where_one_launch_takes_every_weight(monkeypatch):
+def test_the_backend_fuses_a_norm_into_one_launch_of_every_weight(monkeypatch):
     """Q, K and V of one type: one hx_norm_mmvq launch; a Q6_K V beside Q4_K Q and K (half of Qwen3 Q4_K_M's
-    layers): no fusion (the norm launch and mmvq_mixed are two launches, as two fused launches would be)."""
+    layers): one hx_norm_mmvq_mixed launch where mmvq_mixed would take them, else none (a fused launch per type
+    would make the norm twice in as many launches as the norm launch and mmvq_mixed)."""
+    import importlib
     from types import SimpleNamespace
 
     from hiraishin.backends.cuda import CudaOps
     from hiraishin.kernels.norm_mmvq import launch as norm_mmvq
+
+    mmvq_launch = importlib.import_module("hiraishin.kernels.mmvq.launch")  # (the package's `launch` is a function)
     from hiraishin.plans.matvec import matvec_traits
 
-    monkeypatch.setattr(norm_mmvq, "NormMatVecLaunch", lambda *args: args)
+    monkeypatch.setattr(norm_mmvq, "NormMatVecLaunch", lambda *args: ("one type",) + args)
+    monkeypatch.setattr(norm_mmvq, "NormMixedMatVecLaunch", lambda *args: ("mixed",) + args)
 
-    def mv(qtype, n, k=1024):
-        plan = MatVecPlan("mmvq", qtype, nwarps=4, rows_per_block=1, cols_per_launch=1, ncols=1)
+    def mv(qtype, n, k=1024, rows=1):
+        plan = MatVecPlan("mmvq", qtype, nwarps=4, rows_per_block=rows, cols_per_launch=1, ncols=1)
         t = matvec_traits(qtype)
-        return SimpleNamespace(group=(qtype, k // t.qk * t.block_bytes, plan), n=n, plan=plan, layout=qtype)
+        return SimpleNamespace(group=(qtype, k // t.qk * t.block_bytes, plan), n=n, plan=plan, layout=qtype,
+                               qtype=qtype)
 
-    one_type = CudaOps._plan_norm_mmvq([mv("Q4_K", 2048), mv("Q4_K", 1024), mv("Q4_K", 1024)], 1, 1024, 1e-6, 1, 1024)
-    assert [(args[0], args[1], idx) for args, idx in one_type] == [("Q4_K", (2048, 1024, 1024), [0, 1, 2])]
-    assert CudaOps._plan_norm_mmvq([mv("Q4_K", 2048), mv("Q4_K", 1024), mv("Q6_K", 1024)], 1, 1024, 1e-6, 1,
-                                   1024) is None
-    assert CudaOps._plan_norm_mmvq([mv("Q4_K", 3072), mv("Q4_K", 3072)], 1, 1024, 1e-6, 1, 1024) is None  # > B blocks
+    def plan(mvs, max_blocks=1024):
+        return CudaOps._plan_norm_mmvq(mvs, 1, 1024, 1e-6, 1, max_blocks)
+
+    one_type = plan([mv("Q4_K", 2048), mv("Q4_K", 1024), mv("Q4_K", 1024)])
+    assert [(args[:3], idx) for args, idx in one_type] == [(("one type", "Q4_K", (2048, 1024, 1024)), [0, 1, 2])]
+    qkv = [mv("Q4_K", 2048), mv("Q4_K", 1024), mv("Q6_K", 1024, rows=2)]
+    (args, idx), = plan(qkv)
+    assert args[:4] == ("mixed", ("Q4_K", "Q4_K", "Q6_K"), (2048, 1024, 1024), (1, 1, 2)) and idx == [0, 1, 2]
+    assert plan(qkv, max_blocks=768) is None  # 768 + 128 CUDA blocks of four row blocks
+    assert plan([mv("Q6_K", 1024), mv("Q4_K", 2048), mv("Q6_K", 1024)]) is None  # types interleaved: no mmvq_mixed
+    monkeypatch.setattr(mmvq_launch, "MIXED", False)
+    assert plan(qkv) is None  # HIRAISHIN_MMVQ_MIXED=0: a launch per type, and so the norm launch
+    assert plan([mv("Q4_K", 3072), mv("Q4_K", 3072)]) is None  # more CUDA blocks than NORM_MMVQ_MAX_BLOCKS
+
+
+MAIN_MIXED = r'''
+int main(int argc, char** argv) {
+    // argv: x, r ("-": none), norm weight, weights (the slots' rows one after another), n0, n1, n2, eps, out,
+    // s out ("-": none), CUDA blocks (0: every CUDA block of both types; fewer: they stride)
+    const int k = HX_A_NBLOCKS * HX_A_QK;
+    int n[3] = {atoi(argv[5]), atoi(argv[6]), atoi(argv[7])};
+    const float eps = strtof(argv[8], nullptr);
+    auto x = hx_read(argv[1]); auto nw = hx_read(argv[3]); auto w = hx_read(argv[4]);
+    const bool has_r = std::strcmp(argv[2], "-") != 0, has_s = std::strcmp(argv[10], "-") != 0;
+    std::vector<unsigned char> r = has_r ? hx_read(argv[2]) : std::vector<unsigned char>();
+    int nb[3]; int na = 0, nbb = 0; size_t at = 0; const unsigned char* wp[3];
+    for (int i = 0; i < 3; ++i) {
+        const bool a = i < HX_B_FIRST;
+        const int rpb = a ? HX_A_RPB : HX_B_RPB;
+        nb[i] = (n[i] + rpb - 1) / rpb; (a ? na : nbb) += nb[i];
+        wp[i] = w.data() + at; at += (size_t)n[i] * (a ? HX_A_NBLOCKS * HX_A_BLOCK_BYTES : HX_B_NBLOCKS * HX_B_BLOCK_BYTES);
+    }
+    std::vector<float> out((size_t)HX_NCOLS * (n[0] + n[1] + n[2]), -12345.0f);
+    std::vector<float> s((size_t)HX_NCOLS * k, -12345.0f);
+    float* op[3] = {out.data(), out.data() + (size_t)HX_NCOLS * n[0], out.data() + (size_t)HX_NCOLS * (n[0] + n[1])};
+    const unsigned all = (na + HX_NORM_GROUPS - 1) / HX_NORM_GROUPS + (nbb + HX_NORM_GROUPS - 1) / HX_NORM_GROUPS;
+    const unsigned grid = atoi(argv[11]);
+    const int rmax = HX_A_RPB > HX_B_RPB ? HX_A_RPB : HX_B_RPB;
+    hx_launch({grid ? grid : all, 1, 1}, {32, (unsigned)HX_NWARPS, (unsigned)HX_NORM_GROUPS},
+              (size_t)HX_NORM_GROUPS * (HX_NWARPS - 1) * HX_NCOLS * rmax * 32 * 4,
+              [&] { hx_norm_mmvq_mixed((const float*)x.data(), has_r ? (const float*)r.data() : nullptr,
+                                       (const float*)nw.data(), has_s ? s.data() : nullptr, k, eps,
+                                       wp[0], op[0], n[0], nb[0], wp[1], op[1], n[1], nb[1], wp[2], op[2], n[2]); });
+    hx_write(argv[9], out.data(), out.size() * 4);
+    if (has_s) hx_write(argv[10], s.data(), s.size() * 4);
+}'''
+
+# (types of the weights, their row counts, rows per CUDA block of type A and of B, k, columns, residual, grid):
+# Q4_K Q and K beside a Q6_K V (the Qwen3 Q4_K_M layers), type B first at slot 1, two weights (slot 2 empty);
+# row counts the rows per block and the four groups do not divide (CUDA blocks with past-the-end groups of
+# each type); full grids (0) and strided ones.
+MIXED = [(("Q4_K", "Q4_K", "Q6_K"), (11, 5, 7), (2, 1), 1024, 1, True, 0),
+         (("Q4_K", "Q4_K", "Q6_K"), (11, 5, 7), (2, 1), 1024, 1, True, 2),
+         (("Q4_K", "Q6_K", "Q6_K"), (9, 6, 3), (1, 2), 256, 2, False, 1),
+         (("Q4_K", "Q6_K"), (13, 10), (4, 2), 512, 3, True, 3)]
+
+
+@pytest.mark.parametrize("qtypes,ns,rows,k,ncols,residual,grid", MIXED)
+def test_norm_mmvq_mixed_source_equals_norm_then_each_types_matvec(shim, tmp_path, qtypes, ns, rows, k, ncols,
+                                                                   residual, grid):
+    from hiraishin.kernels.norm_mmvq.launch import MIXED_SOURCE, norm_mixed_defines
+
+    kinds = list(dict.fromkeys(qtypes))
+    b_first = qtypes.index(kinds[1])
+    full = tuple(ns) + (0,) * (3 - len(ns))
+    ws = [random_blocks(q, n, k, seed=70 + i) for i, (q, n) in enumerate(zip(qtypes, ns))]
+    x, r, nw = _inputs(np.random.default_rng(k + ncols), ncols, k)
+    defines = norm_mixed_defines(tuple(kinds), rows, k, ncols, 4, b_first, norm_mmvq_geometry(k, 4))
+    for name, a in (("x", x), ("r", r), ("nw", nw)):
+        a.tofile(tmp_path / f"{name}.bin")
+    np.concatenate([w.reshape(-1) for w in ws]).tofile(tmp_path / "w.bin")  # rows of two byte lengths
+    exe = shim.build(MIXED_SOURCE, defines, MAIN_MIXED, "norm_mmvq_mixed")
+    run(exe, tmp_path / "x.bin", tmp_path / "r.bin" if residual else "-", tmp_path / "nw.bin", tmp_path / "w.bin",
+        *full, EPS_ARG, tmp_path / "o.bin", tmp_path / "s.bin" if residual else "-", grid)
+    got = np.fromfile(tmp_path / "o.bin", np.float32)
+    at = 0
+    for i, (q, n, w) in enumerate(zip(qtypes, ns, ws)):
+        plan = MatVecPlan("mmvq", q, nwarps=4, rows_per_block=rows[0 if i < b_first else 1], cols_per_launch=ncols,
+                          ncols=ncols)
+        (want,), s = emulate(x, r if residual else None, nw, EPS, [(w, q)], plan)
+        np.testing.assert_array_equal(bits(got[at:at + ncols * n].reshape(ncols, n)), bits(want),
+                                      err_msg=f"{defines}, grid {grid}, weight {i} ({q}, {n} rows)")
+        at += ncols * n
+    if residual:
+        np.testing.assert_array_equal(bits(np.fromfile(tmp_path / "s.bin", np.float32).reshape(ncols, k)), bits(s))

@@ -79,6 +79,44 @@ def test_norm_mmvq_equals_norm_launch_then_matvec_and_emulator(qtype, k, ns, T):
             assert np.array_equal(_bits(s.get()), _bits(s_emu))
 
 
+@pytest.mark.parametrize("k,ns,rows", [(1024, (2048, 1024, 1024), (1, 1, 1)), (4096, (4096, 1024, 1024), (4, 4, 2)),
+                                       (2048, (11, 5, 7), (2, 2, 1))])
+@pytest.mark.parametrize("T", [1, 3])
+def test_norm_mmvq_mixed_equals_norm_launch_then_mmvq_mixed_and_emulator(k, ns, rows, T):
+    """Q4_K Q and K beside a Q6_K V (hx_norm_mmvq_mixed): the norm launch writing both layouts, then mmvq_mixed."""
+    import cupy as cp
+
+    from hiraishin.kernels.fused.launch import AddRmsNormQ8_1Launch
+    from hiraishin.kernels.mmvq.launch import MixedMatVecLaunch
+    from hiraishin.kernels.norm_mmvq import emulate
+    from hiraishin.kernels.norm_mmvq.launch import NormMixedMatVecLaunch
+    from hiraishin.kernels.quantize.launch import output_shape
+    from hiraishin.plans import MatVecPlan
+    from hiraishin.quant import random_blocks
+
+    qtypes = ("Q4_K", "Q4_K", "Q6_K")
+    rng = np.random.default_rng(k + T)
+    ws = [random_blocks(q, n, k, seed=80 + i) for i, (q, n) in enumerate(zip(qtypes, ns))]
+    x = (rng.standard_normal((T, k)) * 2).astype(np.float32)
+    r = (rng.standard_normal((T, k)) * 3).astype(np.float32)
+    nw = (1.0 + 0.1 * rng.standard_normal(k)).astype(np.float32)
+    xd, rd, nwd = cp.asarray(x), cp.asarray(r), cp.asarray(nw)
+    wds = [cp.asarray(w) for w in ws]
+    ya, yb = cp.zeros(output_shape(T, k, "Q4_K"), cp.uint8), cp.zeros(output_shape(T, k, "Q6_K"), cp.uint8)
+    AddRmsNormQ8_1Launch(T, k, float(EPS), "Q4_K", "Q6_K")(xd, rd, nwd, cp.empty((T, k), cp.float32), ya, None, yb)
+    ref = MixedMatVecLaunch(qtypes, ns, rows, k, T, 4)(wds, ya, yb, [cp.empty((T, n), cp.float32) for n in ns])
+    plan = MatVecPlan("mmvq", "Q4_K", nwarps=4, rows_per_block=1, cols_per_launch=T, ncols=T)
+    emu, _ = emulate(x, r, nw, EPS, list(zip(ws, qtypes)), plan)
+    for per_sm in (0, 1):
+        launch = NormMixedMatVecLaunch(qtypes, ns, rows, k, T, 4, float(EPS), per_sm=per_sm)
+        assert launch.kernel.local_size_bytes == 0, (k, T)
+        got = launch(xd, rd, nwd, None, wds, [cp.full((T, n), -1.0, cp.float32) for n in ns])
+        for n, g, want, e in zip(ns, got, ref, emu):
+            where = f"{n} rows, k={k}, T={T}, grid {launch.grid[0]} of {launch.blocks}"
+            assert np.array_equal(_bits(g.get()), _bits(want.get())), f"{where}: kernel != unfused"
+            assert np.array_equal(_bits(g.get()), _bits(e)), f"{where}: kernel != emulator"
+
+
 def test_norm_mmvq_spills_nothing():
     from hiraishin.kernels.norm_mmvq.launch import NormMatVecLaunch
     from hiraishin.plans import matvec_plan

@@ -432,10 +432,8 @@ class CudaOps(CudaAttentionOps):
         groups: dict = {}
         for i, mv in enumerate(mvs):
             groups.setdefault(mv.group, []).append(i)
-        if len(groups) > 1:
-            # weights of two types (Q4_K Q and K beside a Q6_K V): a fused launch per type makes the norm twice in
-            # as many launches as the norm launch and mmvq_mixed
-            return None
+        if len(groups) > 1:  # weights of two types (Q4_K Q and K beside a Q6_K V): one mixed launch or none
+            return CudaOps._plan_norm_mixed(mvs, groups, T, n, eps, max_blocks)
         parts = []  # (qtype, plan, weight indices) of each launch
         for (qtype, row_bytes, plan), idx in groups.items():
             t = matvec_traits(qtype)
@@ -450,6 +448,26 @@ class CudaOps(CudaAttentionOps):
         return [(norm_mmvq.NormMatVecLaunch(qtype, tuple(mvs[i].n for i in part), n, T, plan.rows_per_block,
                                             plan.nwarps, mvs[part[0]].layout, eps), part)
                 for qtype, plan, part in parts]
+
+    @staticmethod
+    def _plan_norm_mixed(mvs, groups: dict, T: int, n: int, eps: float, max_blocks: int):
+        """``[(hx_norm_mmvq_mixed launch, weight indices)]`` for one-launch mmvq weights of two types that
+        ``mmvq_mixed`` would take (one type's weights before the other's, the same warps), or None: a fused launch
+        per type would make the norm twice in as many launches as the norm launch and mmvq_mixed."""
+        (ka, ia), (kb, ib) = groups.items()
+        if not mmvq_mixed_enabled() or len(mvs) > MULTI_MAX_WEIGHTS or max(ia) > min(ib) or ka[0] == kb[0]:
+            return None
+        pa, pb = ka[2], kb[2]
+        geometry = norm_mmvq.norm_mmvq_geometry(n, pa.nwarps)
+        if pa.nwarps != pb.nwarps or geometry is None or any(
+                row_bytes // matvec_traits(q).block_bytes * matvec_traits(q).qk != n for q, row_bytes, _ in (ka, kb)):
+            return None
+        idx = ia + ib
+        rows = tuple(pa.rows_per_block for _ in ia) + tuple(pb.rows_per_block for _ in ib)
+        ns = tuple(mvs[i].n for i in idx)
+        if norm_mmvq.norm_mixed_blocks(ns, rows, len(ia), geometry) > max_blocks:
+            return None
+        return [(norm_mmvq.NormMixedMatVecLaunch(tuple(mvs[i].qtype for i in idx), ns, rows, n, T, pa.nwarps, eps), idx)]
 
     def norm_swiglu_matvec(self, x, norm_w, eps: float, gate, up, down, order, outs=None, residual=None,
                            out_sum=None, between=None):

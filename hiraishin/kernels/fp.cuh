@@ -146,6 +146,20 @@ __device__ __forceinline__ hx_weight_of_block hx_pick_weight(const int b, const 
     if (b < n0 + n1) return {w1, out1, nrows1, b - n0};
     return {w2, out2, nrows2, b - n0 - n1};
 }
+// Kernels whose CUDA blocks stride over a launch's row blocks (mmvq/strided.cuh, norm_mmvq/norm_mixed.cu) ask L2
+// for their weight rows this many of the block's strides ahead: the first HX_STRIDE_AHEAD strides before the
+// PDL wait (as mmvq's kernels ask for their rows), then stride s + HX_STRIDE_AHEAD while stride s runs. Not all
+// at once: a wide matrix striding over one wave of blocks (the output head: 128 MB on Qwen3-8B, more than L2)
+// would evict its own lines before they are read. Cache hints only: no value changes.
+#ifndef HX_STRIDE_AHEAD
+#define HX_STRIDE_AHEAD 2
+#endif
+// Such a launch's weight arguments in one value.
+struct hx_weights3 {
+    const unsigned char* w0; float* dst0; int nrows0; int nblk0;
+    const unsigned char* w1; float* dst1; int nrows1; int nblk1;
+    const unsigned char* w2; float* dst2; int nrows2;
+};
 
 // The argmax rule (elementwise.cu hx_argmax_rows; also mmvq.cu mmvq_argmax): one 64-bit key per candidate
 // whose unsigned order is the rule, the largest key the answer (see hx_argmax_rows).

@@ -8,11 +8,7 @@
 // block, not once per wave of blocks. Which CUDA block sums a row changes no bit of it (mmvq.cu).
 // Compiled after mmvq.cu with HX_Y_SHARED (the activations are read from shared memory).
 
-struct hx_weights3 {  // mmvq_multi's weight arguments
-    const u8* w0; float* dst0; int nrows0; int nblk0;
-    const u8* w1; float* dst1; int nrows1; int nblk1;
-    const u8* w2; float* dst2; int nrows2;
-};
+// hx_weights3 (fp.cuh): mmvq_multi's weight arguments; HX_STRIDE_AHEAD (fp.cuh): how far ahead rows go to L2.
 
 // CUDA blocks whose rows a launch has (its grid when nothing strides).
 __device__ __forceinline__ int hx_strided_blocks(const hx_weights3& ws, const int groups) {
@@ -32,14 +28,6 @@ __device__ __forceinline__ hx_weight_of_block hx_strided_pick(const hx_weights3&
     }
     return p;
 }
-
-// Rows ask L2 for their weights this many of the block's strides ahead: the first HX_STRIDE_AHEAD strides
-// before the PDL wait (as mmvq's kernels ask for their rows), then stride s + HX_STRIDE_AHEAD while stride s
-// runs. Not all at once: a wide matrix striding over one wave of blocks (the output head: 128 MB on Qwen3-8B,
-// more than L2) would evict its own lines before they are read. Cache hints only: no value changes.
-#ifndef HX_STRIDE_AHEAD
-#define HX_STRIDE_AHEAD 2
-#endif
 
 // The rows of this CUDA block's strides first .. first + count - 1 into L2.
 __device__ __forceinline__ void hx_strided_prefetch(const hx_weights3& ws, const int groups, const int first,

@@ -18,8 +18,12 @@ waiting for its own norm); with :data:`.launch.NORM_MMVQ_PER_SM` the grid is at 
 once and every block strides over several blocks' rows, so the norm is made once per resident block (the
 same bits; not yet timed).
 
-Files: ``norm_mmvq.cu``; :mod:`.launch` (``NormMatVecLaunch``, the geometry and the limits);
-:mod:`.emulate`.
+Weights of two types (Qwen3 Q4_K_M's Q4_K Q and K beside a Q6_K V) take ``hx_norm_mmvq_mixed``
+(``norm_mixed.cu``): the norm once in both types' layouts, each type's rows by mmvq.cu's code for that type
+(the bits of the norm launch then ``mmvq_mixed``).
+
+Files: ``norm_mmvq.cu``, ``norm_mixed.cu``; :mod:`.launch` (``NormMatVecLaunch``, ``NormMixedMatVecLaunch``, the
+geometry and the limits); :mod:`.emulate`.
 """
 
 from .emulate import emulate

@@ -15,18 +15,24 @@ import numpy as np
 from ..compile import env_counts
 from ..fused.launch import NULL
 from ...plans.matvec import matvec_traits
-from ..mmvq.launch import (MULTI_MAX_WEIGHTS, kernel_defines, mmvq_kernel, multi_weight_args, register_cap_blocks,
-                           strided_grid)
+from ..mmvq.launch import (MIXED_SOURCES, MULTI_MAX_WEIGHTS, kernel_defines, mixed_defines, mmvq_kernel,
+                           multi_weight_args, register_cap_blocks, strided_grid)
+from ..quantize.layout import layout_for
 from ..quantize.launch import quantize_defines
 from ..rmsnorm.emulate import block_threads
 
 __all__ = ["SOURCE", "NORM_MMVQ_GROUPS", "NORM_MMVQ_MAX_TOKENS", "NORM_MMVQ_MAX_BLOCKS", "NORM_MMVQ_PER_SM",
-           "ENV_NORM_MMVQ", "limits_from_env", "norm_mmvq_geometry", "norm_mmvq_blocks", "norm_mmvq_defines", "NormMatVecLaunch"]
+           "ENV_NORM_MMVQ", "limits_from_env", "norm_mmvq_geometry", "norm_mmvq_blocks", "norm_mmvq_defines",
+           "norm_mixed_blocks", "norm_mixed_defines", "MIXED_SOURCE", "NormMixedMatVecLaunch", "NormMatVecLaunch"]
 
 # norm_mmvq.cu calls the norm kernels' device code (rmsnorm.cu's tree and scale, fused.cu's played tree
 # and per-value store, quantize_q8_1.cu's q8_1 store) and mmvq.cu's rows (strided.cuh): one copy of each.
 SOURCE = ("rmsnorm/rmsnorm.cu", "quantize/quantize_q8_1.cu", "fused/fused.cu", "mmvq/mmvq.cu", "mmvq/strided.cuh",
           "norm_mmvq/norm_mmvq.cu")
+# hx_norm_mmvq_mixed (norm_mixed.cu): the same norm code, then each type's mmvq.cu rows in a namespace of its own
+# (mmvq_mixed's sources, without its kernel).
+MIXED_SOURCE = ("rmsnorm/rmsnorm.cu", "quantize/quantize_q8_1.cu", "fused/fused.cu") + MIXED_SOURCES[:-1] + (
+    "norm_mmvq/norm_mixed.cu",)
 
 # Measured on the H200 (bench/results/2026-12-02-h200-session6/a-norm-mmvq-tests, sweep_norm.py variants
 # "256/mmvq=T:B:G", BATCH_INVARIANT graph replays, logits digests equal in every variant): fusing is
@@ -110,6 +116,32 @@ def norm_mmvq_defines(qtype: str, k: int, ncols: int, rows_per_block: int, nwarp
             "HX_NORM_GROUPS": int(groups), "HX_NORM_PLAY": int(play), "HX_NORM_VALS": int(vals)}
 
 
+def norm_mixed_blocks(ns, rows, b_first: int, geometry: tuple[int, int, int]) -> int:
+    """CUDA blocks of an ``hx_norm_mmvq_mixed`` launch of weights of ``ns`` rows, ``rows`` rows a CUDA block each,
+    type B from weight ``b_first`` on (each type's row blocks fill CUDA blocks of their own)."""
+    nblk = [-(-int(n) // int(r)) for n, r in zip(ns, rows)]
+    return -(-sum(nblk[:b_first]) // geometry[0]) + -(-sum(nblk[b_first:]) // geometry[0])
+
+
+def norm_mixed_defines(qtypes: tuple, rows: tuple, k: int, ncols: int, nwarps: int, b_first: int,
+                       geometry: tuple[int, int, int]) -> dict:
+    """``#define``\\ s of ``hx_norm_mmvq_mixed``: ``mmvq_mixed``'s for types ``qtypes`` (A, B) with ``rows`` rows
+    per CUDA block each (the same rows, the same bits), both types' q8_1 layouts (the norm writes A's as its
+    first, B's as its second), shared activations, the norm's groups and played tree, and the tighter
+    register cap of the two types for this block's threads."""
+    (qa, qb), (ra, rb) = qtypes, rows
+    ta, tb = matvec_traits(qa), matvec_traits(qb)
+    base = mixed_defines(qa, ra, qb, rb, ncols, nwarps, k // ta.qk, k // tb.qk, b_first)
+    base.pop("HX_W_EARLY", None)  # the norm reads the previous kernel first: no weight words held over the wait
+    groups, play, vals = geometry
+    caps = [register_cap_blocks(q, ncols, r, nwarps, k // matvec_traits(q).qk, threads=32 * nwarps * groups)
+            for q, r in ((qa, ra), (qb, rb))]
+    second = quantize_defines(layout_for(qb))
+    return {**base, **quantize_defines(layout_for(qa)), "HX_LAYOUT2": second["HX_LAYOUT"],
+            "HX_LAYOUT2_BYTES": second["HX_LAYOUT_BYTES"], "HX_MIN_BLOCKS": int(min(caps)), "HX_Y_SHARED": 1, "HX_NORM_GROUPS": int(groups),
+            "HX_NORM_PLAY": int(play), "HX_NORM_VALS": int(vals)}
+
+
 class NormMatVecLaunch:
     """One ``hx_norm_mmvq`` launch: RMSNorm of ``x`` (+ ``r``) and the mat-vecs of up to three
     (``n_i``, ``k``) ``qtype`` weights reading it, for ``ncols`` tokens.
@@ -148,3 +180,41 @@ class NormMatVecLaunch:
                 *multi_weight_args(ws, outs, self.ns, self.nblk))
         self.kernel(self.grid, self.block, args, shared_mem=self.shared)
         return outs
+
+
+class NormMixedMatVecLaunch:
+    """One ``hx_norm_mmvq_mixed`` launch: RMSNorm of ``x`` (+ ``r``) and the mat-vecs of 2..3 (``n_i``, ``k``)
+    weights of two types reading it (the ones of ``qtypes[0]``'s type first), for ``ncols`` tokens; ``rows``:
+    each weight's rows per CUDA block (its one-launch mmvq plan's).
+
+    Called as :class:`NormMatVecLaunch`. Bits: those of ``hx_add_rms_norm_q8_1`` (or ``hx_rms_norm_q8_1``) into
+    both types' layouts and then ``mmvq_mixed``, whatever the grid (``per_sm`` as there).
+    """
+
+    __slots__ = ("kernel", "grid", "block", "shared", "nblk", "ns", "scalars", "blocks")
+
+    def __init__(self, qtypes: tuple, ns: tuple, rows: tuple, k: int, ncols: int, nwarps: int, eps: float,
+                 per_sm: int | None = None):
+        kinds = list(dict.fromkeys(qtypes))
+        if len(kinds) != 2 or not 2 <= len(ns) <= MULTI_MAX_WEIGHTS or not len(qtypes) == len(ns) == len(rows):
+            raise ValueError(f"hx_norm_mmvq_mixed takes 2..{MULTI_MAX_WEIGHTS} weights of two types, got {qtypes}")
+        b_first = qtypes.index(kinds[1])
+        if any(q != kinds[1] for q in qtypes[b_first:]) or len(set(rows[:b_first])) > 1 or len(set(rows[b_first:])) > 1:
+            raise ValueError(f"hx_norm_mmvq_mixed needs one type's weights (and rows per block) before the other's, "
+                             f"got {qtypes} with rows {rows}")
+        geometry = norm_mmvq_geometry(k, nwarps)
+        if geometry is None:
+            raise ValueError(f"no hx_norm_mmvq geometry for rows of {k} values and {nwarps} warps")
+        defines = norm_mixed_defines(tuple(kinds), (rows[0], rows[b_first]), k, ncols, nwarps, b_first, geometry)
+        self.kernel, _ = mmvq_kernel(defines, MIXED_SOURCE, "hx_norm_mmvq_mixed")  # mmvq's register rule
+        groups = geometry[0]
+        self.ns = tuple(np.int32(n) for n in ns)
+        self.nblk = tuple(np.int32(-(-n // r)) for n, r in zip(ns, rows))
+        self.blocks = norm_mixed_blocks(ns, rows, b_first, geometry)
+        self.block = (32, nwarps, groups)
+        self.shared = groups * (nwarps - 1) * ncols * max(rows) * 32 * 4
+        per_sm = NORM_MMVQ_PER_SM if per_sm is None else per_sm
+        self.grid = strided_grid(self.kernel, self.blocks, self.block, self.shared, per_sm)
+        self.scalars = (np.int32(k), np.float32(eps))
+
+    __call__ = NormMatVecLaunch.__call__
