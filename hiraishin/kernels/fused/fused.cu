@@ -122,6 +122,28 @@ __device__ __forceinline__ void hx_norm_play(Load load, const float* __restrict_
     }
 }
 
+// The normed rows of a mat-vec that makes its own activations (norm_mmvq.cu, norm_mixed.cu): for each of ncols
+// columns, rmsnorm of x (+ r, one __fadd_rn) played by this CUDA block's nthreads threads (thread tid), each
+// value's q8_1 stored into yq (and yq2, or NULL, in HX_LAYOUT2): shared memory; s_out (or NULL) gets x + r.
+// The operations of hx_add_rms_norm_q8_1 / hx_rms_norm_q8_1 in their order. Every thread calls it.
+template <int PER, int VALS>
+__device__ __forceinline__ void hx_norm_columns(const float* __restrict__ x, const float* __restrict__ r,
+                                                const float* __restrict__ nw, const float eps, float* s_out,
+                                                const int n, const int ncols, unsigned char* yq, unsigned char* yq2,
+                                                float* warp_partial, const int tid, const int nthreads) {
+    const int lane = tid % 32;
+#pragma unroll 1
+    for (int j = 0; j < ncols; ++j) {
+        const size_t base = (size_t)j * n;
+        const auto load = [&](const int i) { return r ? __fadd_rn(x[base + i], r[base + i]) : x[base + i]; };
+        hx_norm_play<PER, VALS>(load, nw, eps, warp_partial, tid, nthreads, n,
+                                [&](const float v, const float wi, const float scale, const int i, const int) {
+                                    hx_norm_value(v, wi, scale, yq, nullptr, yq2, s_out, j, n, i / 32, lane);
+                                });
+        __syncthreads();  // column j is complete; warp_partial is free for the next column
+    }
+}
+
 // The norm kernels' played tree (launch.py NORM_BLOCK_THREADS; HX_NORM_PER and HX_NORM_VALS defined):
 // the block's threads play the tree, and slot (j, m) of every thread is stored by CUDA block
 // (j * HX_NORM_VALS + m) % gridDim.x of the row (each value once; the q8_1 block of a slot is

@@ -79,19 +79,8 @@ hx_norm_mmvq_mixed(const float* __restrict__ x, const float* __restrict__ r, con
     __shared__ __align__(16) u8 ya[HX_NCOLS * HX_A_NBLOCKS * HX_A_Y_STEP];
     __shared__ __align__(16) u8 yb[HX_NCOLS * HX_B_NBLOCKS * HX_B_Y_STEP];
     __shared__ float warp_partial[32];
-    float* s_out = blockIdx.x == 0 ? s : nullptr;
-    const int lane = threadIdx.x;
-#pragma unroll 1
-    for (int j = 0; j < HX_NCOLS; ++j) {
-        const size_t base = (size_t)j * n;
-        const auto load = [&](const int i) { return r ? __fadd_rn(x[base + i], r[base + i]) : x[base + i]; };
-        hx_norm_play<HX_NORM_PLAY, HX_NORM_VALS>(
-            load, nw, eps, warp_partial, tid, HX_NORM_THREADS, n,
-            [&](const float v, const float wi, const float scale, const int i, const int) {
-                hx_norm_value(v, wi, scale, ya, nullptr, yb, s_out, j, n, i / 32, lane);
-            });
-        __syncthreads();  // column j is complete in both layouts; warp_partial is free for the next column
-    }
+    hx_norm_columns<HX_NORM_PLAY, HX_NORM_VALS>(x, r, nw, eps, blockIdx.x == 0 ? s : nullptr, n, HX_NCOLS, ya, yb,
+                                                warp_partial, tid, HX_NORM_THREADS);  // both layouts
     extern __shared__ float tmp_shared[];
     float* hand_over = tmp_shared + threadIdx.z * HX_MIXED_HAND_OVER;
 #pragma unroll 1

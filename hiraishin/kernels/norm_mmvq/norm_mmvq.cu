@@ -45,19 +45,8 @@ hx_norm_mmvq(const float* __restrict__ x, const float* __restrict__ r, const flo
 
     __shared__ __align__(16) u8 yq[HX_NCOLS * HX_COL_BYTES];
     __shared__ float warp_partial[32];
-    float* s_out = blockIdx.x == 0 ? s : nullptr;
-    const int lane = threadIdx.x;
-#pragma unroll 1
-    for (int j = 0; j < HX_NCOLS; ++j) {
-        const size_t base = (size_t)j * n;
-        const auto load = [&](const int i) { return r ? __fadd_rn(x[base + i], r[base + i]) : x[base + i]; };
-        hx_norm_play<HX_NORM_PLAY, HX_NORM_VALS>(
-            load, nw, eps, warp_partial, tid, HX_NORM_THREADS, n,
-            [&](const float v, const float wi, const float scale, const int i, const int) {
-                hx_norm_value(v, wi, scale, yq, nullptr, nullptr, s_out, j, n, i / 32, lane);
-            });
-        __syncthreads();  // yq's column j is complete; warp_partial is free for the next column
-    }
+    hx_norm_columns<HX_NORM_PLAY, HX_NORM_VALS>(x, r, nw, eps, blockIdx.x == 0 ? s : nullptr, n, HX_NCOLS, yq, nullptr,
+                                                warp_partial, tid, HX_NORM_THREADS);
     extern __shared__ float tmp_shared[];
     hx_strided_rows(ws, HX_NORM_GROUPS, yq, tmp_shared);
 }
