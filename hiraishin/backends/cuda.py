@@ -43,11 +43,11 @@ from ..kernels.mmvq.launch import (
 from ..kernels.mmvq.launch import mixed_enabled as mmvq_mixed_enabled
 from ..kernels.mmvq_swiglu.launch import SwigluMatVecLaunch, swiglu_epilogue_enabled, swiglu_epilogue_fits
 from ..kernels.norm_mmvq import launch as norm_mmvq
-from ..kernels.swiglu_down import launch as swiglu_down
-from ..kernels.swiglu_down.launch import SwigluDownLaunch, swiglu_down_fits, swiglu_down_tokens
 from ..kernels.quantize.launch import QuantizeLaunch
 from ..kernels.quantize.launch import output_shape as quantize_output_shape
 from ..kernels.quantize.layout import LAYOUT_COLUMN_GROUP, as_layout, layout_for
+from ..kernels.swiglu_down import launch as swiglu_down
+from ..kernels.swiglu_down.launch import SwigluDownLaunch, swiglu_down_fits, swiglu_down_tokens
 from ..plans import MMQStockPlan, SubBlockPlan
 from ..plans.matvec import MatVecPlan, matvec_traits
 from .base import Backend, feed_forward_steps
@@ -412,9 +412,10 @@ class CudaOps(CudaAttentionOps):
     def _norm_mmvq_launches(self, mvs, T: int, n: int, eps: float):
         """The ``hx_norm_mmvq`` launches that replace a norm launch and these mat-vecs, each with the
         indices of its weights (grouped as :meth:`_run_matvecs` groups them); None when the pass is
-        wider than ``NORM_MMVQ_MAX_TOKENS``, a mat-vec is not a one-launch mmvq plan, the weights are of
-        two types, the row length has no geometry, or a launch has more than ``NORM_MMVQ_MAX_BLOCKS`` CUDA
-        blocks (the limits are read per call, so a benchmark may change them)."""
+        wider than ``NORM_MMVQ_MAX_TOKENS``, a mat-vec is not a one-launch mmvq plan, weights of two types
+        are not what ``mmvq_mixed`` takes (:meth:`_plan_norm_mixed`), the row length has no geometry, or a
+        launch has more than ``NORM_MMVQ_MAX_BLOCKS`` CUDA blocks (the limits are read per call, so a
+        benchmark may change them)."""
         if not 0 < T <= norm_mmvq.NORM_MMVQ_MAX_TOKENS:  # the default (off): no key to build per call
             return None
         limits = (norm_mmvq.NORM_MMVQ_MAX_TOKENS, norm_mmvq.NORM_MMVQ_MAX_BLOCKS, norm_mmvq.NORM_MMVQ_GROUPS,
