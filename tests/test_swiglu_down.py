@@ -69,7 +69,9 @@ def _run(shim, tmp_path, qtype, k, T, rpb, nwarps, groups, n, grid, edit=None, n
 # do not divide (past-the-end groups recompute the last row and write nothing), full grids (0) and grids of
 # fewer CUDA blocks than the rows need (each strides).
 CASES = [("Q4_K", 512, 1, 1, 4, 4, 23, 0), ("Q4_K", 512, 1, 1, 4, 4, 23, 2), ("Q6_K", 768, 2, 2, 4, 2, 19, 0),
-         ("Q6_K", 768, 2, 2, 4, 2, 19, 3), ("Q4_K", 256, 3, 4, 2, 2, 37, 1)]
+         ("Q6_K", 768, 2, 2, 4, 2, 19, 3), ("Q4_K", 256, 3, 4, 2, 2, 37, 1),
+         # 64 q8_1 blocks a row over 2 warps: four batches of loads a warp; 24 over 16 warps: warps past the last
+         ("Q4_K", 2048, 1, 1, 1, 2, 13, 2), ("Q6_K", 768, 1, 1, 4, 4, 9, 0)]
 
 
 @needs_gxx
@@ -82,11 +84,11 @@ def test_swiglu_down_source_equals_swiglu_then_matvec(shim, tmp_path, qtype, k, 
 @needs_gxx
 def test_swiglu_down_source_sees_another_product(shim, tmp_path):
     """The comparison above can fail: the same kernel with silu taken of u instead of g gives other outputs."""
-    old = "hx_swiglu(g[i], u[i])"
+    old = "hx_swiglu(gv[m], uv[m])"
 
     def edit(text):
         assert text.count(old) == 1
-        return text.replace(old, "hx_swiglu(u[i], g[i])")
+        return text.replace(old, "hx_swiglu(uv[m], gv[m])")
 
     got, want, _ = _run(shim, tmp_path, "Q4_K", 512, 1, 1, 4, 4, 23, 2, edit=edit, name="swiglu_down_changed")
     assert not np.array_equal(bits(got), bits(want))

@@ -20,6 +20,9 @@
 #error "swiglu_down.cu needs HX_SWIGLU_GROUPS and HX_Y_SHARED (launch.py swiglu_down_defines)"
 #endif
 #define HX_SWIGLU_THREADS (32 * HX_NWARPS * HX_SWIGLU_GROUPS)
+#ifndef HX_SWIGLU_BATCH
+#define HX_SWIGLU_BATCH 8  // q8_1 blocks a warp loads before it computes any (registers: 2 per block)
+#endif
 
 // g, u: HX_NCOLS rows of k = HX_NBLOCKS * HX_QK floats (the gate and up outputs); w: the down weight,
 // nrows rows of k values; dst: HX_NCOLS rows of nrows floats.
@@ -37,12 +40,27 @@ hx_swiglu_down(const float* __restrict__ g, const float* __restrict__ u, const u
     constexpr int nwarps = HX_NWARPS * HX_SWIGLU_GROUPS;
     const int warp = threadIdx.y + HX_NWARPS * threadIdx.z;
     const int lane = threadIdx.x;
+    // Warp w takes q8_1 blocks w, w + nwarps, ...: their g and u values are loaded SWIGLU_BATCH blocks at a
+    // time before any is computed (one L2 round trip per batch, not per block), then each is stored.
+    constexpr int per_warp = (nb + nwarps - 1) / nwarps;
+    constexpr int batch = per_warp < HX_SWIGLU_BATCH ? per_warp : HX_SWIGLU_BATCH;
 #pragma unroll 1
     for (int j = 0; j < HX_NCOLS; ++j) {
 #pragma unroll 1
-        for (int ib = warp; ib < nb; ib += nwarps) {  // uniform per warp (hx_q8_1_store's butterflies)
-            const size_t i = (size_t)j * k + ib * 32 + lane;
-            hx_q8_1_store(yq, j, nb, ib, lane, hx_swiglu(g[i], u[i]));
+        for (int first = 0; first < per_warp; first += batch) {
+            float gv[batch], uv[batch];
+#pragma unroll
+            for (int m = 0; m < batch; ++m) {
+                const int ib = warp + (first + m) * nwarps;
+                const size_t i = (size_t)j * k + ib * 32 + lane;
+                gv[m] = ib < nb ? g[i] : 0.0f;
+                uv[m] = ib < nb ? u[i] : 0.0f;
+            }
+#pragma unroll
+            for (int m = 0; m < batch; ++m) {
+                const int ib = warp + (first + m) * nwarps;
+                if (ib < nb) hx_q8_1_store(yq, j, nb, ib, lane, hx_swiglu(gv[m], uv[m]));  // uniform per warp
+            }
         }
     }
     __syncthreads();  // every product column is in yq
