@@ -142,3 +142,76 @@ def test_the_cuda_backend_reads_the_head_argmax_switch(monkeypatch):
         assert CudaOps._head_argmax(None, [object(), object()], 1) is None  # nor for two weights
     monkeypatch.setattr(launch_module, "HEAD_ARGMAX", False)
     assert CudaOps._head_argmax(None, [object()], 1) is None
+
+
+MAIN_NORM = r'''
+int main(int argc, char** argv) {
+    // argv: x, r, norm weight, eps, weights, nrows, position, n_log, CUDA blocks (0: one per HX_NORM_GROUPS row
+    // blocks), out logits, out ints; two launches on one scratch as above
+    const int k = HX_NBLOCKS * HX_QK;
+    int nrows = atoi(argv[6]), position = atoi(argv[7]), n_log = atoi(argv[8]);
+    const float eps = strtof(argv[4], nullptr);
+    auto x = hx_read(argv[1]); auto r = hx_read(argv[2]); auto nw = hx_read(argv[3]); auto w = hx_read(argv[5]);
+    std::vector<float> out(nrows, -12345.0f), s(k, -1.0f);
+    std::vector<unsigned long long> keys(HX_ARGMAX_SLOTS, 0);
+    std::vector<unsigned> counters(HX_ARGMAX_SLOTS + 1, 0);
+    std::vector<int> io = {-1, position}, log((size_t)2 * n_log, -1), tokens;
+    int token = -1;
+    const unsigned all = ((nrows + HX_RPB - 1) / HX_RPB + HX_NORM_GROUPS - 1) / HX_NORM_GROUPS;
+    const unsigned grid = atoi(argv[9]);
+    for (int round = 0; round < 2; ++round) {
+        hx_launch({grid ? grid : all, 1, 1}, {32, (unsigned)HX_NWARPS, (unsigned)HX_NORM_GROUPS},
+                  (size_t)HX_NORM_GROUPS * (HX_NWARPS - 1) * HX_RPB * 32 * 4,
+                  [&] { hx_norm_mmvq_argmax((const float*)x.data(), (const float*)r.data(), (const float*)nw.data(),
+                                            s.data(), k, eps, w.data(), out.data(), nrows, keys.data(),
+                                            counters.data(), &token, io.data() + 1, io.data(), log.data(), n_log); });
+        tokens.push_back(token);
+    }
+    std::vector<int> ints = {tokens[0], tokens[1], io[0], io[1]};
+    for (auto kk : keys) ints.push_back(kk != 0);
+    for (auto c : counters) ints.push_back((int)c);
+    ints.insert(ints.end(), log.begin(), log.end());
+    hx_write(argv[10], out.data(), out.size() * 4);
+    hx_write(argv[11], ints.data(), ints.size() * 4);
+}'''
+
+
+@pytest.mark.parametrize("qtype,n,k,rows,groups,nan_row,grid", [
+    ("Q6_K", 151, 1024, 4, 4, None, 0),   # the 0.6B head's geometry, one CUDA block per four row blocks
+    ("Q6_K", 151, 1024, 4, 4, None, 3),   # three CUDA blocks striding over ten
+    ("Q4_K", 300, 1024, 1, 4, 77, 70),    # a NaN logit; more CUDA blocks than key slots
+    ("Q4_K", 300, 1024, 1, 4, None, 65),  # a tie across CUDA blocks
+])
+def test_norm_head_argmax_source_equals_norm_matvec_and_argmax_emulators(shim, tmp_path, qtype, n, k, rows, groups,
+                                                                         nan_row, grid):
+    """hx_norm_mmvq_argmax (norm_mmvq.cu): the norm, the head and the greedy token in one launch, striding or not:
+    the norm launch's and mmvq's logits, hx_argmax_rows' token, advance and log, the scratch back to zero."""
+    from hiraishin.kernels.norm_mmvq import emulate as norm_emulate
+    from hiraishin.kernels.norm_mmvq.launch import SOURCE, norm_mmvq_defines, norm_mmvq_geometry
+
+    rng = np.random.default_rng(n + k)
+    x = (rng.standard_normal((1, k)) * 2).astype(np.float32)
+    r = (rng.standard_normal((1, k)) * 3).astype(np.float32)
+    nw = (1.0 + 0.1 * rng.standard_normal(k)).astype(np.float32)
+    eps = np.float32(1e-6)
+    plan = MatVecPlan("mmvq", qtype, nwarps=4, rows_per_block=rows, cols_per_launch=1, ncols=1)
+    w = random_weights(qtype, n, k, seed=n + k)
+    (logits,), _ = norm_emulate(x, r, nw, eps, [(w, qtype)], plan)
+    w, want_token = _with_ties_and_nan(w, qtype, logits[0], nan_row)
+    (want,), _ = norm_emulate(x, r, nw, eps, [(w, qtype)], plan)
+    assert int(emulate_argmax_rows(want)[0]) == want_token
+    for name, a in (("x", x), ("r", r), ("nw", nw), ("w", w)):
+        a.tofile(tmp_path / f"{name}.bin")
+    geometry = norm_mmvq_geometry(k, 4, groups)
+    defines = {**norm_mmvq_defines(qtype, k, 1, rows, 4, qtype, geometry), "HX_ARGMAX": 1,
+               "HX_ARGMAX_SLOTS": ARGMAX_SLOTS, "HX_PREFETCH_AHEAD": 0}
+    exe = shim.build(SOURCE, defines, MAIN_NORM, "norm_head_argmax")
+    run(exe, tmp_path / "x.bin", tmp_path / "r.bin", tmp_path / "nw.bin", repr(float(eps)), tmp_path / "w.bin", n,
+        POSITION, N_LOG, grid, tmp_path / "o.bin", tmp_path / "i.bin")
+    np.testing.assert_array_equal(bits(np.fromfile(tmp_path / "o.bin", np.float32).reshape(1, n)), bits(want))
+    ints = np.fromfile(tmp_path / "i.bin", np.int32)
+    assert ints[:4].tolist() == [want_token, want_token, want_token, POSITION + 2]
+    assert not ints[4:5 + 2 * ARGMAX_SLOTS].any()  # keys and counters ready for the next launch
+    log = ints[5 + 2 * ARGMAX_SLOTS:].reshape(N_LOG, 2)
+    for cell in (POSITION + 1, POSITION + 2):
+        assert log[cell, 0] == want_token and np.uint32(log[cell, 1]) == int(bits(want)[0, want_token])

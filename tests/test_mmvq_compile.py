@@ -71,6 +71,10 @@ CASES += [(NORM_MMVQ_SOURCE, norm_mmvq_defines(q, k, ncols, rows, 4, None if q =
           for q, k, ncols, rows in (("Q4_K", 1024, 1, 4), ("Q4_K", 4096, 1, 2), ("Q4_K", 4096, 4, 2),
                                     ("Q6_K", 1024, 1, 4), ("Q6_K", 4096, 3, 2), ("Q8_0", 1024, 1, 4))]
 
+# a pass's end in one launch (hx_norm_mmvq_argmax): the 0.6B's head (four short Q6_K rows a block), the 8B's (two)
+CASES += [(NORM_MMVQ_SOURCE, {**norm_mmvq_defines("Q6_K", k, 1, rows, 4, "Q6_K", norm_mmvq_geometry(k, 4)),
+                              "HX_ARGMAX": 1, "HX_ARGMAX_SLOTS": 64, "HX_PREFETCH_AHEAD": 0})
+          for k, rows in ((1024, 4), (4096, 2))]
 # the same with a Q6_K V beside Q4_K Q and K (hx_norm_mmvq_mixed): the 0.6B's and the 8B's rows, one and three tokens
 CASES += [(NORM_MIXED_SOURCE, norm_mixed_defines(("Q4_K", "Q6_K"), rows, k, ncols, 4, 2, norm_mmvq_geometry(k, 4)))
           for k, ncols, rows in ((1024, 1, (1, 1)), (4096, 1, (4, 2)), (4096, 3, (2, 2)))]

@@ -154,3 +154,35 @@ def test_passes_with_the_norm_fused_equal_passes_without(tiny_model_path, order,
     without = replayed_passes(plain, prompt, steps, order)
     for i, (a, b) in enumerate(zip(with_fusion, without)):
         assert np.array_equal(_bits(a), _bits(b)), f"step {i} ({len(steps[i])} tokens)"
+
+
+@pytest.mark.parametrize("order", [ReductionOrder.BATCH_INVARIANT, ReductionOrder.BATCH_VARIANT],
+                         ids=lambda o: o.name)
+@pytest.mark.parametrize("per_sm", [0, 1])
+def test_a_pass_ending_in_one_launch_makes_the_same_tokens(tiny_model_path, order, per_sm, monkeypatch):
+    """The norm, the head and the greedy token in one launch (hx_norm_mmvq_argmax: the norm fused and
+    HIRAISHIN_HEAD_ARGMAX=1) against the three launches: the same chain of tokens, logged logit bits and logits."""
+    import sys
+
+    from hiraishin.kernels.norm_mmvq import launch as norm_mmvq
+
+    mmvq_launch = sys.modules["hiraishin.kernels.mmvq.launch"]  # (the package's `launch` is a function)
+    prompt = [3 + (11 * i) % 700 for i in range(24)]
+    runs = []
+    for fused in (False, True):
+        monkeypatch.setattr(norm_mmvq, "NORM_MMVQ_MAX_TOKENS", 1 if fused else 0)
+        monkeypatch.setattr(norm_mmvq, "NORM_MMVQ_MAX_BLOCKS", 1 << 30)  # the head's too
+        monkeypatch.setattr(norm_mmvq, "NORM_MMVQ_PER_SM", per_sm)
+        monkeypatch.setattr(mmvq_launch, "HEAD_ARGMAX", fused)
+        m = Qwen3.from_gguf(tiny_model_path, device="cuda", progress=False, cuda_graphs=True, n_ctx=256)
+        first = int(m.forward_argmax(prompt, 0, order)[-1])
+        chain = m.greedy_chain([first], len(prompt), 12, order).tolist()
+        stream = list(m.greedy_stream(first, len(prompt), 12, order))
+        logits = m.forward([chain[-1]], m.kv_len, order)
+        heads = [v for k, v in m.ops._token_scratch.items() if isinstance(k, tuple) and k[0] == "norm_head_argmax"]
+        assert bool(heads) == fused, "the one-launch end was (not) taken"
+        runs.append((first, chain, [t for t, _ in stream], [v for _, v in stream], _bits(logits)))
+    (f0, c0, s0, v0, l0), (f1, c1, s1, v1, l1) = runs
+    assert f0 == f1 and c0 == c1 and s0 == s1 == c0
+    assert np.array_equal(np.array(v0, np.float32).view(np.uint32), np.array(v1, np.float32).view(np.uint32))
+    assert np.array_equal(l0, l1)

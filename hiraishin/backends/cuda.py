@@ -308,7 +308,8 @@ class CudaOps(CudaAttentionOps):
         without a residual). ``argmax`` = ``(token, advance, pos)`` (one weight: a pass's output head):
         also each row's greedy token into ``token`` as :meth:`argmax_rows` (``advance``: its advance and
         log, or None), in the head's own launch where ``HIRAISHIN_HEAD_ARGMAX=1`` allows (one token, a
-        one-column mat-vec plan: the same logits, the same token)."""
+        one-column mat-vec plan: the same logits, the same token; with the norm fused too, the pass's end is
+        one launch, ``hx_norm_mmvq_argmax``)."""
         T, n = x.shape
         mvs, layouts = self._layouts(weights, T, order)
         fused = self._norm_mmvq_launches(mvs, T, n, eps)
@@ -316,6 +317,11 @@ class CudaOps(CudaAttentionOps):
             results = [self._empty((T, mv.n), _F32) if outs is None or outs[i] is None else outs[i]
                        for i, mv in enumerate(mvs)]
             s = None if residual is None else self._empty((T, n), _F32) if out_sum is None else out_sum
+            head = None if argmax is None else self._norm_head_argmax(mvs, T, n, eps)
+            if head is not None:  # and the greedy token: the pass's end in one launch
+                token, advance, pos = argmax
+                head(x, residual, norm_w, s, weights[0][0], results[0], token, pos, *(advance or (None, None)))
+                return results, s
             for at, (launch, idx) in enumerate(fused):  # the first launch writes the residual sum
                 launch(x, residual, norm_w, s if at == 0 else None, [weights[i][0] for i in idx],
                        [results[i] for i in idx])
@@ -408,6 +414,20 @@ class CudaOps(CudaAttentionOps):
         if hit is None:
             hit = self._token_scratch[key] = ArgmaxMatVecLaunch(mv.qtype, mv.n, k, plan.rows_per_block, plan.nwarps)
         return hit
+
+    def _norm_head_argmax(self, mvs, T: int, n: int, eps: float):
+        """The ``hx_norm_mmvq_argmax`` launch (cached) of a one-token pass's output head whose norm is fused
+        (:meth:`_norm_mmvq_launches`) where ``HIRAISHIN_HEAD_ARGMAX=1`` puts the argmax in the head's launch;
+        else None."""
+        if not head_argmax_enabled() or T != 1 or len(mvs) != 1:
+            return None
+        mv = mvs[0]
+        key = ("norm_head_argmax", mv.group, mv.n, n, float(eps), norm_mmvq.NORM_MMVQ_PER_SM)
+        if key not in self._token_scratch:
+            plan = mv.plan
+            self._token_scratch[key] = norm_mmvq.NormArgmaxLaunch(mv.qtype, mv.n, n, plan.rows_per_block, plan.nwarps,
+                                                                  mv.layout, eps)
+        return self._token_scratch[key]
 
     def _norm_mmvq_launches(self, mvs, T: int, n: int, eps: float):
         """The ``hx_norm_mmvq`` launches that replace a norm launch and these mat-vecs, each with the

@@ -603,18 +603,14 @@ mmvq(const u8* __restrict__ w, const u8* __restrict__ y, float* __restrict__ dst
 #if HX_NCOLS != 1
 #error "mmvq_argmax: one column"
 #endif
-extern "C" __global__ void __launch_bounds__(32 * HX_NWARPS, HX_MIN_BLOCKS)
-mmvq_argmax(const u8* __restrict__ w, const u8* __restrict__ y, float* dst, const int nrows,
-            unsigned long long* slot_keys, unsigned int* counters, int* __restrict__ out, const int* pos,
-            int* advance, int* log, const int n_log) {
-    hx_prefetch_rows(w, nrows, HX_RPB * blockIdx.x);
-#if !HX_W_EARLY
-    HX_PDL_ENTRY();
-#endif
-    extern __shared__ float tmp_shared[];
-    unsigned long long key = 0;  // below every value's key
-    hx_mmvq_rows<(HX_W_EARLY > 0)>(w, y, dst, nrows, nrows, HX_RPB * blockIdx.x, threadIdx.y, tmp_shared, &key);
-    if (threadIdx.y != 0) return;  // warp 0 holds the rows' sums and the key (every lane the same)
+// The end of an argmax launch (mmvq_argmax, norm_mmvq.cu hx_norm_mmvq_argmax), by warp 0 of one CUDA block
+// holding the block's largest key in every lane: max it into slot blockIdx.x % HX_ARGMAX_SLOTS, count the
+// block in; the last block of the launch takes the largest slot key, writes the token (out, advance, log as
+// hx_argmax_rows) and sets every key and counter back to 0. dst: the logits (nrows), any block's.
+__device__ __forceinline__ void hx_argmax_finish(const unsigned long long key, const float* dst, const int nrows,
+                                                 unsigned long long* slot_keys, unsigned int* counters,
+                                                 int* __restrict__ out, const int* pos, int* advance, int* log,
+                                                 const int n_log) {
     const int lane = threadIdx.x;
     const unsigned int slots = min(gridDim.x, (unsigned int)HX_ARGMAX_SLOTS);
     int last = 0;
@@ -658,6 +654,21 @@ mmvq_argmax(const u8* __restrict__ w, const u8* __restrict__ y, float* dst, cons
             }
         }
     }
+}
+
+extern "C" __global__ void __launch_bounds__(32 * HX_NWARPS, HX_MIN_BLOCKS)
+mmvq_argmax(const u8* __restrict__ w, const u8* __restrict__ y, float* dst, const int nrows,
+            unsigned long long* slot_keys, unsigned int* counters, int* __restrict__ out, const int* pos,
+            int* advance, int* log, const int n_log) {
+    hx_prefetch_rows(w, nrows, HX_RPB * blockIdx.x);
+#if !HX_W_EARLY
+    HX_PDL_ENTRY();
+#endif
+    extern __shared__ float tmp_shared[];
+    unsigned long long key = 0;  // below every value's key
+    hx_mmvq_rows<(HX_W_EARLY > 0)>(w, y, dst, nrows, nrows, HX_RPB * blockIdx.x, threadIdx.y, tmp_shared, &key);
+    if (threadIdx.y != 0) return;  // warp 0 holds the rows' sums and the key (every lane the same)
+    hx_argmax_finish(key, dst, nrows, slot_keys, counters, out, pos, advance, log, n_log);
 }
 #endif  // HX_ARGMAX
 

@@ -44,16 +44,17 @@ __device__ __forceinline__ void hx_strided_prefetch(const hx_weights3& ws, const
 
 // The rows of every CUDA block this one takes, from the HX_NCOLS activation columns yq (shared memory, the
 // mat-vec's layout). tmp_shared: groups * (HX_NWARPS-1)*HX_NCOLS*HX_RPB*32 floats (each group's hand-over).
-// Every thread of the CUDA block calls it, after hx_strided_prefetch(ws, groups, 0, HX_STRIDE_AHEAD).
+// Every thread of the CUDA block calls it, after hx_strided_prefetch(ws, groups, 0, HX_STRIDE_AHEAD). key (or
+// NULL): warp 0 of each group max-es its rows' argmax keys into *key (mmvq.cu hx_mmvq_rows).
 __device__ __forceinline__ void hx_strided_rows(const hx_weights3& ws, const int groups, const u8* yq,
-                                                float* tmp_shared) {
+                                                float* tmp_shared, unsigned long long* key = nullptr) {
     const int nblocks = hx_strided_blocks(ws, groups);
     float* hand_over = tmp_shared + threadIdx.z * ((HX_NWARPS - 1) * HX_NCOLS * HX_RPB * 32);
 #pragma unroll 1
     for (int s = 0, b = blockIdx.x; b < nblocks; ++s, b += gridDim.x) {
         hx_strided_prefetch(ws, groups, s + HX_STRIDE_AHEAD, 1);
         const hx_weight_of_block p = hx_strided_pick(ws, b, groups);
-        hx_mmvq_rows(p.w, yq, p.out, p.nrows, p.nrows, HX_RPB * p.index, threadIdx.y, hand_over);
+        hx_mmvq_rows(p.w, yq, p.out, p.nrows, p.nrows, HX_RPB * p.index, threadIdx.y, hand_over, key);
         if (b + gridDim.x < nblocks) {
             __syncthreads();  // warp 0 has read the hand-over before the next rows' warps write it
         }

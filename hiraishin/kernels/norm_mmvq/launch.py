@@ -15,15 +15,15 @@ import numpy as np
 from ..compile import env_counts
 from ..fused.launch import NULL
 from ...plans.matvec import matvec_traits
-from ..mmvq.launch import (MIXED_SOURCES, MULTI_MAX_WEIGHTS, kernel_defines, mixed_defines, mmvq_kernel,
-                           multi_weight_args, register_cap_blocks, strided_grid)
+from ..mmvq.launch import (ARGMAX_SLOTS, MIXED_SOURCES, MULTI_MAX_WEIGHTS, kernel_defines, mixed_defines,
+                           mmvq_kernel, multi_weight_args, register_cap_blocks, strided_grid)
 from ..quantize.layout import layout_for
 from ..quantize.launch import quantize_defines
 from ..rmsnorm.emulate import block_threads
 
 __all__ = ["SOURCE", "NORM_MMVQ_GROUPS", "NORM_MMVQ_MAX_TOKENS", "NORM_MMVQ_MAX_BLOCKS", "NORM_MMVQ_PER_SM",
            "ENV_NORM_MMVQ", "limits_from_env", "norm_mmvq_geometry", "norm_mmvq_blocks", "norm_mmvq_defines",
-           "norm_mixed_blocks", "norm_mixed_defines", "MIXED_SOURCE", "NormMixedMatVecLaunch", "NormMatVecLaunch"]
+           "norm_mixed_blocks", "norm_mixed_defines", "MIXED_SOURCE", "NormMixedMatVecLaunch", "NormArgmaxLaunch", "NormMatVecLaunch"]
 
 # norm_mmvq.cu calls the norm kernels' device code (rmsnorm.cu's tree and scale, fused.cu's played tree
 # and per-value store, quantize_q8_1.cu's q8_1 store) and mmvq.cu's rows (strided.cuh): one copy of each.
@@ -218,3 +218,45 @@ class NormMixedMatVecLaunch:
         self.scalars = (np.int32(k), np.float32(eps))
 
     __call__ = NormMatVecLaunch.__call__
+
+
+class NormArgmaxLaunch:
+    """One ``hx_norm_mmvq_argmax`` launch: a one-token pass's end: RMSNorm of ``x`` (+ ``r``), the mat-vec of the
+    (``n``, ``k``) ``qtype`` output head and the first index of its largest value, striding as
+    :class:`NormMatVecLaunch` (``per_sm``).
+
+    Call it ``(x, r, nw, s, w, out, token, pos, advance=None, log=None)``: the norm's arguments as there, the
+    head ``w``, ``out`` float32 (1, n), then as ``mmvq.launch.ArgmaxMatVecLaunch``. Bits: the norm launch, mmvq
+    and ``hx_argmax_rows``. Keeps its own zeroed slot keys and counters: create and call it on one stream.
+    """
+
+    __slots__ = ("kernel", "grid", "block", "shared", "blocks", "n", "scalars", "slot_keys", "counters")
+
+    def __init__(self, qtype: str, n: int, k: int, rows_per_block: int, nwarps: int, layout: str | None, eps: float,
+                 per_sm: int | None = None):
+        import cupy
+
+        geometry = norm_mmvq_geometry(k, nwarps)
+        if geometry is None:
+            raise ValueError(f"no hx_norm_mmvq geometry for rows of {k} values and {nwarps} warps")
+        defines = {**norm_mmvq_defines(qtype, k, 1, rows_per_block, nwarps, layout, geometry), "HX_ARGMAX": 1,
+                   "HX_ARGMAX_SLOTS": ARGMAX_SLOTS, "HX_PREFETCH_AHEAD": 0}
+        self.kernel, _ = mmvq_kernel(defines, SOURCE, "hx_norm_mmvq_argmax")  # mmvq's register rule
+        groups = geometry[0]
+        self.blocks = norm_mmvq_blocks((n,), rows_per_block, geometry)
+        self.block = (32, nwarps, groups)
+        self.shared = groups * (nwarps - 1) * rows_per_block * 32 * 4
+        per_sm = NORM_MMVQ_PER_SM if per_sm is None else per_sm
+        self.grid = strided_grid(self.kernel, self.blocks, self.block, self.shared, per_sm)
+        self.n = np.int32(n)
+        self.scalars = (np.int32(k), np.float32(eps))
+        self.slot_keys = cupy.zeros((ARGMAX_SLOTS,), np.uint64)
+        self.counters = cupy.zeros((ARGMAX_SLOTS + 1,), np.uint32)
+
+    def __call__(self, x, r, nw, s, w, out, token, pos, advance=None, log=None):
+        n_log = np.int32(0 if log is None else log.shape[0])
+        self.kernel(self.grid, self.block,
+                    (x, NULL if r is None else r, nw, NULL if s is None else s, *self.scalars, w, out, self.n,
+                     self.slot_keys, self.counters, token, pos, NULL if advance is None else advance,
+                     NULL if log is None else log, n_log), shared_mem=self.shared)
+        return token

@@ -50,3 +50,39 @@ hx_norm_mmvq(const float* __restrict__ x, const float* __restrict__ r, const flo
     extern __shared__ float tmp_shared[];
     hx_strided_rows(ws, HX_NORM_GROUPS, yq, tmp_shared);
 }
+
+#ifdef HX_ARGMAX
+// hx_norm_mmvq_argmax (HX_ARGMAX): a one-token pass's end in one launch: the norm of the last layer's output,
+// the output head's rows (one weight, striding as above) and the greedy token with its advance and log, as
+// the norm launch, mmvq and hx_argmax_rows make them (the token: the first index of the largest logit, NaN
+// largest, whichever blocks summed the rows). Each group's warp 0 max-es its rows' keys over the strides; the
+// block's groups meet in shared memory, and group 0's warp 0 ends the launch (mmvq.cu hx_argmax_finish: one
+// slot atomic and one count a CUDA block; the grid is at most what the SMs hold, not mmvq_argmax's tens of
+// thousands of blocks). slot_keys, counters: as mmvq_argmax's, zero before the first launch.
+extern "C" __global__ void __launch_bounds__(HX_NORM_THREADS, HX_MIN_BLOCKS)
+hx_norm_mmvq_argmax(const float* __restrict__ x, const float* __restrict__ r, const float* __restrict__ nw, float* s,
+                    const int n, const float eps, const u8* __restrict__ w, float* dst, const int nrows,
+                    unsigned long long* slot_keys, unsigned int* counters, int* __restrict__ out, const int* pos,
+                    int* advance, int* log, const int n_log) {
+    const hx_weights3 ws = {w, dst, nrows, (nrows + HX_RPB - 1) / HX_RPB, w, dst, 0, 0, w, dst, 0};  // one weight
+    const int tid = threadIdx.x + 32 * (threadIdx.y + HX_NWARPS * threadIdx.z);
+    hx_strided_prefetch(ws, HX_NORM_GROUPS, 0, HX_STRIDE_AHEAD);  // the first rows into L2 before the wait
+    hx_prefetch_lines(nw, 4LL * n, tid, HX_NORM_THREADS);
+    HX_PDL_ENTRY();
+
+    __shared__ __align__(16) u8 yq[HX_COL_BYTES];
+    __shared__ float warp_partial[32];
+    __shared__ unsigned long long group_key[HX_NORM_GROUPS];
+    hx_norm_columns<HX_NORM_PLAY, HX_NORM_VALS>(x, r, nw, eps, blockIdx.x == 0 ? s : nullptr, n, 1, yq, nullptr,
+                                                warp_partial, tid, HX_NORM_THREADS);
+    extern __shared__ float tmp_shared[];
+    unsigned long long key = 0;  // below every value's key
+    hx_strided_rows(ws, HX_NORM_GROUPS, yq, tmp_shared, &key);
+    if (threadIdx.y == 0 && threadIdx.x == 0) group_key[threadIdx.z] = key;  // warp 0: every lane the same key
+    __syncthreads();
+    if (threadIdx.y != 0 || threadIdx.z != 0) return;
+#pragma unroll
+    for (int g = 1; g < HX_NORM_GROUPS; ++g) key = hx_key_max(key, group_key[g]);
+    hx_argmax_finish(key, dst, nrows, slot_keys, counters, out, pos, advance, log, n_log);
+}
+#endif  // HX_ARGMAX
