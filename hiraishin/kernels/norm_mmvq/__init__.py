@@ -13,10 +13,9 @@ the norm repeated by every CUDA block before its first dot product. Measured, it
 saves (the 0.6B's one-token pass 0.711 -> 0.825 ms, the 8B's 2.553 -> 3.088;
 bench/results/2026-12-02-h200-session6), so the backend does not fuse by default
 (:data:`.launch.NORM_MMVQ_MAX_TOKENS` = 0): the kernel is kept as that measured alternative. That
-measurement launched one CUDA block per four row blocks (1,024-1,536 on the 0.6B: waves of blocks, each
-waiting for its own norm); with :data:`.launch.NORM_MMVQ_PER_SM` the grid is at most what the SMs hold at
-once and every block strides over several blocks' rows, so the norm is made once per resident block (the
-same bits; not yet timed).
+measurement launched one CUDA block per four row blocks; with :data:`.launch.NORM_MMVQ_PER_SM` the grid is at
+most what the SMs hold at once and every block strides over several blocks' rows, so the norm is made once
+per resident block (the same bits; not yet timed).
 
 Weights of two types (Qwen3 Q4_K_M's Q4_K Q and K beside a Q6_K V) take ``hx_norm_mmvq_mixed``
 (``norm_mixed.cu``): the norm once in both types' layouts, each type's rows by mmvq.cu's code for that type

@@ -21,9 +21,10 @@ from ..quantize.layout import layout_for
 from ..quantize.launch import quantize_defines
 from ..rmsnorm.emulate import block_threads
 
-__all__ = ["SOURCE", "NORM_MMVQ_GROUPS", "NORM_MMVQ_MAX_TOKENS", "NORM_MMVQ_MAX_BLOCKS", "NORM_MMVQ_PER_SM",
-           "ENV_NORM_MMVQ", "limits_from_env", "norm_mmvq_geometry", "norm_mmvq_blocks", "norm_mmvq_defines",
-           "norm_mixed_blocks", "norm_mixed_defines", "MIXED_SOURCE", "NormMixedMatVecLaunch", "NormArgmaxLaunch", "NormMatVecLaunch"]
+__all__ = ["SOURCE", "MIXED_SOURCE", "NORM_MMVQ_GROUPS", "NORM_MMVQ_MAX_TOKENS", "NORM_MMVQ_MAX_BLOCKS",
+           "NORM_MMVQ_PER_SM", "ENV_NORM_MMVQ", "limits_from_env", "norm_mmvq_geometry", "norm_mmvq_blocks",
+           "norm_mmvq_defines", "norm_mixed_blocks", "norm_mixed_defines", "NormMatVecLaunch", "NormMixedMatVecLaunch",
+           "NormArgmaxLaunch"]
 
 # norm_mmvq.cu calls the norm kernels' device code (rmsnorm.cu's tree and scale, fused.cu's played tree
 # and per-value store, quantize_q8_1.cu's q8_1 store) and mmvq.cu's rows (strided.cuh): one copy of each.
@@ -57,9 +58,9 @@ NORM_MMVQ_MAX_TOKENS = 0
 NORM_MMVQ_MAX_BLOCKS = 1024
 # At most this many CUDA blocks per SM (and never more than the driver says fit at once): a grid of fewer
 # blocks than row groups strides over them, so each resident block makes the norm once, not once per wave of
-# blocks (session 6 launched one block per NORM_MMVQ_GROUPS row blocks: 1,024-1,536 on the 0.6B, two or more
-# waves, each waiting for its norm). 0: no cap (that grid). Unmeasured: an A/B for bench/sweep_norm.py
-# ("/mmvq=T:B:G:S").
+# blocks (session 6 launched one block per NORM_MMVQ_GROUPS row blocks; where the SMs hold fewer, each wave
+# waited for its own norm). 0: no cap (that grid). Unmeasured: an A/B for bench/sweep_norm.py ("/mmvq=T:B:G:S")
+# or the environment below.
 NORM_MMVQ_PER_SM = 0
 # HIRAISHIN_NORM_MMVQ="T:B:G:S" (any leading part) sets the four limits above at import, so a whole bench can
 # run with the norm inside the mat-vecs (bench/sweep_norm.py sets them per variant instead).
