@@ -125,7 +125,8 @@ def test_compiles_without_spills(tmp_path, source, defines):
 # SwiGLU inside the down projection (swiglu_down): the 0.6B's rows of 3,072 values and the 8B's of 12,288, one and
 # two tokens, Q4_K and Q6_K down weights, at the rows per CUDA block of the library's one-column plans; the row
 # groups a CUDA block as the launch picks them (halved while the kernel spills)
-SWIGLU_DOWN_CASES = [("Q4_K", 3072, 1, 1, 4), ("Q6_K", 3072, 1, 1, 4), ("Q4_K", 12288, 1, 4, 4), ("Q6_K", 12288, 2, 2, 4)]
+SWIGLU_DOWN_CASES = [("Q4_K", 3072, 1, 1, 4), ("Q6_K", 3072, 1, 1, 4), ("Q4_K", 12288, 1, 4, 4),
+                     ("Q6_K", 12288, 2, 2, 4)]
 
 
 @pytest.mark.parametrize("args", SWIGLU_DOWN_CASES, ids=str)

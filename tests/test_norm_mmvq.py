@@ -270,7 +270,8 @@ int main(int argc, char** argv) {
         const bool a = i < HX_B_FIRST;
         const int rpb = a ? HX_A_RPB : HX_B_RPB;
         nb[i] = (n[i] + rpb - 1) / rpb; (a ? na : nbb) += nb[i];
-        wp[i] = w.data() + at; at += (size_t)n[i] * (a ? HX_A_NBLOCKS * HX_A_BLOCK_BYTES : HX_B_NBLOCKS * HX_B_BLOCK_BYTES);
+        wp[i] = w.data() + at;
+        at += (size_t)n[i] * (a ? HX_A_NBLOCKS * HX_A_BLOCK_BYTES : HX_B_NBLOCKS * HX_B_BLOCK_BYTES);
     }
     std::vector<float> out((size_t)HX_NCOLS * (n[0] + n[1] + n[2]), -12345.0f);
     std::vector<float> s((size_t)HX_NCOLS * k, -12345.0f);

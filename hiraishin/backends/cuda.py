@@ -488,7 +488,8 @@ class CudaOps(CudaAttentionOps):
         ns = tuple(mvs[i].n for i in idx)
         if norm_mmvq.norm_mixed_blocks(ns, rows, len(ia), geometry) > max_blocks:
             return None
-        return [(norm_mmvq.NormMixedMatVecLaunch(tuple(mvs[i].qtype for i in idx), ns, rows, n, T, pa.nwarps, eps), idx)]
+        qtypes = tuple(mvs[i].qtype for i in idx)
+        return [(norm_mmvq.NormMixedMatVecLaunch(qtypes, ns, rows, n, T, pa.nwarps, eps), idx)]
 
     def norm_swiglu_matvec(self, x, norm_w, eps: float, gate, up, down, order, outs=None, residual=None,
                            out_sum=None, between=None):

@@ -440,7 +440,9 @@ fattn_vec_q1_rope(const float* __restrict__ q, const float* __restrict__ k, cons
     }
     __syncthreads();
     const float scale_q = hx_rms_scale_from_partials(partial_q, FV_NWARPS, D, eps);  // whole warps: butterflies
-    if (tid < half) fv_norm_rope(xq, xq_hi, scale_q, wqp, cos_table, sin_table, q_pos[t], tid, q_sh[tid], q_sh[tid + half]);
+    if (tid < half) {
+        fv_norm_rope(xq, xq_hi, scale_q, wqp, cos_table, sin_table, q_pos[t], tid, q_sh[tid], q_sh[tid + half]);
+    }
 #pragma unroll
     for (int j = 0; j < FV_ROPE_MAX_TOKENS; ++j) {
         if (j >= n_tokens) break;

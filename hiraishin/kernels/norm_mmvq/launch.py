@@ -139,7 +139,8 @@ def norm_mixed_defines(qtypes: tuple, rows: tuple, k: int, ncols: int, nwarps: i
             for q, r in ((qa, ra), (qb, rb))]
     second = quantize_defines(layout_for(qb))
     return {**base, **quantize_defines(layout_for(qa)), "HX_LAYOUT2": second["HX_LAYOUT"],
-            "HX_LAYOUT2_BYTES": second["HX_LAYOUT_BYTES"], "HX_MIN_BLOCKS": int(min(caps)), "HX_Y_SHARED": 1, "HX_NORM_GROUPS": int(groups),
+            "HX_LAYOUT2_BYTES": second["HX_LAYOUT_BYTES"], "HX_MIN_BLOCKS": int(min(caps)), "HX_Y_SHARED": 1,
+            "HX_NORM_GROUPS": int(groups),
             "HX_NORM_PLAY": int(play), "HX_NORM_VALS": int(vals)}
 
 

@@ -19,8 +19,8 @@ from ..quantize.launch import quantize_defines
 from ..quantize.layout import LAYOUT_BYTES, layout_for
 
 __all__ = ["SOURCE", "ENV_SWIGLU_DOWN", "SWIGLU_DOWN_TOKENS", "SWIGLU_DOWN_GROUPS", "SWIGLU_DOWN_PER_SM",
-           "SWIGLU_DOWN_MAX_SHARED", "settings_from_env", "swiglu_down_tokens", "swiglu_down_fits", "swiglu_down_defines",
-           "swiglu_down_compile", "SwigluDownLaunch"]
+           "SWIGLU_DOWN_MAX_SHARED", "settings_from_env", "swiglu_down_tokens", "swiglu_down_fits",
+           "swiglu_down_defines", "swiglu_down_compile", "SwigluDownLaunch"]
 
 # quantize_q8_1.cu's hx_q8_1_store (for the down weight's layout), mmvq.cu's rows, their strided form, the kernel.
 SOURCE = ("quantize/quantize_q8_1.cu", "mmvq/mmvq.cu", "mmvq/strided.cuh", "swiglu_down/swiglu_down.cu")
