@@ -255,6 +255,18 @@ def test_the_backend_fuses_a_norm_into_one_launch_of_every_weight(monkeypatch):
     assert plan([mv("Q4_K", 3072), mv("Q4_K", 3072)]) is None  # more CUDA blocks than NORM_MMVQ_MAX_BLOCKS
 
 
+def test_norm_launches_fit_a_blocks_shared_memory():
+    from hiraishin.kernels.norm_mmvq.launch import norm_mmvq_fits
+
+    # Qwen3-8B rows (4,096 values): Q4_K's layout 416 bytes and Q6_K's 288 a super-block, a token
+    assert norm_mmvq_fits(("Q4_K",), 4096, 4, 2, 4, 4)  # 26.6 KiB of rows + 12 KiB of hand-over
+    assert norm_mmvq_fits(("Q4_K", "Q6_K"), 4096, 2, 4, 4, 4)
+    assert not norm_mmvq_fits(("Q4_K", "Q6_K"), 4096, 3, 4, 4, 4)  # 33.8 + 18 KiB
+    with pytest.raises(ValueError, match="shared memory"):
+        from hiraishin.kernels.norm_mmvq.launch import NormMixedMatVecLaunch
+        NormMixedMatVecLaunch(("Q4_K", "Q4_K", "Q6_K"), (4096, 1024, 1024), (4, 4, 2), 4096, 3, 4, 1e-6)
+
+
 MAIN_MIXED = r'''
 int main(int argc, char** argv) {
     // argv: x, r ("-": none), norm weight, weights (the slots' rows one after another), n0, n1, n2, eps, out,

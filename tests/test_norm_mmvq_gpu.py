@@ -81,7 +81,7 @@ def test_norm_mmvq_equals_norm_launch_then_matvec_and_emulator(qtype, k, ns, T):
 
 @pytest.mark.parametrize("k,ns,rows", [(1024, (2048, 1024, 1024), (1, 1, 1)), (4096, (4096, 1024, 1024), (4, 4, 2)),
                                        (2048, (11, 5, 7), (2, 2, 1))])
-@pytest.mark.parametrize("T", [1, 3])
+@pytest.mark.parametrize("T", [1, 2])  # (three 8B rows in two layouts and the hand-over pass 48 KiB)
 def test_norm_mmvq_mixed_equals_norm_launch_then_mmvq_mixed_and_emulator(k, ns, rows, T):
     """Q4_K Q and K beside a Q6_K V (hx_norm_mmvq_mixed): the norm launch writing both layouts, then mmvq_mixed."""
     import cupy as cp

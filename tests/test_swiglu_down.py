@@ -98,6 +98,8 @@ def test_swiglu_down_fits_the_shared_memory():
     assert swiglu_down_fits("Q4_K", 3072, 1) and swiglu_down_fits("Q6_K", 12288, 2)  # the 0.6B's and 8B's rows
     assert not swiglu_down_fits("Q4_K", 12288, 4)  # four 8B product rows: more than 48 KiB
     assert not swiglu_down_fits("Q4_K", 1000, 1)  # not whole super-blocks
+    assert swiglu_down_fits("Q4_K", 12288, 2, 2, 4, 4)  # 39 KiB of rows + 6 KiB of hand-over
+    assert not swiglu_down_fits("Q4_K", 12288, 2, 4, 4, 4)  # + 12 KiB
 
 
 def test_swiglu_down_defines_and_switch(monkeypatch):

@@ -459,7 +459,8 @@ class CudaOps(CudaAttentionOps):
         for (qtype, row_bytes, plan), idx in groups.items():
             t = matvec_traits(qtype)
             geometry = norm_mmvq.norm_mmvq_geometry(n, plan.nwarps)
-            if row_bytes // t.block_bytes * t.qk != n or geometry is None:
+            if row_bytes // t.block_bytes * t.qk != n or geometry is None or not norm_mmvq.norm_mmvq_fits(
+                    (qtype,), n, T, plan.rows_per_block, plan.nwarps, geometry[0]):
                 return None
             for start in range(0, len(idx), MULTI_MAX_WEIGHTS):
                 part = idx[start:start + MULTI_MAX_WEIGHTS]
@@ -486,7 +487,8 @@ class CudaOps(CudaAttentionOps):
         idx = ia + ib
         rows = tuple(pa.rows_per_block for _ in ia) + tuple(pb.rows_per_block for _ in ib)
         ns = tuple(mvs[i].n for i in idx)
-        if norm_mmvq.norm_mixed_blocks(ns, rows, len(ia), geometry) > max_blocks:
+        if norm_mmvq.norm_mixed_blocks(ns, rows, len(ia), geometry) > max_blocks or not norm_mmvq.norm_mmvq_fits(
+                (ka[0], kb[0]), n, T, max(rows), pa.nwarps, geometry[0]):
             return None
         qtypes = tuple(mvs[i].qtype for i in idx)
         return [(norm_mmvq.NormMixedMatVecLaunch(qtypes, ns, rows, n, T, pa.nwarps, eps), idx)]
@@ -556,7 +558,8 @@ class CudaOps(CudaAttentionOps):
             return self._token_scratch[key]
         plan = mv.plan
         hit = None
-        if mv.group is not None and isinstance(plan, MatVecPlan) and swiglu_down_fits(mv.qtype, k, T):
+        if mv.group is not None and isinstance(plan, MatVecPlan) and swiglu_down_fits(
+                mv.qtype, k, T, plan.rows_per_block, plan.nwarps, swiglu_down.SWIGLU_DOWN_GROUPS):
             hit = SwigluDownLaunch(mv.qtype, mv.n, k, T, plan.rows_per_block, plan.nwarps)
         self._token_scratch[key] = hit
         return hit

@@ -14,15 +14,17 @@ import numpy as np
 
 from ..compile import env_counts
 from ..fused.launch import NULL
-from ...plans.matvec import matvec_traits
+from ...plans.matvec import MAX_SHARED_BYTES, matvec_traits
+from ...quant import BLOCK_BYTES
 from ..mmvq.launch import (ARGMAX_SLOTS, MIXED_SOURCES, MULTI_MAX_WEIGHTS, kernel_defines, mixed_defines,
                            mmvq_kernel, multi_weight_args, register_cap_blocks, strided_grid)
-from ..quantize.layout import layout_for
+from ..quantize.layout import LAYOUT_BYTES, layout_for
 from ..quantize.launch import quantize_defines
 from ..rmsnorm.emulate import block_threads
 
 __all__ = ["SOURCE", "MIXED_SOURCE", "NORM_MMVQ_GROUPS", "NORM_MMVQ_MAX_TOKENS", "NORM_MMVQ_MAX_BLOCKS",
-           "NORM_MMVQ_PER_SM", "ENV_NORM_MMVQ", "limits_from_env", "norm_mmvq_geometry", "norm_mmvq_blocks",
+           "NORM_MMVQ_PER_SM", "ENV_NORM_MMVQ", "limits_from_env", "norm_mmvq_geometry", "norm_mmvq_fits",
+           "norm_mmvq_blocks",
            "norm_mmvq_defines", "norm_mixed_blocks", "norm_mixed_defines", "NormMatVecLaunch", "NormMixedMatVecLaunch",
            "NormArgmaxLaunch"]
 
@@ -97,6 +99,17 @@ def norm_mmvq_geometry(n: int, nwarps: int, groups: int | None = None) -> tuple[
     return None
 
 
+def norm_mmvq_fits(qtypes, k: int, ncols: int, rows_max: int, nwarps: int, groups: int) -> bool:
+    """Whether a norm_mmvq launch (of weights of ``qtypes``, one type or two) fits a CUDA block's shared memory:
+    ``ncols`` normed rows of ``k`` values in each type's mat-vec layout, the groups' hand-over of up to
+    ``rows_max`` rows, and the warp partials and group keys."""
+    cols = 0
+    for q in dict.fromkeys(qtypes):
+        t, layout = matvec_traits(q), layout_for(q)
+        cols += ncols * (k // t.qk) * (LAYOUT_BYTES[layout] if layout else BLOCK_BYTES["Q8_1"])
+    return cols + groups * (nwarps - 1) * ncols * rows_max * 32 * 4 + 256 <= MAX_SHARED_BYTES
+
+
 def norm_mmvq_blocks(ns, rows_per_block: int, geometry: tuple[int, int, int]) -> int:
     """CUDA blocks of an ``hx_norm_mmvq`` launch of weights of ``ns`` rows (its grid)."""
     return -(-sum(-(-int(n) // rows_per_block) for n in ns) // geometry[0])
@@ -165,6 +178,9 @@ class NormMatVecLaunch:
         geometry = norm_mmvq_geometry(k, nwarps)
         if geometry is None:
             raise ValueError(f"no hx_norm_mmvq geometry for rows of {k} values and {nwarps} warps")
+        if not norm_mmvq_fits((qtype,), k, ncols, rows_per_block, nwarps, geometry[0]):
+            raise ValueError(f"hx_norm_mmvq: {ncols} normed rows of {k} values and the hand-over do not fit "
+                             f"a CUDA block's shared memory")
         defines = norm_mmvq_defines(qtype, k, ncols, rows_per_block, nwarps, layout, geometry)
         self.kernel, _ = mmvq_kernel(defines, SOURCE, "hx_norm_mmvq")  # mmvq's register rule
         groups = geometry[0]
@@ -207,6 +223,9 @@ class NormMixedMatVecLaunch:
         geometry = norm_mmvq_geometry(k, nwarps)
         if geometry is None:
             raise ValueError(f"no hx_norm_mmvq geometry for rows of {k} values and {nwarps} warps")
+        if not norm_mmvq_fits(kinds, k, ncols, max(rows), nwarps, geometry[0]):
+            raise ValueError(f"hx_norm_mmvq_mixed: {ncols} normed rows of {k} values in two layouts and the hand-over "
+                             f"do not fit a CUDA block's shared memory")
         defines = norm_mixed_defines(tuple(kinds), (rows[0], rows[b_first]), k, ncols, nwarps, b_first, geometry)
         self.kernel, _ = mmvq_kernel(defines, MIXED_SOURCE, "hx_norm_mmvq_mixed")  # mmvq's register rule
         groups = geometry[0]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...plans.matvec import matvec_traits
+from ...plans.matvec import MAX_SHARED_BYTES, matvec_traits
 from ...quant import BLOCK_BYTES
 from ..compile import env_counts, get_kernel
 from ..mmvq.launch import capped_compile, kernel_defines, register_cap_blocks, strided_grid
@@ -19,7 +19,7 @@ from ..quantize.launch import quantize_defines
 from ..quantize.layout import LAYOUT_BYTES, layout_for
 
 __all__ = ["SOURCE", "ENV_SWIGLU_DOWN", "SWIGLU_DOWN_TOKENS", "SWIGLU_DOWN_GROUPS", "SWIGLU_DOWN_PER_SM",
-           "SWIGLU_DOWN_MAX_SHARED", "settings_from_env", "swiglu_down_tokens", "swiglu_down_fits",
+           "settings_from_env", "swiglu_down_tokens", "swiglu_down_fits",
            "swiglu_down_defines", "swiglu_down_compile", "SwigluDownLaunch"]
 
 # quantize_q8_1.cu's hx_q8_1_store (for the down weight's layout), mmvq.cu's rows, their strided form, the kernel.
@@ -52,9 +52,8 @@ _ENV = settings_from_env()  # read at import, as the other switches; a test may 
 SWIGLU_DOWN_TOKENS = _ENV.get("SWIGLU_DOWN_TOKENS", SWIGLU_DOWN_TOKENS)
 SWIGLU_DOWN_GROUPS = max(1, _ENV.get("SWIGLU_DOWN_GROUPS", SWIGLU_DOWN_GROUPS))
 SWIGLU_DOWN_PER_SM = _ENV.get("SWIGLU_DOWN_PER_SM", SWIGLU_DOWN_PER_SM)
-# The product rows live in static shared memory, whose limit per CUDA block is 48 KiB; Qwen3-8B's 12,288-value
-# rows take ~13.5 KiB a token in the Q4_K/Q6_K layouts.
-SWIGLU_DOWN_MAX_SHARED = 48 * 1024
+# The product rows live in static shared memory, whose limit per CUDA block is 48 KiB (plans.matvec.MAX_SHARED_BYTES);
+# Qwen3-8B's 12,288-value rows take ~13.5 KiB a token in the Q4_K/Q6_K layouts.
 
 
 def swiglu_down_tokens() -> int:
@@ -62,15 +61,17 @@ def swiglu_down_tokens() -> int:
     return SWIGLU_DOWN_TOKENS
 
 
-def swiglu_down_fits(qtype: str, k: int, ncols: int) -> bool:
-    """Whether ``ncols`` product rows of ``k`` values, in the layout a ``qtype`` mat-vec reads, fit the
-    kernel's static shared memory (whole weight blocks a row)."""
+def swiglu_down_fits(qtype: str, k: int, ncols: int, rows_per_block: int = 1, nwarps: int = 1,
+                     groups: int = 1) -> bool:
+    """Whether ``ncols`` product rows of ``k`` values, in the layout a ``qtype`` mat-vec reads, and the groups'
+    hand-over fit a CUDA block's shared memory (whole weight blocks a row)."""
     t = matvec_traits(qtype)
     if k <= 0 or k % t.qk:
         return False
     layout = layout_for(qtype)
     step = LAYOUT_BYTES[layout] if layout else BLOCK_BYTES["Q8_1"]  # mmvq.cu's HX_Y_STEP
-    return ncols * (k // t.qk) * step <= SWIGLU_DOWN_MAX_SHARED
+    hand_over = groups * (nwarps - 1) * ncols * rows_per_block * 32 * 4
+    return ncols * (k // t.qk) * step + hand_over <= MAX_SHARED_BYTES
 
 
 def swiglu_down_defines(qtype: str, k: int, ncols: int, rows_per_block: int, nwarps: int,
@@ -117,7 +118,8 @@ class SwigluDownLaunch:
 
     def __init__(self, qtype: str, n: int, k: int, ncols: int, rows_per_block: int, nwarps: int,
                  per_sm: int | None = None, groups: int | None = None):
-        if not swiglu_down_fits(qtype, k, ncols):
+        if not swiglu_down_fits(qtype, k, ncols, rows_per_block, nwarps, SWIGLU_DOWN_GROUPS if groups is None
+                                else groups):
             raise ValueError(f"hx_swiglu_down: {ncols} product rows of {k} values do not fit its shared memory")
 
         def compiled(defines):
