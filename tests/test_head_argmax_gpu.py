@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from graph_passes import assert_same_decoding, greedy_outputs
 
 pytestmark = pytest.mark.gpu
 
@@ -57,13 +58,5 @@ def test_models_with_the_head_argmax_launch_decode_the_same(tiny_model_path, mon
     for on in (False, True):
         monkeypatch.setattr(mmvq_launch, "HEAD_ARGMAX", on)
         m = Qwen3.from_gguf(tiny_model_path, device="cuda", progress=False, cuda_graphs=True, n_ctx=256)
-        first = int(m.forward_argmax(prompt, 0, order)[-1])
-        chain = m.greedy_chain([first], len(prompt), 10, order).tolist()
-        stream = list(m.greedy_stream(first, len(prompt), 10, order))
-        logits = m.forward([chain[-1]], m.kv_len, order)
-        runs.append((first, chain, stream, logits.view(np.uint32)))
-    (f0, c0, s0, l0), (f1, c1, s1, l1) = runs
-    assert f0 == f1 and c0 == c1 and [t for t, _ in s0] == [t for t, _ in s1] == c0
-    assert np.array_equal(np.array([v for _, v in s0], np.float32).view(np.uint32),
-                          np.array([v for _, v in s1], np.float32).view(np.uint32))
-    assert np.array_equal(l0, l1)
+        runs.append(greedy_outputs(m, prompt, 10, order))
+    assert_same_decoding(*runs)

@@ -21,6 +21,7 @@ class _MatVec:
 
 def _ops(monkeypatch, on, gate_up, calls):
     from hiraishin.backends import cuda as cuda_backend
+    from hiraishin.backends import cuda_fused
 
     monkeypatch.setattr(sys.modules["hiraishin.kernels.mmvq_swiglu.launch"], "SWIGLU_EPILOGUE", on)
 
@@ -31,7 +32,7 @@ def _ops(monkeypatch, on, gate_up, calls):
         def __call__(self, wg, wu, xq, g, u, yq):
             calls.append(("swiglu launch", wg, wu, xq, g.shape, u.shape, yq))
 
-    monkeypatch.setattr(cuda_backend, "SwigluMatVecLaunch", Launch)
+    monkeypatch.setattr(cuda_fused, "SwigluMatVecLaunch", Launch)  # (the fused launches are planned there)
     monkeypatch.setattr(cuda_backend, "launch_add_rms_norm_q8_1",
                         lambda x, r, w, eps, s, xq, normed, first, xq2, second: calls.append(("norm", xq, xq2)))
     down = _MatVec(MatVecPlan("mmvq", "Q6_K", nwarps=4, rows_per_block=1, cols_per_launch=1, ncols=1), 64, "Q6_K")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from graph_passes import replayed_passes
+from graph_passes import assert_same_decoding, greedy_outputs, replayed_passes
 
 from hiraishin import Qwen3, ReductionOrder
 
@@ -175,14 +175,7 @@ def test_a_pass_ending_in_one_launch_makes_the_same_tokens(tiny_model_path, orde
         monkeypatch.setattr(norm_mmvq, "NORM_MMVQ_PER_SM", per_sm)
         monkeypatch.setattr(mmvq_launch, "HEAD_ARGMAX", fused)
         m = Qwen3.from_gguf(tiny_model_path, device="cuda", progress=False, cuda_graphs=True, n_ctx=256)
-        first = int(m.forward_argmax(prompt, 0, order)[-1])
-        chain = m.greedy_chain([first], len(prompt), 12, order).tolist()
-        stream = list(m.greedy_stream(first, len(prompt), 12, order))
-        logits = m.forward([chain[-1]], m.kv_len, order)
+        runs.append(greedy_outputs(m, prompt, 12, order))
         heads = [v for k, v in m.ops._token_scratch.items() if isinstance(k, tuple) and k[0] == "norm_head_argmax"]
         assert bool(heads) == fused, "the one-launch end was (not) taken"
-        runs.append((first, chain, [t for t, _ in stream], [v for _, v in stream], _bits(logits)))
-    (f0, c0, s0, v0, l0), (f1, c1, s1, v1, l1) = runs
-    assert f0 == f1 and c0 == c1 and s0 == s1 == c0
-    assert np.array_equal(np.array(v0, np.float32).view(np.uint32), np.array(v1, np.float32).view(np.uint32))
-    assert np.array_equal(l0, l1)
+    assert_same_decoding(*runs)
