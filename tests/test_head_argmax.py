@@ -215,3 +215,12 @@ def test_norm_head_argmax_source_equals_norm_matvec_and_argmax_emulators(shim, t
     log = ints[5 + 2 * ARGMAX_SLOTS:].reshape(N_LOG, 2)
     for cell in (POSITION + 1, POSITION + 2):
         assert log[cell, 0] == want_token and np.uint32(log[cell, 1]) == int(bits(want)[0, want_token])
+
+
+def test_argmax_launches_pass_null_pointers_for_no_advance_and_the_logs_length():
+    from hiraishin.kernels.mmvq.launch import argmax_token_args
+
+    log = np.zeros((40, 2), np.int32)
+    assert argmax_token_args("t", "p") == ("t", "p", np.uint64(0), np.uint64(0), np.int32(0))
+    args = argmax_token_args("t", "p", "adv", log)
+    assert args[:3] == ("t", "p", "adv") and args[3] is log and args[4] == np.int32(40)

@@ -233,6 +233,7 @@ def test_the_backend_fuses_a_norm_into_one_launch_of_every_weight(monkeypatch):
 
     monkeypatch.setattr(norm_mmvq, "NormMatVecLaunch", lambda *args: ("one type",) + args)
     monkeypatch.setattr(norm_mmvq, "NormMixedMatVecLaunch", lambda *args: ("mixed",) + args)
+    monkeypatch.setattr(norm_mmvq, "NormArgmaxLaunch", lambda *args: ("head and token",) + args)
 
     def mv(qtype, n, k=1024, rows=1):
         plan = MatVecPlan("mmvq", qtype, nwarps=4, rows_per_block=rows, cols_per_launch=1, ncols=1)
@@ -243,6 +244,8 @@ def test_the_backend_fuses_a_norm_into_one_launch_of_every_weight(monkeypatch):
     def plan(mvs, max_blocks=1024):
         return CudaOps._plan_norm_mmvq(mvs, 1, 1024, 1e-6, 1, max_blocks)
 
+    head = CudaOps._plan_norm_mmvq([mv("Q6_K", 5000, rows=4)], 1, 1024, 1e-6, 1, 1 << 30, head=True)
+    assert [(args[:3], idx) for args, idx in head] == [(("head and token", "Q6_K", 5000), [0])]
     one_type = plan([mv("Q4_K", 2048), mv("Q4_K", 1024), mv("Q4_K", 1024)])
     assert [(args[:3], idx) for args, idx in one_type] == [(("one type", "Q4_K", (2048, 1024, 1024)), [0, 1, 2])]
     qkv = [mv("Q4_K", 2048), mv("Q4_K", 1024), mv("Q6_K", 1024, rows=2)]
@@ -250,6 +253,8 @@ def test_the_backend_fuses_a_norm_into_one_launch_of_every_weight(monkeypatch):
     assert args[:4] == ("mixed", ("Q4_K", "Q4_K", "Q6_K"), (2048, 1024, 1024), (1, 1, 2)) and idx == [0, 1, 2]
     assert plan(qkv, max_blocks=768) is None  # 768 + 128 CUDA blocks of four row blocks
     assert plan([mv("Q6_K", 1024), mv("Q4_K", 2048), mv("Q6_K", 1024)]) is None  # types interleaved: no mmvq_mixed
+    from hiraishin.backends.cuda_matvec import mixed_groups
+    assert mixed_groups({("alone", 0): [0], qkv[2].group: [1]}, 2) is None  # a weight launched alone pairs with none
     monkeypatch.setattr(mmvq_launch, "MIXED", False)
     assert plan(qkv) is None  # HIRAISHIN_MMVQ_MIXED=0: a launch per type, and so the norm launch
     assert plan([mv("Q4_K", 3072), mv("Q4_K", 3072)]) is None  # more CUDA blocks than NORM_MMVQ_MAX_BLOCKS

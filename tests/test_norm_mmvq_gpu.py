@@ -176,6 +176,7 @@ def test_a_pass_ending_in_one_launch_makes_the_same_tokens(tiny_model_path, orde
         monkeypatch.setattr(mmvq_launch, "HEAD_ARGMAX", fused)
         m = Qwen3.from_gguf(tiny_model_path, device="cuda", progress=False, cuda_graphs=True, n_ctx=256)
         runs.append(greedy_outputs(m, prompt, 12, order))
-        heads = [v for k, v in m.ops._token_scratch.items() if isinstance(k, tuple) and k[0] == "norm_head_argmax"]
+        heads = [launch for v in m.ops._norm_multis.values() if v for launch, _ in v
+                 if isinstance(launch, norm_mmvq.NormArgmaxLaunch)]
         assert bool(heads) == fused, "the one-launch end was (not) taken"
     assert_same_decoding(*runs)

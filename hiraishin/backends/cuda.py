@@ -33,19 +33,19 @@ from ..kernels.mmq.launch import multi_enabled as mmq_multi_enabled
 from ..kernels.mmq.launch import xlayout_setting as mmq_xlayout
 from ..kernels.mmq_stock.launch import launch as mmq_stock_launch
 from ..kernels.mmvq.launch import MULTI_MAX_WEIGHTS, MixedMatVecLaunch, MultiMatVecLaunch, prepared_plan
-from ..kernels.mmvq.launch import mixed_enabled as mmvq_mixed_enabled
 from ..kernels.mmvq_swiglu.launch import swiglu_epilogue_enabled
+from ..kernels.norm_mmvq.launch import NormArgmaxLaunch
 from ..kernels.quantize.launch import QuantizeLaunch
 from ..kernels.quantize.launch import output_shape as quantize_output_shape
 from ..kernels.quantize.layout import LAYOUT_COLUMN_GROUP, as_layout, layout_for
 from ..kernels.swiglu_down.launch import swiglu_down_tokens
 from ..plans import MMQStockPlan, SubBlockPlan
-from ..plans.matvec import MatVecPlan, matvec_traits
+from ..plans.matvec import matvec_traits
 from .base import Backend, feed_forward_steps
 from .checks import get_rows_width
 from .cuda_attention import CudaAttentionOps
 from .cuda_fused import CudaFusedOps
-from .cuda_matvec import PreparedMatVec
+from .cuda_matvec import PreparedMatVec, mixed_groups
 
 __all__ = ["CudaBackend", "CudaOps", "cuda_available", "SCRATCH_MAX_TOKENS"]
 
@@ -239,13 +239,12 @@ class CudaOps(CudaAttentionOps, CudaFusedOps):
         groups: dict = {}
         for i, mv in enumerate(mvs):
             groups.setdefault(mv.group if mv.group is not None else ("alone", i), []).append(i)
-        if len(groups) == 2 and len(mvs) <= MULTI_MAX_WEIGHTS and mmvq_mixed_enabled():
-            mixed = self._mixed_launch(list(groups.items()), mvs, T)
-            if mixed is not None:  # two types in one mmvq_mixed launch (Q4_K Q, K beside a Q6_K V)
-                (_, ia), (_, ib) = groups.items()
-                mixed([weights[i][0] for i in ia + ib], xqs[mvs[ia[0]].layout], xqs[mvs[ib[0]].layout],
-                      [results[i] for i in ia + ib])
-                return results
+        pair = mixed_groups(groups, len(mvs))
+        if pair is not None:  # two types in one mmvq_mixed launch (Q4_K Q, K beside a Q6_K V)
+            (_, ia), (_, ib) = pair
+            self._mixed_launch(pair, mvs, T)([weights[i][0] for i in ia + ib], xqs[mvs[ia[0]].layout],
+                                             xqs[mvs[ib[0]].layout], [results[i] for i in ia + ib])
+            return results
         for key, idx in groups.items():
             if key[0] == "alone" or len(idx) == 1:
                 for i in idx:
@@ -257,16 +256,11 @@ class CudaOps(CudaAttentionOps, CudaFusedOps):
                 multi([weights[i][0] for i in part], xqs[mvs[part[0]].layout], [results[i] for i in part])
         return results
 
-    def _mixed_launch(self, groups: list, mvs, T: int):
-        """The ``mmvq_mixed`` launch for two groups of one-launch mmvq mat-vecs of different types with
-        the same warps (the weights of the first group first, as they come), or None where they do not
-        qualify."""
-        (ka, ia), (kb, ib) = groups
-        if ka[0] == "alone" or kb[0] == "alone" or ka[0] == kb[0] or max(ia) > min(ib):
-            return None
+    def _mixed_launch(self, pair: tuple, mvs, T: int):
+        """The ``mmvq_mixed`` launch (cached) of two groups that :func:`~.cuda_matvec.mixed_groups` paired (the
+        weights of the first group first, as they come)."""
+        (ka, ia), (kb, ib) = pair
         pa, pb = ka[2], kb[2]
-        if not (isinstance(pa, MatVecPlan) and isinstance(pb, MatVecPlan) and pa.nwarps == pb.nwarps):
-            return None
         ns = tuple(mvs[i].n for i in ia + ib)
         cache_key = ("mixed", ka, kb, ns, T)
         hit = self._multis.get(cache_key)
@@ -304,15 +298,14 @@ class CudaOps(CudaAttentionOps, CudaFusedOps):
         one launch, ``hx_norm_mmvq_argmax``)."""
         T, n = x.shape
         mvs, layouts = self._layouts(weights, T, order)
-        fused = self._norm_mmvq_launches(mvs, T, n, eps)
+        fused = self._norm_mmvq_launches(mvs, T, n, eps, head=argmax is not None)
         if fused is not None:  # the norm inside every mat-vec launch (norm_mmvq): the same bits
             results = [self._empty((T, mv.n), _F32) if outs is None or outs[i] is None else outs[i]
                        for i, mv in enumerate(mvs)]
             s = None if residual is None else self._empty((T, n), _F32) if out_sum is None else out_sum
-            head = None if argmax is None else self._norm_head_argmax(mvs, T, n, eps)
-            if head is not None:  # and the greedy token: the pass's end in one launch
+            if isinstance(fused[0][0], NormArgmaxLaunch):  # and the greedy token: the pass's end in one launch
                 token, advance, pos = argmax
-                head(x, residual, norm_w, s, weights[0][0], results[0], token, pos, *(advance or (None, None)))
+                fused[0][0](x, residual, norm_w, s, weights[0][0], results[0], token, pos, *(advance or (None, None)))
                 return results, s
             for at, (launch, idx) in enumerate(fused):  # the first launch writes the residual sum
                 launch(x, residual, norm_w, s if at == 0 else None, [weights[i][0] for i in idx],

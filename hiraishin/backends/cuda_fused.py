@@ -13,12 +13,12 @@ sequence it replaces; the switches that turn them on live with their kernels. A 
 from __future__ import annotations
 
 from ..kernels.mmvq.launch import MULTI_MAX_WEIGHTS, ArgmaxMatVecLaunch, head_argmax_enabled
-from ..kernels.mmvq.launch import mixed_enabled as mmvq_mixed_enabled
 from ..kernels.mmvq_swiglu.launch import SwigluMatVecLaunch, swiglu_epilogue_fits
 from ..kernels.norm_mmvq import launch as norm_mmvq
 from ..kernels.swiglu_down import launch as swiglu_down
 from ..kernels.swiglu_down.launch import SwigluDownLaunch, swiglu_down_fits
 from ..plans.matvec import MatVecPlan, matvec_traits
+from .cuda_matvec import mixed_groups
 
 __all__ = ["CudaFusedOps"]
 
@@ -43,23 +43,11 @@ class CudaFusedOps:
             hit = self._token_scratch[key] = ArgmaxMatVecLaunch(mv.qtype, mv.n, k, plan.rows_per_block, plan.nwarps)
         return hit
 
-    def _norm_head_argmax(self, mvs, T: int, n: int, eps: float):
-        """The ``hx_norm_mmvq_argmax`` launch (cached) of a one-token pass's output head whose norm is fused
-        (:meth:`_norm_mmvq_launches`) where ``HIRAISHIN_HEAD_ARGMAX=1`` puts the argmax in the head's launch;
-        else None."""
-        if not head_argmax_enabled() or T != 1 or len(mvs) != 1:
-            return None
-        mv = mvs[0]
-        key = ("norm_head_argmax", mv.group, mv.n, n, float(eps), norm_mmvq.NORM_MMVQ_PER_SM)
-        if key not in self._token_scratch:
-            plan = mv.plan
-            self._token_scratch[key] = norm_mmvq.NormArgmaxLaunch(mv.qtype, mv.n, n, plan.rows_per_block, plan.nwarps,
-                                                                  mv.layout, eps)
-        return self._token_scratch[key]
-
-    def _norm_mmvq_launches(self, mvs, T: int, n: int, eps: float):
+    def _norm_mmvq_launches(self, mvs, T: int, n: int, eps: float, head: bool = False):
         """The ``hx_norm_mmvq`` launches that replace a norm launch and these mat-vecs, each with the
-        indices of its weights (grouped as :meth:`_run_matvecs` groups them); None when the pass is
+        indices of its weights (grouped as :meth:`_run_matvecs` groups them); for a pass's ``head`` (one weight,
+        one token) under ``HIRAISHIN_HEAD_ARGMAX=1``, the ``hx_norm_mmvq_argmax`` launch that picks the greedy
+        token too (:class:`~hiraishin.kernels.norm_mmvq.launch.NormArgmaxLaunch`). None when the pass is
         wider than ``NORM_MMVQ_MAX_TOKENS``, a mat-vec is not a one-launch mmvq plan, weights of two types
         are not what ``mmvq_mixed`` takes (:meth:`_plan_norm_mixed`), the row length has no geometry, or a
         launch has more than ``NORM_MMVQ_MAX_BLOCKS`` CUDA blocks (the limits are read per call, so a
@@ -68,14 +56,15 @@ class CudaFusedOps:
             return None
         limits = (norm_mmvq.NORM_MMVQ_MAX_TOKENS, norm_mmvq.NORM_MMVQ_MAX_BLOCKS, norm_mmvq.NORM_MMVQ_GROUPS,
                   norm_mmvq.NORM_MMVQ_PER_SM)
-        key = (tuple((mv.group, mv.n) for mv in mvs), T, n, float(eps), limits)
+        head = head and head_argmax_enabled() and T == 1 and len(mvs) == 1
+        key = (tuple((mv.group, mv.n) for mv in mvs), T, n, float(eps), limits, head)
         if key in self._norm_multis:
             return self._norm_multis[key]
-        self._norm_multis[key] = fused = self._plan_norm_mmvq(mvs, T, n, eps, limits[0], limits[1])
+        self._norm_multis[key] = fused = self._plan_norm_mmvq(mvs, T, n, eps, limits[0], limits[1], head)
         return fused
 
     @staticmethod
-    def _plan_norm_mmvq(mvs, T: int, n: int, eps: float, max_tokens: int, max_blocks: int):
+    def _plan_norm_mmvq(mvs, T: int, n: int, eps: float, max_tokens: int, max_blocks: int, head: bool = False):
         if not 0 < T <= max_tokens or any(mv.group is None or not isinstance(mv.plan, MatVecPlan) for mv in mvs):
             return None
         groups: dict = {}
@@ -95,21 +84,26 @@ class CudaFusedOps:
                 if norm_mmvq.norm_mmvq_blocks([mvs[i].n for i in part], plan.rows_per_block, geometry) > max_blocks:
                     return None
                 parts.append((qtype, plan, part))
+        if head:  # one weight, one token: the norm, the head and its greedy token
+            (qtype, plan, part), = parts
+            return [(norm_mmvq.NormArgmaxLaunch(qtype, mvs[0].n, n, plan.rows_per_block, plan.nwarps, mvs[0].layout,
+                                                eps), part)]
         return [(norm_mmvq.NormMatVecLaunch(qtype, tuple(mvs[i].n for i in part), n, T, plan.rows_per_block,
                                             plan.nwarps, mvs[part[0]].layout, eps), part)
                 for qtype, plan, part in parts]
 
     @staticmethod
     def _plan_norm_mixed(mvs, groups: dict, T: int, n: int, eps: float, max_blocks: int):
-        """``[(hx_norm_mmvq_mixed launch, weight indices)]`` for one-launch mmvq weights of two types that
-        ``mmvq_mixed`` would take (one type's weights before the other's, the same warps), or None: a fused launch
-        per type would make the norm twice in as many launches as the norm launch and mmvq_mixed."""
-        (ka, ia), (kb, ib) = groups.items()
-        if not mmvq_mixed_enabled() or len(mvs) > MULTI_MAX_WEIGHTS or max(ia) > min(ib) or ka[0] == kb[0]:
+        """``[(hx_norm_mmvq_mixed launch, weight indices)]`` for weights of two types that ``mmvq_mixed`` would
+        take (:func:`~.cuda_matvec.mixed_groups`), or None: a fused launch per type would make the norm twice in
+        as many launches as the norm launch and mmvq_mixed."""
+        pair = mixed_groups(groups, len(mvs))
+        if pair is None:
             return None
+        (ka, ia), (kb, ib) = pair
         pa, pb = ka[2], kb[2]
         geometry = norm_mmvq.norm_mmvq_geometry(n, pa.nwarps)
-        if pa.nwarps != pb.nwarps or geometry is None or any(
+        if geometry is None or any(
                 row_bytes // matvec_traits(q).block_bytes * matvec_traits(q).qk != n for q, row_bytes, _ in (ka, kb)):
             return None
         idx = ia + ib

@@ -7,12 +7,30 @@ from ..kernels import tiled
 from ..kernels.mmq.launch import multi_enabled as mmq_multi_enabled
 from ..kernels.mmq.launch import prepared_launch as mmq_prepared_launch
 from ..kernels.mmq_stock.launch import prepared_launch as mmq_stock_prepared_launch
-from ..kernels.mmvq.launch import prepared_plan
+from ..kernels.mmvq.launch import MULTI_MAX_WEIGHTS, prepared_plan
+from ..kernels.mmvq.launch import mixed_enabled as mmvq_mixed_enabled
 from ..kernels.quantize.layout import layout_for
 from ..plans import MMQStockPlan, SubBlockPlan
 from ..plans.matvec import MatVecPlan, matvec_traits
 
-__all__ = ["PreparedMatVec"]
+__all__ = ["PreparedMatVec", "mixed_groups"]
+
+
+def mixed_groups(groups: dict, n_weights: int):
+    """``((key_a, indices_a), (key_b, indices_b))`` where ``groups`` (group key -> weight indices, in weight
+    order; a weight launched alone keyed ``("alone", i)``) are two groups of one-launch mmvq mat-vecs of two
+    types with the same warps, the first group's weights before the second's, at most ``MULTI_MAX_WEIGHTS`` in
+    all, and ``HIRAISHIN_MMVQ_MIXED`` allows one ``mmvq_mixed`` launch of them (or a norm fused into it); else
+    None."""
+    if len(groups) != 2 or n_weights > MULTI_MAX_WEIGHTS or not mmvq_mixed_enabled():
+        return None
+    (ka, ia), (kb, ib) = groups.items()
+    if ka[0] == "alone" or kb[0] == "alone" or ka[0] == kb[0] or max(ia) > min(ib):
+        return None
+    pa, pb = ka[2], kb[2]
+    if not (isinstance(pa, MatVecPlan) and isinstance(pb, MatVecPlan) and pa.nwarps == pb.nwarps):
+        return None
+    return (ka, ia), (kb, ib)
 
 
 class PreparedMatVec:

@@ -32,6 +32,8 @@ __all__ = [
     "capped_compile",
     "MatVecLaunch",
     "ArgmaxMatVecLaunch",
+    "argmax_scratch",
+    "argmax_token_args",
     "ARGMAX_SLOTS",
     "HEAD_ARGMAX",
     "head_argmax_enabled",
@@ -272,6 +274,22 @@ def head_argmax_enabled() -> bool:
     return HEAD_ARGMAX
 
 
+def argmax_scratch() -> tuple:
+    """Zeroed slot keys and counters of an argmax launch (``mmvq_argmax``, ``hx_norm_mmvq_argmax``): each
+    launch's last CUDA block sets them back to zero, so one pair serves every launch on one stream."""
+    import cupy
+
+    return cupy.zeros((ARGMAX_SLOTS,), np.uint64), cupy.zeros((ARGMAX_SLOTS + 1,), np.uint32)
+
+
+def argmax_token_args(token, pos, advance=None, log=None) -> tuple:
+    """The last arguments of an argmax launch: the token, the pass's position, the advance and log (null
+    pointers when None) and the log's length."""
+    null = np.uint64(0)
+    return (token, pos, null if advance is None else advance, null if log is None else log,
+            np.int32(0 if log is None else log.shape[0]))
+
+
 class ArgmaxMatVecLaunch:
     """One ``mmvq_argmax`` launch: one column of an (``n``, ``k``) ``qtype`` weight (the output head) and the
     first index of its largest value. Call it with the weight, the activations and ``out`` (as
@@ -284,8 +302,6 @@ class ArgmaxMatVecLaunch:
     __slots__ = ("kernel", "grid", "block", "shared", "n", "slot_keys", "counters")
 
     def __init__(self, qtype: str, n: int, k: int, rows_per_block: int, nwarps: int):
-        import cupy
-
         t = matvec_traits(qtype)
         defines = {**kernel_defines(qtype, 1, rows_per_block, nwarps, k // t.qk, ahead=0), "HX_ARGMAX": 1,
                    "HX_ARGMAX_SLOTS": ARGMAX_SLOTS}
@@ -294,15 +310,11 @@ class ArgmaxMatVecLaunch:
         self.block = (32, nwarps, 1)
         self.shared = (nwarps - 1) * rows_per_block * 32 * 4
         self.n = np.int32(n)
-        self.slot_keys = cupy.zeros((ARGMAX_SLOTS,), np.uint64)
-        self.counters = cupy.zeros((ARGMAX_SLOTS + 1,), np.uint32)
+        self.slot_keys, self.counters = argmax_scratch()
 
     def __call__(self, w, xq, out, token, pos, advance=None, log=None):
-        null = np.uint64(0)
-        n_log = np.int32(0 if log is None else log.shape[0])
         self.kernel(self.grid, self.block,
-                    (w, xq, out, self.n, self.slot_keys, self.counters, token, pos,
-                     null if advance is None else advance, null if log is None else log, n_log),
+                    (w, xq, out, self.n, self.slot_keys, self.counters) + argmax_token_args(token, pos, advance, log),
                     shared_mem=self.shared)
         return token
 

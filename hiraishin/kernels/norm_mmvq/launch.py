@@ -16,8 +16,9 @@ from ..compile import env_counts
 from ..fused.launch import NULL
 from ...plans.matvec import MAX_SHARED_BYTES, matvec_traits
 from ...quant import BLOCK_BYTES
-from ..mmvq.launch import (ARGMAX_SLOTS, MIXED_SOURCES, MULTI_MAX_WEIGHTS, kernel_defines, mixed_defines,
-                           mmvq_kernel, multi_weight_args, register_cap_blocks, strided_grid)
+from ..mmvq.launch import (ARGMAX_SLOTS, MIXED_SOURCES, MULTI_MAX_WEIGHTS, argmax_scratch, argmax_token_args,
+                           kernel_defines, mixed_defines, mmvq_kernel, multi_weight_args, register_cap_blocks,
+                           strided_grid)
 from ..quantize.layout import LAYOUT_BYTES, layout_for
 from ..quantize.launch import quantize_defines
 from ..rmsnorm.emulate import block_threads
@@ -255,8 +256,6 @@ class NormArgmaxLaunch:
 
     def __init__(self, qtype: str, n: int, k: int, rows_per_block: int, nwarps: int, layout: str | None, eps: float,
                  per_sm: int | None = None):
-        import cupy
-
         geometry = norm_mmvq_geometry(k, nwarps)
         if geometry is None:
             raise ValueError(f"no hx_norm_mmvq geometry for rows of {k} values and {nwarps} warps")
@@ -271,13 +270,11 @@ class NormArgmaxLaunch:
         self.grid = strided_grid(self.kernel, self.blocks, self.block, self.shared, per_sm)
         self.n = np.int32(n)
         self.scalars = (np.int32(k), np.float32(eps))
-        self.slot_keys = cupy.zeros((ARGMAX_SLOTS,), np.uint64)
-        self.counters = cupy.zeros((ARGMAX_SLOTS + 1,), np.uint32)
+        self.slot_keys, self.counters = argmax_scratch()
 
     def __call__(self, x, r, nw, s, w, out, token, pos, advance=None, log=None):
-        n_log = np.int32(0 if log is None else log.shape[0])
         self.kernel(self.grid, self.block,
                     (x, NULL if r is None else r, nw, NULL if s is None else s, *self.scalars, w, out, self.n,
-                     self.slot_keys, self.counters, token, pos, NULL if advance is None else advance,
-                     NULL if log is None else log, n_log), shared_mem=self.shared)
+                     self.slot_keys, self.counters) + argmax_token_args(token, pos, advance, log),
+                    shared_mem=self.shared)
         return token
