@@ -68,9 +68,12 @@ GRAPHS_PER_WIDTH = 2
 STREAM_AHEAD = 2
 STREAM_RING = 4
 
-# Chained one-token passes per captured graph (see the module docstring): 1 captures none. Not yet
-# measured on a GPU (bench/chain_steps.py --graph-passes times a chain from such graphs against the
-# chain of one-pass graphs), so off by default; HIRAISHIN_GRAPH_PASSES sets it for an A/B.
+# Chained one-token passes per captured graph (see the module docstring): 1 captures none. Chains from
+# blocks of 2-4 save 3-7 us a pass (H100, bench/results/2026-12-05-h100-session23), but end to end 2 did not
+# pay (H100, bench/results/2026-12-05-h100-session25/c-graph-passes-head-argmax, the bench against the same
+# machine's default run two minutes before): plain decoding 2.746 -> 2.720 ms/token, exact speculation
+# SUBBLOCK 1.62x -> 1.59x, BATCH_INVARIANT 1.40x -> 1.39x (a cycle's drafting 1.399 -> 1.431 ms: what
+# plain decoding gains, speculation does not). So off by default; HIRAISHIN_GRAPH_PASSES sets it for an A/B.
 GRAPH_PASSES = 1
 GRAPH_PASSES_ENV = "HIRAISHIN_GRAPH_PASSES"
 MAX_GRAPH_PASSES = 64

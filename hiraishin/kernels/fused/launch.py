@@ -63,7 +63,10 @@ ATTN_Q8_1 = os.environ.get(ENV_ATTN_Q8_1, "1").strip() != "0"
 # slower for three (0.818 -> 0.862, 3.341 -> 3.391: every token's block norms every cell's k). So the backend
 # fuses passes of at most ATTN_ROPE_TOKENS tokens: HIRAISHIN_ATTN_ROPE, default 1 (0: never; at most 16).
 # Since session 24 a block loads every stored token's k and v at once (one L2 round trip a pass, where the
-# measured kernel made two a token, one after another): the A/B at 2-16 tokens is owed to a GPU run.
+# measured kernel made two a token, one after another). Still slower past one token, on an H100
+# (bench/results/2026-12-05-h100-session25/b-attn-rope-bench, HIRAISHIN_ATTN_ROPE 1 -> 16, digests equal): the
+# 8B under SUBBLOCK 3.095 -> 3.234 / 3.777 -> 4.033 / 3.964 -> 4.802 ms at 3 / 9 / 16 tokens, BATCH_INVARIANT
+# 3.396 -> 3.545 at 3; the 0.6B alike. The separate launch's spread of the norms over blocks wins there.
 ATTN_ROPE_PRELUDE = ("rmsnorm/rmsnorm.cu", "quantize/quantize_q8_1.cu")
 ATTN_ROPE_KERNEL = "fattn_vec_q1_rope"
 ROPE_MAX_TOKENS = 16  # fattn_vec.cu FV_ROPE_MAX_TOKENS: the passes it takes (a verify pass has at most 16)

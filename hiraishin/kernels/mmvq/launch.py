@@ -261,7 +261,9 @@ class MatVecLaunch:
 # 37,984 blocks of 4 rows: ~600 atomics an address) before the last block reads them. Off: measured SLOWER on
 # the H200 (bench/results/2026-12-05-h200-session22, one-token graph replays under BATCH_INVARIANT, logits
 # digests equal): the 0.6B 0.631 -> 0.657 ms, the 8B 2.340 -> 2.435 (tens of thousands of blocks each fencing
-# and counting cost more than the argmax launch they remove). HIRAISHIN_HEAD_ARGMAX=1 repeats the A/B.
+# and counting cost more than the argmax launch they remove); again on an H100 (2026-12-05-h100-session25/
+# c-graph-passes-head-argmax, both orders): 0.640 -> 0.666 and 2.745 -> 2.841. HIRAISHIN_HEAD_ARGMAX=1 repeats
+# the A/B.
 ARGMAX_SLOTS = 64
 ENV_HEAD_ARGMAX = "HIRAISHIN_HEAD_ARGMAX"
 HEAD_ARGMAX = os.environ.get(ENV_HEAD_ARGMAX, "0").strip() == "1"

@@ -15,7 +15,8 @@ bench/results/2026-12-02-h200-session6), so the backend does not fuse by default
 (:data:`.launch.NORM_MMVQ_MAX_TOKENS` = 0): the kernel is kept as that measured alternative. That
 measurement launched one CUDA block per four row blocks; with :data:`.launch.NORM_MMVQ_PER_SM` the grid is at
 most what the SMs hold at once and every block strides over several blocks' rows, so the norm is made once
-per resident block (the same bits; not yet timed).
+per resident block (the same bits). Measured slower as well (an H100, bench/results/2026-12-05-h100-session25:
+the 0.6B 0.639 -> 0.82-0.93 ms, the 8B 2.74 -> 3.45), so that grid too stays an opt-in alternative.
 
 Weights of two types (Qwen3 Q4_K_M's Q4_K Q and K beside a Q6_K V) take ``hx_norm_mmvq_mixed``
 (``norm_mixed.cu``): the norm once in both types' layouts, each type's rows by mmvq.cu's code for that type

@@ -62,8 +62,11 @@ NORM_MMVQ_MAX_BLOCKS = 1024
 # At most this many CUDA blocks per SM (and never more than the driver says fit at once): a grid of fewer
 # blocks than row groups strides over them, so each resident block makes the norm once, not once per wave of
 # blocks (session 6 launched one block per NORM_MMVQ_GROUPS row blocks; where the SMs hold fewer, each wave
-# waited for its own norm). 0: no cap (that grid). Unmeasured: an A/B for bench/sweep_norm.py ("/mmvq=T:B:G:S")
-# or the environment below.
+# waited for its own norm). 0: no cap (that grid). Measured SLOWER too, on an H100 (bench/results/
+# 2026-12-05-h100-session25/a-tests-abmany: HIRAISHIN_NORM_MMVQ=1:100000:4:S, one-token graph replays, digests
+# equal): the 0.6B 0.639 -> 0.92 ms with S = 1 and 0.82 with S = 4, the 8B 2.739 -> 3.45-3.47 (both orders).
+# Fewer resident warps stream the rows than the plain grid's, and each block's first dot still waits behind
+# its norm (no weights held across the wait: HX_W_EARLY is off here); the launches removed save less.
 NORM_MMVQ_PER_SM = 0
 # HIRAISHIN_NORM_MMVQ="T:B:G:S" (any leading part) sets the four limits above at import, so a whole bench can
 # run with the norm inside the mat-vecs (bench/sweep_norm.py sets them per variant instead).

@@ -9,7 +9,8 @@ product is made once per resident block). No new order: its output equals the Sw
 mat-vec launch bit for bit (:func:`emulate` is that composition of emulators; tests/test_swiglu_down.py runs
 the CUDA source on the CPU through the g++ shim, tests/test_swiglu_down_gpu.py on a GPU). What it saves is
 one dependent launch per layer in a pass's chain; what it pays is the product repeated by every resident
-block before its first dot product. Off until an A/B on the GPU says which wins
+block before its first dot product. Measured, it pays more (an H100, bench/results/2026-12-05-h100-session25: the
+0.6B's one-token pass 0.639 -> 0.744 ms, the 8B's 2.74 -> 3.21), so it is off: an opt-in alternative for the A/B
 (``HIRAISHIN_SWIGLU_DOWN=1``: one-token passes; :data:`.launch.SWIGLU_DOWN_TOKENS`).
 
 Files: ``swiglu_down.cu``; :mod:`.launch` (``SwigluDownLaunch``, the switch, the fit); :mod:`.emulate`.

@@ -25,10 +25,12 @@ __all__ = ["SOURCE", "ENV_SWIGLU_DOWN", "SWIGLU_DOWN_TOKENS", "SWIGLU_DOWN_GROUP
 # quantize_q8_1.cu's hx_q8_1_store (for the down weight's layout), mmvq.cu's rows, their strided form, the kernel.
 SOURCE = ("quantize/quantize_q8_1.cu", "mmvq/mmvq.cu", "mmvq/strided.cuh", "swiglu_down/swiglu_down.cu")
 
-# Passes of at most this many tokens make SwiGLU inside the down launch; 0: never (the default). Unmeasured:
-# written for an A/B on the GPU (the SwiGLU launch is one of a layer's ~8 dependent launches in a one-token
-# pass; the session-6 form of this idea for the norm, one CUDA block per four row blocks and so a norm per wave
-# of blocks, was slower: norm_mmvq/launch.py).
+# Passes of at most this many tokens make SwiGLU inside the down launch; 0: never (the default): measured
+# SLOWER on an H100 (bench/results/2026-12-05-h100-session25/a-tests-abmany: HIRAISHIN_SWIGLU_DOWN=1:4:S,
+# one-token graph replays, logits digests equal): the 0.6B 0.639 -> 0.744-0.754 ms, the 8B 2.74 -> 3.21 (S = 1
+# or 4, BATCH_VARIANT and BATCH_INVARIANT alike). The SwiGLU launch removed is one of a layer's ~8 dependent
+# launches; every resident block reading both 3,072- or 12,288-value rows and quantizing them before its
+# first dot costs more (as the norm inside the mat-vecs: norm_mmvq/launch.py).
 SWIGLU_DOWN_TOKENS = 0
 # Mat-vec row blocks (of 32 * nwarps threads each) per CUDA block: the threads that share one product row (fewer
 # where the kernel would spill: swiglu_down_compile).
