@@ -88,7 +88,7 @@ if want bench; then
         --tokens ${TOKENS:-64} --repetitions ${REPS:-3} ${DRAFT_ORDERS:+--draft-orders $DRAFT_ORDERS} ${BENCH_ARGS:-} --quiet \
         --json "$OUT/hiraishin-bench.json" 2>&1 | tail -n 60
     echo "bench exit ${PIPESTATUS[0]}"
-    MATVEC=bench/results/2026-12-01-h200-mmq/run1/bench_mmq.json
+    MATVEC=newest  # the latest committed bench_mmq.json (this card's first), unless the matvec step ran
     [ -f "$OUT/bench_mmq.json" ] && MATVEC="$OUT/bench_mmq.json"
     python3 bench/price_of_exactness.py "$OUT/hiraishin-bench.json" --matvec "$MATVEC" --out "$OUT" 2>&1 | tail -n 5
 fi

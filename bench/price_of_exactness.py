@@ -1,7 +1,10 @@
-"""The price of exactness, in one table and one plot, from committed H200 results (no new timing).
+"""The price of exactness, in one table and one plot, from committed GPU results (no new timing).
 
     python bench/price_of_exactness.py bench/results/2026-12-01-h200-engine2/hiraishin-bench.json \\
         --matvec bench/results/2026-12-01-h200-mmq/run1/bench_mmq.json --out bench/results/2026-12-01-h200-engine2
+
+``--matvec newest``: the committed ``bench_mmq.json`` (under ``bench/results``) with the latest date it records,
+of the bench's own card where one exists.
 
 Reads a ``hiraishin bench`` JSON (whole verify passes of the synthetic Qwen3-8B per order and width,
 exact speculative speed-ups) and, optionally, a ``bench/bench_mmq.py`` JSON (per-shape mat-vec µs of
@@ -9,7 +12,8 @@ the sub-block order's kernels against ``BATCH_VARIANT``'s one-column kernel; wit
 order's mat-vec at every width 1..16), and writes ``price-of-exactness.json`` (rows of order, width, ms;
 the mat-vec rows; the speed-ups), a PNG of the passes (and ``price-of-exactness-matvec.png``, µs per shape,
 order and width, when the mat-vec JSON has every order) and a Markdown table. Every number is copied from
-the input files, which are named in the output.
+the input files, which are named in the output, the mat-vec tables with the card, date and commit of their own
+run (said to be another card's when it is).
 """
 
 from __future__ import annotations
@@ -22,6 +26,21 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hiraishin.atomic import atomic_path, atomic_write  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def newest_matvec(device: str, root: Path = RESULTS) -> Path | None:
+    """The ``bench_mmq.json`` under ``root`` whose run is the latest (its recorded date) on ``device``, else
+    the latest on any card; None when there is none."""
+    runs = []
+    for path in sorted(root.rglob("bench_mmq.json")):
+        try:
+            d = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"{path}: not a readable bench_mmq JSON ({e})") from None
+        runs.append((d.get("device") == device, str(d.get("date", "")), path))
+    return max(runs)[2] if runs else None
 
 
 def build(bench: dict, mmq: dict | None, sources: list[str]) -> dict:
@@ -42,10 +61,21 @@ def build(bench: dict, mmq: dict | None, sources: list[str]) -> dict:
     spec = {name: {k: s[k] for k in ("speedup", "plain_ms_per_token", "speculative_ms_per_token", "matches_plain",
                                      "first_divergence") if k in s}
             for name, s in bench["speculative"].items()}
+    run = None if mmq is None else {k: mmq.get(k, "?") for k in ("device", "date", "commit")}
     return {"schema": "hiraishin-price-of-exactness/1", "device": bench["device"].get("name", "?"),
             "date": bench["date"], "commit": bench.get("commit", "?"), "model": bench["model"]["name"],
             "sources": sources, "derived": "copied from the sources; no new measurement",
-            "rows": rows, "matvec": matvec, "matvec_orders": matvec_orders, "speculative": spec}
+            "rows": rows, "matvec": matvec, "matvec_orders": matvec_orders, "matvec_run": run, "speculative": spec}
+
+
+def matvec_origin(poe: dict) -> str:
+    """Where the mat-vec rows were timed: the card, date and commit of their own run, and whether that card is
+    not the passes' card."""
+    run = poe.get("matvec_run") or {}
+    text = f"timed on {run.get('device', '?')}, {str(run.get('date', '?'))[:10]}, commit {run.get('commit', '?')}"
+    if run.get("device") != poe["device"]:
+        text += f"; another card than the passes above ({poe['device']}): compare within this table only"
+    return text
 
 
 def plot(poe: dict, path: Path) -> None:
@@ -87,8 +117,9 @@ def plot_matvec(poe: dict, path: Path) -> None:
         ax.set_xticks([1, 4, 8, 12, 16])
     axes[0][0].set_ylabel("µs per mat-vec launch(es)")
     axes[0][-1].legend(fontsize="small", title="order")
-    fig.suptitle(f"price of exactness per mat-vec ({poe['device']}, {poe['date'][:10]}, commit {poe['commit']})",
-                 fontsize=10)
+    run = poe.get("matvec_run") or {}
+    fig.suptitle(f"price of exactness per mat-vec ({run.get('device', '?')}, {str(run.get('date', '?'))[:10]}, "
+                 f"commit {run.get('commit', '?')})", fontsize=10)
     with atomic_path(path) as tmp:
         fig.savefig(tmp, dpi=120, format="png")
     plt.close(fig)
@@ -112,7 +143,8 @@ def markdown(poe: dict) -> str:
     lines += ["", "Speculative decoding (oracle schedule, 8B target, 0.6B draft): " + ", ".join(
         _spec(o, s) for o, s in poe["speculative"].items()) + "."]
     if poe["matvec"]:
-        lines += ["", "Mat-vec µs per Qwen3-8B shape (`batch_variant` 1 column; `subblock` at 1 / 3 / 9 / 16 columns):",
+        lines += ["", f"Mat-vec µs per Qwen3-8B shape (`batch_variant` 1 column; `subblock` at 1 / 3 / 9 / 16 columns; "
+                  f"{matvec_origin(poe)}):",
                   "", "| shape | variant 1 | subblock 1 | 3 | 9 | 16 |", "|---|---|---|---|---|---|"]
         for shape in dict.fromkeys(r["shape"] for r in poe["matvec"]):
             get = {(r["order"], r["ncols"]): r["us"] for r in poe["matvec"] if r["shape"] == shape}
@@ -122,7 +154,7 @@ def markdown(poe: dict) -> str:
         rows = poe["matvec_orders"]
         orders = list(dict.fromkeys(r["order"] for r in rows))
         lines += ["", "Every order's mat-vec as a forward pass launches it, µs per width (`fixed_split`'s is "
-                  "`batch_invariant`'s; * = a column's bits differ from the same column at width 16):"]
+                  f"`batch_invariant`'s; * = a column's bits differ from the same column at width 16; {matvec_origin(poe)}):"]
         for shape in dict.fromkeys(r["shape"] for r in rows):
             get = {(r["order"], r["ncols"]): r for r in rows if r["shape"] == shape}
             lines += ["", f"**{shape}**", "", "| width | " + " | ".join(orders) + " |", "|---|" + "---|" * len(orders)]
@@ -136,12 +168,16 @@ def markdown(poe: dict) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("bench_json")
-    p.add_argument("--matvec", help="a bench/bench_mmq.py JSON")
+    p.add_argument("--matvec", help="a bench/bench_mmq.py JSON, or 'newest': the latest committed one (the bench's "
+                                    "card first)")
     p.add_argument("--out", required=True, help="folder for price-of-exactness.{json,png,md}")
     a = p.parse_args(argv)
     bench = json.loads(Path(a.bench_json).read_text())
-    mmq = json.loads(Path(a.matvec).read_text()) if a.matvec else None
-    poe = build(bench, mmq, [a.bench_json] + ([a.matvec] if a.matvec else []))
+    matvec, name = (Path(a.matvec), a.matvec) if a.matvec and a.matvec != "newest" else (None, None)
+    if a.matvec == "newest" and (matvec := newest_matvec(bench["device"].get("name", "?"))) is not None:
+        name = str(matvec.relative_to(RESULTS.parents[1]))  # named from the repository root
+    mmq = json.loads(matvec.read_text()) if matvec else None
+    poe = build(bench, mmq, [a.bench_json] + ([name] if name else []))
     out = Path(a.out)
     with atomic_write(out / "price-of-exactness.json") as f:
         json.dump(poe, f, indent=1)

@@ -57,3 +57,32 @@ def test_without_every_order_there_is_no_matvec_plot(tmp_path, poe_module):
     assert json.loads((tmp_path / "price-of-exactness.json").read_text())["matvec_orders"] == []
     assert not (tmp_path / "price-of-exactness-matvec.png").exists()
     assert "Every order's mat-vec" not in (tmp_path / "price-of-exactness.md").read_text()
+
+
+def test_newest_matvec_prefers_the_bench_card_then_the_latest_date(tmp_path, poe_module):
+    for folder, device, date in (("a", "NVIDIA H200", "2026-12-03T10:00"), ("b", "NVIDIA H200", "2026-12-01T10:00"),
+                                 ("c", "NVIDIA H100", "2026-12-02T10:00")):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "bench_mmq.json").write_text(json.dumps({"device": device, "date": date, "results": []}))
+    assert poe_module.newest_matvec("NVIDIA H200", tmp_path) == tmp_path / "a" / "bench_mmq.json"
+    assert poe_module.newest_matvec("NVIDIA H100", tmp_path) == tmp_path / "c" / "bench_mmq.json"
+    assert poe_module.newest_matvec("NVIDIA B200", tmp_path) == tmp_path / "a" / "bench_mmq.json"  # no run of its own
+    assert poe_module.newest_matvec("NVIDIA H200", tmp_path / "a" / "none") is None
+
+
+def test_a_matvec_table_of_another_card_says_so(tmp_path, poe_module):
+    bench = json.loads((RUN / "hiraishin-bench.json").read_text())
+    mmq = json.loads((RUN / "bench_mmq.json").read_text())
+    same = poe_module.markdown(poe_module.build(bench, mmq, ["x"]))
+    assert f"timed on {mmq['device']}, {mmq['date'][:10]}, commit {mmq['commit']})" in same
+    assert "another card" not in same
+    other = poe_module.markdown(poe_module.build(dict(bench, device={"name": "NVIDIA H100 80GB HBM3"}), mmq, ["x"]))
+    assert "another card than the passes above (NVIDIA H100 80GB HBM3)" in other
+
+
+def test_newest_names_the_committed_run(tmp_path, poe_module):
+    assert poe_module.main([str(RUN / "hiraishin-bench.json"), "--matvec", "newest", "--out", str(tmp_path)]) == 0
+    poe = json.loads((tmp_path / "price-of-exactness.json").read_text())
+    picked = poe_module.newest_matvec(poe["device"])
+    assert poe["sources"][1] == str(picked.relative_to(REPO)) and poe["matvec"]
+    assert poe["matvec_run"]["date"] == json.loads(picked.read_text())["date"]
