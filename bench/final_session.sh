@@ -5,8 +5,9 @@
 #   bench     hiraishin bench of every order (ORDERS), widths 1..16, prefill 512, the draft (under DRAFT_ORDERS
 #             if set, else ORDERS; BENCH_ARGS: more arguments, e.g. --draft-ahead), exact
 #             speculation (the issue figures), then the price-of-exactness table made from that JSON;
-#   tests     the GPU tests of TESTS (default all of tests/), up to TEST_TIMEOUT s (default 170;
-#             pytest-xdist's -n 4 when carried in .whl: every GPU test took ~4 min on the H200);
+#   tests     the GPU tests of TESTS (default all of tests/), up to TEST_TIMEOUT s (default 170; interrupted
+#             there, so the counts and JUnit file still come; pytest-xdist's -n TEST_WORKERS, default 4, where the
+#             device has xdist: every GPU test took ~4 min on the H200 in session 22, more than 7 on the H100 in 25);
 #   sanitize  compute-sanitizer racecheck, initcheck and memcheck (SANITIZERS) over whole passes
 #             (bench/sanitize_engine.py), each up to SANITIZE_TIMEOUT s (default 100; racecheck needed
 #             more than 70 s for two of its three orders: give it ~200 with the other steps off; SANITIZE_ORDERS:
@@ -245,8 +246,10 @@ fi
 
 if want tests; then
     echo "== GPU tests ($(left) s left)"
-    XDIST=$(python3 -c "import xdist" 2>/dev/null && echo "-n 4")
-    timeout $(cap ${TEST_TIMEOUT:-170} 10) python3 -m pytest -q -m gpu -p no:cacheprovider --durations=15 $XDIST \
+    XDIST=$(python3 -c "import xdist" 2>/dev/null && echo "-n ${TEST_WORKERS:-4}")
+    # SIGINT at the limit: pytest stops as on Ctrl-C and still prints its counts and writes the JUnit file
+    # (session 25's whole suite, killed at 420 s, left only its progress dots)
+    timeout -s INT -k 30 $(cap ${TEST_TIMEOUT:-170} 40) python3 -m pytest -q -m gpu -p no:cacheprovider --durations=15 $XDIST \
         --junitxml="$OUT/gpu-tests.xml" ${TESTS:-tests} 2>&1 | tail -n 40
 fi
 
