@@ -56,6 +56,9 @@
 #             replay times of both shapes and logits digests (no bit may change);
 #   stalls    bench/ncu_stalls.sh over STALL_PROFILES (e.g. "qwen3-8b subblock 16 hx_mmq"), NCU_EXTRA sections
 #             beside its own: what bounds a launch (memory latency, a pipe, issue) at a width;
+#   inline    bench/proto_inline_norm.py: chains of the library's norm launch + mat-vec, of the mat-vec alone, and of
+#             a prototype mat-vec that quantizes its own activations with the norm's scale after (a draft-only
+#             order's candidate; bench/NOTES_speculation.md, session 25): whether it costs less than the launch;
 #   kernels   per-kernel times under Nsight Compute (bench/kernel_times.sh), if time is left.
 # A call that measures a switch and then benchmarks whichever setting won runs this script twice, the
 # second time under `export VAR=$(python3 bench/pick_ab.py $OUT VAR BASE CANDIDATE)` (faster by a set margin
@@ -237,6 +240,11 @@ if want sweep; then
     echo "== mat-vec sweep, 2-4 columns ($(left) s left)"
     timeout $(cap 200) python3 bench/sweep_mmvq.py --out "$OUT" --one-col 2:4 \
         --multi ${SWEEP_MULTI:-2:2:2:2,2:2:1:1,2:2:1:2,3:3:2:2,3:3:1:1,3:3:1:2,3:3:4:1,4:4:2:2,4:4:1:1,4:4:1:2} 2>&1 | tail -n 60
+fi
+
+if want inline; then
+    echo "== inline-quantizing mat-vec prototype ($(left) s left)"
+    timeout $(cap 150) python3 bench/proto_inline_norm.py --json "$OUT/proto-inline-norm.json" 2>&1 | tail -n 8
 fi
 
 if want stalls; then
