@@ -58,16 +58,10 @@ def _model(w_blocks, x, r, g, eps):
 def test_inline_rows_match_their_model_and_s_is_x_plus_r(tmp_path, k, n):
     import proto_inline_norm as proto
 
-    from hiraishin.quant import random_blocks
-
     defines = proto.inline_defines(k, 4096)  # the launch geometry of a 4096-row weight, on fewer rows
     kernel = re.sub(r"extern __shared__ float (\w+)\[\];", r"float* \1 = (float*)g_dyn_shared.data();", proto.KERNEL)
     exe = ShimBuilder(tmp_path).build("mmvq/mmvq.cu", defines, MAIN % kernel.replace('extern "C"', ""), tag="inline")
-    rng = np.random.default_rng(k + n)
-    w = random_blocks("Q4_K", n, k, seed=k)
-    x = (rng.standard_normal(k) * 2).astype(np.float32)
-    r = (rng.standard_normal(k) * 3).astype(np.float32)
-    g = (1.0 + 0.1 * rng.standard_normal(k)).astype(np.float32)
+    w, x, r, g = proto.case(k + n, k, n)
     x[:32] = -r[:32]  # one q8_1 block of zeros (absmax 0)
     for name, a in (("w", w), ("x", x), ("r", r), ("g", g)):
         np.ascontiguousarray(a).tofile(tmp_path / f"{name}.bin")
