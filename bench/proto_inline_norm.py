@@ -311,7 +311,10 @@ def main(argv=None) -> int:
               f"(errors {row['error_library_pair']:.1e} / {row['error_inline']:.1e}; "
               f"{row['inline_registers']} registers, {row['inline_local_bytes']} local bytes)", flush=True)
     if args.json:
-        write_rows_json(args.json, rows)
+        import cupy
+
+        device = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"].decode()
+        write_rows_json(args.json, rows, command=" ".join(sys.argv), device=device)
     return 0
 
 
