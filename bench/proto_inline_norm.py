@@ -313,7 +313,8 @@ def main(argv=None) -> int:
     if args.json:
         import cupy
 
-        device = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"].decode()
+        name = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"]
+        device = name.decode() if isinstance(name, bytes) else str(name)
         write_rows_json(args.json, rows, command=" ".join(sys.argv), device=device)
     return 0
 
