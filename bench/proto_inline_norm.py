@@ -49,8 +49,9 @@ struct hx_f4 { float a, b, c, d; };
 __device__ __forceinline__ hx_f4 hx_ld_f4(const float* p) {
     hx_f4 v; v.a = __ldg(p); v.b = __ldg(p + 1); v.c = __ldg(p + 2); v.d = __ldg(p + 3); return v;
 }
-// q8_1 of 8 values (p: 4, q: 4) of a 32-value block held by 4 lanes: d = absmax / 127, round(v / d), packed
-// 4 a word as the quantize kernel's ints; sum: the block's share of the value sum (dp4a with ones).
+// q8_1 of a 32-value block whose values 4 neighbouring lanes hold, 8 each (v: this lane's, as its two ints take
+// them): d = absmax / 127 over the 4 lanes, round(v / d) packed 4 to a word; sum: this lane's share of the
+// block's value sum (dp4a with ones), as the quantize kernel's layout holds it. Returns d.
 __device__ __forceinline__ float hx_inline_q8(const float (&v)[8], int& u0, int& u1, int& sum) {
     float amax = 0.0f;
 #pragma unroll
@@ -77,6 +78,7 @@ hx_mmvq_inline(const u8* __restrict__ w, const float* __restrict__ x, const floa
     const int lane = threadIdx.x, wy = threadIdx.y, tid = 32 * wy + lane;
     const int row0 = HX_RPB * blockIdx.x;
     hx_prefetch_rows(w, nrows, row0);
+    hx_prefetch_lines(g, 4LL * 256 * HX_NBLOCKS, tid, 32 * HX_NWARPS);  // the norm weight is never written either
     const u8* wrow[HX_RPB];
 #pragma unroll
     for (int i = 0; i < HX_RPB; ++i) wrow[i] = w + (long long)min(row0 + i, nrows - 1) * HX_ROW_BYTES;
