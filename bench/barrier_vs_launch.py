@@ -45,7 +45,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from benchlib import replay_seconds, write_rows_json  # noqa: E402
+from benchlib import capture_chain, replay_seconds, write_rows_json  # noqa: E402
 
 KERNELS = r"""
 // One step of a chain: block b writes dst[b] = src[(b + 1) % gridDim.x] + 1 (read from L2: another
@@ -193,20 +193,10 @@ def chain_seconds(step, blocks: int, threads: int, steps: int, pdl: bool, replay
     """Seconds per launch of ``steps`` dependent launches captured in one graph (replayed back to back)."""
     import cupy
 
-    from hiraishin.kernels.pdl import pdl_scope
-
     a = cupy.zeros(blocks, cupy.float32)
     b = cupy.zeros(blocks, cupy.float32)
     stream = cupy.cuda.Stream(non_blocking=True)
-    with stream:
-        step((blocks,), (threads,), (a, b))  # compile and load before the capture
-        stream.synchronize()
-        stream.begin_capture()
-        with pdl_scope(pdl):
-            for s in range(steps):
-                src, dst = (a, b) if s % 2 == 0 else (b, a)
-                step((blocks,), (threads,), (src, dst))
-        graph = stream.end_capture()
+    graph = capture_chain(stream, lambda s: step((blocks,), (threads,), (a, b) if s % 2 == 0 else (b, a)), steps, pdl)
     graph.launch(stream)
     per_graph = min(replay_seconds(graph, stream, replays))
     return per_graph / steps
@@ -218,14 +208,13 @@ def tail_seconds(tail: dict, blocks: int, threads: int, steps: int, last_block: 
     one-block outputs after one replay from zeroed buffers (the two ways must agree bit for bit)."""
     import cupy
 
-    from hiraishin.kernels.pdl import pdl_scope
-
     one_a = cupy.zeros(1, cupy.float32)
     one_b = cupy.zeros(1, cupy.float32)
     many = cupy.zeros(blocks, cupy.float32)
     count = cupy.zeros(1, cupy.uint32)
 
-    def pair(src, dst):
+    def pair(s):
+        src, dst = (one_a, one_b) if s % 2 == 0 else (one_b, one_a)
         if last_block:
             tail["hx_wide_last"]((blocks,), (threads,), (src, many, dst, count))
         else:
@@ -233,14 +222,8 @@ def tail_seconds(tail: dict, blocks: int, threads: int, steps: int, last_block: 
             tail["hx_one_step"]((1,), (threads,), (many, dst, cupy.int32(blocks)))
 
     stream = cupy.cuda.Stream(non_blocking=True)
+    graph = capture_chain(stream, pair, steps)
     with stream:
-        pair(one_a, one_b)  # compile and load before the capture
-        stream.synchronize()
-        stream.begin_capture()
-        with pdl_scope(True):
-            for s in range(steps):
-                pair(*((one_a, one_b) if s % 2 == 0 else (one_b, one_a)))
-        graph = stream.end_capture()
         for buf in (one_a, one_b, many, count):
             buf.fill(0)
         graph.launch(stream)

@@ -169,6 +169,23 @@ def write_rows_json(path, rows: list, **extra) -> None:
         json.dump(out, f, indent=1)
 
 
+def capture_chain(stream, step, steps: int, pdl: bool = True):
+    """The CUDA graph of ``step(0) .. step(steps - 1)`` (each enqueues its launches on the current stream),
+    captured on ``stream`` (under programmatic dependent launch when ``pdl``) after one uncaptured ``step(0)``
+    that compiles and loads the kernels. The chain scripts' one capture (barrier_vs_launch.py,
+    proto_inline_norm.py)."""
+    from hiraishin.kernels.pdl import pdl_scope
+
+    with stream:
+        step(0)
+        stream.synchronize()
+        stream.begin_capture()
+        with pdl_scope(pdl):
+            for i in range(steps):
+                step(i)
+        return stream.end_capture()
+
+
 def replay_seconds(graph, stream, steps: int, batches: int = 3) -> list:
     """Seconds per launch of a captured CUDA graph, ``steps`` launches back to back per batch (one
     synchronization at each end: the GPU's own time, no host gap between launches)."""

@@ -232,10 +232,9 @@ def relative_error(got, want) -> float:
 def time_shape(label: str, k: int, n: int, steps: int, replays: int) -> dict:
     import cupy as cp
 
-    from benchlib import replay_seconds
+    from benchlib import capture_chain, replay_seconds
     from hiraishin.kernels.fused.launch import AddRmsNormQ8_1Launch
     from hiraishin.kernels.mmvq.launch import MatVecLaunch
-    from hiraishin.kernels.pdl import pdl_scope
     from hiraishin.kernels.quantize.launch import output_shape
     from hiraishin.kernels.quantize.layout import layout_for
 
@@ -279,16 +278,9 @@ def time_shape(label: str, k: int, n: int, steps: int, replays: int) -> dict:
            "inline_registers": int(inline.num_regs), "inline_local_bytes": int(inline.local_size_bytes)}
     stream = cp.cuda.Stream(non_blocking=True)
     for name, step in (("norm launch + mat-vec", pair), ("mat-vec alone", alone), ("inline", fused)):
-        with stream:
-            step(0)
-            stream.synchronize()
-            stream.begin_capture()
-            with pdl_scope(True):
-                for i in range(steps):
-                    step(i)
-            graph = stream.end_capture()
-            graph.launch(stream)
-            row[f"us_a_step {name}"] = 1e6 * min(replay_seconds(graph, stream, replays)) / steps
+        graph = capture_chain(stream, step, steps)
+        graph.launch(stream)
+        row[f"us_a_step {name}"] = 1e6 * min(replay_seconds(graph, stream, replays)) / steps
     return row
 
 
