@@ -94,15 +94,18 @@ def test_attention_q8_1_compiles_without_spills(tmp_path, layout, queries, build
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not on PATH")
+@pytest.mark.parametrize("early", [0, 1, 2])
 @pytest.mark.parametrize("head_dim,one_block", [(128, True), (128, False), (64, True)])
-def test_rope_attention_compiles_without_spills_and_reads_the_cache_coherently(tmp_path, head_dim, one_block):
-    """fattn_vec_q1_rope (fused/launch.py RopeAttentionLaunch's builds): no spills, and no K/V load through
-    the non-coherent read-only path (ld.global.nc), which is undefined for memory the kernel writes (it
-    stores the token's cell, then reads it). Its float loads of q, k, v and the tables may use that path."""
-    from hiraishin.kernels.fused.launch import ATTN_ROPE_KERNEL, ATTN_ROPE_PRELUDE
+def test_rope_attention_compiles_without_spills_and_reads_the_cache_coherently(tmp_path, head_dim, one_block, early):
+    """fattn_vec_q1_rope (fused/launch.py RopeAttentionLaunch's builds, each of ATTN_EARLY_LEVELS): no spills,
+    and no K/V load through the non-coherent read-only path (ld.global.nc), which is undefined for memory the
+    kernel writes (it stores the token's cell, then reads it). Its float loads of q, k, v and the tables may
+    use that path."""
+    from hiraishin.kernels.fused.launch import ATTN_EARLY_LEVELS, ATTN_ROPE_KERNEL, ATTN_ROPE_PRELUDE
     from hiraishin.kernels.quantize.launch import quantize_defines
 
-    defines = {**quantize_defines("Q4_K"), "HX_D": head_dim, "HX_ATTN_ROPE": 1, **({"HX_ATTN_Q8_1": 1} if one_block else {})}
+    defines = {**quantize_defines("Q4_K"), "HX_D": head_dim, "HX_ATTN_ROPE": 1, **ATTN_EARLY_LEVELS[early],
+               **({"HX_ATTN_Q8_1": 1} if one_block else {})}
     src = tmp_path / "rope_attention.cu"
     src.write_text(defines_text(defines) + load_source(*ATTN_ROPE_PRELUDE, SOURCE_VEC))
     proc = subprocess.run([NVCC, *FLAGS, str(src), "-o", str(tmp_path / "out.o")], capture_output=True, text=True)

@@ -17,8 +17,8 @@ import pytest
 
 from hiraishin.kernels.attention.emulate import attention_scale, emulate, emulate_partials
 from hiraishin.kernels.fused.emulate import emulate_qk_norm_rope_kv
-from hiraishin.kernels.fused.launch import (ATTN_ROPE_KERNEL, ATTN_ROPE_PRELUDE, launch_rope_attention,
-                                            rope_attention_runs)
+from hiraishin.kernels.fused.launch import (ATTN_EARLY_LEVELS, ATTN_ROPE_KERNEL, ATTN_ROPE_PRELUDE,
+                                            launch_rope_attention, rope_attention_runs)
 from hiraishin.kernels.quantize import emulate as quantize_emulate
 from hiraishin.kernels.quantize.launch import output_shape, quantize_defines
 from hiraishin.kernels.rmsnorm.emulate import block_threads
@@ -82,12 +82,13 @@ def shim(tmp_path_factory):
     return ShimBuilder(tmp_path_factory.mktemp("fattn-rope-shim"))
 
 
-def launch(shim, tmp_path, case, fused, layout, edit=None, tag=""):
+def launch(shim, tmp_path, case, fused, layout, edit=None, tag="", early=0):
+    """``early``: the build of ``ATTN_EARLY_LEVELS`` (how early the fused kernel issues its loads)."""
     H, Hkv, D, pos, T, P, chunk, kv_att = case
     q, k, v, wq, wk, kc, vc = rope_inputs(H, Hkv, D, pos, kv_att, seed=H * 1000 + D + pos, T=T)
     cos_t, sin_t = rope_tables(kv_att, D, ROPE_BASE)
-    exe = shim.build(SOURCES, {**quantize_defines(layout), "HX_D": D, "HX_ATTN_ROPE": 1, "HX_ATTN_Q8_1": 1}, MAIN,
-                     f"rope_d{D}_{layout}{tag}", edit=edit)
+    defines = {**quantize_defines(layout), "HX_D": D, "HX_ATTN_ROPE": 1, "HX_ATTN_Q8_1": 1, **ATTN_EARLY_LEVELS[early]}
+    exe = shim.build(SOURCES, defines, MAIN, f"rope_d{D}_{layout}_early{early}{tag}", edit=edit)
     paths = []
     positions = np.arange(pos, pos + T, dtype=np.int32)
     for name, a in (("q", q), ("k", k), ("v", v), ("wq", wq), ("wk", wk), ("pos", positions),
@@ -128,10 +129,11 @@ def _plan(case):
                          kv_len=pos + T, n_head=H, n_head_kv=Hkv, n_queries=T, head_dim=D)
 
 
+@pytest.mark.parametrize("early", sorted(ATTN_EARLY_LEVELS))
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"H{c[0]}x{c[1]}-D{c[2]}-pos{c[3]}-T{c[4]}-P{c[5]}-chunk{c[6]}")
-def test_fused_launch_equals_qk_norm_rope_kv_then_attention(shim, tmp_path, case):
+def test_fused_launch_equals_qk_norm_rope_kv_then_attention(shim, tmp_path, case, early):
     layout = case[8]
-    fused, inputs = launch(shim, tmp_path, case[:8], True, layout)
+    fused, inputs = launch(shim, tmp_path, case[:8], True, layout, early=early)
     unfused, _ = launch(shim, tmp_path, case[:8], False, layout)
     for name in ("kc", "vc", "yq"):
         assert np.array_equal(fused[name], unfused[name]), name
@@ -155,20 +157,29 @@ def test_fused_launch_equals_qk_norm_rope_kv_then_attention(shim, tmp_path, case
 
 
 STORE = "        if (!(stores >> j & 1u)) continue;\n"
+V_EARLY = "fv_load_cell_raw(Vh, k0 + 32 * w + g + 4 * t,"
+ROPE_EARLY = "rope_c[j] = tid < half ? cos_table[at] : 0.0f;"
 
 
-@pytest.mark.parametrize("case,mutant", [
-    (CASES[2], "        continue;\n"),  # no block stores the cell: the NaN reaches the sums
+@pytest.mark.parametrize("case,early,find,mutant", [
+    (CASES[2], 0, STORE, "        continue;\n"),  # no block stores the cell: the NaN reaches the sums
+    (CASES[2], 2, STORE, "        continue;\n"),
     # each block stores only its own token's and earlier cells: a later token's cell in its chunk stays NaN,
     # and a masked cell's 0 * v is NaN
-    (CASES[7], "        if (!(stores >> j & 1u) || j > t) continue;\n"),
-], ids=["no-store", "earlier-cells-only"])
-def test_a_block_that_does_not_store_its_cells_fails_the_comparison(shim, tmp_path, case, mutant):
+    (CASES[7], 0, STORE, "        if (!(stores >> j & 1u) || j > t) continue;\n"),
+    (CASES[7], 2, STORE, "        if (!(stores >> j & 1u) || j > t) continue;\n"),
+    # the early loads: V loaded from the K phase's cells; every token's k roped at the query's table row
+    (CASES[0], 2, V_EARLY, "fv_load_cell_raw(Vh, k0 + 32 * w + 8 * g + t,"),
+    (CASES[7], 1, ROPE_EARLY, "rope_c[j] = tid < half ? cos_table[at_q] : 0.0f;"),
+], ids=["no-store", "no-store-early", "earlier-cells-only", "earlier-cells-only-early", "v-early-cells",
+        "rope-early-row"])
+def test_a_broken_build_fails_the_comparison(shim, tmp_path, case, early, find, mutant):
     def edit(text):
-        assert STORE in text
-        return text.replace(STORE, mutant)
+        assert find in text
+        return text.replace(find, mutant)
 
-    broken, _ = launch(shim, tmp_path, case[:8], True, case[8], edit=edit, tag=f"-{len(mutant)}")
+    broken, _ = launch(shim, tmp_path, case[:8], True, case[8], edit=edit, tag=f"-{len(find)}-{len(mutant)}",
+                       early=early)
     unfused, _ = launch(shim, tmp_path, case[:8], False, case[8])
     out = "parts" if case[5] > 1 else "dst"
     assert not np.array_equal(bits(broken[out]), bits(unfused[out]))

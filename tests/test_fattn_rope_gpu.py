@@ -1,6 +1,7 @@
 """The q/k norms, RoPE and KV store inside a one-token attention launch (``fattn_vec_q1_rope``) on a GPU.
 
-The launch must give the bits of ``QkNormRopeKvLaunch`` then the plan's one-query attention: both
+The launch (each build of ``ATTN_EARLY_LEVELS``) must give the bits of ``QkNormRopeKvLaunch`` then the plan's
+one-query attention: both
 caches (the token's cell, stored by several blocks, and every other cell), the normalised rows and
 their q8_1 with one parallel block, the partials, block maxima and sums with several. A model with
 ``HIRAISHIN_ATTN_ROPE``'s launch (``ATTN_ROPE``) must decode the same tokens and logits as one without,
@@ -35,7 +36,7 @@ def test_rope_attention_launch_equals_qk_norm_rope_kv_then_attention(case):
 
     from hiraishin import ReductionOrder
     from hiraishin.kernels.attention.launch import current_profile, launch_partials
-    from hiraishin.kernels.fused.launch import QkNormRopeKvLaunch, launch_attention_q8_1, launch_rope_attention
+    from hiraishin.kernels.fused.launch import QkNormRopeKvLaunch, RopeAttentionLaunch, launch_attention_q8_1
     from hiraishin.kernels.quantize.launch import output_shape
     from hiraishin.kernels.rope import rope_tables
     from hiraishin.plans import attention_plan
@@ -49,14 +50,14 @@ def test_rope_attention_launch_equals_qk_norm_rope_kv_then_attention(case):
     posd = cp.asarray(np.arange(pos, pos + T, dtype=np.int32))
     P = plan.parallel_blocks
     runs = []
-    for fused in (True, False):
+    for fused in (0, 1, 2, None):  # the builds of ATTN_EARLY_LEVELS, then the two launches
         kc, vc = cp.asarray(cache), cp.asarray(cache)
         out = cp.full((T, H, D), np.nan, cp.float32)
         parts, meta = cp.full((T, H, P, D), np.nan, cp.float32), cp.full((T, H, P, 2), np.nan, cp.float32)
         yq = cp.full(output_shape(T, H * D, layout), 0xAB, cp.uint8)
-        if fused:
-            launch_rope_attention(qd, kd, vd, wqd, wkd, EPS, posd, cosd, sind, kc, vc, plan, parts, meta, yq, out,
-                                  layout)
+        if fused is not None:
+            RopeAttentionLaunch(T, H, Hkv, D, P, plan.chunk_cells, plan.kv_attended, float(EPS), layout, early=fused)(
+                qd, kd, vd, wqd, wkd, posd, cosd, sind, kc, vc, parts, meta, yq, out)
         else:
             q_roped = cp.empty((T, H, D), cp.float32)
             QkNormRopeKvLaunch(T, H, Hkv, D, EPS)(qd, kd, vd, wqd, wkd, posd, cosd, sind, q_roped, kc, vc)
@@ -66,10 +67,11 @@ def test_rope_attention_launch_equals_qk_norm_rope_kv_then_attention(case):
                 launch_partials(q_roped, kc, vc, posd, plan, out, parts, meta, kv_from_positions=True)
         runs.append({"K": kc.get().view(np.uint16), "V": vc.get().view(np.uint16), "out": out.get().view(np.uint32),
                      "parts": parts.get().view(np.uint32), "meta": meta.get().view(np.uint32), "yq": yq.get()})
-    fused, unfused = runs
+    *fused, unfused = runs
     names = ("K", "V", "out", "yq") if P == 1 else ("K", "V", "parts", "meta")
-    for name in names:
-        assert np.array_equal(fused[name], unfused[name]), f"{name} (P = {P})"
+    for early, run in enumerate(fused):
+        for name in names:
+            assert np.array_equal(run[name], unfused[name]), f"{name} (P = {P}, early loads {early})"
 
 
 @pytest.mark.parametrize("order_name", ["BATCH_INVARIANT", "FIXED_SPLIT", "BATCH_VARIANT"])

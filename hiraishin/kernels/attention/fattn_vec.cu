@@ -46,9 +46,8 @@ static_assert(HX_D == 64 || HX_D == 128, "fattn_vec supports head dimensions 64 
 #define FV_NEG_HALF_FLT_MAX __int_as_float(0xfeffffff)  // -FLT_MAX/2, the initial running max
 #define FV_NEG_INF __int_as_float(0xff800000)
 
-// 8 consecutive halves (16 bytes) -> 8 floats, in memory order.
-__device__ __forceinline__ void fv_load8(const unsigned short* __restrict__ p, float* __restrict__ out) {
-    const uint4 raw = *reinterpret_cast<const uint4*>(p);
+// 8 consecutive halves (16 bytes, one load) -> 8 floats, in memory order.
+__device__ __forceinline__ void fv_unpack8(const uint4 raw, float* __restrict__ out) {
     const unsigned int words[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
@@ -57,22 +56,43 @@ __device__ __forceinline__ void fv_load8(const unsigned short* __restrict__ p, f
     }
 }
 
-// Thread r's dims of cell n of one KV head (K or V rows from `head`), 0.0f past the filled cells.
-// Branch-free: a cell past kv_len loads the last filled cell instead and selects zeros, so the
-// loads of a step's 8 cells carry no branch between them and are issued together (with a branch
-// per cell, nvcc sm_90 put each load in its own reconvergence region: 16 dependent memory round
-// trips per 128-cell step). The values are those of a guarded load: no float operation changes.
-__device__ __forceinline__ void fv_load_cell(const unsigned short* __restrict__ head, const int n, const int kv_len,
-                                             const size_t cell_stride, const int r, float* __restrict__ out) {
-    const bool live = n < kv_len;
-    const size_t cell = (size_t)(live ? n : kv_len - 1);
+// Thread r's dims of cell n of one KV head (K or V rows from `head`), 0.0f past the filled cells, in two
+// halves: the loads (fv_load_cell_raw) and the values (fv_unpack_cell), so a caller may issue the loads
+// early and convert later (FV_V_WITH_K). Branch-free: a cell past kv_len loads the last filled cell
+// instead and selects zeros, so the loads of a step's 8 cells carry no branch between them and are issued
+// together (with a branch per cell, nvcc sm_90 put each load in its own reconvergence region: 16
+// dependent memory round trips per 128-cell step). The values are those of a guarded load: no float
+// operation changes.
+__device__ __forceinline__ void fv_load_cell_raw(const unsigned short* __restrict__ head, const int n, const int kv_len,
+                                                 const size_t cell_stride, const int r, uint4* __restrict__ raw) {
+    const size_t cell = (size_t)(n < kv_len ? n : kv_len - 1);
 #pragma unroll
     for (int b = 0; b < FV_DIM_SLICES; ++b) {
-        fv_load8(head + cell * cell_stride + 64 * b + 8 * r, out + 8 * b);
+        raw[b] = *reinterpret_cast<const uint4*>(head + cell * cell_stride + 64 * b + 8 * r);
     }
+}
+__device__ __forceinline__ void fv_unpack_cell(const uint4* __restrict__ raw, const bool live, float* __restrict__ out) {
+#pragma unroll
+    for (int b = 0; b < FV_DIM_SLICES; ++b) fv_unpack8(raw[b], out + 8 * b);
 #pragma unroll
     for (int i = 0; i < FV_DIMS; ++i) out[i] = live ? out[i] : 0.0f;
 }
+__device__ __forceinline__ void fv_load_cell(const unsigned short* __restrict__ head, const int n, const int kv_len,
+                                             const size_t cell_stride, const int r, float* __restrict__ out) {
+    uint4 raw[FV_DIM_SLICES];
+    fv_load_cell_raw(head, n, kv_len, cell_stride, r, raw);
+    fv_unpack_cell(raw, n < kv_len, out);
+}
+
+// FV_V_WITH_K (fused/launch.py ATTN_EARLY): fattn_vec_q1_rope issues a step's V loads together with its K
+// loads, holding V's raw halves in registers across K.Q and the softmax, where it loaded V after the
+// softmax (asking L2 for it first): one memory round trip fewer a step, on a one-token pass's critical
+// path. Scheduling only: the same values and float operations. Not in fattn_vec_q1: its registers
+// (153 -> 218 at D = 128, nvcc sm_90) would lower its occupancy, from which BATCH_VARIANT's plans size
+// their parallel blocks, and so change that order's bits.
+#ifndef FV_V_WITH_K
+#define FV_V_WITH_K 0
+#endif
 
 // fattn_vec_shared's queries per block and cell-loop unroll (launch.py passes both)
 #ifndef FV_SHARED_Q
@@ -112,6 +132,7 @@ __device__ __forceinline__ void fattn_vec_impl(
     // whose queries' accumulators already fill the registers (scheduling only, same operations)
     constexpr int CELL_UNROLL = SHARE_KV ? FV_SHARED_UNROLL : 8;
     constexpr bool Q_REGS = !SHARE_KV || FV_SHARED_QREG;
+    constexpr bool V_EARLY = FV_V_WITH_K && Q_HEAD;  // a step's V loaded with its K (fattn_vec_q1_rope)
     // SHARE_KV keeps more in shared memory to leave registers to the accumulators: the scaled
     // queries, their positions, and each thread's own score of the step (in its KQ slot)
     alignas(16) __shared__ float Q_sh[Q_REGS ? 1 : NCOLS][D];
@@ -190,9 +211,14 @@ __device__ __forceinline__ void fattn_vec_impl(
     const int walk_end = FV_SKIP_PAST_FILLED ? kv_len : kv_attended;
     for (int c = y; c < n_chunks && c * chunk_cells < walk_end; c += P) {
         for (int k0 = c * chunk_cells; k0 < (c + 1) * chunk_cells && k0 < walk_end; k0 += FV_NTHREADS) {
-            // Ask L2 for the V rows this group reads after the K phase (thread r = 0 of each group,
-            // one request per 128-byte line), so they arrive while K.Q and the softmax run.
-            if (r == 0) {
+            uint4 v_raw[V_EARLY ? 8 : 1][FV_DIM_SLICES];
+            if constexpr (V_EARLY) {
+                // the V cells of this step's V phase (below), loaded now (FV_V_WITH_K)
+#pragma unroll
+                for (int t = 0; t < 8; ++t) fv_load_cell_raw(Vh, k0 + 32 * w + g + 4 * t, kv_len, cell_stride, r, v_raw[t]);
+            } else if (r == 0) {
+                // Ask L2 for the V rows this group reads after the K phase (thread r = 0 of each group,
+                // one request per 128-byte line), so they arrive while K.Q and the softmax run.
 #pragma unroll
                 for (int t = 0; t < 8; ++t) {
                     const int n = k0 + 32 * w + g + 4 * t;
@@ -263,7 +289,11 @@ __device__ __forceinline__ void fattn_vec_impl(
                 const int k = 32 * w + g + 4 * t;
                 const int n = k0 + k;
                 float vf[FV_DIMS];
-                fv_load_cell(Vh, n, kv_len, cell_stride, r, vf);
+                if constexpr (V_EARLY) {
+                    fv_unpack_cell(v_raw[t], n < kv_len, vf);
+                } else {
+                    fv_load_cell(Vh, n, kv_len, cell_stride, r, vf);
+                }
 #pragma unroll
                 for (int j = 0; j < NCOLS; ++j) {
                     const float p = KQ[j * FV_NTHREADS + k];
@@ -372,17 +402,20 @@ __device__ __forceinline__ float2 fv_weight_pair(const float* __restrict__ w, co
     p.y = d < half ? __ldg(w + d + half) : 0.0f;
     return p;
 }
-// Dims d and d + half of a row (x0, x1), normed with `scale` and w's pair, roped at the table row of `cell`:
-// thread d < half's two outputs, hx_qk_norm_rope_kv's products in its order.
+// Dims d and d + half of a row (x0, x1), normed with `scale` and w's pair, roped with the table values (c, s)
+// of its cell: thread d < half's two outputs, hx_qk_norm_rope_kv's products in its order.
 __device__ __forceinline__ void fv_norm_rope(const float x0, const float x1, const float scale, const float2 w,
-                                             const float* __restrict__ cos_table,
-                                             const float* __restrict__ sin_table, const int cell, const int d,
-                                             float& y0, float& y1) {
-    constexpr int half = HX_D / 2;
-    const size_t at = (size_t)cell * half + d;
-    hx_rope_pair(__fmul_rn(__fmul_rn(scale, x0), w.x), __fmul_rn(__fmul_rn(scale, x1), w.y),
-                 cos_table[at], sin_table[at], y0, y1);
+                                             const float c, const float s, float& y0, float& y1) {
+    hx_rope_pair(__fmul_rn(__fmul_rn(scale, x0), w.x), __fmul_rn(__fmul_rn(scale, x1), w.y), c, s, y0, y1);
 }
+// FV_ROPE_EARLY (launch.py ATTN_EARLY): every global value fattn_vec_q1_rope reads before its attention is
+// asked for right after the wait: the k and v rows whether or not the block stores their cell (every row
+// of the pass exists; a row the block does not store is selected to 0 after), so they do not wait for
+// the positions, and the RoPE table values as soon as the positions arrive, so they do not wait for the
+// norms' reduction. Two memory round trips fewer before the attention; the same values and operations.
+#ifndef FV_ROPE_EARLY
+#define FV_ROPE_EARLY 0
+#endif
 extern "C" __global__ void __launch_bounds__(FV_NTHREADS, 1)
 fattn_vec_q1_rope(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
                   const float* __restrict__ wq, const float* __restrict__ wk,
@@ -416,6 +449,43 @@ fattn_vec_q1_rope(const float* __restrict__ q, const float* __restrict__ k, cons
     float xk[FV_ROPE_MAX_TOKENS], k_hi[FV_ROPE_MAX_TOKENS], xv[FV_ROPE_MAX_TOKENS];
     int cells[FV_ROPE_MAX_TOKENS];
     unsigned int stores = 0;  // bit j: this block stores token j's cell (uniform per block)
+#if FV_ROPE_EARLY
+    // The rows are loaded before the positions arrive (every row j < n_tokens exists) and selected after;
+    // rope_c, rope_s[j] (thread tid < half's RoPE table values at token j's cell) and the query's (cq, sq_)
+    // as soon as the positions arrive. Each loop issues its loads with no wait between them (a load that
+    // waited on a position inside the loop over tokens would hold back the loads after it).
+    const float xq = tid < D ? qr[tid] : 0.0f;
+    const float xq_hi = tid < half ? qr[tid + half] : 0.0f;
+    const size_t at_q = (size_t)q_pos[t] * half + tid;  // the query's table row (its cell)
+    float rope_c[FV_ROPE_MAX_TOKENS], rope_s[FV_ROPE_MAX_TOKENS];
+#pragma unroll
+    for (int j = 0; j < FV_ROPE_MAX_TOKENS; ++j) {
+        if (j >= n_tokens) break;  // uniform per block
+        cells[j] = q_pos[j];
+        const float* kr = k + ((size_t)j * n_head_kv + kv_head) * D;
+        xk[j] = tid < D ? kr[tid] : 0.0f;
+        k_hi[j] = tid < half ? kr[tid + half] : 0.0f;
+        xv[j] = tid < D ? v[((size_t)j * n_head_kv + kv_head) * D + tid] : 0.0f;
+    }
+    const float cq = tid < half ? cos_table[at_q] : 0.0f;
+    const float sq_ = tid < half ? sin_table[at_q] : 0.0f;
+#pragma unroll
+    for (int j = 0; j < FV_ROPE_MAX_TOKENS; ++j) {
+        if (j >= n_tokens) break;
+        const size_t at = (size_t)cells[j] * half + tid;
+        rope_c[j] = tid < half ? cos_table[at] : 0.0f;
+        rope_s[j] = tid < half ? sin_table[at] : 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < FV_ROPE_MAX_TOKENS; ++j) {
+        if (j >= n_tokens) break;
+        const bool mine = (cells[j] / chunk_cells) % P == y;
+        stores |= (unsigned int)mine << j;
+        xk[j] = mine ? xk[j] : 0.0f;
+        k_hi[j] = mine ? k_hi[j] : 0.0f;
+        xv[j] = mine ? xv[j] : 0.0f;
+    }
+#else
 #pragma unroll
     for (int j = 0; j < FV_ROPE_MAX_TOKENS; ++j) {
         if (j >= n_tokens) break;  // uniform per block
@@ -429,6 +499,8 @@ fattn_vec_q1_rope(const float* __restrict__ q, const float* __restrict__ k, cons
     }
     const float xq = tid < D ? qr[tid] : 0.0f;
     const float xq_hi = tid < half ? qr[tid + half] : 0.0f;
+    const size_t at_q = (size_t)q_pos[t] * half + tid;
+#endif
     const float sq = hx_warp_sum(tid < D ? __fmaf_rn(xq, xq, 0.0f) : 0.0f);
     if (lane == 0) partial_q[w] = sq;
 #pragma unroll
@@ -441,7 +513,11 @@ fattn_vec_q1_rope(const float* __restrict__ q, const float* __restrict__ k, cons
     __syncthreads();
     const float scale_q = hx_rms_scale_from_partials(partial_q, FV_NWARPS, D, eps);  // whole warps: butterflies
     if (tid < half) {
-        fv_norm_rope(xq, xq_hi, scale_q, wqp, cos_table, sin_table, q_pos[t], tid, q_sh[tid], q_sh[tid + half]);
+#if FV_ROPE_EARLY
+        fv_norm_rope(xq, xq_hi, scale_q, wqp, cq, sq_, q_sh[tid], q_sh[tid + half]);
+#else
+        fv_norm_rope(xq, xq_hi, scale_q, wqp, cos_table[at_q], sin_table[at_q], q_sh[tid], q_sh[tid + half]);
+#endif
     }
 #pragma unroll
     for (int j = 0; j < FV_ROPE_MAX_TOKENS; ++j) {
@@ -452,7 +528,12 @@ fattn_vec_q1_rope(const float* __restrict__ q, const float* __restrict__ k, cons
         const size_t at = ((size_t)cell * n_head_kv + kv_head) * D;
         if (tid < half) {
             float y0, y1;
-            fv_norm_rope(xk[j], k_hi[j], scale_k, wkp, cos_table, sin_table, cell, tid, y0, y1);
+#if FV_ROPE_EARLY
+            fv_norm_rope(xk[j], k_hi[j], scale_k, wkp, rope_c[j], rope_s[j], y0, y1);
+#else
+            const size_t at_k = (size_t)cell * half + tid;
+            fv_norm_rope(xk[j], k_hi[j], scale_k, wkp, cos_table[at_k], sin_table[at_k], y0, y1);
+#endif
             K[at + tid] = hx_f2h(y0);
             K[at + tid + half] = hx_f2h(y1);
         }

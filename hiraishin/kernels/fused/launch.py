@@ -85,6 +85,23 @@ def _rope_tokens_from_env() -> int:
 
 
 ATTN_ROPE_TOKENS = _rope_tokens_from_env()  # read at import, as the other switches; a test may set it here
+# How early fattn_vec_q1_rope asks memory for what it reads (fattn_vec.cu; scheduling only, the same bits):
+# 0 as before; 1 (FV_ROPE_EARLY) the pass's k and v rows at once with the positions, not after them, and
+# the RoPE table values as soon as the positions arrive, not after the norms' reduction; 2 (also
+# FV_V_WITH_K) each step's V cells with its K cells, not after the softmax. HIRAISHIN_ATTN_EARLY (read at
+# import). Under A/B in session 26: the default is 2 until the measurement says otherwise.
+ENV_ATTN_EARLY = "HIRAISHIN_ATTN_EARLY"
+ATTN_EARLY_LEVELS = {0: {}, 1: {"FV_ROPE_EARLY": 1}, 2: {"FV_ROPE_EARLY": 1, "FV_V_WITH_K": 1}}
+
+
+def _attn_early_from_env() -> int:
+    text = os.environ.get(ENV_ATTN_EARLY, "2").strip()
+    if not (text.isdigit() and int(text) in ATTN_EARLY_LEVELS):
+        raise ValueError(f"{ENV_ATTN_EARLY}={text!r}: must be one of {sorted(ATTN_EARLY_LEVELS)}")
+    return int(text)
+
+
+ATTN_EARLY = _attn_early_from_env()
 # A null device pointer: the optional float outputs are skipped when given this.
 NULL = np.uint64(0)
 _Q8_1_VALUES = 32  # values per q8_1 block (one warp's lanes)
@@ -388,14 +405,15 @@ class RopeAttentionLaunch:
     __slots__ = ("kernel", "grid", "scalars", "P")
 
     def __init__(self, T: int, H: int, n_head_kv: int, D: int, P: int, chunk_cells: int, kv_attended: int,
-                 eps: float, layout: str | None = None):
+                 eps: float, layout: str | None = None, early: int | None = None):
         if D > NTHREADS or D > block_threads(D):  # the kernel's tree argument (fattn_vec.cu)
             raise ValueError(f"{ATTN_ROPE_KERNEL} needs one value per thread of its block and of rmsnorm's, "
                              f"D <= {NTHREADS}, got D = {D}")
         if not 1 <= T <= ROPE_MAX_TOKENS:
             raise ValueError(f"{ATTN_ROPE_KERNEL} takes 1..{ROPE_MAX_TOKENS} tokens, got {T}")
         self.P = P
-        defines = {**quantize_defines(layout), "HX_D": D, "HX_ATTN_ROPE": 1}
+        early = ATTN_EARLY if early is None else early  # the build (ATTN_EARLY_LEVELS); the same bits in each
+        defines = {**quantize_defines(layout), "HX_D": D, "HX_ATTN_ROPE": 1, **ATTN_EARLY_LEVELS[early]}
         if P == 1:
             defines["HX_ATTN_Q8_1"] = 1
         self.kernel = get_kernel(ATTN_ROPE_PRELUDE + (SOURCE_VEC,), ATTN_ROPE_KERNEL, defines)
