@@ -254,3 +254,19 @@ def test_the_fused_attention_limit_from_the_environment(monkeypatch, text, want)
             fused_launch._rope_tokens_from_env()
     else:
         assert fused_launch._rope_tokens_from_env() == want
+
+
+@pytest.mark.parametrize("text,want", [(None, 0), ("0", 0), ("1", 1), (" 2 ", 2), ("3", None), ("early", None),
+                                       ("", None)])
+def test_the_early_loads_level_from_the_environment(monkeypatch, text, want):
+    from hiraishin.kernels.fused import launch as fused_launch
+
+    if text is None:
+        monkeypatch.delenv(fused_launch.ENV_ATTN_EARLY, raising=False)
+    else:
+        monkeypatch.setenv(fused_launch.ENV_ATTN_EARLY, text)
+    if want is None:
+        with pytest.raises(ValueError, match=fused_launch.ENV_ATTN_EARLY):
+            fused_launch._attn_early_from_env()
+    else:
+        assert fused_launch._attn_early_from_env() == want

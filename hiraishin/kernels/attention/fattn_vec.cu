@@ -408,7 +408,7 @@ __device__ __forceinline__ void fv_norm_rope(const float x0, const float x1, con
                                              const float c, const float s, float& y0, float& y1) {
     hx_rope_pair(__fmul_rn(__fmul_rn(scale, x0), w.x), __fmul_rn(__fmul_rn(scale, x1), w.y), c, s, y0, y1);
 }
-// FV_ROPE_EARLY (launch.py ATTN_EARLY): every global value fattn_vec_q1_rope reads before its attention is
+// FV_ROPE_EARLY (fused/launch.py ATTN_EARLY): every global value fattn_vec_q1_rope reads before its attention is
 // asked for right after the wait: the k and v rows whether or not the block stores their cell (every row
 // of the pass exists; a row the block does not store is selected to 0 after), so they do not wait for
 // the positions, and the RoPE table values as soon as the positions arrive, so they do not wait for the
@@ -499,7 +499,6 @@ fattn_vec_q1_rope(const float* __restrict__ q, const float* __restrict__ k, cons
     }
     const float xq = tid < D ? qr[tid] : 0.0f;
     const float xq_hi = tid < half ? qr[tid + half] : 0.0f;
-    const size_t at_q = (size_t)q_pos[t] * half + tid;
 #endif
     const float sq = hx_warp_sum(tid < D ? __fmaf_rn(xq, xq, 0.0f) : 0.0f);
     if (lane == 0) partial_q[w] = sq;
@@ -516,6 +515,7 @@ fattn_vec_q1_rope(const float* __restrict__ q, const float* __restrict__ k, cons
 #if FV_ROPE_EARLY
         fv_norm_rope(xq, xq_hi, scale_q, wqp, cq, sq_, q_sh[tid], q_sh[tid + half]);
 #else
+        const size_t at_q = (size_t)q_pos[t] * half + tid;
         fv_norm_rope(xq, xq_hi, scale_q, wqp, cos_table[at_q], sin_table[at_q], q_sh[tid], q_sh[tid + half]);
 #endif
     }

@@ -86,16 +86,19 @@ def _rope_tokens_from_env() -> int:
 
 ATTN_ROPE_TOKENS = _rope_tokens_from_env()  # read at import, as the other switches; a test may set it here
 # How early fattn_vec_q1_rope asks memory for what it reads (fattn_vec.cu; scheduling only, the same bits):
-# 0 as before; 1 (FV_ROPE_EARLY) the pass's k and v rows at once with the positions, not after them, and
-# the RoPE table values as soon as the positions arrive, not after the norms' reduction; 2 (also
-# FV_V_WITH_K) each step's V cells with its K cells, not after the softmax. HIRAISHIN_ATTN_EARLY (read at
-# import). Under A/B in session 26: the default is 2 until the measurement says otherwise.
+# 0 as sessions 24-25 measured it; 1 (FV_ROPE_EARLY) the pass's k and v rows together with the positions, not
+# after them, and the RoPE table values as soon as the positions arrive, not after the norms' reduction;
+# 2 (also FV_V_WITH_K) each step's V cells with its K cells, not after the softmax. Each removes a dependent
+# memory round trip from the one-token pass's longest kernel (session 26's Nsight Compute times of the draft
+# step: 7.9 us of its 28 attention launches against 3.6-4.8 for a mat-vec). HIRAISHIN_ATTN_EARLY (read at
+# import); default 0 until the A/B on a GPU (session 26 built it after its last call: not yet timed).
 ENV_ATTN_EARLY = "HIRAISHIN_ATTN_EARLY"
 ATTN_EARLY_LEVELS = {0: {}, 1: {"FV_ROPE_EARLY": 1}, 2: {"FV_ROPE_EARLY": 1, "FV_V_WITH_K": 1}}
+ATTN_EARLY_DEFAULT = 0
 
 
 def _attn_early_from_env() -> int:
-    text = os.environ.get(ENV_ATTN_EARLY, "2").strip()
+    text = os.environ.get(ENV_ATTN_EARLY, str(ATTN_EARLY_DEFAULT)).strip()
     if not (text.isdigit() and int(text) in ATTN_EARLY_LEVELS):
         raise ValueError(f"{ENV_ATTN_EARLY}={text!r}: must be one of {sorted(ATTN_EARLY_LEVELS)}")
     return int(text)
