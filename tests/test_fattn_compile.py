@@ -94,7 +94,7 @@ def test_attention_q8_1_compiles_without_spills(tmp_path, layout, queries, build
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not on PATH")
-@pytest.mark.parametrize("early", [0, 1, 2])
+@pytest.mark.parametrize("early", [0, 1, 2, 3])
 @pytest.mark.parametrize("head_dim,one_block", [(128, True), (128, False), (64, True)])
 def test_rope_attention_compiles_without_spills_and_reads_the_cache_coherently(tmp_path, head_dim, one_block, early):
     """fattn_vec_q1_rope (fused/launch.py RopeAttentionLaunch's builds, each of ATTN_EARLY_LEVELS): no spills,

@@ -17,7 +17,7 @@ import pytest
 
 from hiraishin.kernels.attention.emulate import attention_scale, emulate, emulate_partials
 from hiraishin.kernels.fused.emulate import emulate_qk_norm_rope_kv
-from hiraishin.kernels.fused.launch import (ATTN_EARLY_LEVELS, ATTN_ROPE_KERNEL, ATTN_ROPE_PRELUDE,
+from hiraishin.kernels.fused.launch import (ATTN_EARLY_LEVELS, ATTN_ROPE_KERNEL, ATTN_ROPE_PRELUDE, attn_early_build,
                                             launch_rope_attention, rope_attention_runs)
 from hiraishin.kernels.quantize import emulate as quantize_emulate
 from hiraishin.kernels.quantize.launch import output_shape, quantize_defines
@@ -87,8 +87,9 @@ def launch(shim, tmp_path, case, fused, layout, edit=None, tag="", early=0):
     H, Hkv, D, pos, T, P, chunk, kv_att = case
     q, k, v, wq, wk, kc, vc = rope_inputs(H, Hkv, D, pos, kv_att, seed=H * 1000 + D + pos, T=T)
     cos_t, sin_t = rope_tables(kv_att, D, ROPE_BASE)
-    defines = {**quantize_defines(layout), "HX_D": D, "HX_ATTN_ROPE": 1, "HX_ATTN_Q8_1": 1, **ATTN_EARLY_LEVELS[early]}
-    exe = shim.build(SOURCES, defines, MAIN, f"rope_d{D}_{layout}_early{early}{tag}", edit=edit)
+    defines = {**quantize_defines(layout), "HX_D": D, "HX_ATTN_ROPE": 1, "HX_ATTN_Q8_1": 1,
+               **attn_early_build(early, T)}
+    exe = shim.build(SOURCES, defines, MAIN, f"rope_d{D}_{layout}_early{early}_t{min(T, 2)}{tag}", edit=edit)
     paths = []
     positions = np.arange(pos, pos + T, dtype=np.int32)
     for name, a in (("q", q), ("k", k), ("v", v), ("wq", wq), ("wk", wk), ("pos", positions),
@@ -157,8 +158,9 @@ def test_fused_launch_equals_qk_norm_rope_kv_then_attention(shim, tmp_path, case
 
 
 STORE = "        if (!(stores >> j & 1u)) continue;\n"
-V_EARLY = "fv_load_cell_raw(Vh, k0 + 32 * w + g + 4 * t,"
+V_EARLY = "const int n = k0 + 32 * w + g + 4 * t;\n                    if (first) {"
 ROPE_EARLY = "rope_c[j] = tid < half ? cos_table[at] : 0.0f;"
+OWN_K, OWN_V = "pre->own_k, n == kv_len - 1", "pre->own_v, n == kv_len - 1"
 
 
 @pytest.mark.parametrize("case,early,find,mutant", [
@@ -169,10 +171,14 @@ ROPE_EARLY = "rope_c[j] = tid < half ? cos_table[at] : 0.0f;"
     (CASES[7], 0, STORE, "        if (!(stores >> j & 1u) || j > t) continue;\n"),
     (CASES[7], 2, STORE, "        if (!(stores >> j & 1u) || j > t) continue;\n"),
     # the early loads: V loaded from the K phase's cells; every token's k roped at the query's table row
-    (CASES[0], 2, V_EARLY, "fv_load_cell_raw(Vh, k0 + 32 * w + 8 * g + t,"),
+    (CASES[0], 2, V_EARLY, "const int n = k0 + 32 * w + 8 * g + t;\n                    if (first) {"),
     (CASES[7], 1, ROPE_EARLY, "rope_c[j] = tid < half ? cos_table[at_q] : 0.0f;"),
+    # the cells loaded before the wait: the token's own cell taken from them (still NaN) instead of from the block's
+    # shared copy, for K and for V; one parallel block, and the cell in block 2's first step
+    (CASES[0], 3, OWN_K, "pre->own_k, false"), (CASES[0], 3, OWN_V, "pre->own_v, false"),
+    (CASES[2], 3, OWN_K, "pre->own_k, false"),
 ], ids=["no-store", "no-store-early", "earlier-cells-only", "earlier-cells-only-early", "v-early-cells",
-        "rope-early-row"])
+        "rope-early-row", "own-k-preloaded", "own-v-preloaded", "own-k-preloaded-P3"])
 def test_a_broken_build_fails_the_comparison(shim, tmp_path, case, early, find, mutant):
     def edit(text):
         assert find in text
@@ -256,7 +262,7 @@ def test_the_fused_attention_limit_from_the_environment(monkeypatch, text, want)
         assert fused_launch._rope_tokens_from_env() == want
 
 
-@pytest.mark.parametrize("text,want", [(None, 0), ("0", 0), ("1", 1), (" 2 ", 2), ("3", None), ("early", None),
+@pytest.mark.parametrize("text,want", [(None, 0), ("0", 0), ("1", 1), (" 2 ", 2), ("3", 3), ("4", None), ("early", None),
                                        ("", None)])
 def test_the_early_loads_level_from_the_environment(monkeypatch, text, want):
     from hiraishin.kernels.fused import launch as fused_launch

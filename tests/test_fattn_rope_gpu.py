@@ -50,7 +50,7 @@ def test_rope_attention_launch_equals_qk_norm_rope_kv_then_attention(case):
     posd = cp.asarray(np.arange(pos, pos + T, dtype=np.int32))
     P = plan.parallel_blocks
     runs = []
-    for fused in (0, 1, 2, None):  # the builds of ATTN_EARLY_LEVELS, then the two launches
+    for fused in (0, 1, 2, 3, None):  # the builds of ATTN_EARLY_LEVELS (3: 2 past one token), then the two launches
         kc, vc = cp.asarray(cache), cp.asarray(cache)
         out = cp.full((T, H, D), np.nan, cp.float32)
         parts, meta = cp.full((T, H, P, D), np.nan, cp.float32), cp.full((T, H, P, 2), np.nan, cp.float32)
@@ -78,25 +78,51 @@ def test_rope_attention_launch_equals_qk_norm_rope_kv_then_attention(case):
 @pytest.mark.parametrize("prompt_len", [40, 150])
 def test_models_with_the_rope_attention_launch_decode_the_same(tiny_model_path, monkeypatch, order_name,
                                                                 prompt_len):
-    from hiraishin import Qwen3, ReductionOrder
     from hiraishin.kernels.fused import launch as fused_launch
 
-    order = getattr(ReductionOrder, order_name)
-    prompt = [5 + (7 * i) % 900 for i in range(prompt_len)]
     runs = []
     for on in (False, True):
         monkeypatch.setattr(fused_launch, "ATTN_ROPE_TOKENS", fused_launch.ROPE_MAX_TOKENS if on else 0)
-        m = Qwen3.from_gguf(tiny_model_path, device="cuda", progress=False, cuda_graphs=True, n_ctx=256)
-        first = int(m.forward_argmax(prompt, 0, order)[-1])
-        chain = m.greedy_chain([first], prompt_len, 10, order).tolist()
-        stream = list(m.greedy_stream(first, prompt_len, 10, order))
-        verify = m.forward(chain[:4], prompt_len, order).view(np.uint32)  # a verify pass (graphs)
-        m.cuda_graphs = False
-        logits = m.forward([chain[-1]], m.kv_len, order)  # an eager one-token pass
-        cache = [m.backend.to_host(m.cache.k(il)).view(np.uint16).copy() for il in (0, m.config.n_layer - 1)]
-        runs.append((first, chain, [t for t, _ in stream], np.array([v for _, v in stream], np.float32).view(np.uint32),
-                     logits.view(np.uint32), cache, verify))
-    (f0, c0, s0, v0, l0, k0, w0), (f1, c1, s1, v1, l1, k1, w1) = runs
+        runs.append(_decode(tiny_model_path, order_name, prompt_len))
+    _assert_same(*runs)
+
+
+@pytest.mark.parametrize("order_name", ["BATCH_INVARIANT", "BATCH_VARIANT"])
+@pytest.mark.parametrize("prompt_len", [40, 150])
+def test_models_decode_the_same_at_every_early_loads_level(tiny_model_path, monkeypatch, order_name, prompt_len):
+    """HIRAISHIN_ATTN_EARLY's levels on whole models, on CUDA graphs (PDL: level 3 reads the cache's earlier
+    cells before its wait) and eagerly: the same tokens, logits and caches as level 0."""
+    from hiraishin.kernels.fused import launch as fused_launch
+
+    runs = []
+    for level in sorted(fused_launch.ATTN_EARLY_LEVELS):
+        monkeypatch.setattr(fused_launch, "ATTN_EARLY", level)
+        runs.append(_decode(tiny_model_path, order_name, prompt_len))
+    for run in runs[1:]:
+        _assert_same(runs[0], run)
+
+
+def _decode(path, order_name, prompt_len):
+    """A model's first token, a chain, a stream, a verify pass and an eager pass after them, and two layers' K
+    caches, as bits."""
+    from hiraishin import Qwen3, ReductionOrder
+
+    order = getattr(ReductionOrder, order_name)
+    prompt = [5 + (7 * i) % 900 for i in range(prompt_len)]
+    m = Qwen3.from_gguf(path, device="cuda", progress=False, cuda_graphs=True, n_ctx=256)
+    first = int(m.forward_argmax(prompt, 0, order)[-1])
+    chain = m.greedy_chain([first], prompt_len, 10, order).tolist()
+    stream = list(m.greedy_stream(first, prompt_len, 10, order))
+    verify = m.forward(chain[:4], prompt_len, order).view(np.uint32)  # a verify pass (graphs)
+    m.cuda_graphs = False
+    logits = m.forward([chain[-1]], m.kv_len, order)  # an eager one-token pass
+    cache = [m.backend.to_host(m.cache.k(il)).view(np.uint16).copy() for il in (0, m.config.n_layer - 1)]
+    return (first, chain, [t for t, _ in stream], np.array([v for _, v in stream], np.float32).view(np.uint32),
+            logits.view(np.uint32), cache, verify)
+
+
+def _assert_same(a, b):
+    (f0, c0, s0, v0, l0, k0, w0), (f1, c1, s1, v1, l1, k1, w1) = a, b
     assert f0 == f1 and c0 == c1 and s0 == s1 == c0
     assert np.array_equal(v0, v1) and np.array_equal(l0, l1) and np.array_equal(w0, w1)
-    assert all(np.array_equal(a, b) for a, b in zip(k0, k1))
+    assert all(np.array_equal(x, y) for x, y in zip(k0, k1))

@@ -94,6 +94,31 @@ __device__ __forceinline__ void fv_load_cell(const unsigned short* __restrict__ 
 #define FV_V_WITH_K 0
 #endif
 
+// FV_CACHE_EARLY (fused/launch.py ATTN_EARLY 3; one-token passes, PDL triggering after the wait): fattn_vec_q1_rope
+// loads the K (and, with FV_V_WITH_K, V) cells of its first 128-cell step before it waits for the previous kernel,
+// and takes the token's own cell, which it writes itself, from shared memory as it stored it. The cells before
+// the token's were written by earlier passes; every kernel triggers its dependents only after its own wait, so
+// when this kernel's blocks start, every kernel two or more back in the chain (all of those writers) has
+// finished. Cells past the token's are never written in the pass and their values are selected to 0 as before
+// (a select, not a product, so what they hold cannot matter). The same values and float operations.
+#ifndef FV_CACHE_EARLY
+#define FV_CACHE_EARLY 0
+#endif
+struct fv_preloaded {              // a thread's cells of its block's first step (FV_CACHE_EARLY)
+    uint4 k[8][FV_DIM_SLICES];     // K phase cells 32w + 8g + t
+    uint4 v[8][FV_DIM_SLICES];     // V phase cells 32w + g + 4t (with FV_V_WITH_K)
+    const unsigned short* own_k;   // shared memory: the token's own cell, as the block stored it
+    const unsigned short* own_v;
+};
+// Thread r's raw halves of a preloaded cell, or of the token's own cell from shared memory.
+__device__ __forceinline__ void fv_pick_cell(const uint4* __restrict__ pre, const unsigned short* own, const bool is_own,
+                                             const int r, uint4* __restrict__ raw) {
+#pragma unroll
+    for (int b = 0; b < FV_DIM_SLICES; ++b) {
+        raw[b] = is_own ? *reinterpret_cast<const uint4*>(own + 64 * b + 8 * r) : pre[b];
+    }
+}
+
 // fattn_vec_shared's queries per block and cell-loop unroll (launch.py passes both)
 #ifndef FV_SHARED_Q
 #define FV_SHARED_Q 4
@@ -118,7 +143,8 @@ __device__ __forceinline__ void fattn_vec_impl(
     float* __restrict__ meta,               // (n_tokens, n_head, P, 2), written when P > 1
     const int n_tokens, const int n_head, const int n_head_kv, const int kv_len_arg,
     const int kv_attended, const int chunk_cells, const float scale,
-    unsigned char* __restrict__ yq) {       // HX_ATTN_Q8_1, P == 1: the rows (n_tokens, n_head*D) as q8_1
+    unsigned char* __restrict__ yq,         // HX_ATTN_Q8_1, P == 1: the rows (n_tokens, n_head*D) as q8_1
+    const fv_preloaded* pre = nullptr) {    // FV_CACHE_EARLY (fattn_vec_q1_rope): the first step's cells
     // (dst, when not null, is written as well; without HX_ATTN_Q8_1 yq is not read)
     constexpr int D = HX_D;
     // kv_len_arg < 0: the KV length is the last query's position + 1, read from q_pos (a forward
@@ -133,6 +159,7 @@ __device__ __forceinline__ void fattn_vec_impl(
     constexpr int CELL_UNROLL = SHARE_KV ? FV_SHARED_UNROLL : 8;
     constexpr bool Q_REGS = !SHARE_KV || FV_SHARED_QREG;
     constexpr bool V_EARLY = FV_V_WITH_K && Q_HEAD;  // a step's V loaded with its K (fattn_vec_q1_rope)
+    constexpr bool PRELOADED = FV_CACHE_EARLY && Q_HEAD;  // the first step's cells loaded before the wait
     // SHARE_KV keeps more in shared memory to leave registers to the accumulators: the scaled
     // queries, their positions, and each thread's own score of the step (in its KQ slot)
     alignas(16) __shared__ float Q_sh[Q_REGS ? 1 : NCOLS][D];
@@ -211,11 +238,21 @@ __device__ __forceinline__ void fattn_vec_impl(
     const int walk_end = FV_SKIP_PAST_FILLED ? kv_len : kv_attended;
     for (int c = y; c < n_chunks && c * chunk_cells < walk_end; c += P) {
         for (int k0 = c * chunk_cells; k0 < (c + 1) * chunk_cells && k0 < walk_end; k0 += FV_NTHREADS) {
+            // the block's first step, whose cells were loaded before the wait (FV_CACHE_EARLY; one token, whose
+            // cell is kv_len - 1)
+            const bool first = PRELOADED && c == y && k0 == c * chunk_cells;
             uint4 v_raw[V_EARLY ? 8 : 1][FV_DIM_SLICES];
             if constexpr (V_EARLY) {
                 // the V cells of this step's V phase (below), loaded now (FV_V_WITH_K)
 #pragma unroll
-                for (int t = 0; t < 8; ++t) fv_load_cell_raw(Vh, k0 + 32 * w + g + 4 * t, kv_len, cell_stride, r, v_raw[t]);
+                for (int t = 0; t < 8; ++t) {
+                    const int n = k0 + 32 * w + g + 4 * t;
+                    if (first) {
+                        fv_pick_cell(pre->v[t], pre->own_v, n == kv_len - 1, r, v_raw[t]);
+                    } else {
+                        fv_load_cell_raw(Vh, n, kv_len, cell_stride, r, v_raw[t]);
+                    }
+                }
             } else if (r == 0) {
                 // Ask L2 for the V rows this group reads after the K phase (thread r = 0 of each group,
                 // one request per 128-byte line), so they arrive while K.Q and the softmax run.
@@ -237,7 +274,17 @@ __device__ __forceinline__ void fattn_vec_impl(
             for (int t = 0; t < 8; ++t) {
                 const int n = k0 + 32 * w + 8 * g + t;
                 float kf[FV_DIMS];
-                fv_load_cell(Kh, n, kv_len, cell_stride, r, kf);
+                if constexpr (PRELOADED) {
+                    uint4 raw[FV_DIM_SLICES];
+                    if (first) {
+                        fv_pick_cell(pre->k[t], pre->own_k, n == kv_len - 1, r, raw);
+                    } else {
+                        fv_load_cell_raw(Kh, n, kv_len, cell_stride, r, raw);
+                    }
+                    fv_unpack_cell(raw, n < kv_len, kf);
+                } else {
+                    fv_load_cell(Kh, n, kv_len, cell_stride, r, kf);
+                }
 #pragma unroll
                 for (int j = 0; j < NCOLS; ++j) {
                     float qj[FV_DIMS];
@@ -392,7 +439,10 @@ fattn_vec_q1(const float* __restrict__ Q, const unsigned short* __restrict__ K,
 // 4 partials with 0.0f in the lanes past them are the 8 with +0 in lanes 4..7: the same scale.
 // The float work before the attention is hx_qk_norm_rope_kv's, op for op, and the attention is
 // fattn_vec_q1's: the bits of those two launches (tests/test_fattn_rope.py, tests/test_fattn_rope_gpu.py).
-#define FV_ROPE_MAX_TOKENS 16  // the tokens whose k rows a block may norm (a verify pass: at most 16)
+#ifndef FV_ROPE_MAX_TOKENS  // the tokens whose k rows a block may norm (a verify pass: at most 16; FV_CACHE_EARLY: 1)
+#define FV_ROPE_MAX_TOKENS 16
+#endif
+static_assert(!FV_CACHE_EARLY || FV_ROPE_MAX_TOKENS == 1, "FV_CACHE_EARLY builds take one-token passes");
 static_assert(HX_D <= FV_NTHREADS, "one value per thread in the head norms");
 // The norm weights of pair d (dims d, d + half) for thread d < half, zeros elsewhere. Weights are never
 // written, so fattn_vec_q1_rope reads them before it waits on the previous kernel.
@@ -435,6 +485,30 @@ fattn_vec_q1_rope(const float* __restrict__ q, const float* __restrict__ k, cons
     const int kv_head = h / (n_head / n_head_kv);
     const float2 wqp = fv_weight_pair(wq, tid, half);
     const float2 wkp = fv_weight_pair(wk, tid, half);
+#if FV_CACHE_EARLY
+    // The cells of the block's first step (cells y * chunk_cells + [0, 128), inside the attended range, which
+    // the cache holds), before the wait: see FV_CACHE_EARLY. Unclamped: a cell past the filled ones is
+    // selected to 0 whatever it holds.
+    alignas(16) __shared__ unsigned short own_k[D];
+    alignas(16) __shared__ unsigned short own_v[D];
+    fv_preloaded pre;
+    pre.own_k = own_k;
+    pre.own_v = own_v;
+    if ((int)blockIdx.y < kv_attended / chunk_cells) {
+        const int g = lane / 8, r = lane % 8;
+        const int k0 = (int)blockIdx.y * chunk_cells;
+        const size_t cell_stride = (size_t)n_head_kv * D;
+#pragma unroll
+        for (int c = 0; c < 8; ++c) {
+            const int nk = k0 + 32 * w + 8 * g + c;
+            fv_load_cell_raw(K + (size_t)kv_head * D, nk, nk + 1, cell_stride, r, pre.k[c]);
+            if constexpr (FV_V_WITH_K) {
+                const int nv = k0 + 32 * w + g + 4 * c;
+                fv_load_cell_raw(V + (size_t)kv_head * D, nv, nv + 1, cell_stride, r, pre.v[c]);
+            }
+        }
+    }
+#endif
     HX_PDL_ENTRY();
     __shared__ float partial_q[FV_NWARPS];                      // the trees' warp partials: the query's,
     __shared__ float partial_k[FV_ROPE_MAX_TOKENS][FV_NWARPS];  // and each stored token's k
@@ -536,12 +610,24 @@ fattn_vec_q1_rope(const float* __restrict__ q, const float* __restrict__ k, cons
 #endif
             K[at + tid] = hx_f2h(y0);
             K[at + tid + half] = hx_f2h(y1);
+#if FV_CACHE_EARLY
+            own_k[tid] = hx_f2h(y0);  // the cell as stored, for this block's first step
+            own_k[tid + half] = hx_f2h(y1);
+#endif
         }
         if (tid < D) V[at + tid] = hx_f2h(xv[j]);
+#if FV_CACHE_EARLY
+        if (tid < D) own_v[tid] = hx_f2h(xv[j]);
+#endif
     }
     __syncthreads();  // q_sh, and the cells' K and V for this block's own loads
+#if FV_CACHE_EARLY
+    fattn_vec_impl<1, false, true>(q_sh, K, V, q_pos, dst, parts, meta, n_tokens, n_head, n_head_kv, -1,
+                                   kv_attended, chunk_cells, scale, yq, &pre);
+#else
     fattn_vec_impl<1, false, true>(q_sh, K, V, q_pos, dst, parts, meta, n_tokens, n_head, n_head_kv, -1,
                                    kv_attended, chunk_cells, scale, yq);
+#endif
 }
 #endif
 

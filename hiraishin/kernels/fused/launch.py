@@ -19,6 +19,7 @@ from ..attention.emulate import attention_scale
 from ..attention.launch import SOURCE_VEC, launch_partials
 from ..compile import get_kernel
 from ..elementwise.launch import GET_ROWS_KERNELS
+from ..pdl import trigger_defines
 from ..quantize.launch import QUANTIZE_WARPS_PER_BLOCK, output_shape, quantize_defines
 from ..rmsnorm.emulate import block_threads
 from ...plans.attention import KERNEL_Q1, NTHREADS
@@ -88,13 +89,25 @@ ATTN_ROPE_TOKENS = _rope_tokens_from_env()  # read at import, as the other switc
 # How early fattn_vec_q1_rope asks memory for what it reads (fattn_vec.cu; scheduling only, the same bits):
 # 0 as sessions 24-25 measured it; 1 (FV_ROPE_EARLY) the pass's k and v rows together with the positions, not
 # after them, and the RoPE table values as soon as the positions arrive, not after the norms' reduction;
-# 2 (also FV_V_WITH_K) each step's V cells with its K cells, not after the softmax. Each removes a dependent
-# memory round trip from the one-token pass's longest kernel (session 26's Nsight Compute times of the draft
-# step: 7.9 us of its 28 attention launches against 3.6-4.8 for a mat-vec). HIRAISHIN_ATTN_EARLY (read at
-# import); default 0 until the A/B on a GPU (session 26 built it after its last call: not yet timed).
+# 2 (also FV_V_WITH_K) each step's V cells with its K cells, not after the softmax; 3 (also FV_CACHE_EARLY, for
+# one-token passes while PDL triggers after the wait; level 2 otherwise) the cache's cells of the block's first
+# step before the wait, the token's own cell from shared memory. Each removes dependent memory round trips from
+# the one-token pass's longest kernel (session 26's Nsight Compute times of the draft step: 7.9 us for each of
+# its 28 attention launches against 3.6-4.8 for a mat-vec). HIRAISHIN_ATTN_EARLY (read at import); default 0
+# until the A/B on a GPU (session 26 built it after its last call: not yet timed).
 ENV_ATTN_EARLY = "HIRAISHIN_ATTN_EARLY"
-ATTN_EARLY_LEVELS = {0: {}, 1: {"FV_ROPE_EARLY": 1}, 2: {"FV_ROPE_EARLY": 1, "FV_V_WITH_K": 1}}
+ATTN_EARLY_LEVELS = {0: {}, 1: {"FV_ROPE_EARLY": 1}, 2: {"FV_ROPE_EARLY": 1, "FV_V_WITH_K": 1},
+                     3: {"FV_ROPE_EARLY": 1, "FV_V_WITH_K": 1, "FV_CACHE_EARLY": 1, "FV_ROPE_MAX_TOKENS": 1}}
 ATTN_EARLY_DEFAULT = 0
+
+
+def attn_early_build(level: int, tokens: int) -> dict:
+    """The #defines of early-loads ``level`` for passes of ``tokens`` tokens: level 3 only where it is sound
+    (one token, and PDL letting a kernel's dependents launch only after its own wait, so that the writers of
+    the cache's earlier cells have finished when its blocks start); level 2 otherwise."""
+    if level == 3 and (tokens != 1 or trigger_defines()["HX_PDL_EARLY"]):
+        level = 2
+    return dict(ATTN_EARLY_LEVELS[level])
 
 
 def _attn_early_from_env() -> int:
@@ -416,7 +429,7 @@ class RopeAttentionLaunch:
             raise ValueError(f"{ATTN_ROPE_KERNEL} takes 1..{ROPE_MAX_TOKENS} tokens, got {T}")
         self.P = P
         early = ATTN_EARLY if early is None else early  # the build (ATTN_EARLY_LEVELS); the same bits in each
-        defines = {**quantize_defines(layout), "HX_D": D, "HX_ATTN_ROPE": 1, **ATTN_EARLY_LEVELS[early]}
+        defines = {**quantize_defines(layout), "HX_D": D, "HX_ATTN_ROPE": 1, **attn_early_build(early, T)}
         if P == 1:
             defines["HX_ATTN_Q8_1"] = 1
         self.kernel = get_kernel(ATTN_ROPE_PRELUDE + (SOURCE_VEC,), ATTN_ROPE_KERNEL, defines)
@@ -447,7 +460,7 @@ def launch_rope_attention(q, k, v, q_norm_w, k_norm_w, eps: float, pos, cos_t, s
         raise ValueError(f"{ATTN_ROPE_KERNEL} runs {KERNEL_Q1} plans of at most {ROPE_MAX_TOKENS} queries, got "
                          f"{plan.kernel_name} with {plan.n_queries}")
     launch = _cached(RopeAttentionLaunch, plan.n_queries, plan.n_head, plan.n_head_kv, plan.head_dim,
-                     plan.parallel_blocks, plan.chunk_cells, plan.kv_attended, float(eps), layout)
+                     plan.parallel_blocks, plan.chunk_cells, plan.kv_attended, float(eps), layout, ATTN_EARLY)
     return launch(q, k, v, q_norm_w, k_norm_w, pos, cos_t, sin_t, k_cache, v_cache, parts, meta, out_q, out)
 
 
