@@ -276,3 +276,14 @@ def test_the_early_loads_level_from_the_environment(monkeypatch, text, want):
             fused_launch._attn_early_from_env()
     else:
         assert fused_launch._attn_early_from_env() == want
+
+
+@pytest.mark.parametrize("trigger,tokens,want", [("after_wait", 1, 3), ("after_wait", 2, 2), ("early", 1, 2)])
+def test_cache_loads_before_the_wait_only_where_they_are_sound(monkeypatch, trigger, tokens, want):
+    """Level 3 reads cache cells before the PDL wait: only for one-token passes, and only while every kernel lets
+    its dependents launch after its own wait (HIRAISHIN_PDL_TRIGGER=after_wait); level 2's build otherwise."""
+    from hiraishin.kernels.pdl import ENV_PDL_TRIGGER
+
+    monkeypatch.setenv(ENV_PDL_TRIGGER, trigger)
+    assert attn_early_build(3, tokens) == ATTN_EARLY_LEVELS[want]
+    assert attn_early_build(2, tokens) == ATTN_EARLY_LEVELS[2]

@@ -488,12 +488,9 @@ fattn_vec_q1_rope(const float* __restrict__ q, const float* __restrict__ k, cons
 #if FV_CACHE_EARLY
     // The cells of the block's first step (cells y * chunk_cells + [0, 128), inside the attended range, which
     // the cache holds), before the wait: see FV_CACHE_EARLY. Unclamped: a cell past the filled ones is
-    // selected to 0 whatever it holds.
-    alignas(16) __shared__ unsigned short own_k[D];
-    alignas(16) __shared__ unsigned short own_v[D];
+    // selected to 0 whatever it holds. (The one read of written memory before a wait in the package:
+    // tests/test_pdl.py names it.)
     fv_preloaded pre;
-    pre.own_k = own_k;
-    pre.own_v = own_v;
     if ((int)blockIdx.y < kv_attended / chunk_cells) {
         const int g = lane / 8, r = lane % 8;
         const int k0 = (int)blockIdx.y * chunk_cells;
@@ -510,6 +507,12 @@ fattn_vec_q1_rope(const float* __restrict__ q, const float* __restrict__ k, cons
     }
 #endif
     HX_PDL_ENTRY();
+#if FV_CACHE_EARLY
+    alignas(16) __shared__ unsigned short own_k[D];  // the token's own cell as this block stores it
+    alignas(16) __shared__ unsigned short own_v[D];
+    pre.own_k = own_k;
+    pre.own_v = own_v;
+#endif
     __shared__ float partial_q[FV_NWARPS];                      // the trees' warp partials: the query's,
     __shared__ float partial_k[FV_ROPE_MAX_TOKENS][FV_NWARPS];  // and each stored token's k
     alignas(16) __shared__ float q_sh[D];
