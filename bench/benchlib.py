@@ -71,11 +71,17 @@ def spin_cycles(cp, seconds: float) -> int:
     return int(int(props.get("clockRate", 1_500_000)) * 1e3 * seconds)
 
 
+def device_name(cp, props=None) -> str:
+    """The current device's name (from ``props``, its properties, when the caller has them)."""
+    props = props or cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
+    return props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+
+
 def timing_setup(cp, spin_seconds: float = 3e-3):
     """``(props, device name, L2 bytes, spin kernel, spin cycles)`` of the current device: what every
     kernel benchmark sets up before timing (the spin keeps the GPU busy ``spin_seconds`` per batch)."""
     props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
-    name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+    name = device_name(cp, props)
     l2 = int(props.get("l2CacheSize", 60 * 2**20)) or 60 * 2**20
     return props, name, l2, spin_kernel(cp), spin_cycles(cp, spin_seconds)
 

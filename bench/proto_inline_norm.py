@@ -290,7 +290,7 @@ def main(argv=None) -> int:
     ap.add_argument("--replays", type=int, default=20)
     ap.add_argument("--json")
     args = ap.parse_args(argv)
-    from benchlib import write_rows_json
+    from benchlib import device_name, write_rows_json
     from hiraishin.kernels.compile import cupy_available
 
     if not cupy_available():
@@ -307,9 +307,7 @@ def main(argv=None) -> int:
     if args.json:
         import cupy
 
-        name = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"]
-        device = name.decode() if isinstance(name, bytes) else str(name)
-        write_rows_json(args.json, rows, command=" ".join(sys.argv), device=device)
+        write_rows_json(args.json, rows, command=" ".join(sys.argv), device=device_name(cupy))
     return 0
 
 

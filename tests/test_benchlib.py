@@ -1,4 +1,5 @@
-"""bench/benchlib.py's capture of a chain: one uncaptured warm-up step, then every step inside the capture."""
+"""bench/benchlib.py: the capture of a chain (one uncaptured warm-up step, then every step inside the capture) and the
+device name."""
 
 from __future__ import annotations
 
@@ -39,3 +40,15 @@ def test_capture_chain_warms_up_then_captures_every_step_in_order():
     graph = capture_chain(stream, lambda i: stream.log.append(i), 3, pdl=False)
     assert graph == "graph"
     assert stream.log == ["enter", 0, "sync", "begin", 0, 1, 2, "end", "exit"]
+
+
+def test_device_name_decodes_the_driver_bytes():
+    from types import SimpleNamespace
+
+    import benchlib
+
+    props = {"name": b"NVIDIA H200"}
+    runtime = SimpleNamespace(getDeviceProperties=lambda i: props)
+    cp = SimpleNamespace(cuda=SimpleNamespace(runtime=runtime, Device=lambda: SimpleNamespace(id=0)))
+    assert benchlib.device_name(cp) == "NVIDIA H200"
+    assert benchlib.device_name(cp, {"name": "given"}) == "given"
