@@ -321,3 +321,42 @@ def test_passes_with_other_wide_launches_equal_passes_without(tiny_model_path, m
         plans._matvec_cached.cache_clear()  # no such plan left for the next test
     for w, a, b in zip((9, 16), two_tiles, other):
         assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), f"{w} tokens"
+
+
+@pytest.mark.parametrize("qtype,k,n", [("Q4_K", 4096, 4096), ("Q4_K", 4096, 1024), ("Q4_K", 4096, 12288),
+                                       ("Q6_K", 12288, 4096), ("Q6_K", 4096, 151936), ("Q6_K", 12288, 77),
+                                       ("Q4_K", 12288, 1003), ("Q6_K", 4096, 1025)])
+def test_dp4a_one_column_equals_emulator_and_multi(cp, qtype, k, n, monkeypatch):
+    """The one-column dp4a kernel (HIRAISHIN_SUBBLOCK_DP4A=1, onecol_dp4a.cu) gives the emulator's bits for every
+    Qwen3-8B shape and rows its 4-row blocks do not divide, with no register spills; three weights in one
+    hx_mmq_dp4a_multi launch give each weight's bits of its own launch."""
+    import hiraishin.plans.subblock as sb
+    from hiraishin.kernels import quantize
+    from hiraishin.kernels.compile import kernel_attributes
+    from hiraishin.kernels.mmq import emulate
+    from hiraishin.kernels.mmq.launch import MMQLaunch, MMQMultiLaunch, mmq_kernel
+    from hiraishin.quant import random_blocks
+
+    monkeypatch.setattr(sb, "SUBBLOCK_DP4A", True)
+    plan = sb.subblock_plan(1, qtype, k, n=n)
+    assert plan.kernel == "dp4a"
+    for name in ("hx_mmq", "hx_mmq_multi"):
+        attrs = kernel_attributes(mmq_kernel(plan, name=name)[0])
+        assert attrs["local_size_bytes"] == 0, (name, attrs)
+    w = random_blocks(qtype, n, k, seed=k + n + 1)
+    x = np.random.default_rng(n + 1).standard_normal((1, k)).astype(np.float32)
+    xq = quantize.emulate(x)
+    rows = _rows(n)
+    ref = emulate(w[rows], qtype, xq, plan)
+    launch = MMQLaunch(n, plan)
+    xl = as_layout(cp.asarray(xq), launch.layout)
+    w_d = cp.asarray(w)
+    got = launch(w_d, xl, cp.full((1, n), cp.nan, cp.float32)).get()
+    assert np.isfinite(got).all(), "unwritten outputs"
+    np.testing.assert_array_equal(got[:, rows].view(np.uint32), ref.view(np.uint32), err_msg=f"{qtype} K={k} N={n}")
+    ns = (min(n, 1003), 5, 77)
+    ws = [w_d[:ns[0]], cp.asarray(random_blocks(qtype, 5, k, seed=2)), cp.asarray(random_blocks(qtype, 77, k, seed=3))]
+    outs = MMQMultiLaunch(ns, plan)(ws, xl, [cp.full((1, m), -1.0, cp.float32) for m in ns])
+    for wi, m, o in zip(ws, ns, outs):
+        want = MMQLaunch(m, plan)(wi, xl, cp.empty((1, m), cp.float32))
+        assert np.array_equal(o.get().view(np.uint32), want.get().view(np.uint32)), f"multi: weight of {m} rows"

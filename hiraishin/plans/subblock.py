@@ -37,6 +37,10 @@ from ..errors import PlanError
 
 __all__ = [
     "ENV_MMQ_TUNING",
+    "ENV_SUBBLOCK_DP4A",
+    "SUBBLOCK_DP4A",
+    "SUBBLOCK_DP4A_NB",
+    "SUBBLOCK_DP4A_NWARPS",
     "SUBBLOCK_FEW_COLS_TUNING",
     "SUBBLOCK_FEW_ROWS",
     "SUBBLOCK_MAX_COLS_PER_BLOCK",
@@ -126,6 +130,18 @@ SUBBLOCK_WIDE_COLS_TUNING: dict = {}
 # for a two-n-tile warp (one 8-warp CUDA block per SM instead of two), and the H200's SUBBLOCK passes of the 8B,
 # same digests (bench/results/2026-12-04-h200-session16/b-two-row-tiles), went 3.894 -> 4.520 ms at 9 tokens and
 # 4.085 -> 4.744 at 16 (=9), 3.006 -> 3.475 at 3 (=2): fewer activation loads did not make up for the occupancy.
+# One column on dp4a, one warp per weight row (kernels/mmq/onecol_dp4a.cu), in place of the MMA kernel's one-column
+# form (16 rows a warp): the same float operations in the same order, each K-segment's chain run by two lanes in
+# turn. For rows of a multiple of SUBBLOCK_DP4A_NB super-blocks (the Qwen3-8B's K = 4096 and 12288: 16 segments of
+# whole super-blocks, two lanes each). The MMA form fills few CUDA blocks on short projections (the 8B's attn_k, 1,024
+# rows: 64 CUDA blocks on 132 SMs; H200, bench/results/2026-12-03-h200-session12: 1.27x BATCH_VARIANT's one-column
+# mat-vec, ffn_down 1.08x, the output head 1.05x); the dp4a form runs a warp per row like llama.cpp's mat-vec.
+# A launch fact, no bit changes (tests/test_mmq_dp4a.py); off unless HIRAISHIN_SUBBLOCK_DP4A=1 until it is timed.
+# Read once, at import.
+ENV_SUBBLOCK_DP4A = "HIRAISHIN_SUBBLOCK_DP4A"
+SUBBLOCK_DP4A = os.environ.get(ENV_SUBBLOCK_DP4A, "").strip() == "1"
+SUBBLOCK_DP4A_NB = 16  # super-blocks per row must be a multiple of this (16 segments x 2 lanes = 32 lanes)
+SUBBLOCK_DP4A_NWARPS = 4  # rows (warps) per CUDA block, as llama.cpp's one-column mat-vec's 4 warps per block
 ENV_MMQ_MTILES = "HIRAISHIN_MMQ_MTILES"
 SUBBLOCK_MTILES_MIN_COLS = int(os.environ.get(ENV_MMQ_MTILES, "").strip() or 0)
 WIDE_SUFFIX = "/wide"
@@ -199,15 +215,15 @@ class SubBlockPlan:
     """One launch of the sub-block order for ``ncols`` columns of a (N, ``k``) ``qtype`` weight.
 
     ``nseg`` is the order (from ``k`` only); ``kernel`` ("onecol": the MMA kernel specialised to
-    one column, float work only for the column that exists; "mma": up to 16 columns per CUDA
-    block), ``cols_per_block`` and ``nwarps`` are launch facts that change no bit, as are
+    one column, float work only for the column that exists; "dp4a": one column on dp4a, a warp per row,
+    :data:`ENV_SUBBLOCK_DP4A`; "mma": up to 16 columns per CUDA block), ``cols_per_block`` and ``nwarps`` are launch facts that change no bit, as are
     ``max_regs`` and ``prefetch_x`` (None: ``hiraishin.kernels.mmq.launch``'s tables decide; set by
     the tuning tables, :data:`SUBBLOCK_FEW_COLS_TUNING`, :data:`SUBBLOCK_WIDE_COLS_TUNING` or
     :data:`ENV_MMQ_TUNING`), ``interleave``: the column groups of ``cols_per_block`` whose CUDA
     blocks of one row tile sit next to each other along ``blockIdx.x`` (1: column groups along
     ``blockIdx.y``), so that the second reads the tile's weights from L2, and ``warp_split``: the
     column groups a CUDA block's warps split into (2: each warp one n-tile of 16 columns); ``tile_rows``:
-    rows per CUDA block, 16 or 32 (two row tiles per warp: :data:`ENV_MMQ_MTILES`).
+    rows per CUDA block, 16 or 32 (two row tiles per warp: :data:`ENV_MMQ_MTILES`; "dp4a": one row per warp).
     """
 
     qtype: str
@@ -267,6 +283,9 @@ def subblock_plan(ncols: int, qtype: str, k: int, device=None, n: int | None = N
     nseg = subblock_segments(k)
     cols = SUBBLOCK_NTILE_COLS if ncols <= SUBBLOCK_NTILE_COLS else SUBBLOCK_MAX_COLS_PER_BLOCK
     kernel = "onecol" if ncols == 1 else "mma"
+    if kernel == "onecol" and SUBBLOCK_DP4A and (k // SUBBLOCK_QK) % SUBBLOCK_DP4A_NB == 0:
+        return SubBlockPlan(qtype=qtype, ncols=1, k=k, nseg=nseg, kernel="dp4a", tile_rows=SUBBLOCK_DP4A_NWARPS,
+                            cols_per_block=1, nwarps=SUBBLOCK_DP4A_NWARPS)
     nwarps = SUBBLOCK_NWARPS[(kernel, qtype, n is None or n <= SUBBLOCK_FEW_ROWS)]
     tuned, interleave = {}, 1
     if kernel == "mma" and ncols <= SUBBLOCK_MAX_COLS_PER_BLOCK:  # verify widths: the tuning tables

@@ -42,8 +42,12 @@ __all__ = [
     "MMQ_MAX_REGS",
     "MMQ_PREFETCH_X",
     "SOURCE",
+    "DP4A_SOURCE",
+    "DP4A_MAX_REGS",
+    "dp4a_defines",
     "MMQLaunch",
     "kernel_defines",
+    "kernel_source",
     "launch",
     "launch_grid",
     "stage_fits",
@@ -54,6 +58,14 @@ __all__ = [
 ]
 
 SOURCE = ("mmq/mma_rows.cu", "mmq/mmq.cu")  # the shared mma.sync helpers and row loads, then the kernel
+# One column on dp4a (plans/subblock.py ENV_SUBBLOCK_DP4A): mma_rows.cu for its Q4_K scale helpers, then the kernel.
+DP4A_SOURCE = ("mmq/mma_rows.cu", "mmq/onecol_dp4a.cu")
+DP4A_NAMES = {"hx_mmq": "hx_mmq_dp4a", "hx_mmq_multi": "hx_mmq_dp4a_multi"}
+# Its register cap by 128-value halves per lane (K / 4096): nvcc for sm_90 (ptxas -v) fits one half in 62-64
+# registers with no spills (8 CUDA blocks of 4 warps per SM) and three halves (K = 12288) in 128 (4 blocks; 96
+# spills). A cap that spills is relaxed as for the MMA kernels.
+DP4A_MAX_REGS = {1: 64}
+DP4A_DEFAULT_MAX_REGS = 128
 
 # Register cap per thread, as HX_MIN_BLOCKS = resident CUDA blocks per SM, and HX_PREFETCH_X (one
 # n-tile: a super-block's activations loaded before its weights): launch facts, no bit changes.
@@ -192,7 +204,10 @@ def xlayout_setting() -> tuple:
 
 def plan_xlayout(plan: SubBlockPlan) -> int:
     """HX_XLAYOUT of ``plan``'s kernel: :data:`MMQ_XLAYOUT`, but under 2 the MMA layouts (1) for a weight type
-    not in :func:`mma8_qtypes` or a launch of fewer than :data:`MMA8_MIN_COLS` columns."""
+    not in :func:`mma8_qtypes` or a launch of fewer than :data:`MMA8_MIN_COLS` columns; the dp4a kernel reads
+    the MMA layouts only."""
+    if plan.kernel == "dp4a":
+        return 1
     x, min_cols, qtypes = xlayout_setting()
     return 1 if x == 2 and (plan.qtype not in qtypes or plan.ncols < min_cols) else x
 
@@ -228,9 +243,34 @@ def live_cols(plan: SubBlockPlan, prefetch_x: int = 0) -> int:
     return next((c for c in MMQ_LIVE_COLS if plan.ncols <= c), 0)
 
 
+def dp4a_defines(plan: SubBlockPlan, max_regs: int | None | str = "default") -> dict:
+    """``#define``\\ s of ``onecol_dp4a.cu`` for a ``plan`` of kernel "dp4a" (``max_regs``: override the cap)."""
+    nb = plan.k // QK_K
+    if max_regs == "default":
+        max_regs = DP4A_MAX_REGS.get(nb // 16, DP4A_DEFAULT_MAX_REGS)
+    return {
+        "HX_QTYPE": GGML_TYPE_ID[plan.qtype],
+        "HX_BLOCK_BYTES": BLOCK_BYTES[plan.qtype],
+        "HX_Q8_BYTES": BLOCK_BYTES["Q8_1"],
+        "HX_NB": nb,
+        "HX_NSEG": plan.nseg,
+        "HX_NWARPS": plan.nwarps,
+        "HX_MIN_BLOCKS": blocks_for_register_cap(max_regs, 32 * plan.nwarps),
+        "HX_NT": 1,  # (mma_rows.cu's declarations)
+        "HX_XLAYOUT": 1,
+    }
+
+
+def kernel_source(plan: SubBlockPlan) -> tuple:
+    """The sources of ``plan``'s kernel: :data:`SOURCE`, or :data:`DP4A_SOURCE` for the dp4a kernel."""
+    return DP4A_SOURCE if plan.kernel == "dp4a" else SOURCE
+
+
 def kernel_defines(plan: SubBlockPlan, max_regs: int | None | str = "default",
                    prefetch: int | str = "default") -> dict:
     """``#define``\\ s of the kernel for ``plan`` (``max_regs``, ``prefetch``: override the tuning)."""
+    if plan.kernel == "dp4a":
+        return dp4a_defines(plan, max_regs)
     nt = plan.cols_per_block // SUBBLOCK_NTILE_COLS // plan.warp_split  # n-tiles per warp
     key = (plan.kernel, plan.qtype, plan.nwarps)
     if max_regs == "default":
@@ -271,11 +311,15 @@ def kernel_defines(plan: SubBlockPlan, max_regs: int | None | str = "default",
 
 def mmq_kernel(plan: SubBlockPlan, max_regs: int | None | str = "default", prefetch: int | str = "default",
                name: str = "hx_mmq"):
-    """The compiled ``hx_mmq`` (or ``hx_mmq_multi``) kernel of ``plan`` and the dynamic shared memory its
-    launches give it (:func:`stage_bytes`); compiled without the register cap if the cap spills
+    """The compiled ``hx_mmq`` (or ``hx_mmq_multi``; for a "dp4a" plan ``onecol_dp4a.cu``'s kernel of the same
+    arguments) kernel of ``plan`` and the dynamic shared memory its launches give it (:func:`stage_bytes`); compiled without the register cap if the cap spills
     (:func:`relax_register_cap`)."""
+    source = kernel_source(plan)
+    if plan.kernel == "dp4a":
+        name = DP4A_NAMES[name]
+
     def compile_spills(defines):
-        kernel = get_kernel(SOURCE, name, defines)
+        kernel = get_kernel(source, name, defines)
         return kernel, int(kernel.local_size_bytes)
 
     kernel, defines = relax_register_cap(kernel_defines(plan, max_regs, prefetch), compile_spills)
@@ -368,7 +412,7 @@ def prepared_launch(n: int, plan: SubBlockPlan) -> MMQLaunch:
 
 def precompile(plans, max_workers: int | None = None) -> int:
     """Compile the kernels of ``plans`` side by side; returns how many modules were compiled."""
-    return compile_many(((SOURCE, kernel_defines(p)) for p in plans), max_workers)
+    return compile_many(((kernel_source(p), kernel_defines(p)) for p in plans), max_workers)
 
 
 def launch(w, qtype: str, xq, plan: SubBlockPlan, out):

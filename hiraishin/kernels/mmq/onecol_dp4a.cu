@@ -1,0 +1,214 @@
+// hiraishin: the sub-block order for one column on dp4a, one warp per weight row (compiled after mma_rows.cu).
+//
+// The order is mmq.cu's (hiraishin/kernels/mmq/__init__.py): per K-segment s a chain of float operations over its
+// q8_1 blocks in k order, then the segments added in order 0..HX_NSEG-1. Only the exact integers C of the blocks,
+// and which thread makes which float operation, differ from the MMA kernel's one-column form: here lane L of a
+// warp owns the 128-value halves L*HX_UNITS .. L*HX_UNITS + HX_UNITS - 1 of its row (HX_NSEG = 16 segments, two
+// lanes each, so a segment is the halves of lanes 2s and 2s+1), computes their C with __dp4a, and the chain of
+// segment s runs through lane 2s, then, handed over by one shuffle, through lane 2s+1; the 16 segment values are
+// then gathered by shuffles and added in order. MMA's one-column launch puts 16 rows in a warp, so a 1,024-row
+// projection fills 64 CUDA blocks on 132 SMs (bench/results/2026-12-03-h200-session12: attn_k 1.27x the
+// BATCH_VARIANT one-column mat-vec); a warp per row gives it 1,024 warps, as llama.cpp's one-column mat-vec.
+//
+// Defines (launch.py dp4a_defines): HX_QTYPE (12 Q4_K, 14 Q6_K), HX_BLOCK_BYTES, HX_Q8_BYTES, HX_NB (super-blocks
+// per row, a multiple of 16), HX_NSEG (16), HX_NWARPS (rows per CUDA block), HX_MIN_BLOCKS, and for mma_rows.cu
+// HX_NT 1, HX_XLAYOUT 1: the activations come in the MMA layouts of quantize/layout.py (per super-block the ds
+// words of its 8 q8_1 blocks, then per pair k of blocks 2k, 2k+1 four 16-byte slots, slot t = MMA_Q4_K: ints 2t,
+// 2t+1 of block 2k, the same of block 2k+1; MMA_Q6_K: ints t, t+4 of block 2k, the same of block 2k+1).
+// Every weight load is issued before the PDL wait (weights are never written; mmvq.cu's one-column kernel does the
+// same), the activations' after it.
+
+#if HX_NSEG != 16 || HX_NB % 16
+#error "onecol_dp4a.cu: 16 K-segments of whole super-blocks, HX_NB a multiple of 16"
+#endif
+#define HX_UNITS (HX_NB / 16)  // 128-value halves of the row per lane (2 * HX_NB halves over 32 lanes)
+#define HX_UNIT_BLOCKS 4        // q8_1 blocks per half
+
+// The 16 ints (values 4u..4u+3 of the half's blocks 4n + b, b = 0..3, u = 0..7) of a lane's half n of super-block
+// i of one column in the MMA layout, as int x[b][u].
+__device__ __forceinline__ void hx_dp4a_x(const unsigned char* rec, const int n, int x[4][8]) {
+#pragma unroll
+    for (int p = 0; p < 2; ++p) {  // pair k = 2n + p: blocks 4n + 2p, 4n + 2p + 1
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {
+            const int4 v = *(const int4*)(rec + 32 + 64 * (2 * n + p) + 16 * t);
+#if HX_QTYPE == 12
+            x[2 * p][2 * t] = v.x; x[2 * p][2 * t + 1] = v.y; x[2 * p + 1][2 * t] = v.z; x[2 * p + 1][2 * t + 1] = v.w;
+#else
+            x[2 * p][t] = v.x; x[2 * p][t + 4] = v.y; x[2 * p + 1][t] = v.z; x[2 * p + 1][t + 4] = v.w;
+#endif
+        }
+    }
+}
+
+#if HX_QTYPE == 12
+// ---- Q4_K: a half is qs chunks 2n, 2n+1 (32 bytes each: sub-block 2k in the low nibbles, 2k+1 in the high) ----
+struct hx_dp4a_w {
+    uint4 h;      // d, dmin, scales[12] of the super-block
+    int q[2][8];  // the two chunks' ints
+};
+
+__device__ __forceinline__ void hx_dp4a_fetch(const unsigned char* sb, const int n, hx_dp4a_w& r) {
+    r.h = *(const uint4*)sb;
+#pragma unroll
+    for (int p = 0; p < 2; ++p) {
+#pragma unroll
+        for (int v = 0; v < 2; ++v) {
+            const int4 q = *(const int4*)(sb + 16 + 32 * (2 * n + p) + 16 * v);
+            r.q[p][4 * v] = q.x; r.q[p][4 * v + 1] = q.y; r.q[p][4 * v + 2] = q.z; r.q[p][4 * v + 3] = q.w;
+        }
+    }
+}
+
+// Block b of the half (sub-block jj = 4n + b): its exact C, (d*sc) * dx and dmin*m, sx (the chain's operands).
+__device__ __forceinline__ void hx_dp4a_block(const hx_dp4a_w& w, const hx_row_sb& r, const int n, const int b,
+                                              const int x[8], const unsigned int ds, int& c, float& mul, float& wm,
+                                              float& sx) {
+    const int sh = 4 * (b & 1);
+    c = 0;
+#pragma unroll
+    for (int u = 0; u < 8; ++u) c = __dp4a((w.q[b >> 1][u] >> sh) & 0x0F0F0F0F, x[u], c);
+    const int jj = 4 * n + b;
+    mul = __fmul_rn(hx_q4_ws(r, jj), hx_h2f((unsigned short)(ds & 0xFFFF)));
+    wm = hx_q4_wm(r, jj);
+    sx = hx_h2f((unsigned short)(ds >> 16));
+}
+#else
+// ---- Q6_K: half n is ql bytes [64n, +64), qh bytes [128 + 32n, +32), scales [192 + 8n, +8), d at 208; its
+// blocks b = 0..3 are the quarters of the half (ql chunk b & 1, nibble b >> 1; qh bits 2b, 2b+1). Blocks of 210
+// bytes: a super-block starts 2-byte aligned when its index is odd, so words are read aligned and funnel-shifted.
+struct hx_dp4a_w {
+    int ql[16], qh[8], sc[2];
+    float d;
+};
+
+__device__ __forceinline__ void hx_dp4a_words(const unsigned char* p, const int sh, int* out, const int nw) {
+    unsigned int lo = *(const unsigned int*)p;
+    for (int u = 0; u < nw; ++u) {
+        const unsigned int hi = *(const unsigned int*)(p + 4 * u + 4);
+        out[u] = (int)__funnelshift_r(lo, hi, sh);
+        lo = hi;
+    }
+}
+
+__device__ __forceinline__ void hx_dp4a_fetch(const unsigned char* sb, const int n, hx_dp4a_w& r) {
+    const int mis = (int)((size_t)sb & 2);  // 0 or 2 bytes past a word
+    const unsigned char* a = sb - mis;
+    hx_dp4a_words(a + 64 * n, 8 * mis, r.ql, 16);
+    hx_dp4a_words(a + 128 + 32 * n, 8 * mis, r.qh, 8);
+    hx_dp4a_words(a + 192 + 8 * n, 8 * mis, r.sc, 2);
+    r.d = hx_h2f(*(const unsigned short*)(sb + 208));
+}
+
+__device__ __forceinline__ void hx_dp4a_block(const hx_dp4a_w& w, const int n, const int b, const int x[8],
+                                              const unsigned int ds, int& c, float& mul) {
+    int c01[2] = {0, 0};
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+        const unsigned int lo = ((unsigned int)w.ql[8 * (b & 1) + u] >> (4 * (b >> 1))) & 0x0F0F0F0Fu;
+        const unsigned int hi = (((unsigned int)w.qh[u] >> (2 * b)) & 0x03030303u) << 4;
+        // bytewise v - 32 for v in 0..63, no borrow between bytes (mma_rows.cu hx_q6_vals)
+        const int v = (int)((((lo | hi) | 0x80808080u) - 0x20202020u) ^ 0x80808080u);
+        c01[u >> 2] = __dp4a(v, x[u], c01[u >> 2]);
+    }
+    c = hx_sbyte(w.sc[b >> 1], 2 * (b & 1)) * c01[0] + hx_sbyte(w.sc[b >> 1], 2 * (b & 1) + 1) * c01[1];
+    mul = __fmul_rn(w.d, hx_h2f((unsigned short)(ds & 0xFFFF)));
+}
+#endif
+
+// A lane's weights of row `row` (clamped to the last row; only an existing row is written): loads only, issued
+// before the PDL wait.
+__device__ __forceinline__ void hx_dp4a_load(const unsigned char* __restrict__ w, const int nrows, const int row,
+                                             hx_dp4a_w wu[HX_UNITS]) {
+    const int lane = threadIdx.x & 31;
+    const unsigned char* wr = w + (size_t)min(row, nrows - 1) * ((size_t)HX_NB * HX_BLOCK_BYTES);
+#pragma unroll
+    for (int u = 0; u < HX_UNITS; ++u) {
+        const int half = lane * HX_UNITS + u;
+        hx_dp4a_fetch(wr + (size_t)(half >> 1) * HX_BLOCK_BYTES, half & 1, wu[u]);
+    }
+}
+
+// Row `row` of the weight whose lane's part is wu, against the one column xq, into out[row].
+__device__ __forceinline__ void hx_dp4a_sum(const hx_dp4a_w wu[HX_UNITS], const unsigned char* __restrict__ xq,
+                                            float* __restrict__ out, const int nrows, const int row) {
+    const int lane = threadIdx.x & 31;
+    // every block's operands first (loads and integer work, independent of the chain)
+    int c[HX_UNITS][HX_UNIT_BLOCKS];
+    float mul[HX_UNITS][HX_UNIT_BLOCKS];
+#if HX_QTYPE == 12
+    float wm[HX_UNITS][HX_UNIT_BLOCKS], sx[HX_UNITS][HX_UNIT_BLOCKS];
+#endif
+#pragma unroll
+    for (int u = 0; u < HX_UNITS; ++u) {
+        const int half = lane * HX_UNITS + u, i = half >> 1, n = half & 1;
+        const unsigned char* rec = xq + (size_t)i * (8 * HX_Q8_BYTES);
+        int x[4][8];
+        hx_dp4a_x(rec, n, x);
+        const uint4 dsv = *(const uint4*)(rec + 16 * n);  // ds words of blocks 4n .. 4n + 3
+#if HX_QTYPE == 12
+        hx_row_raw raw;
+        raw.h = wu[u].h;
+        hx_row_sb r;
+        hx_decode_row(raw, r);  // (its q[] are not used)
+#endif
+#pragma unroll
+        for (int b = 0; b < HX_UNIT_BLOCKS; ++b) {
+            const unsigned int ds = b == 0 ? dsv.x : b == 1 ? dsv.y : b == 2 ? dsv.z : dsv.w;
+#if HX_QTYPE == 12
+            hx_dp4a_block(wu[u], r, n, b, x[b], ds, c[u][b], mul[u][b], wm[u][b], sx[u][b]);
+#else
+            hx_dp4a_block(wu[u], n, b, x[b], ds, c[u][b], mul[u][b]);
+#endif
+        }
+    }
+
+    // the segment's chain: lane 2s from 0, then lane 2s + 1 from where lane 2s stopped
+    float acc = 0.0f;
+#pragma unroll
+    for (int turn = 0; turn < 2; ++turn) {
+        if ((lane & 1) == turn) {
+#pragma unroll
+            for (int u = 0; u < HX_UNITS; ++u)
+#pragma unroll
+                for (int b = 0; b < HX_UNIT_BLOCKS; ++b) {
+                    acc = __fmaf_rn(mul[u][b], (float)c[u][b], acc);
+#if HX_QTYPE == 12
+                    acc = __fmaf_rn(-wm[u][b], sx[u][b], acc);
+#endif
+                }
+        }
+        if (turn == 0) acc = __shfl_sync(0xffffffffu, acc, lane & ~1, 32);  // lane 2s's value to lane 2s + 1
+    }
+    // out = seg[0] + seg[1] + ... + seg[15], in order (seg[s] is lane 2s + 1's)
+    float v = __shfl_sync(0xffffffffu, acc, 1, 32);
+#pragma unroll
+    for (int s = 1; s < HX_NSEG; ++s) v = __fadd_rn(v, __shfl_sync(0xffffffffu, acc, 2 * s + 1, 32));
+    if (lane == 0 && row < nrows) out[row] = v;
+}
+
+// hx_mmq's arguments (ncols is 1, out_stride unused): CUDA block b holds rows HX_NWARPS * b + warp.
+extern "C" __global__ void __launch_bounds__(32 * HX_NWARPS, HX_MIN_BLOCKS)
+hx_mmq_dp4a(const unsigned char* __restrict__ w, const unsigned char* __restrict__ xq, float* __restrict__ out,
+            const int nrows, const int ncols, const long long out_stride) {
+    const int row = (int)blockIdx.x * HX_NWARPS + (int)(threadIdx.x >> 5);
+    hx_dp4a_w wu[HX_UNITS];
+    hx_dp4a_load(w, nrows, row, wu);
+    HX_PDL_ENTRY();  // the activations are the previous kernel's output
+    hx_dp4a_sum(wu, xq, out, nrows, row);
+}
+
+// hx_mmq_multi's arguments: up to three weights reading the same column, CUDA blocks 0..ntile0-1 weight 0's, ...
+extern "C" __global__ void __launch_bounds__(32 * HX_NWARPS, HX_MIN_BLOCKS)
+hx_mmq_dp4a_multi(const unsigned char* __restrict__ xq, const int ncols,
+                  const unsigned char* __restrict__ w0, float* __restrict__ out0, const int nrows0, const int ntile0,
+                  const unsigned char* __restrict__ w1, float* __restrict__ out1, const int nrows1, const int ntile1,
+                  const unsigned char* __restrict__ w2, float* __restrict__ out2, const int nrows2) {
+    const hx_weight_of_block p = hx_pick_weight(blockIdx.x, w0, out0, nrows0, ntile0, w1, out1, nrows1, ntile1, w2,
+                                                out2, nrows2);
+    const int row = p.index * HX_NWARPS + (int)(threadIdx.x >> 5);
+    hx_dp4a_w wu[HX_UNITS];
+    hx_dp4a_load(p.w, p.nrows, row, wu);
+    HX_PDL_ENTRY();
+    hx_dp4a_sum(wu, xq, p.out, p.nrows, row);
+}

@@ -1,0 +1,179 @@
+"""CPU: the sub-block order's one-column dp4a kernel (hiraishin/kernels/mmq/onecol_dp4a.cu) gives the emulator's bits.
+
+The very CUDA source runs on the g++ shim (tests/cuda_shim.py): both weight types, rows of 16 and 48 super-blocks
+(the Qwen3-8B's K = 4096 and 12288: one and three 128-value halves per lane), row counts the 4-row CUDA block does
+not divide, Q6_K super-blocks at both 4-byte alignments (and a weight buffer starting 2 bytes past a word), one
+weight per launch and three in one hx_mmq_dp4a_multi launch. Mutants of the order (the segments added in reverse;
+each segment's second lane starting its chain from 0 and adding the first lane's value after) must fail, so the
+comparison can see an order change. The plan switch (HIRAISHIN_SUBBLOCK_DP4A) and the launcher's defines are
+checked without a compiler; on a GPU: tests/test_mmq_gpu.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from cuda_shim import GXX, ShimBuilder, run  # noqa: E402
+from test_mmq import MMA_SHIM_H, _inputs  # noqa: E402
+
+from hiraishin.kernels.mmq import emulate  # noqa: E402
+from hiraishin.kernels.quantize.layout import as_layout  # noqa: E402
+from hiraishin.plans.subblock import SUBBLOCK_DP4A_NWARPS, SubBlockPlan, subblock_plan, subblock_segments  # noqa: E402
+
+MAIN = r"""
+int main(int argc, char** argv) {
+    // argv: weights, activations (one column, MMA layout), nrows, byte offset of the weights in their buffer, out
+    int nrows = atoi(argv[3]), shift = atoi(argv[4]);
+    auto w0 = hx_read(argv[1]); auto x = hx_read(argv[2]);
+    std::vector<unsigned char> w(w0.size() + 16);
+    std::memcpy(w.data() + shift, w0.data(), w0.size());
+    std::vector<float> out(nrows, -12345.0f);
+    hx_launch({(unsigned)((nrows + HX_NWARPS - 1) / HX_NWARPS), 1, 1}, {32u * HX_NWARPS, 1, 1}, 0,
+              [&] { hx_mmq_dp4a(w.data() + shift, x.data(), out.data(), nrows, 1, (long long)nrows); });
+    hx_write(argv[5], out.data(), out.size() * 4);
+}"""
+
+MULTI_MAIN = r"""
+int main(int argc, char** argv) {
+    // argv: weights of the three row counts one after another, activations, n0, n1, n2, out
+    int n[3] = {atoi(argv[3]), atoi(argv[4]), atoi(argv[5])};
+    auto w = hx_read(argv[1]); auto x = hx_read(argv[2]);
+    const size_t row_bytes = (size_t)HX_NB * HX_BLOCK_BYTES;
+    int nt[3]; unsigned tiles = 0;
+    for (int i = 0; i < 3; ++i) { nt[i] = (n[i] + HX_NWARPS - 1) / HX_NWARPS; tiles += nt[i]; }
+    const unsigned char* wp[3] = {w.data(), w.data() + (size_t)n[0] * row_bytes, w.data() + (size_t)(n[0] + n[1]) * row_bytes};
+    std::vector<float> out((size_t)(n[0] + n[1] + n[2]), -12345.0f);
+    float* op[3] = {out.data(), out.data() + n[0], out.data() + n[0] + n[1]};
+    hx_launch({tiles, 1, 1}, {32u * HX_NWARPS, 1, 1}, 0,
+              [&] { hx_mmq_dp4a_multi(x.data(), 1, wp[0], op[0], n[0], nt[0], wp[1], op[1], n[1], nt[1], wp[2], op[2], n[2]); });
+    hx_write(argv[6], out.data(), out.size() * 4);
+}"""
+
+
+def _dp4a_plan(qtype: str, k: int) -> SubBlockPlan:
+    """The plan subblock_plan gives one column under HIRAISHIN_SUBBLOCK_DP4A=1."""
+    return SubBlockPlan(qtype=qtype, ncols=1, k=k, nseg=subblock_segments(k), kernel="dp4a",
+                        tile_rows=SUBBLOCK_DP4A_NWARPS, cols_per_block=1, nwarps=SUBBLOCK_DP4A_NWARPS)
+
+
+@pytest.fixture
+def builder(tmp_path):
+    if GXX is None:
+        pytest.skip("needs g++ (C++20)")
+    b = ShimBuilder(tmp_path)
+    (tmp_path / "hx_mma_shim.h").write_text(MMA_SHIM_H)
+    return b
+
+
+def _run_one(builder, tmp_path, qtype, k, n, shift, edit=None, seed=3):
+    from hiraishin.kernels.mmq.launch import DP4A_SOURCE, activation_layout, kernel_defines
+
+    plan = _dp4a_plan(qtype, k)
+    w, xq = _inputs(qtype, k, n, ncols=1, seed=seed)
+    w.tofile(tmp_path / "w.bin")
+    as_layout(xq, activation_layout(plan)).tofile(tmp_path / "x.bin")
+    exe = builder.build(DP4A_SOURCE, dict(kernel_defines(plan), HX_SHIM=1), MAIN, "dp4a", edit=edit)
+    run(exe, tmp_path / "w.bin", tmp_path / "x.bin", n, shift, tmp_path / "o.bin")
+    got = np.fromfile(tmp_path / "o.bin", np.float32)
+    return got, emulate(w, qtype, xq, subblock_plan(1, qtype, k))[0]
+
+
+# (qtype, K, rows, byte offset of the weight buffer): rows the 4-row block does not divide; K = 12288 Q6_K with
+# the buffer 2 bytes past a word (every super-block's alignment flips)
+CASES = [("Q4_K", 4096, 7, 0), ("Q4_K", 12288, 5, 0), ("Q6_K", 4096, 6, 0), ("Q6_K", 12288, 3, 2),
+         ("Q6_K", 8192, 9, 0)]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-K{c[1]}-n{c[2]}-at{c[3]}")
+def test_dp4a_source_equals_emulator_on_cpu(builder, tmp_path, case):
+    qtype, k, n, shift = case
+    got, ref = _run_one(builder, tmp_path, qtype, k, n, shift)
+    np.testing.assert_array_equal(got.view(np.uint32), ref.view(np.uint32), err_msg=f"{case}")
+
+
+def _reverse_segments(text: str) -> str:
+    old = "for (int s = 1; s < HX_NSEG; ++s) v = __fadd_rn(v, __shfl_sync(0xffffffffu, acc, 2 * s + 1, 32));"
+    assert old in text
+    return text.replace(old, "v = __shfl_sync(0xffffffffu, acc, 31, 32);\n    for (int s = HX_NSEG - 2; s >= 0; --s) "
+                             "v = __fadd_rn(v, __shfl_sync(0xffffffffu, acc, 2 * s + 1, 32));")
+
+
+def _split_chains(text: str) -> str:
+    old = "if (turn == 0) acc = __shfl_sync(0xffffffffu, acc, lane & ~1, 32);"
+    assert old in text
+    text = text.replace("    float acc = 0.0f;\n", "    float acc = 0.0f, hx_first = 0.0f;\n", 1)
+    text = text.replace(old, "if (turn == 0) { hx_first = __shfl_sync(0xffffffffu, acc, lane & ~1, 32); "
+                             "acc = (lane & 1) ? 0.0f : acc; }")
+    anchor = "    // out = seg[0] + seg[1]"
+    assert anchor in text
+    return text.replace(anchor, "    if (lane & 1) acc = __fadd_rn(hx_first, acc);\n" + anchor)
+
+
+@pytest.mark.parametrize("mutant", [_reverse_segments, _split_chains], ids=["reversed-segments", "split-chains"])
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K"])
+def test_an_other_order_is_seen(builder, tmp_path, qtype, mutant):
+    """The same sums in another order round differently somewhere in 64 rows: the comparison above can fail."""
+    got, ref = _run_one(builder, tmp_path, qtype, 4096, 64, 0, edit=mutant, seed=9)
+    assert np.allclose(got, ref, rtol=1e-4, atol=1e-3)  # the same sums,
+    assert not np.array_equal(got.view(np.uint32), ref.view(np.uint32))  # other bits
+
+
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K"])
+def test_dp4a_multi_source_equals_separate_emulators_on_cpu(builder, tmp_path, qtype):
+    """Three weights (Q, K and V; or gate, up and a third) in one hx_mmq_dp4a_multi launch: each weight's rows have
+    the bits of its own launch, for row counts the 4-row block does not divide."""
+    from hiraishin.kernels.mmq.launch import DP4A_SOURCE, activation_layout, kernel_defines
+    from hiraishin.quant import random_blocks
+
+    k, ns = 4096, (9, 5, 6)
+    plan = _dp4a_plan(qtype, k)
+    ws = [random_blocks(qtype, n, k, seed=30 + i) for i, n in enumerate(ns)]
+    _, xq = _inputs(qtype, k, 1, ncols=1, seed=4)
+    np.concatenate(ws).tofile(tmp_path / "w.bin")
+    as_layout(xq, activation_layout(plan)).tofile(tmp_path / "x.bin")
+    exe = builder.build(DP4A_SOURCE, dict(kernel_defines(plan), HX_SHIM=1), MULTI_MAIN, "dp4a_multi")
+    run(exe, tmp_path / "w.bin", tmp_path / "x.bin", *ns, tmp_path / "o.bin")
+    got = np.fromfile(tmp_path / "o.bin", np.float32)
+    at = 0
+    for w, n in zip(ws, ns):
+        ref = emulate(w, qtype, xq, subblock_plan(1, qtype, k))[0]
+        np.testing.assert_array_equal(got[at:at + n].view(np.uint32), ref.view(np.uint32), err_msg=f"{n} rows")
+        at += n
+
+
+def test_plan_takes_dp4a_only_when_asked_and_only_for_whole_segments(monkeypatch):
+    import hiraishin.plans.subblock as sb
+
+    monkeypatch.setattr(sb, "SUBBLOCK_DP4A", False)
+    assert sb.subblock_plan(1, "Q4_K", 4096).kernel == "onecol"
+    monkeypatch.setattr(sb, "SUBBLOCK_DP4A", True)
+    for qtype, k in (("Q4_K", 4096), ("Q6_K", 12288), ("Q4_K", 8192)):
+        plan = sb.subblock_plan(1, qtype, k, n=1024)
+        assert plan == _dp4a_plan(qtype, k)
+        assert plan.nseg == 16
+    for k in (1024, 3072, 5120):  # fewer than 16 segments, or segments of unequal super-blocks
+        assert sb.subblock_plan(1, "Q4_K", k).kernel == "onecol"
+    assert sb.subblock_plan(2, "Q4_K", 4096).kernel == "mma"  # one column only
+
+
+def test_dp4a_defines_name_the_source_and_cap():
+    from hiraishin.kernels.mmq.launch import (DP4A_MAX_REGS, DP4A_SOURCE, activation_layout, kernel_defines,
+                                              kernel_source)
+    from hiraishin.kernels.compile import blocks_for_register_cap
+
+    for qtype, k in (("Q4_K", 4096), ("Q6_K", 12288)):
+        plan = _dp4a_plan(qtype, k)
+        d = kernel_defines(plan)
+        assert kernel_source(plan) == DP4A_SOURCE
+        assert activation_layout(plan) == f"MMA_{qtype}"
+        assert d["HX_NB"] == k // 256 and d["HX_NSEG"] == 16 and d["HX_NWARPS"] == SUBBLOCK_DP4A_NWARPS
+        cap = DP4A_MAX_REGS.get(k // 4096, 128)
+        assert d["HX_MIN_BLOCKS"] == blocks_for_register_cap(cap, 32 * SUBBLOCK_DP4A_NWARPS)
+    assert kernel_source(dataclasses.replace(_dp4a_plan("Q4_K", 4096), kernel="onecol")) != DP4A_SOURCE
