@@ -116,21 +116,26 @@ __device__ __forceinline__ void hx_dp4a_block(const hx_dp4a_w& w, const int n, c
 }
 #endif
 
+// A lane's weights of its row: its HX_UNITS halves.
+struct hx_dp4a_lane {
+    hx_dp4a_w u[HX_UNITS];
+};
+
 // A lane's weights of row `row` (clamped to the last row; only an existing row is written): loads only, issued
 // before the PDL wait.
 __device__ __forceinline__ void hx_dp4a_load(const unsigned char* __restrict__ w, const int nrows, const int row,
-                                             hx_dp4a_w wu[HX_UNITS]) {
+                                             hx_dp4a_lane& wl) {
     const int lane = threadIdx.x & 31;
     const unsigned char* wr = w + (size_t)min(row, nrows - 1) * ((size_t)HX_NB * HX_BLOCK_BYTES);
 #pragma unroll
     for (int u = 0; u < HX_UNITS; ++u) {
         const int half = lane * HX_UNITS + u;
-        hx_dp4a_fetch(wr + (size_t)(half >> 1) * HX_BLOCK_BYTES, half & 1, wu[u]);
+        hx_dp4a_fetch(wr + (size_t)(half >> 1) * HX_BLOCK_BYTES, half & 1, wl.u[u]);
     }
 }
 
-// Row `row` of the weight whose lane's part is wu, against the one column xq, into out[row].
-__device__ __forceinline__ void hx_dp4a_sum(const hx_dp4a_w wu[HX_UNITS], const unsigned char* __restrict__ xq,
+// Row `row` of the weight whose lane's part is wl, against the one column xq, into out[row].
+__device__ __forceinline__ void hx_dp4a_sum(const hx_dp4a_lane& wl, const unsigned char* __restrict__ xq,
                                             float* __restrict__ out, const int nrows, const int row) {
     const int lane = threadIdx.x & 31;
     // every block's operands first (loads and integer work, independent of the chain)
@@ -148,7 +153,7 @@ __device__ __forceinline__ void hx_dp4a_sum(const hx_dp4a_w wu[HX_UNITS], const 
         const uint4 dsv = *(const uint4*)(rec + 16 * n);  // ds words of blocks 4n .. 4n + 3
 #if HX_QTYPE == 12
         hx_row_raw raw;
-        raw.h = wu[u].h;
+        raw.h = wl.u[u].h;
         hx_row_sb r;
         hx_decode_row(raw, r);  // (its q[] are not used)
 #endif
@@ -156,9 +161,9 @@ __device__ __forceinline__ void hx_dp4a_sum(const hx_dp4a_w wu[HX_UNITS], const 
         for (int b = 0; b < HX_UNIT_BLOCKS; ++b) {
             const unsigned int ds = b == 0 ? dsv.x : b == 1 ? dsv.y : b == 2 ? dsv.z : dsv.w;
 #if HX_QTYPE == 12
-            hx_dp4a_block(wu[u], r, n, b, x[b], ds, c[u][b], mul[u][b], wm[u][b], sx[u][b]);
+            hx_dp4a_block(wl.u[u], r, n, b, x[b], ds, c[u][b], mul[u][b], wm[u][b], sx[u][b]);
 #else
-            hx_dp4a_block(wu[u], n, b, x[b], ds, c[u][b], mul[u][b]);
+            hx_dp4a_block(wl.u[u], n, b, x[b], ds, c[u][b], mul[u][b]);
 #endif
         }
     }
@@ -192,10 +197,10 @@ extern "C" __global__ void __launch_bounds__(32 * HX_NWARPS, HX_MIN_BLOCKS)
 hx_mmq_dp4a(const unsigned char* __restrict__ w, const unsigned char* __restrict__ xq, float* __restrict__ out,
             const int nrows, const int ncols, const long long out_stride) {
     const int row = (int)blockIdx.x * HX_NWARPS + (int)(threadIdx.x >> 5);
-    hx_dp4a_w wu[HX_UNITS];
-    hx_dp4a_load(w, nrows, row, wu);
+    hx_dp4a_lane wl;
+    hx_dp4a_load(w, nrows, row, wl);
     HX_PDL_ENTRY();  // the activations are the previous kernel's output
-    hx_dp4a_sum(wu, xq, out, nrows, row);
+    hx_dp4a_sum(wl, xq, out, nrows, row);
 }
 
 // hx_mmq_multi's arguments: up to three weights reading the same column, CUDA blocks 0..ntile0-1 weight 0's, ...
@@ -207,8 +212,8 @@ hx_mmq_dp4a_multi(const unsigned char* __restrict__ xq, const int ncols,
     const hx_weight_of_block p = hx_pick_weight(blockIdx.x, w0, out0, nrows0, ntile0, w1, out1, nrows1, ntile1, w2,
                                                 out2, nrows2);
     const int row = p.index * HX_NWARPS + (int)(threadIdx.x >> 5);
-    hx_dp4a_w wu[HX_UNITS];
-    hx_dp4a_load(p.w, p.nrows, row, wu);
+    hx_dp4a_lane wl;
+    hx_dp4a_load(p.w, p.nrows, row, wl);
     HX_PDL_ENTRY();
-    hx_dp4a_sum(wu, xq, p.out, p.nrows, row);
+    hx_dp4a_sum(wl, xq, p.out, p.nrows, row);
 }
