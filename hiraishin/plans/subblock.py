@@ -216,9 +216,9 @@ class SubBlockPlan:
 
     ``nseg`` is the order (from ``k`` only); ``kernel`` ("onecol": the MMA kernel specialised to
     one column, float work only for the column that exists; "dp4a": one column on dp4a, a warp per row,
-    :data:`ENV_SUBBLOCK_DP4A`; "mma": up to 16 columns per CUDA block), ``cols_per_block`` and ``nwarps`` are launch facts that change no bit, as are
-    ``max_regs`` and ``prefetch_x`` (None: ``hiraishin.kernels.mmq.launch``'s tables decide; set by
-    the tuning tables, :data:`SUBBLOCK_FEW_COLS_TUNING`, :data:`SUBBLOCK_WIDE_COLS_TUNING` or
+    :data:`ENV_SUBBLOCK_DP4A`; "mma": up to 16 columns per CUDA block), ``cols_per_block`` and ``nwarps``
+    are launch facts that change no bit, as are ``max_regs`` and ``prefetch_x`` (None:
+    ``hiraishin.kernels.mmq.launch``'s tables decide; set by the tuning tables, :data:`SUBBLOCK_FEW_COLS_TUNING`, :data:`SUBBLOCK_WIDE_COLS_TUNING` or
     :data:`ENV_MMQ_TUNING`), ``interleave``: the column groups of ``cols_per_block`` whose CUDA
     blocks of one row tile sit next to each other along ``blockIdx.x`` (1: column groups along
     ``blockIdx.y``), so that the second reads the tile's weights from L2, and ``warp_split``: the

@@ -312,8 +312,8 @@ def kernel_defines(plan: SubBlockPlan, max_regs: int | None | str = "default",
 def mmq_kernel(plan: SubBlockPlan, max_regs: int | None | str = "default", prefetch: int | str = "default",
                name: str = "hx_mmq"):
     """The compiled ``hx_mmq`` (or ``hx_mmq_multi``; for a "dp4a" plan ``onecol_dp4a.cu``'s kernel of the same
-    arguments) kernel of ``plan`` and the dynamic shared memory its launches give it (:func:`stage_bytes`); compiled without the register cap if the cap spills
-    (:func:`relax_register_cap`)."""
+    arguments) kernel of ``plan`` and the dynamic shared memory its launches give it (:func:`stage_bytes`);
+    compiled without the register cap if the cap spills (:func:`relax_register_cap`)."""
     source = kernel_source(plan)
     if plan.kernel == "dp4a":
         name = DP4A_NAMES[name]
