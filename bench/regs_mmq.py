@@ -34,29 +34,31 @@ ARCH = "sm_90"  # the H200
 _PROPS = re.compile(r"Compiling entry function '(\w+)'.*?(\d+) bytes spill stores.*?Used (\d+) registers", re.S)
 
 
-def compile_report(defines: dict, workdir: str) -> dict:
-    """{kernel name: (registers, spill store bytes)} of ``mmq.cu`` under ``defines``."""
+def compile_report(defines: dict, workdir: str, source: tuple | None = None) -> dict:
+    """{kernel name: (registers, spill store bytes)} of ``mmq.cu`` (or ``source``, e.g. the dp4a kernel's
+    ``DP4A_SOURCE``, whose entry points are reported under the names of the ``hx_mmq`` ones they stand in for)
+    under ``defines``."""
     from hiraishin.kernels.compile import NVRTC_OPTIONS, defines_text, load_source
     from hiraishin.kernels.mmq.launch import SOURCE
 
     src = os.path.join(workdir, "mmq.cu")
     with open(src, "w") as f:
-        f.write(defines_text(defines) + load_source(*SOURCE))
+        f.write(defines_text(defines) + load_source(*(source or SOURCE)))
     run = subprocess.run(["nvcc", f"-arch={ARCH}", "-cubin", "-o", os.path.join(workdir, "mmq.cubin"),
                           *NVRTC_OPTIONS, "-Xptxas", "-v", src], capture_output=True, text=True)
     if run.returncode:
         raise RuntimeError(f"nvcc failed for {defines}:\n{run.stderr[-3000:]}")
-    return {name: (int(regs), int(spill)) for name, spill, regs in _PROPS.findall(run.stderr)}
+    return {name.replace("_dp4a", ""): (int(regs), int(spill)) for name, spill, regs in _PROPS.findall(run.stderr)}
 
 
 def library_kernel(plan, cap, workdir: str):
     """As ``mmq_kernel`` (``relax_register_cap``: one resident block fewer while ``hx_mmq`` spills).
     -> (report, resident blocks it was compiled for)."""
     from hiraishin.kernels.compile import relax_register_cap
-    from hiraishin.kernels.mmq.launch import kernel_defines
+    from hiraishin.kernels.mmq.launch import kernel_defines, kernel_source
 
     def compile_spills(defines):
-        report = compile_report(defines, workdir)
+        report = compile_report(defines, workdir, kernel_source(plan))
         return report, report["hx_mmq"][1]
 
     report, defines = relax_register_cap(kernel_defines(plan, cap), compile_spills)
