@@ -125,6 +125,13 @@ __device__ __forceinline__ float hx_warp_max(float x) {
     return x;
 }
 
+// Bytewise x - 32 for bytes in 0..63 (Q6_K's 6-bit values to int8), no borrow between bytes (what
+// __vsubss4(x, 0x20202020) gives in this range): set bit 7 of each byte, subtract, flip bit 7 back.
+// Integer only: the mat-vec kernels of every Q6_K order share it.
+__device__ __forceinline__ int hx_sub32_bytes(int x) {
+    return (int)((((unsigned int)x | 0x80808080u) - 0x20202020u) ^ 0x80808080u);
+}
+
 // A launch of up to three weights that read the same activations (hx_mmq_multi, hx_norm_mmvq): CUDA
 // blocks (or row blocks) 0..n0-1 are weight 0's, the next n1 weight 1's, the rest weight 2's. Which
 // weight block b is, its output and rows, and b's index among that weight's blocks (past the last: an

@@ -157,8 +157,7 @@ __device__ __forceinline__ void hx_load_row(const unsigned char* p, int t, hx_ro
 __device__ __forceinline__ int hx_q6_vals(const hx_row_sb& r, int n, int bb, int h) {
     const unsigned int lo = ((unsigned int)r.ql[4 * n + 2 * (bb & 1) + h] >> (4 * (bb >> 1))) & 0x0F0F0F0Fu;
     const unsigned int hi = (((unsigned int)r.qh[2 * n + h] >> (2 * bb)) & 0x03030303u) << 4;
-    // bytewise v - 32 for v in 0..63: ((v | 0x80) - 0x20) ^ 0x80, no borrow between bytes
-    return (int)((((lo | hi) | 0x80808080u) - 0x20202020u) ^ 0x80808080u);
+    return hx_sub32_bytes((int)(lo | hi));
 }
 #endif
 

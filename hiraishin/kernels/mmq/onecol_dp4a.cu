@@ -107,9 +107,7 @@ __device__ __forceinline__ void hx_dp4a_block(const hx_dp4a_w& w, const int n, c
     for (int u = 0; u < 8; ++u) {
         const unsigned int lo = ((unsigned int)w.ql[8 * (b & 1) + u] >> (4 * (b >> 1))) & 0x0F0F0F0Fu;
         const unsigned int hi = (((unsigned int)w.qh[u] >> (2 * b)) & 0x03030303u) << 4;
-        // bytewise v - 32 for v in 0..63, no borrow between bytes (mma_rows.cu hx_q6_vals)
-        const int v = (int)((((lo | hi) | 0x80808080u) - 0x20202020u) ^ 0x80808080u);
-        c01[u >> 2] = __dp4a(v, x[u], c01[u >> 2]);
+        c01[u >> 2] = __dp4a(hx_sub32_bytes((int)(lo | hi)), x[u], c01[u >> 2]);
     }
     c = hx_sbyte(w.sc[b >> 1], 2 * (b & 1)) * c01[0] + hx_sbyte(w.sc[b >> 1], 2 * (b & 1) + 1) * c01[1];
     mul = __fmul_rn(w.d, hx_h2f((unsigned short)(ds & 0xFFFF)));

@@ -83,12 +83,6 @@ __device__ __forceinline__ int hx_dp4a(int a, int b, int c) {
     return __dp4a(a, b, c);
 }
 
-// Bytewise x - 32 for bytes in 0..63, no borrow between bytes (what __vsubss4(x, 0x20202020)
-// gives in this range): set bit 7 of each byte, subtract, flip bit 7 back.
-__device__ __forceinline__ int hx_sub32_bytes(int x) {
-    return (int)((((unsigned int)x | 0x80808080u) - 0x20202020u) ^ 0x80808080u);
-}
-
 // Every type below defines
 //   hx_sites: this thread's pointers into its first weight block of each row (one per place it
 //             loads from) and into the matching q8_1 blocks of column 0, made once by hx_sites_init;

@@ -51,9 +51,6 @@ __device__ __forceinline__ int hx_sh_i32(const u16* p) {
     return (int)((unsigned int)p[0] | ((unsigned int)p[1] << 16));
 }
 
-__device__ __forceinline__ int hx_sub32_bytes(int x) {  // bytewise x - 32 for bytes 0..63
-    return (int)((((unsigned int)x | 0x80808080u) - 0x20202020u) ^ 0x80808080u);
-}
 
 extern "C" __global__ void __launch_bounds__(HX_THREADS)
 mmq_tiled(const u8* __restrict__ w, const u8* __restrict__ y, float* __restrict__ dst,
