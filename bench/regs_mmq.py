@@ -6,7 +6,7 @@ For each Qwen3-8B mat-vec shape (``bench/benchlib.py``), width and launch layout
 (``subblock_plan``; ``interleave``: 9..16 columns as two one-tile CUDA blocks side by side, ``split``: one
 CUDA block whose warps split over two one-tile column groups) is turned into the very source the library
 compiles (``kernel_defines``, ``defines_text`` + ``load_source``) and compiled by ``nvcc -cubin`` with
-ptxas's report. Prints registers, spill bytes and resident CUDA blocks per SM by registers for ``hx_mmq`` and
+ptxas's report. Prints registers, local bytes (stack frame, spills in it) and resident CUDA blocks per SM by registers for ``hx_mmq`` and
 ``hx_mmq_multi``, at the register cap the library asks (``default``: the tuning tables; then relaxed one
 resident block at a time while it spills, as ``mmq_kernel`` does on the device) or with none. ptxas is the
 same back end NVRTC uses, so the counts are the device's (checked against the GPU runs of session 10: the
@@ -31,11 +31,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from benchlib import QWEN3_8B_MATVECS  # noqa: E402
 
 ARCH = "sm_90"  # the H200
-_PROPS = re.compile(r"Compiling entry function '(\w+)'.*?(\d+) bytes spill stores.*?Used (\d+) registers", re.S)
+# the stack frame, not only spill stores: CuPy's local_size_bytes (what mmq_kernel relaxes the cap on) counts both,
+# and an array indexed by a runtime value lives there with no spill (session 28: the dp4a Q4_K kernel's 56 bytes)
+_PROPS = re.compile(r"Compiling entry function '(\w+)'.*?(\d+) bytes stack frame.*?Used (\d+) registers", re.S)
 
 
 def compile_report(defines: dict, workdir: str, source: tuple | None = None) -> dict:
-    """{kernel name: (registers, spill store bytes)} of ``mmq.cu`` (or ``source``, e.g. the dp4a kernel's
+    """{kernel name: (registers, local bytes: stack frame with spills)} of ``mmq.cu`` (or ``source``, e.g. the dp4a kernel's
     ``DP4A_SOURCE``, whose entry points are reported under the names of the ``hx_mmq`` ones they stand in for)
     under ``defines``."""
     from hiraishin.kernels.compile import NVRTC_OPTIONS, defines_text, load_source

@@ -12,6 +12,9 @@ checked without a compiler; on a GPU: tests/test_mmq_gpu.py.
 from __future__ import annotations
 
 import dataclasses
+import re
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -177,3 +180,26 @@ def test_dp4a_defines_name_the_source_and_cap():
         cap = DP4A_MAX_REGS.get(k // 4096, 128)
         assert d["HX_MIN_BLOCKS"] == blocks_for_register_cap(cap, 32 * SUBBLOCK_DP4A_NWARPS)
     assert kernel_source(dataclasses.replace(_dp4a_plan("Q4_K", 4096), kernel="onecol")) != DP4A_SOURCE
+
+
+NVCC = shutil.which("nvcc")
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not on PATH")
+@pytest.mark.parametrize("qtype,k", [("Q4_K", 4096), ("Q4_K", 12288), ("Q6_K", 4096), ("Q6_K", 12288)])
+def test_dp4a_kernels_use_no_local_memory_at_their_cap(tmp_path, qtype, k):
+    """ptxas (sm_90, the library's source and defines): no stack frame at the register cap. A runtime index into
+    a register array (the Q4_K scale word by the lane's half, session 28) puts it in local memory without a
+    spill; CuPy's local_size_bytes then counts it and the launch relaxes its cap to none (234 registers)."""
+    from hiraishin.kernels.compile import NVRTC_OPTIONS, defines_text, load_source
+    from hiraishin.kernels.mmq.launch import kernel_defines, kernel_source
+
+    plan = _dp4a_plan(qtype, k)
+    src = tmp_path / "dp4a.cu"
+    src.write_text(defines_text(kernel_defines(plan)) + load_source(*kernel_source(plan)))
+    proc = subprocess.run([NVCC, "-arch=sm_90", "-cubin", "-o", str(tmp_path / "dp4a.cubin"), *NVRTC_OPTIONS,
+                           "-Xptxas", "-v", str(src)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    frames = re.findall(r"Compiling entry function '(\w+)'.*?(\d+) bytes stack frame", proc.stderr, re.S)
+    assert {name for name, _ in frames} == {"hx_mmq_dp4a", "hx_mmq_dp4a_multi"}
+    assert all(b == "0" for _, b in frames), proc.stderr

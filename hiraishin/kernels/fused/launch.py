@@ -93,12 +93,14 @@ ATTN_ROPE_TOKENS = _rope_tokens_from_env()  # read at import, as the other switc
 # one-token passes while PDL triggers after the wait; level 2 otherwise) the cache's cells of the block's first
 # step before the wait, the token's own cell from shared memory. Each removes dependent memory round trips from
 # the one-token pass's longest kernel (session 26's Nsight Compute times of the draft step: 7.9 us for each of
-# its 28 attention launches against 3.6-4.8 for a mat-vec). HIRAISHIN_ATTN_EARLY (read at import); default 0
-# until the A/B on a GPU (session 26 built it after its last call: not yet timed).
+# its 28 attention launches against 3.6-4.8 for a mat-vec). HIRAISHIN_ATTN_EARLY (read at import); default 3:
+# H100 replays, same digests at every level (bench/results/2026-12-06-h100-session28), one-token pass of the
+# 0.6B 0.641 -> 0.632 / 0.618 / 0.610 ms at levels 1 / 2 / 3, the 8B 2.735 -> 2.707 / 2.671 / 2.534 ms; passes
+# of 3 tokens (level 2 there) unchanged.
 ENV_ATTN_EARLY = "HIRAISHIN_ATTN_EARLY"
 ATTN_EARLY_LEVELS = {0: {}, 1: {"FV_ROPE_EARLY": 1}, 2: {"FV_ROPE_EARLY": 1, "FV_V_WITH_K": 1},
                      3: {"FV_ROPE_EARLY": 1, "FV_V_WITH_K": 1, "FV_CACHE_EARLY": 1, "FV_ROPE_MAX_TOKENS": 1}}
-ATTN_EARLY_DEFAULT = 0
+ATTN_EARLY_DEFAULT = 3
 
 
 def attn_early_build(level: int, tokens: int) -> dict:

@@ -68,9 +68,13 @@ __device__ __forceinline__ void hx_dp4a_block(const hx_dp4a_w& w, const hx_row_s
     c = 0;
 #pragma unroll
     for (int u = 0; u < 8; ++u) c = __dp4a((w.q[b >> 1][u] >> sh) & 0x0F0F0F0F, x[u], c);
-    const int jj = 4 * n + b;
-    mul = __fmul_rn(hx_q4_ws(r, jj), hx_h2f((unsigned short)(ds & 0xFFFF)));
-    wm = hx_q4_wm(r, jj);
+    // sub-block 4n + b's d*sc and dmin*m, the float operations of hx_q4_ws / hx_q4_wm; the packed word is picked
+    // by a select, not by r.sc[n]: n is the lane's, and an index by it put hx_row_sb on the stack (56 bytes of
+    // local memory, 234 registers once the cap was relaxed for it under NVRTC; H100, session 28)
+    const unsigned int scw = n ? r.sc[1] : r.sc[0], mw = n ? r.m[1] : r.m[0];
+    const float ws = HX_Q4_SCALE(__fmul_rn(r.d, (float)((scw >> (8 * b)) & 0xFF)));
+    mul = __fmul_rn(ws, hx_h2f((unsigned short)(ds & 0xFFFF)));
+    wm = HX_Q4_SCALE(__fmul_rn(r.dmin, (float)((mw >> (8 * b)) & 0xFF)));
     sx = hx_h2f((unsigned short)(ds >> 16));
 }
 #else
