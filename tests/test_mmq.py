@@ -97,7 +97,10 @@ def test_accuracy_against_float64(qtype, k, n):
     assert (np.abs(got - ref) <= bound).all(), np.max(np.abs(got - ref) / bound)
 
 
-def test_plan():
+def test_plan(monkeypatch):
+    import hiraishin.plans.subblock as sb
+
+    monkeypatch.setattr(sb, "SUBBLOCK_DP4A", 0)  # the MMA kernel's one-column form (dp4a: tests/test_mmq_dp4a.py)
     for wd in (1, 2, 9, 16, 37, 512):
         p = subblock_plan(wd, "Q6_K", 12288)
         assert p.nseg == subblock_segments(12288) == SUBBLOCK_MAX_SEGMENTS
@@ -307,8 +310,9 @@ def test_committed_tuning_files_are_valid_and_library_json_is_the_library(monkey
 def test_weight_prefetch_is_on_for_short_rows_only_and_the_environment_overrides_it(monkeypatch):
     """HX_PREFETCH_W (a cache hint) where it was measured faster: rows of <= 3072 values (launch.py)."""
     from hiraishin.kernels.mmq.launch import ENV_MMQ_PREFETCH_W, MMQ_PREFETCH_W_MAX_K, kernel_defines
-    from hiraishin.plans import subblock_plan
+    from hiraishin.plans import subblock, subblock_plan
 
+    monkeypatch.setattr(subblock, "SUBBLOCK_DP4A", 0)  # switches of the MMA kernel, its one-column form too
     monkeypatch.delenv(ENV_MMQ_PREFETCH_W, raising=False)
     assert MMQ_PREFETCH_W_MAX_K == 3072
     on = {k: kernel_defines(subblock_plan(3, "Q4_K", k))["HX_PREFETCH_W"] for k in (1024, 3072, 4096, 12288)}
@@ -324,8 +328,9 @@ def test_staging_switch_picks_the_launches_and_their_dynamic_shared_memory(monke
     launch, Q6_K none; the dynamic shared memory a launch gives is two 16-row stages per warp; a bad value is
     named."""
     from hiraishin.kernels.mmq.launch import ENV_MMQ_STAGE_W, kernel_defines, stage_bytes
-    from hiraishin.plans import subblock_plan
+    from hiraishin.plans import subblock, subblock_plan
 
+    monkeypatch.setattr(subblock, "SUBBLOCK_DP4A", 0)  # switches of the MMA kernel, its one-column form too
     def staged(value, width, qtype="Q4_K"):
         monkeypatch.setenv(ENV_MMQ_STAGE_W, value)
         d = kernel_defines(subblock_plan(width, qtype, 4096, n=4096))

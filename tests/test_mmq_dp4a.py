@@ -61,7 +61,7 @@ int main(int argc, char** argv) {
 
 
 def _dp4a_plan(qtype: str, k: int) -> SubBlockPlan:
-    """The plan subblock_plan gives one column under HIRAISHIN_SUBBLOCK_DP4A=1."""
+    """The plan subblock_plan gives one column under HIRAISHIN_SUBBLOCK_DP4A=2 (1: K = 4096 only)."""
     return SubBlockPlan(qtype=qtype, ncols=1, k=k, nseg=subblock_segments(k), kernel="dp4a",
                         tile_rows=SUBBLOCK_DP4A_NWARPS, cols_per_block=1, nwarps=SUBBLOCK_DP4A_NWARPS)
 
@@ -154,9 +154,9 @@ def test_dp4a_multi_source_equals_separate_emulators_on_cpu(builder, tmp_path, q
 def test_plan_takes_dp4a_only_when_asked_and_only_for_whole_segments(monkeypatch):
     import hiraishin.plans.subblock as sb
 
-    monkeypatch.setattr(sb, "SUBBLOCK_DP4A", False)
+    monkeypatch.setattr(sb, "SUBBLOCK_DP4A", 0)
     assert sb.subblock_plan(1, "Q4_K", 4096).kernel == "onecol"
-    monkeypatch.setattr(sb, "SUBBLOCK_DP4A", True)
+    monkeypatch.setattr(sb, "SUBBLOCK_DP4A", 2)
     for qtype, k in (("Q4_K", 4096), ("Q6_K", 12288), ("Q4_K", 8192)):
         plan = sb.subblock_plan(1, qtype, k, n=1024)
         assert plan == _dp4a_plan(qtype, k)
@@ -164,6 +164,26 @@ def test_plan_takes_dp4a_only_when_asked_and_only_for_whole_segments(monkeypatch
     for k in (1024, 3072, 5120):  # fewer than 16 segments, or segments of unequal super-blocks
         assert sb.subblock_plan(1, "Q4_K", k).kernel == "onecol"
     assert sb.subblock_plan(2, "Q4_K", 4096).kernel == "mma"  # one column only
+    monkeypatch.setattr(sb, "SUBBLOCK_DP4A", 1)  # rows of 16 super-blocks only
+    assert sb.subblock_plan(1, "Q4_K", 4096) == _dp4a_plan("Q4_K", 4096)
+    for qtype, k in (("Q6_K", 12288), ("Q4_K", 8192), ("Q4_K", 3072)):
+        assert sb.subblock_plan(1, qtype, k).kernel == "onecol"
+
+
+@pytest.mark.parametrize("text,want", [(None, 2), ("0", 0), (" 1 ", 1), ("2", 2), ("3", None), ("on", None),
+                                       ("", None)])
+def test_dp4a_level_from_the_environment(monkeypatch, text, want):
+    import hiraishin.plans.subblock as sb
+
+    if text is None:
+        monkeypatch.delenv(sb.ENV_SUBBLOCK_DP4A, raising=False)
+    else:
+        monkeypatch.setenv(sb.ENV_SUBBLOCK_DP4A, text)
+    if want is None:
+        with pytest.raises(ValueError, match=sb.ENV_SUBBLOCK_DP4A):
+            sb._dp4a_from_env()
+    else:
+        assert sb._dp4a_from_env() == want
 
 
 def test_dp4a_defines_name_the_source_and_cap():

@@ -31,6 +31,15 @@ def _rows(n):
     return np.unique(np.concatenate([np.arange(40), np.arange(n - 40, n), rng.choice(n, 112, replace=False)]))
 
 
+@pytest.fixture(autouse=True)
+def _mma_one_column(monkeypatch):
+    """The MMA kernel's tests, its one-column form included: one column of whole 16-segment rows is the dp4a kernel
+    by default (plans/subblock.py HIRAISHIN_SUBBLOCK_DP4A), tested by its own test below, which sets it back."""
+    import hiraishin.plans.subblock as sb
+
+    monkeypatch.setattr(sb, "SUBBLOCK_DP4A", 0)
+
+
 @pytest.fixture(scope="module")
 def cp():
     import cupy
@@ -327,7 +336,7 @@ def test_passes_with_other_wide_launches_equal_passes_without(tiny_model_path, m
                                        ("Q6_K", 12288, 4096), ("Q6_K", 4096, 151936), ("Q6_K", 12288, 77),
                                        ("Q4_K", 12288, 1003), ("Q6_K", 4096, 1025)])
 def test_dp4a_one_column_equals_emulator_and_multi(cp, qtype, k, n, monkeypatch):
-    """The one-column dp4a kernel (HIRAISHIN_SUBBLOCK_DP4A=1, onecol_dp4a.cu) gives the emulator's bits for every
+    """The one-column dp4a kernel (HIRAISHIN_SUBBLOCK_DP4A=2, onecol_dp4a.cu) gives the emulator's bits for every
     Qwen3-8B shape and rows its 4-row blocks do not divide, with no register spills; three weights in one
     hx_mmq_dp4a_multi launch give each weight's bits of its own launch."""
     import hiraishin.plans.subblock as sb
@@ -337,7 +346,7 @@ def test_dp4a_one_column_equals_emulator_and_multi(cp, qtype, k, n, monkeypatch)
     from hiraishin.kernels.mmq.launch import MMQLaunch, MMQMultiLaunch, mmq_kernel
     from hiraishin.quant import random_blocks
 
-    monkeypatch.setattr(sb, "SUBBLOCK_DP4A", True)
+    monkeypatch.setattr(sb, "SUBBLOCK_DP4A", 2)
     plan = sb.subblock_plan(1, qtype, k, n=n)
     assert plan.kernel == "dp4a"
     for name in ("hx_mmq", "hx_mmq_multi"):

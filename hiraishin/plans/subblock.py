@@ -39,6 +39,8 @@ __all__ = [
     "ENV_MMQ_TUNING",
     "ENV_SUBBLOCK_DP4A",
     "SUBBLOCK_DP4A",
+    "SUBBLOCK_DP4A_DEFAULT",
+    "SUBBLOCK_DP4A_LEVELS",
     "SUBBLOCK_DP4A_NB",
     "SUBBLOCK_DP4A_NWARPS",
     "SUBBLOCK_FEW_COLS_TUNING",
@@ -136,10 +138,26 @@ SUBBLOCK_WIDE_COLS_TUNING: dict = {}
 # whole super-blocks, two lanes each). The MMA form fills few CUDA blocks on short projections (the 8B's attn_k, 1,024
 # rows: 64 CUDA blocks on 132 SMs; H200, bench/results/2026-12-03-h200-session12: 1.27x BATCH_VARIANT's one-column
 # mat-vec, ffn_down 1.08x, the output head 1.05x); the dp4a form runs a warp per row like llama.cpp's mat-vec.
-# A launch fact, no bit changes (tests/test_mmq_dp4a.py); off unless HIRAISHIN_SUBBLOCK_DP4A=1 until it is timed.
-# Read once, at import.
+# A launch fact, no bit changes (tests/test_mmq_dp4a.py). HIRAISHIN_SUBBLOCK_DP4A (read once, at import): 0 off;
+# 1 rows of exactly SUBBLOCK_DP4A_NB super-blocks (K = 4096: one super-block a lane, 64 registers); 2 (default)
+# every row of a multiple of it (also K = 12288: three a lane, 128 registers). H100, session 28, same digests
+# (bench/results/2026-12-06-h100-session28): the 8B's SUBBLOCK one-token pass 2.747 -> 2.685 ms at 2, passes of
+# 3 tokens unchanged; isolated one-column launches x BATCH_VARIANT's mat-vec, MMA -> dp4a: attn_q 1.05 -> 1.12,
+# attn_k 1.28 -> 1.12, ffn_up 1.04 -> 1.02, ffn_down (K = 12288) 1.02 -> 1.16, output head 1.18 -> 1.00 (in a
+# pass the dp4a form also loads its weights before the PDL wait). Level 1 keeps ffn_down on MMA: not yet timed.
 ENV_SUBBLOCK_DP4A = "HIRAISHIN_SUBBLOCK_DP4A"
-SUBBLOCK_DP4A = os.environ.get(ENV_SUBBLOCK_DP4A, "").strip() == "1"
+SUBBLOCK_DP4A_LEVELS = (0, 1, 2)
+SUBBLOCK_DP4A_DEFAULT = 2
+
+
+def _dp4a_from_env() -> int:
+    text = os.environ.get(ENV_SUBBLOCK_DP4A, str(SUBBLOCK_DP4A_DEFAULT)).strip()
+    if not (text.isdigit() and int(text) in SUBBLOCK_DP4A_LEVELS):
+        raise ValueError(f"{ENV_SUBBLOCK_DP4A}={text!r}: must be one of {list(SUBBLOCK_DP4A_LEVELS)}")
+    return int(text)
+
+
+SUBBLOCK_DP4A = _dp4a_from_env()
 SUBBLOCK_DP4A_NB = 16  # super-blocks per row must be a multiple of this (16 segments x 2 lanes = 32 lanes)
 SUBBLOCK_DP4A_NWARPS = 4  # rows (warps) per CUDA block, as llama.cpp's one-column mat-vec's 4 warps per block
 ENV_MMQ_MTILES = "HIRAISHIN_MMQ_MTILES"
@@ -283,7 +301,9 @@ def subblock_plan(ncols: int, qtype: str, k: int, device=None, n: int | None = N
     nseg = subblock_segments(k)
     cols = SUBBLOCK_NTILE_COLS if ncols <= SUBBLOCK_NTILE_COLS else SUBBLOCK_MAX_COLS_PER_BLOCK
     kernel = "onecol" if ncols == 1 else "mma"
-    if kernel == "onecol" and SUBBLOCK_DP4A and (k // SUBBLOCK_QK) % SUBBLOCK_DP4A_NB == 0:
+    nb = k // SUBBLOCK_QK
+    if kernel == "onecol" and nb % SUBBLOCK_DP4A_NB == 0 and (
+            SUBBLOCK_DP4A == 2 or (SUBBLOCK_DP4A == 1 and nb == SUBBLOCK_DP4A_NB)):
         return SubBlockPlan(qtype=qtype, ncols=1, k=k, nseg=nseg, kernel="dp4a", tile_rows=SUBBLOCK_DP4A_NWARPS,
                             cols_per_block=1, nwarps=SUBBLOCK_DP4A_NWARPS)
     nwarps = SUBBLOCK_NWARPS[(kernel, qtype, n is None or n <= SUBBLOCK_FEW_ROWS)]

@@ -62,8 +62,9 @@ SOURCE = ("mmq/mma_rows.cu", "mmq/mmq.cu")  # the shared mma.sync helpers and ro
 DP4A_SOURCE = ("mmq/mma_rows.cu", "mmq/onecol_dp4a.cu")
 DP4A_NAMES = {"hx_mmq": "hx_mmq_dp4a", "hx_mmq_multi": "hx_mmq_dp4a_multi"}
 # Its register cap by 128-value halves per lane (K / 4096): nvcc for sm_90 (ptxas -v) fits one half in 62-64
-# registers with no spills (8 CUDA blocks of 4 warps per SM) and three halves (K = 12288) in 128 (4 blocks; 96
-# spills). A cap that spills is relaxed as for the MMA kernels.
+# registers with no stack frame (8 CUDA blocks of 4 warps per SM) and three halves (K = 12288) in 128 (4 blocks; at
+# 96 it spills); the device's NVRTC gave the same once nothing was indexed by a runtime value (session 28). A cap
+# that leaves local memory is relaxed as for the MMA kernels.
 DP4A_MAX_REGS = {1: 64}
 DP4A_DEFAULT_MAX_REGS = 128
 
