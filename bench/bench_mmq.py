@@ -7,8 +7,10 @@ For the Qwen3-8B shapes (Q4_K 4096->4096, 4096->1024, 4096->12288; Q6_K 12288->4
 Numba emulator (a fixed subset of rows), then timed: median over batches of CUDA-event timed runs
 of ``--reps`` back-to-back launches, a spin kernel hiding the host, weights rotated through copies
 of together >= 4x the L2. Beside it BATCH_VARIANT's one-column dp4a kernel (mmvq) of the same
-shape. Prints us, GB/s (weight + activation bytes), fraction of the copy bandwidth, the ratio to
-the kernel's own one column and to the variant's one column. ``--out DIR``: bench_mmq.json.
+shape, and the one-column form the library does not pick for the shape (MMA or dp4a, ``other-mmq-*`` rows:
+``plans/subblock.py`` HIRAISHIN_SUBBLOCK_DP4A) where it has both. Prints us, GB/s (weight + activation bytes),
+fraction of the copy bandwidth, the ratio to the kernel's own one column and to the variant's one column.
+``--out DIR``: bench_mmq.json.
 
 ``--all-orders``: also every order's mat-vec at every width 1..16 as a forward pass launches it (the
 CUDA backend's prepared mat-vec of the order: ``BATCH_VARIANT``'s mat-vec up to 8 columns and llama.cpp's
@@ -47,6 +49,23 @@ TARGETS = {1: 1.0, 3: 1.15, 9: 1.3, 16: 1.5}  # x the variant's one column
 
 
 ALL_WIDTHS = range(1, 17)
+
+
+def other_one_column(qtype: str, k: int, n: int):
+    """The one-column plan of the form ``subblock_plan`` does not pick for this shape (the MMA kernel's one-column
+    form or the dp4a kernel, the same bits), or None where the shape has only one."""
+    import hiraishin.plans.subblock as sb
+
+    picked, saved = sb.subblock_plan(1, qtype, k, n=n), sb.SUBBLOCK_DP4A
+    try:
+        for level in sb.SUBBLOCK_DP4A_LEVELS:
+            sb.SUBBLOCK_DP4A = level
+            plan = sb.subblock_plan(1, qtype, k, n=n)
+            if plan.kernel != picked.kernel:
+                return plan
+    finally:
+        sb.SUBBLOCK_DP4A = saved
+    return None
 EXACT_ORDERS = ("batch_invariant", "subblock")  # (fixed_split's mat-vec is batch_invariant's)
 
 
@@ -118,7 +137,8 @@ def main(argv=None) -> int:
     bw_copy = 2 * src.nbytes / t_copy
     del src, dst
     print(f"device {dev_name}; copy bandwidth {bw_copy / 1e9:.0f} GB/s")
-    precompile([subblock_plan(wd, q, k, n=nn) for _, q, k, nn in SHAPES for wd in WIDTHS])
+    precompile([subblock_plan(wd, q, k, n=nn) for _, q, k, nn in SHAPES for wd in WIDTHS]
+               + [p for _, q, k, nn in SHAPES if (p := other_one_column(q, k, nn)) is not None])
 
     rng = np.random.default_rng(0)
     results, checks = [], []
@@ -144,8 +164,11 @@ def main(argv=None) -> int:
         print(f"{'variant mmvq':>14} {1:>4} {t_var * 1e6:>8.1f} {bw / 1e9:>6.0f} {bw / bw_copy:>6.1%} "
               f"{1.0:>7.2f} {1.0:>7.2f}")
         t_one = None
-        for wd in WIDTHS:
-            plan = subblock_plan(wd, qtype, k, n=n)
+        other = other_one_column(qtype, k, n)
+        # (width, plan, whether the library launches it), the other one-column form last
+        launches = [(wd, subblock_plan(wd, qtype, k, n=n), True) for wd in WIDTHS]
+        launches += [(1, other, False)] if other else []
+        for wd, plan, mine in launches:
             out = cp.empty((wd, n), dtype=cp.float32)
             lw = prepared_launch(n, plan)
             xq = acts(wd, lw.layout)  # in the layout it reads
@@ -156,17 +179,18 @@ def main(argv=None) -> int:
             for i in range(3):
                 fn(i)
             sec = median_event_time(cp, fn, args.reps, args.batches, spin, cycles)
-            t_one = sec if wd == 1 else t_one
+            t_one = sec if wd == 1 and mine else t_one
             bw = (w_bytes + wd * xq.shape[1]) / sec
-            rec = dict(shape=label, qtype=qtype, k=k, n=n, kernel=f"mmq-{plan.kernel}", ncols=wd,
+            kernel = f"{'' if mine else 'other-'}mmq-{plan.kernel}"
+            rec = dict(shape=label, qtype=qtype, k=k, n=n, kernel=kernel, ncols=wd,
                        time_us=sec * 1e6, gb_per_s=bw / 1e9, fraction_of_copy=bw / bw_copy,
                        ratio_to_one_col=sec / t_one, ratio_to_variant_one_col=sec / t_var,
                        bits_equal_emulator=equal, nseg=plan.nseg, nwarps=plan.nwarps,
                        cols_per_block=plan.cols_per_block)
             results.append(rec)
-            print(f"{'mmq ' + plan.kernel:>14} {wd:>4} {sec * 1e6:>8.1f} {bw / 1e9:>6.0f} {bw / bw_copy:>6.1%} "
-                  f"{sec / t_one:>7.2f} {sec / t_var:>7.2f} {'equal' if equal else 'DIFFER'}")
-            if wd in TARGETS:
+            print(f"{('mmq ' if mine else 'other ') + plan.kernel:>14} {wd:>4} {sec * 1e6:>8.1f} {bw / 1e9:>6.0f} "
+                  f"{bw / bw_copy:>6.1%} {sec / t_one:>7.2f} {sec / t_var:>7.2f} {'equal' if equal else 'DIFFER'}")
+            if wd in TARGETS and mine:
                 checks.append(dict(shape=label, ncols=wd, target_x_variant_one_col=TARGETS[wd],
                                    value=sec / t_var, ok=sec / t_var <= TARGETS[wd]))
         if args.all_orders:

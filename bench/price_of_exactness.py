@@ -49,7 +49,8 @@ def build(bench: dict, mmq: dict | None, sources: list[str]) -> dict:
     matvec, matvec_orders = [], []
     if mmq is not None:
         for r in mmq["results"]:
-            if r["kernel"] in ("variant-mmvq", "mmq-onecol", "mmq-mma"):
+            if r["kernel"] == "variant-mmvq" or r["kernel"].startswith("mmq-"):  # the library's launches (onecol,
+                # dp4a, mma); not bench_mmq.py's "other-mmq-*" rows, the one-column form the library does not pick
                 matvec.append({"shape": r["shape"], "qtype": r["qtype"], "order": "batch_variant" if r["kernel"] ==
                                "variant-mmvq" else "subblock", "ncols": r["ncols"], "us": r["time_us"],
                                "x_variant_one_col": r["ratio_to_variant_one_col"]})

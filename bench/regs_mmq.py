@@ -1,4 +1,4 @@
-"""Registers and spills of the sub-block kernels' launches, compiled here with nvcc for sm_90: no GPU needed.
+"""Registers and local memory of the sub-block kernels' launches, compiled here with nvcc for sm_90: no GPU needed.
 
     python3 bench/regs_mmq.py [--widths 1,3,9,16] [--layouts library,interleave,split] [--caps default,none]
 
@@ -6,10 +6,11 @@ For each Qwen3-8B mat-vec shape (``bench/benchlib.py``), width and launch layout
 (``subblock_plan``; ``interleave``: 9..16 columns as two one-tile CUDA blocks side by side, ``split``: one
 CUDA block whose warps split over two one-tile column groups) is turned into the very source the library
 compiles (``kernel_defines``, ``defines_text`` + ``load_source``) and compiled by ``nvcc -cubin`` with
-ptxas's report. Prints registers, local bytes (stack frame, spills in it) and resident CUDA blocks per SM by registers for ``hx_mmq`` and
+ptxas's report. Prints registers, local bytes (the stack frame, spills included: what CuPy's
+``local_size_bytes`` counts) and resident CUDA blocks per SM by registers for ``hx_mmq`` and
 ``hx_mmq_multi``, at the register cap the library asks (``default``: the tuning tables; then relaxed one
-resident block at a time while it spills, as ``mmq_kernel`` does on the device) or with none. ptxas is the
-same back end NVRTC uses, so the counts are the device's (checked against the GPU runs of session 10: the
+resident block at a time while it uses local memory, as ``mmq_kernel`` does on the device) or with none.
+ptxas is the same back end NVRTC uses, so the counts are the device's (checked against the GPU runs of session 10: the
 two-n-tile launches 128 registers).
 """
 
@@ -37,8 +38,8 @@ _PROPS = re.compile(r"Compiling entry function '(\w+)'.*?(\d+) bytes stack frame
 
 
 def compile_report(defines: dict, workdir: str, source: tuple | None = None) -> dict:
-    """{kernel name: (registers, local bytes: stack frame with spills)} of ``mmq.cu`` (or ``source``, e.g. the dp4a kernel's
-    ``DP4A_SOURCE``, whose entry points are reported under the names of the ``hx_mmq`` ones they stand in for)
+    """{kernel name: (registers, local bytes: the stack frame, spills included)} of ``mmq.cu`` (or ``source``,
+    e.g. the dp4a kernel's ``DP4A_SOURCE``, whose entry points are reported under the names of the ``hx_mmq`` ones they stand in for)
     under ``defines``."""
     from hiraishin.kernels.compile import NVRTC_OPTIONS, defines_text, load_source
     from hiraishin.kernels.mmq.launch import SOURCE
@@ -80,7 +81,7 @@ def main(argv=None) -> int:
 
     widths = [int(w) for w in args.widths.split(",")]
     caps = ["default" if c == "default" else None if c == "none" else int(c) for c in args.caps.split(",")]
-    print(f"{'shape':<36} {'cols':>4} {'layout':<10} {'warps':>5} {'cap':>7} | hx_mmq regs spill | multi regs spill"
+    print(f"{'shape':<36} {'cols':>4} {'layout':<10} {'warps':>5} {'cap':>7} | hx_mmq regs local | multi regs local"
           " | blocks/SM")
     with tempfile.TemporaryDirectory() as tmp:
         for label, qtype, k, n in QWEN3_8B_MATVECS:

@@ -223,3 +223,22 @@ def test_dp4a_kernels_use_no_local_memory_at_their_cap(tmp_path, qtype, k):
     frames = re.findall(r"Compiling entry function '(\w+)'.*?(\d+) bytes stack frame", proc.stderr, re.S)
     assert {name for name, _ in frames} == {"hx_mmq_dp4a", "hx_mmq_dp4a_multi"}
     assert all(b == "0" for _, b in frames), proc.stderr
+
+
+def test_bench_mmq_times_the_other_one_column_form():
+    """bench/bench_mmq.py's other_one_column: the form the library does not pick for a shape (MMA <-> dp4a) at every
+    level, None where a shape has one form only; the level is left as it was."""
+    import hiraishin.plans.subblock as sb
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from bench_mmq import other_one_column
+
+    saved = sb.SUBBLOCK_DP4A
+    try:
+        for level, kernels in ((2, ("onecol", "onecol")), (1, ("onecol", "dp4a")), (0, ("dp4a", "dp4a"))):
+            sb.SUBBLOCK_DP4A = level
+            assert tuple(other_one_column(q, k, 1024).kernel for q, k in (("Q4_K", 4096), ("Q6_K", 12288))) == kernels
+            assert other_one_column("Q4_K", 1024, 1024) is None  # 4 segments: the MMA form only
+            assert sb.SUBBLOCK_DP4A == level
+    finally:
+        sb.SUBBLOCK_DP4A = saved

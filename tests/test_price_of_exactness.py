@@ -86,3 +86,16 @@ def test_newest_names_the_committed_run(tmp_path, poe_module):
     picked = poe_module.newest_matvec(poe["device"])
     assert poe["sources"][1] == str(picked.relative_to(REPO)) and poe["matvec"]
     assert poe["matvec_run"]["date"] == json.loads(picked.read_text())["date"]
+
+
+def test_the_library_s_one_column_launch_is_taken_whichever_form(poe_module):
+    """A bench_mmq run's SUBBLOCK rows are the launches the library picks ("mmq-onecol", "mmq-dp4a", "mmq-mma");
+    its "other-mmq-*" row (the one-column form the library does not pick for the shape) is not one of them."""
+    bench = json.loads((RUN / "hiraishin-bench.json").read_text())
+    common = dict(shape="s", qtype="Q4_K", k=4096, n=4096, ncols=1, ratio_to_variant_one_col=1.0)
+    mmq = {"device": "d", "date": "2026-12-06", "commit": "c", "results": [
+        dict(common, kernel="variant-mmvq", time_us=7.3), dict(common, kernel="mmq-dp4a", time_us=8.2),
+        dict(common, kernel="other-mmq-onecol", time_us=7.7), dict(common, kernel="mmq-mma", ncols=2, time_us=7.8)]}
+    rows = poe_module.build(bench, mmq, ["x"])["matvec"]
+    assert [(r["order"], r["ncols"], r["us"]) for r in rows] == [("batch_variant", 1, 7.3), ("subblock", 1, 8.2),
+                                                                 ("subblock", 2, 7.8)]
