@@ -32,38 +32,41 @@ from hiraishin.plans.subblock import SUBBLOCK_DP4A_NWARPS, SubBlockPlan, subbloc
 
 MAIN = r"""
 int main(int argc, char** argv) {
-    // argv: weights, activations (one column, MMA layout), nrows, byte offset of the weights in their buffer, out
+    // argv: weights, activations (HX_DCOLS columns, MMA layout), nrows, byte offset of the weights in their buffer,
+    // out (HX_DCOLS, nrows)
     int nrows = atoi(argv[3]), shift = atoi(argv[4]);
     auto w0 = hx_read(argv[1]); auto x = hx_read(argv[2]);
     std::vector<unsigned char> w(w0.size() + 16);
     std::memcpy(w.data() + shift, w0.data(), w0.size());
-    std::vector<float> out(nrows, -12345.0f);
+    std::vector<float> out((size_t)HX_DCOLS * nrows, -12345.0f);
     hx_launch({(unsigned)((nrows + HX_NWARPS - 1) / HX_NWARPS), 1, 1}, {32u * HX_NWARPS, 1, 1}, 0,
-              [&] { hx_mmq_dp4a(w.data() + shift, x.data(), out.data(), nrows, 1, (long long)nrows); });
+              [&] { hx_mmq_dp4a(w.data() + shift, x.data(), out.data(), nrows, HX_DCOLS, (long long)nrows); });
     hx_write(argv[5], out.data(), out.size() * 4);
 }"""
 
 MULTI_MAIN = r"""
 int main(int argc, char** argv) {
-    // argv: weights of the three row counts one after another, activations, n0, n1, n2, out
+    // argv: weights of the three row counts one after another, activations, n0, n1, n2, out (weight i's
+    // (HX_DCOLS, n_i) one after another)
     int n[3] = {atoi(argv[3]), atoi(argv[4]), atoi(argv[5])};
     auto w = hx_read(argv[1]); auto x = hx_read(argv[2]);
     const size_t row_bytes = (size_t)HX_NB * HX_BLOCK_BYTES;
     int nt[3]; unsigned tiles = 0;
     for (int i = 0; i < 3; ++i) { nt[i] = (n[i] + HX_NWARPS - 1) / HX_NWARPS; tiles += nt[i]; }
     const unsigned char* wp[3] = {w.data(), w.data() + (size_t)n[0] * row_bytes, w.data() + (size_t)(n[0] + n[1]) * row_bytes};
-    std::vector<float> out((size_t)(n[0] + n[1] + n[2]), -12345.0f);
-    float* op[3] = {out.data(), out.data() + n[0], out.data() + n[0] + n[1]};
+    std::vector<float> out((size_t)HX_DCOLS * (n[0] + n[1] + n[2]), -12345.0f);
+    float* op[3] = {out.data(), out.data() + HX_DCOLS * n[0], out.data() + HX_DCOLS * (n[0] + n[1])};
     hx_launch({tiles, 1, 1}, {32u * HX_NWARPS, 1, 1}, 0,
-              [&] { hx_mmq_dp4a_multi(x.data(), 1, wp[0], op[0], n[0], nt[0], wp[1], op[1], n[1], nt[1], wp[2], op[2], n[2]); });
+              [&] { hx_mmq_dp4a_multi(x.data(), HX_DCOLS, wp[0], op[0], n[0], nt[0], wp[1], op[1], n[1], nt[1], wp[2], op[2], n[2]); });
     hx_write(argv[6], out.data(), out.size() * 4);
 }"""
 
 
-def _dp4a_plan(qtype: str, k: int) -> SubBlockPlan:
-    """The plan subblock_plan gives one column under HIRAISHIN_SUBBLOCK_DP4A=2 (1: K = 4096 only)."""
-    return SubBlockPlan(qtype=qtype, ncols=1, k=k, nseg=subblock_segments(k), kernel="dp4a",
-                        tile_rows=SUBBLOCK_DP4A_NWARPS, cols_per_block=1, nwarps=SUBBLOCK_DP4A_NWARPS)
+def _dp4a_plan(qtype: str, k: int, ncols: int = 1) -> SubBlockPlan:
+    """The plan subblock_plan gives ``ncols`` columns under HIRAISHIN_SUBBLOCK_DP4A=2 (1: K = 4096 only) and
+    HIRAISHIN_SUBBLOCK_DP4A_COLS >= ncols."""
+    return SubBlockPlan(qtype=qtype, ncols=ncols, k=k, nseg=subblock_segments(k), kernel="dp4a",
+                        tile_rows=SUBBLOCK_DP4A_NWARPS, cols_per_block=ncols, nwarps=SUBBLOCK_DP4A_NWARPS)
 
 
 @pytest.fixture
@@ -75,29 +78,30 @@ def builder(tmp_path):
     return b
 
 
-def _run_one(builder, tmp_path, qtype, k, n, shift, edit=None, seed=3):
+def _run_one(builder, tmp_path, qtype, k, n, shift, edit=None, seed=3, ncols=1):
     from hiraishin.kernels.mmq.launch import DP4A_SOURCE, activation_layout, kernel_defines
 
-    plan = _dp4a_plan(qtype, k)
-    w, xq = _inputs(qtype, k, n, ncols=1, seed=seed)
+    plan = _dp4a_plan(qtype, k, ncols)
+    w, xq = _inputs(qtype, k, n, ncols=ncols, seed=seed)
     w.tofile(tmp_path / "w.bin")
     as_layout(xq, activation_layout(plan)).tofile(tmp_path / "x.bin")
     exe = builder.build(DP4A_SOURCE, dict(kernel_defines(plan), HX_SHIM=1), MAIN, "dp4a", edit=edit)
     run(exe, tmp_path / "w.bin", tmp_path / "x.bin", n, shift, tmp_path / "o.bin")
-    got = np.fromfile(tmp_path / "o.bin", np.float32)
-    return got, emulate(w, qtype, xq, subblock_plan(1, qtype, k))[0]
+    got = np.fromfile(tmp_path / "o.bin", np.float32).reshape(ncols, n)
+    ref = emulate(w, qtype, xq, subblock_plan(1, qtype, k))  # (ncols, n): every column the one-column order
+    return (got[0], ref[0]) if ncols == 1 else (got, ref)
 
 
-# (qtype, K, rows, byte offset of the weight buffer): rows the 4-row block does not divide; K = 12288 Q6_K with
-# the buffer 2 bytes past a word (every super-block's alignment flips)
-CASES = [("Q4_K", 4096, 7, 0), ("Q4_K", 12288, 5, 0), ("Q6_K", 4096, 6, 0), ("Q6_K", 12288, 3, 2),
-         ("Q6_K", 8192, 9, 0)]
+# (qtype, K, rows, byte offset of the weight buffer, columns): rows the 4-row block does not divide; K = 12288 Q6_K
+# with the buffer 2 bytes past a word (every super-block's alignment flips); 2-4 columns (HX_DCOLS) at K = 4096
+CASES = [("Q4_K", 4096, 7, 0, 1), ("Q4_K", 12288, 5, 0, 1), ("Q6_K", 4096, 6, 0, 1), ("Q6_K", 12288, 3, 2, 1),
+         ("Q6_K", 8192, 9, 0, 1), ("Q4_K", 4096, 5, 0, 2), ("Q4_K", 4096, 6, 0, 3), ("Q6_K", 4096, 7, 2, 4)]
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-K{c[1]}-n{c[2]}-at{c[3]}")
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-K{c[1]}-n{c[2]}-at{c[3]}-c{c[4]}")
 def test_dp4a_source_equals_emulator_on_cpu(builder, tmp_path, case):
-    qtype, k, n, shift = case
-    got, ref = _run_one(builder, tmp_path, qtype, k, n, shift)
+    qtype, k, n, shift, ncols = case
+    got, ref = _run_one(builder, tmp_path, qtype, k, n, shift, ncols=ncols)
     np.testing.assert_array_equal(got.view(np.uint32), ref.view(np.uint32), err_msg=f"{case}")
 
 
@@ -128,17 +132,17 @@ def test_an_other_order_is_seen(builder, tmp_path, qtype, mutant):
     assert not np.array_equal(got.view(np.uint32), ref.view(np.uint32))  # other bits
 
 
-@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K"])
-def test_dp4a_multi_source_equals_separate_emulators_on_cpu(builder, tmp_path, qtype):
+@pytest.mark.parametrize("qtype,ncols", [("Q4_K", 1), ("Q6_K", 1), ("Q4_K", 3), ("Q6_K", 2)])
+def test_dp4a_multi_source_equals_separate_emulators_on_cpu(builder, tmp_path, qtype, ncols):
     """Three weights (Q, K and V; or gate, up and a third) in one hx_mmq_dp4a_multi launch: each weight's rows have
-    the bits of its own launch, for row counts the 4-row block does not divide."""
+    the bits of its own launch, for row counts the 4-row block does not divide, at one and several columns."""
     from hiraishin.kernels.mmq.launch import DP4A_SOURCE, activation_layout, kernel_defines
     from hiraishin.quant import random_blocks
 
     k, ns = 4096, (9, 5, 6)
-    plan = _dp4a_plan(qtype, k)
+    plan = _dp4a_plan(qtype, k, ncols)
     ws = [random_blocks(qtype, n, k, seed=30 + i) for i, n in enumerate(ns)]
-    _, xq = _inputs(qtype, k, 1, ncols=1, seed=4)
+    _, xq = _inputs(qtype, k, 1, ncols=ncols, seed=4)
     np.concatenate(ws).tofile(tmp_path / "w.bin")
     as_layout(xq, activation_layout(plan)).tofile(tmp_path / "x.bin")
     exe = builder.build(DP4A_SOURCE, dict(kernel_defines(plan), HX_SHIM=1), MULTI_MAIN, "dp4a_multi")
@@ -146,9 +150,10 @@ def test_dp4a_multi_source_equals_separate_emulators_on_cpu(builder, tmp_path, q
     got = np.fromfile(tmp_path / "o.bin", np.float32)
     at = 0
     for w, n in zip(ws, ns):
-        ref = emulate(w, qtype, xq, subblock_plan(1, qtype, k))[0]
-        np.testing.assert_array_equal(got[at:at + n].view(np.uint32), ref.view(np.uint32), err_msg=f"{n} rows")
-        at += n
+        ref = emulate(w, qtype, xq, subblock_plan(1, qtype, k))
+        np.testing.assert_array_equal(got[at:at + ncols * n].reshape(ncols, n).view(np.uint32), ref.view(np.uint32),
+                                      err_msg=f"{n} rows")
+        at += ncols * n
 
 
 def test_plan_takes_dp4a_only_when_asked_and_only_for_whole_segments(monkeypatch):
@@ -168,6 +173,31 @@ def test_plan_takes_dp4a_only_when_asked_and_only_for_whole_segments(monkeypatch
     assert sb.subblock_plan(1, "Q4_K", 4096) == _dp4a_plan("Q4_K", 4096)
     for qtype, k in (("Q6_K", 12288), ("Q4_K", 8192), ("Q4_K", 3072)):
         assert sb.subblock_plan(1, qtype, k).kernel == "onecol"
+    # several columns: up to SUBBLOCK_DP4A_COLS, rows of 16 super-blocks only, at either level
+    monkeypatch.setattr(sb, "SUBBLOCK_DP4A_COLS", 3)
+    for level in (1, 2):
+        monkeypatch.setattr(sb, "SUBBLOCK_DP4A", level)
+        for wd in (2, 3):
+            assert sb.subblock_plan(wd, "Q6_K", 4096, n=151936) == _dp4a_plan("Q6_K", 4096, wd)
+        assert sb.subblock_plan(4, "Q4_K", 4096).kernel == "mma"
+        assert sb.subblock_plan(2, "Q6_K", 12288).kernel == "mma"
+    monkeypatch.setattr(sb, "SUBBLOCK_DP4A", 0)
+    assert sb.subblock_plan(2, "Q4_K", 4096).kernel == "mma"
+
+
+@pytest.mark.parametrize("text,want", [(None, 1), ("1", 1), (" 4 ", 4), ("0", None), ("5", None), ("x", None)])
+def test_dp4a_columns_from_the_environment(monkeypatch, text, want):
+    import hiraishin.plans.subblock as sb
+
+    if text is None:
+        monkeypatch.delenv(sb.ENV_SUBBLOCK_DP4A_COLS, raising=False)
+    else:
+        monkeypatch.setenv(sb.ENV_SUBBLOCK_DP4A_COLS, text)
+    if want is None:
+        with pytest.raises(ValueError, match=sb.ENV_SUBBLOCK_DP4A_COLS):
+            sb._dp4a_cols_from_env()
+    else:
+        assert sb._dp4a_cols_from_env() == want
 
 
 @pytest.mark.parametrize("text,want", [(None, 2), ("0", 0), (" 1 ", 1), ("2", 2), ("3", None), ("on", None),
@@ -191,13 +221,14 @@ def test_dp4a_defines_name_the_source_and_cap():
                                               kernel_source)
     from hiraishin.kernels.compile import blocks_for_register_cap
 
-    for qtype, k in (("Q4_K", 4096), ("Q6_K", 12288)):
-        plan = _dp4a_plan(qtype, k)
+    for qtype, k, ncols in (("Q4_K", 4096, 1), ("Q6_K", 12288, 1), ("Q6_K", 4096, 3)):
+        plan = _dp4a_plan(qtype, k, ncols)
         d = kernel_defines(plan)
         assert kernel_source(plan) == DP4A_SOURCE
         assert activation_layout(plan) == f"MMA_{qtype}"
         assert d["HX_NB"] == k // 256 and d["HX_NSEG"] == 16 and d["HX_NWARPS"] == SUBBLOCK_DP4A_NWARPS
-        cap = DP4A_MAX_REGS.get(k // 4096, 128)
+        assert d["HX_DCOLS"] == ncols
+        cap = DP4A_MAX_REGS.get((k // 4096, ncols), 128)
         assert d["HX_MIN_BLOCKS"] == blocks_for_register_cap(cap, 32 * SUBBLOCK_DP4A_NWARPS)
     assert kernel_source(dataclasses.replace(_dp4a_plan("Q4_K", 4096), kernel="onecol")) != DP4A_SOURCE
 
@@ -206,15 +237,16 @@ NVCC = shutil.which("nvcc")
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not on PATH")
-@pytest.mark.parametrize("qtype,k", [("Q4_K", 4096), ("Q4_K", 12288), ("Q6_K", 4096), ("Q6_K", 12288)])
-def test_dp4a_kernels_use_no_local_memory_at_their_cap(tmp_path, qtype, k):
+@pytest.mark.parametrize("qtype,k,ncols", [("Q4_K", 4096, 1), ("Q4_K", 12288, 1), ("Q6_K", 4096, 1), ("Q6_K", 12288, 1)]
+                         + [(q, 4096, c) for q in ("Q4_K", "Q6_K") for c in (2, 3, 4)])
+def test_dp4a_kernels_use_no_local_memory_at_their_cap(tmp_path, qtype, k, ncols):
     """ptxas (sm_90, the library's source and defines): no stack frame at the register cap. A runtime index into
     a register array (the Q4_K scale word by the lane's half, session 28) puts it in local memory without a
     spill; CuPy's local_size_bytes then counts it and the launch relaxes its cap to none (234 registers)."""
     from hiraishin.kernels.compile import NVRTC_OPTIONS, defines_text, load_source
     from hiraishin.kernels.mmq.launch import kernel_defines, kernel_source
 
-    plan = _dp4a_plan(qtype, k)
+    plan = _dp4a_plan(qtype, k, ncols)
     src = tmp_path / "dp4a.cu"
     src.write_text(defines_text(kernel_defines(plan)) + load_source(*kernel_source(plan)))
     proc = subprocess.run([NVCC, "-arch=sm_90", "-cubin", "-o", str(tmp_path / "dp4a.cubin"), *NVRTC_OPTIONS,

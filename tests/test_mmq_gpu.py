@@ -335,10 +335,11 @@ def test_passes_with_other_wide_launches_equal_passes_without(tiny_model_path, m
 @pytest.mark.parametrize("qtype,k,n", [("Q4_K", 4096, 4096), ("Q4_K", 4096, 1024), ("Q4_K", 4096, 12288),
                                        ("Q6_K", 12288, 4096), ("Q6_K", 4096, 151936), ("Q6_K", 12288, 77),
                                        ("Q4_K", 12288, 1003), ("Q6_K", 4096, 1025)])
-def test_dp4a_one_column_equals_emulator_and_multi(cp, qtype, k, n, monkeypatch):
-    """The one-column dp4a kernel (HIRAISHIN_SUBBLOCK_DP4A=2, onecol_dp4a.cu) gives the emulator's bits for every
-    Qwen3-8B shape and rows its 4-row blocks do not divide, with no register spills; three weights in one
-    hx_mmq_dp4a_multi launch give each weight's bits of its own launch."""
+def test_dp4a_kernel_equals_emulator_and_multi(cp, qtype, k, n, monkeypatch):
+    """The dp4a kernel (HIRAISHIN_SUBBLOCK_DP4A=2, onecol_dp4a.cu) gives the emulator's bits for every Qwen3-8B shape
+    and rows its 4-row blocks do not divide, at one column and (rows of 16 super-blocks, HIRAISHIN_SUBBLOCK_DP4A_COLS)
+    at 2-4, with no local memory; three weights in one hx_mmq_dp4a_multi launch give each weight's bits of its own
+    launch."""
     import hiraishin.plans.subblock as sb
     from hiraishin.kernels import quantize
     from hiraishin.kernels.compile import kernel_attributes
@@ -347,25 +348,28 @@ def test_dp4a_one_column_equals_emulator_and_multi(cp, qtype, k, n, monkeypatch)
     from hiraishin.quant import random_blocks
 
     monkeypatch.setattr(sb, "SUBBLOCK_DP4A", 2)
-    plan = sb.subblock_plan(1, qtype, k, n=n)
-    assert plan.kernel == "dp4a"
-    for name in ("hx_mmq", "hx_mmq_multi"):
-        attrs = kernel_attributes(mmq_kernel(plan, name=name)[0])
-        assert attrs["local_size_bytes"] == 0, (name, attrs)
+    monkeypatch.setattr(sb, "SUBBLOCK_DP4A_COLS", sb.SUBBLOCK_DP4A_MAX_COLS)
     w = random_blocks(qtype, n, k, seed=k + n + 1)
-    x = np.random.default_rng(n + 1).standard_normal((1, k)).astype(np.float32)
+    x = np.random.default_rng(n + 1).standard_normal((sb.SUBBLOCK_DP4A_MAX_COLS, k)).astype(np.float32)
     xq = quantize.emulate(x)
     rows = _rows(n)
-    ref = emulate(w[rows], qtype, xq, plan)
-    launch = MMQLaunch(n, plan)
-    xl = as_layout(cp.asarray(xq), launch.layout)
     w_d = cp.asarray(w)
-    got = launch(w_d, xl, cp.full((1, n), cp.nan, cp.float32)).get()
-    assert np.isfinite(got).all(), "unwritten outputs"
-    np.testing.assert_array_equal(got[:, rows].view(np.uint32), ref.view(np.uint32), err_msg=f"{qtype} K={k} N={n}")
     ns = (min(n, 1003), 5, 77)
     ws = [w_d[:ns[0]], cp.asarray(random_blocks(qtype, 5, k, seed=2)), cp.asarray(random_blocks(qtype, 77, k, seed=3))]
-    outs = MMQMultiLaunch(ns, plan)(ws, xl, [cp.full((1, m), -1.0, cp.float32) for m in ns])
-    for wi, m, o in zip(ws, ns, outs):
-        want = MMQLaunch(m, plan)(wi, xl, cp.empty((1, m), cp.float32))
-        assert np.array_equal(o.get().view(np.uint32), want.get().view(np.uint32)), f"multi: weight of {m} rows"
+    for wd in range(1, sb.SUBBLOCK_DP4A_MAX_COLS + 1) if k == 4096 else (1,):
+        plan = sb.subblock_plan(wd, qtype, k, n=n)
+        assert plan.kernel == "dp4a" and plan.ncols == wd
+        for name in ("hx_mmq", "hx_mmq_multi"):
+            attrs = kernel_attributes(mmq_kernel(plan, name=name)[0])
+            assert attrs["local_size_bytes"] == 0, (name, wd, attrs)
+        ref = emulate(w[rows], qtype, xq[:wd], plan)
+        launch = MMQLaunch(n, plan)
+        xl = as_layout(cp.asarray(xq[:wd]), launch.layout)
+        got = launch(w_d, xl, cp.full((wd, n), cp.nan, cp.float32)).get()
+        assert np.isfinite(got).all(), f"unwritten outputs at {wd} columns"
+        np.testing.assert_array_equal(got[:, rows].view(np.uint32), ref.view(np.uint32),
+                                      err_msg=f"{qtype} K={k} N={n} width={wd}")
+        outs = MMQMultiLaunch(ns, plan)(ws, xl, [cp.full((wd, m), -1.0, cp.float32) for m in ns])
+        for wi, m, o in zip(ws, ns, outs):
+            want = MMQLaunch(m, plan)(wi, xl, cp.empty((wd, m), cp.float32))
+            assert np.array_equal(o.get().view(np.uint32), want.get().view(np.uint32)), f"multi: {m} rows, {wd} cols"

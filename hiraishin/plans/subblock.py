@@ -38,9 +38,12 @@ from ..errors import PlanError
 __all__ = [
     "ENV_MMQ_TUNING",
     "ENV_SUBBLOCK_DP4A",
+    "ENV_SUBBLOCK_DP4A_COLS",
     "SUBBLOCK_DP4A",
+    "SUBBLOCK_DP4A_COLS",
     "SUBBLOCK_DP4A_DEFAULT",
     "SUBBLOCK_DP4A_LEVELS",
+    "SUBBLOCK_DP4A_MAX_COLS",
     "SUBBLOCK_DP4A_NB",
     "SUBBLOCK_DP4A_NWARPS",
     "SUBBLOCK_FEW_COLS_TUNING",
@@ -158,6 +161,25 @@ def _dp4a_from_env() -> int:
 
 
 SUBBLOCK_DP4A = _dp4a_from_env()
+# Launches of up to HIRAISHIN_SUBBLOCK_DP4A_COLS columns (default 1: one column only; at most SUBBLOCK_DP4A_MAX_COLS)
+# on the dp4a kernel too, for the shapes HIRAISHIN_SUBBLOCK_DP4A puts there: a lane's weights loaded once serve every
+# column, each column summed as the one column is (the same bits at every width); rows of 16 super-blocks only
+# (K = 4096: one half a lane; at K = 12288 ptxas needs 226-255 registers for 2-4 columns). For the verify passes of 2-4
+# tokens, where the MMA form costs more than its one column (H100, session 28, isolated launches x BATCH_VARIANT's
+# one column at 3 columns: the output head 1.25, attn_k 1.25, gate/up 1.14; dp4a one column: 1.00 / 1.12 / 1.02).
+# Built after session 28's last GPU call: not yet timed, so off.
+ENV_SUBBLOCK_DP4A_COLS = "HIRAISHIN_SUBBLOCK_DP4A_COLS"
+SUBBLOCK_DP4A_MAX_COLS = 4  # each column's x (32 ints a lane) and operands come and go; more would crowd registers
+
+
+def _dp4a_cols_from_env() -> int:
+    text = os.environ.get(ENV_SUBBLOCK_DP4A_COLS, "1").strip()
+    if not (text.isdigit() and 1 <= int(text) <= SUBBLOCK_DP4A_MAX_COLS):
+        raise ValueError(f"{ENV_SUBBLOCK_DP4A_COLS}={text!r}: must be an integer in 1..{SUBBLOCK_DP4A_MAX_COLS}")
+    return int(text)
+
+
+SUBBLOCK_DP4A_COLS = _dp4a_cols_from_env()
 SUBBLOCK_DP4A_NB = 16  # super-blocks per row must be a multiple of this (16 segments x 2 lanes = 32 lanes)
 SUBBLOCK_DP4A_NWARPS = 4  # rows (warps) per CUDA block, as llama.cpp's one-column mat-vec's 4 warps per block
 ENV_MMQ_MTILES = "HIRAISHIN_MMQ_MTILES"
@@ -233,8 +255,8 @@ class SubBlockPlan:
     """One launch of the sub-block order for ``ncols`` columns of a (N, ``k``) ``qtype`` weight.
 
     ``nseg`` is the order (from ``k`` only); ``kernel`` ("onecol": the MMA kernel specialised to
-    one column, float work only for the column that exists; "dp4a": one column on dp4a, a warp per row,
-    :data:`ENV_SUBBLOCK_DP4A`; "mma": up to 16 columns per CUDA block), ``cols_per_block`` and ``nwarps``
+    one column, float work only for the column that exists; "dp4a": one column (up to
+    :data:`SUBBLOCK_DP4A_COLS`) on dp4a, a warp per row, :data:`ENV_SUBBLOCK_DP4A`; "mma": up to 16 columns per CUDA block), ``cols_per_block`` and ``nwarps``
     are launch facts that change no bit, as are ``max_regs`` and ``prefetch_x`` (None:
     ``hiraishin.kernels.mmq.launch``'s tables decide; set by the tuning tables, :data:`SUBBLOCK_FEW_COLS_TUNING`, :data:`SUBBLOCK_WIDE_COLS_TUNING` or
     :data:`ENV_MMQ_TUNING`), ``interleave``: the column groups of ``cols_per_block`` whose CUDA
@@ -302,10 +324,11 @@ def subblock_plan(ncols: int, qtype: str, k: int, device=None, n: int | None = N
     cols = SUBBLOCK_NTILE_COLS if ncols <= SUBBLOCK_NTILE_COLS else SUBBLOCK_MAX_COLS_PER_BLOCK
     kernel = "onecol" if ncols == 1 else "mma"
     nb = k // SUBBLOCK_QK
-    if kernel == "onecol" and nb % SUBBLOCK_DP4A_NB == 0 and (
-            SUBBLOCK_DP4A == 2 or (SUBBLOCK_DP4A == 1 and nb == SUBBLOCK_DP4A_NB)):
-        return SubBlockPlan(qtype=qtype, ncols=1, k=k, nseg=nseg, kernel="dp4a", tile_rows=SUBBLOCK_DP4A_NWARPS,
-                            cols_per_block=1, nwarps=SUBBLOCK_DP4A_NWARPS)
+    dp4a_rows = nb % SUBBLOCK_DP4A_NB == 0 and (SUBBLOCK_DP4A == 2 or (SUBBLOCK_DP4A == 1 and nb == SUBBLOCK_DP4A_NB))
+    # several columns for rows of one half a lane only (ptxas: three halves and two columns take 226+ registers)
+    if dp4a_rows and (ncols == 1 or (ncols <= SUBBLOCK_DP4A_COLS and nb == SUBBLOCK_DP4A_NB)):
+        return SubBlockPlan(qtype=qtype, ncols=ncols, k=k, nseg=nseg, kernel="dp4a", tile_rows=SUBBLOCK_DP4A_NWARPS,
+                            cols_per_block=ncols, nwarps=SUBBLOCK_DP4A_NWARPS)
     nwarps = SUBBLOCK_NWARPS[(kernel, qtype, n is None or n <= SUBBLOCK_FEW_ROWS)]
     tuned, interleave = {}, 1
     if kernel == "mma" and ncols <= SUBBLOCK_MAX_COLS_PER_BLOCK:  # verify widths: the tuning tables

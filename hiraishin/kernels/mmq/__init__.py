@@ -67,7 +67,8 @@ forward pass quantizes straight into it; ``out`` float32 (ncols, N)). Measured o
 Files: ``mma_rows.cu`` (mma.sync helpers and weight-row loads, shared with ``kernels/mmq_stock``),
 ``mmq.cu`` (``hx_mmq``, and ``hx_mmq_multi``: up to three weights of one plan in one launch, the same
 tiles), ``onecol_dp4a.cu`` (one column on dp4a, a warp per row: the same order for rows of a multiple of 16
-super-blocks, ``HIRAISHIN_SUBBLOCK_DP4A``; ``plans/subblock.py``), :mod:`.launch` (``launch``; ``MMQMultiLaunch``, used by the backend unless
+super-blocks, ``HIRAISHIN_SUBBLOCK_DP4A``; up to four columns of rows of 16, ``HIRAISHIN_SUBBLOCK_DP4A_COLS``;
+``plans/subblock.py``), :mod:`.launch` (``launch``; ``MMQMultiLaunch``, used by the backend unless
 ``HIRAISHIN_MMQ_MULTI=0``), :mod:`.emulate` (``emulate``).
 """
 

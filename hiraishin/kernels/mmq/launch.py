@@ -61,11 +61,12 @@ SOURCE = ("mmq/mma_rows.cu", "mmq/mmq.cu")  # the shared mma.sync helpers and ro
 # One column on dp4a (plans/subblock.py ENV_SUBBLOCK_DP4A): mma_rows.cu for its Q4_K scale helpers, then the kernel.
 DP4A_SOURCE = ("mmq/mma_rows.cu", "mmq/onecol_dp4a.cu")
 DP4A_NAMES = {"hx_mmq": "hx_mmq_dp4a", "hx_mmq_multi": "hx_mmq_dp4a_multi"}
-# Its register cap by 128-value halves per lane (K / 4096): nvcc for sm_90 (ptxas -v) fits one half in 62-64
-# registers with no stack frame (8 CUDA blocks of 4 warps per SM) and three halves (K = 12288) in 128 (4 blocks; at
-# 96 it spills); the device's NVRTC gave the same once nothing was indexed by a runtime value (session 28). A cap
-# that leaves local memory is relaxed as for the MMA kernels.
-DP4A_MAX_REGS = {1: 64}
+# Its register cap by (128-value halves per lane = K / 4096, columns): nvcc for sm_90 (ptxas -v) fits one half and
+# one column in 62-64 registers with no stack frame (8 CUDA blocks of 4 warps per SM), three halves (K = 12288) in
+# 128 (4 blocks; at 96 it spills); the device's NVRTC gave the same once nothing was indexed by a runtime value
+# (session 28). One half and 2 / 3 / 4 columns (HX_DCOLS): 96 / 96 / 128, the least with no stack frame (Q6_K 3
+# columns needs 80, Q4_K 96; 4 columns spill at 96). A cap that leaves local memory is relaxed as for the MMA kernels.
+DP4A_MAX_REGS = {(1, 1): 64, (1, 2): 96, (1, 3): 96, (1, 4): 128}
 DP4A_DEFAULT_MAX_REGS = 128
 
 # Register cap per thread, as HX_MIN_BLOCKS = resident CUDA blocks per SM, and HX_PREFETCH_X (one
@@ -248,7 +249,7 @@ def dp4a_defines(plan: SubBlockPlan, max_regs: int | None | str = "default") -> 
     """``#define``\\ s of ``onecol_dp4a.cu`` for a ``plan`` of kernel "dp4a" (``max_regs``: override the cap)."""
     nb = plan.k // QK_K
     if max_regs == "default":
-        max_regs = DP4A_MAX_REGS.get(nb // 16, DP4A_DEFAULT_MAX_REGS)
+        max_regs = DP4A_MAX_REGS.get((nb // 16, plan.ncols), DP4A_DEFAULT_MAX_REGS)
     return {
         "HX_QTYPE": GGML_TYPE_ID[plan.qtype],
         "HX_BLOCK_BYTES": BLOCK_BYTES[plan.qtype],
@@ -259,6 +260,7 @@ def dp4a_defines(plan: SubBlockPlan, max_regs: int | None | str = "default") -> 
         "HX_MIN_BLOCKS": blocks_for_register_cap(max_regs, 32 * plan.nwarps),
         "HX_NT": 1,  # (mma_rows.cu's declarations)
         "HX_XLAYOUT": 1,
+        "HX_DCOLS": plan.ncols,
     }
 
 

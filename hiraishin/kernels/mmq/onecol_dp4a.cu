@@ -1,4 +1,4 @@
-// hiraishin: the sub-block order for one column on dp4a, one warp per weight row (compiled after mma_rows.cu).
+// hiraishin: the sub-block order on dp4a for one column (or a few, HX_DCOLS), one warp per weight row (compiled after mma_rows.cu).
 //
 // The order is mmq.cu's (hiraishin/kernels/mmq/__init__.py): per K-segment s a chain of float operations over its
 // q8_1 blocks in k order, then the segments added in order 0..HX_NSEG-1. Only the exact integers C of the blocks,
@@ -17,11 +17,18 @@
 // 2t+1 of block 2k, the same of block 2k+1; MMA_Q6_K: ints t, t+4 of block 2k, the same of block 2k+1).
 // Every weight load is issued before the PDL wait (weights are never written; mmvq.cu's one-column kernel does the
 // same), the activations' after it.
+// HX_DCOLS (plans/subblock.py SUBBLOCK_DP4A_COLS; default 1): columns of the launch. A lane's weights, loaded once,
+// serve every column, and each column is summed as the one column is, one after another: the same float
+// operations in the same order at every width, as the order asks.
 
 #if HX_NSEG != 16 || HX_NB % 16
 #error "onecol_dp4a.cu: 16 K-segments of whole super-blocks, HX_NB a multiple of 16"
 #endif
+#ifndef HX_DCOLS
+#define HX_DCOLS 1
+#endif
 #define HX_UNITS (HX_NB / 16)  // 128-value halves of the row per lane (2 * HX_NB halves over 32 lanes)
+#define HX_XCOL_BYTES ((size_t)HX_NB * 8 * HX_Q8_BYTES)  // one column of activations in the MMA layout
 #define HX_UNIT_BLOCKS 4        // q8_1 blocks per half
 
 // The 16 ints (values 4u..4u+3 of the half's blocks 4n + b, b = 0..3, u = 0..7) of a lane's half n of super-block
@@ -194,7 +201,15 @@ __device__ __forceinline__ void hx_dp4a_sum(const hx_dp4a_lane& wl, const unsign
     if (lane == 0 && row < nrows) out[row] = v;
 }
 
-// hx_mmq's arguments (ncols is 1, out_stride unused): CUDA block b holds rows HX_NWARPS * b + warp.
+// Row `row` against each of the HX_DCOLS columns of xq, into out[c * out_stride + row].
+__device__ __forceinline__ void hx_dp4a_cols(const hx_dp4a_lane& wl, const unsigned char* __restrict__ xq,
+                                             float* __restrict__ out, const long long out_stride, const int nrows,
+                                             const int row) {
+#pragma unroll
+    for (int c = 0; c < HX_DCOLS; ++c) hx_dp4a_sum(wl, xq + c * HX_XCOL_BYTES, out + c * out_stride, nrows, row);
+}
+
+// hx_mmq's arguments (ncols is HX_DCOLS): CUDA block b holds rows HX_NWARPS * b + warp.
 extern "C" __global__ void __launch_bounds__(32 * HX_NWARPS, HX_MIN_BLOCKS)
 hx_mmq_dp4a(const unsigned char* __restrict__ w, const unsigned char* __restrict__ xq, float* __restrict__ out,
             const int nrows, const int ncols, const long long out_stride) {
@@ -202,7 +217,7 @@ hx_mmq_dp4a(const unsigned char* __restrict__ w, const unsigned char* __restrict
     hx_dp4a_lane wl;
     hx_dp4a_load(w, nrows, row, wl);
     HX_PDL_ENTRY();  // the activations are the previous kernel's output
-    hx_dp4a_sum(wl, xq, out, nrows, row);
+    hx_dp4a_cols(wl, xq, out, out_stride, nrows, row);
 }
 
 // hx_mmq_multi's arguments: up to three weights reading the same column, CUDA blocks 0..ntile0-1 weight 0's, ...
@@ -217,5 +232,5 @@ hx_mmq_dp4a_multi(const unsigned char* __restrict__ xq, const int ncols,
     hx_dp4a_lane wl;
     hx_dp4a_load(p.w, p.nrows, row, wl);
     HX_PDL_ENTRY();
-    hx_dp4a_sum(wl, xq, p.out, p.nrows, row);
+    hx_dp4a_cols(wl, xq, p.out, p.nrows, p.nrows, row);  // weight i's out is (ncols, nrows_i)
 }
