@@ -185,35 +185,27 @@ def test_plan_takes_dp4a_only_when_asked_and_only_for_whole_segments(monkeypatch
     assert sb.subblock_plan(2, "Q4_K", 4096).kernel == "mma"
 
 
-@pytest.mark.parametrize("text,want", [(None, 1), ("1", 1), (" 4 ", 4), ("0", None), ("5", None), ("x", None)])
-def test_dp4a_columns_from_the_environment(monkeypatch, text, want):
+# (switch, text, what it reads as; None: a ValueError naming the variable)
+SWITCH_TEXTS = [("level", t, v) for t, v in ((None, 2), ("0", 0), (" 1 ", 1), ("2", 2), ("3", None), ("on", None),
+                                             ("", None))] + [
+    ("cols", t, v) for t, v in ((None, 1), ("1", 1), (" 4 ", 4), ("0", None), ("5", None), ("x", None))]
+
+
+@pytest.mark.parametrize("switch,text,want", SWITCH_TEXTS)
+def test_dp4a_switches_from_the_environment(monkeypatch, switch, text, want):
     import hiraishin.plans.subblock as sb
 
+    var, read = {"level": (sb.ENV_SUBBLOCK_DP4A, sb._dp4a_from_env),
+                 "cols": (sb.ENV_SUBBLOCK_DP4A_COLS, sb._dp4a_cols_from_env)}[switch]
     if text is None:
-        monkeypatch.delenv(sb.ENV_SUBBLOCK_DP4A_COLS, raising=False)
+        monkeypatch.delenv(var, raising=False)
     else:
-        monkeypatch.setenv(sb.ENV_SUBBLOCK_DP4A_COLS, text)
+        monkeypatch.setenv(var, text)
     if want is None:
-        with pytest.raises(ValueError, match=sb.ENV_SUBBLOCK_DP4A_COLS):
-            sb._dp4a_cols_from_env()
+        with pytest.raises(ValueError, match=var):
+            read()
     else:
-        assert sb._dp4a_cols_from_env() == want
-
-
-@pytest.mark.parametrize("text,want", [(None, 2), ("0", 0), (" 1 ", 1), ("2", 2), ("3", None), ("on", None),
-                                       ("", None)])
-def test_dp4a_level_from_the_environment(monkeypatch, text, want):
-    import hiraishin.plans.subblock as sb
-
-    if text is None:
-        monkeypatch.delenv(sb.ENV_SUBBLOCK_DP4A, raising=False)
-    else:
-        monkeypatch.setenv(sb.ENV_SUBBLOCK_DP4A, text)
-    if want is None:
-        with pytest.raises(ValueError, match=sb.ENV_SUBBLOCK_DP4A):
-            sb._dp4a_from_env()
-    else:
-        assert sb._dp4a_from_env() == want
+        assert read() == want
 
 
 def test_dp4a_defines_name_the_source_and_cap():
