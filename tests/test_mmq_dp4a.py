@@ -24,7 +24,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from cuda_shim import GXX, ShimBuilder, run  # noqa: E402
-from test_mmq import MMA_SHIM_H, _inputs  # noqa: E402
+from test_mmq import MMA_SHIM_H, MMQ_MULTI_MAIN, _inputs  # noqa: E402
 
 from hiraishin.kernels.mmq import emulate  # noqa: E402
 from hiraishin.kernels.quantize.layout import as_layout  # noqa: E402
@@ -44,22 +44,10 @@ int main(int argc, char** argv) {
     hx_write(argv[5], out.data(), out.size() * 4);
 }"""
 
-MULTI_MAIN = r"""
-int main(int argc, char** argv) {
-    // argv: weights of the three row counts one after another, activations, n0, n1, n2, out (weight i's
-    // (HX_DCOLS, n_i) one after another)
-    int n[3] = {atoi(argv[3]), atoi(argv[4]), atoi(argv[5])};
-    auto w = hx_read(argv[1]); auto x = hx_read(argv[2]);
-    const size_t row_bytes = (size_t)HX_NB * HX_BLOCK_BYTES;
-    int nt[3]; unsigned tiles = 0;
-    for (int i = 0; i < 3; ++i) { nt[i] = (n[i] + HX_NWARPS - 1) / HX_NWARPS; tiles += nt[i]; }
-    const unsigned char* wp[3] = {w.data(), w.data() + (size_t)n[0] * row_bytes, w.data() + (size_t)(n[0] + n[1]) * row_bytes};
-    std::vector<float> out((size_t)HX_DCOLS * (n[0] + n[1] + n[2]), -12345.0f);
-    float* op[3] = {out.data(), out.data() + HX_DCOLS * n[0], out.data() + HX_DCOLS * (n[0] + n[1])};
-    hx_launch({tiles, 1, 1}, {32u * HX_NWARPS, 1, 1}, 0,
-              [&] { hx_mmq_dp4a_multi(x.data(), HX_DCOLS, wp[0], op[0], n[0], nt[0], wp[1], op[1], n[1], nt[1], wp[2], op[2], n[2]); });
-    hx_write(argv[6], out.data(), out.size() * 4);
-}"""
+# test_mmq.py's hx_mmq_multi driver (the dp4a multi kernel takes the same arguments), with the launch facts it reads
+# that mmq.cu defines: 4-row CUDA blocks of one column group, every column in the block, no staging
+MULTI_MAIN = ("#define HX_BLOCK_ROWS HX_NWARPS\n#define HX_CGROUPS 1\n#define HX_BLOCK_COLS HX_DCOLS\n"
+              "#define HX_STAGE_BYTES 0\n" + MMQ_MULTI_MAIN.replace("hx_mmq_multi(", "hx_mmq_dp4a_multi("))
 
 
 def _dp4a_plan(qtype: str, k: int, ncols: int = 1) -> SubBlockPlan:
@@ -146,7 +134,7 @@ def test_dp4a_multi_source_equals_separate_emulators_on_cpu(builder, tmp_path, q
     np.concatenate(ws).tofile(tmp_path / "w.bin")
     as_layout(xq, activation_layout(plan)).tofile(tmp_path / "x.bin")
     exe = builder.build(DP4A_SOURCE, dict(kernel_defines(plan), HX_SHIM=1), MULTI_MAIN, "dp4a_multi")
-    run(exe, tmp_path / "w.bin", tmp_path / "x.bin", *ns, tmp_path / "o.bin")
+    run(exe, tmp_path / "w.bin", tmp_path / "x.bin", *ns, ncols, tmp_path / "o.bin")
     got = np.fromfile(tmp_path / "o.bin", np.float32)
     at = 0
     for w, n in zip(ws, ns):

@@ -1,4 +1,5 @@
-// hiraishin: the sub-block order on dp4a for one column (or a few, HX_DCOLS), one warp per weight row (compiled after mma_rows.cu).
+// hiraishin: the sub-block order on dp4a for one column (or a few, HX_DCOLS), one warp per weight row (compiled
+// after mma_rows.cu).
 //
 // The order is mmq.cu's (hiraishin/kernels/mmq/__init__.py): per K-segment s a chain of float operations over its
 // q8_1 blocks in k order, then the segments added in order 0..HX_NSEG-1. Only the exact integers C of the blocks,
