@@ -93,18 +93,28 @@ def test_attention_q8_1_compiles_without_spills(tmp_path, layout, queries, build
     print(f"attention q8_1 {layout}: registers {regs}")
 
 
+# (early loads level, pass width): each level's one-token build, and the wider builds of levels 2 and 3 (3's is
+# made per width, its arrays sized by it)
+ROPE_BUILDS = [(0, 1), (1, 1), (2, 1), (3, 1), (2, 16), (3, 2), (3, 3), (3, 16)]
+
+
 @pytest.mark.skipif(NVCC is None, reason="nvcc not on PATH")
-@pytest.mark.parametrize("early", [0, 1, 2, 3])
+@pytest.mark.parametrize("early,tokens", ROPE_BUILDS)
 @pytest.mark.parametrize("head_dim,one_block", [(128, True), (128, False), (64, True)])
-def test_rope_attention_compiles_without_spills_and_reads_the_cache_coherently(tmp_path, head_dim, one_block, early):
-    """fattn_vec_q1_rope (fused/launch.py RopeAttentionLaunch's builds, each of ATTN_EARLY_LEVELS): no spills,
-    and no K/V load through the non-coherent read-only path (ld.global.nc), which is undefined for memory the
-    kernel writes (it stores the token's cell, then reads it). Its float loads of q, k, v and the tables may
+def test_rope_attention_compiles_without_spills_and_reads_the_cache_coherently(tmp_path, monkeypatch, head_dim,
+                                                                                 one_block, early, tokens):
+    """fattn_vec_q1_rope (fused/launch.py RopeAttentionLaunch's builds, ATTN_EARLY_LEVELS at the widths above): no
+    spills, and no K/V load through the non-coherent read-only path (ld.global.nc), which is undefined for memory
+    the kernel writes (it stores the pass's cells, then reads them). Its float loads of q, k, v and the tables may
     use that path."""
-    from hiraishin.kernels.fused.launch import ATTN_EARLY_LEVELS, ATTN_ROPE_KERNEL, ATTN_ROPE_PRELUDE
+    from hiraishin.kernels.fused.launch import ATTN_ROPE_KERNEL, ATTN_ROPE_PRELUDE, attn_early_build
+    from hiraishin.kernels.pdl import ENV_PDL_TRIGGER
     from hiraishin.kernels.quantize.launch import quantize_defines
 
-    defines = {**quantize_defines("Q4_K"), "HX_D": head_dim, "HX_ATTN_ROPE": 1, **ATTN_EARLY_LEVELS[early],
+    monkeypatch.setenv(ENV_PDL_TRIGGER, "after_wait")  # the trigger under which level 3 is built
+    build = attn_early_build(early, tokens)
+    assert ("FV_CACHE_EARLY" in build) == (early == 3)
+    defines = {**quantize_defines("Q4_K"), "HX_D": head_dim, "HX_ATTN_ROPE": 1, **build,
                **({"HX_ATTN_Q8_1": 1} if one_block else {})}
     src = tmp_path / "rope_attention.cu"
     src.write_text(defines_text(defines) + load_source(*ATTN_ROPE_PRELUDE, SOURCE_VEC))

@@ -158,9 +158,9 @@ def test_fused_launch_equals_qk_norm_rope_kv_then_attention(shim, tmp_path, case
 
 
 STORE = "        if (!(stores >> j & 1u)) continue;\n"
-V_EARLY = "const int n = k0 + 32 * w + g + 4 * t;\n                    if (first) {"
+V_EARLY = "const int n = k0 + 32 * w + g + 4 * t;\n                    if (FV_PRELOAD_V && first) {"
 ROPE_EARLY = "rope_c[j] = tid < half ? cos_table[at] : 0.0f;"
-OWN_K, OWN_V = "pre->own_k, n == kv_len - 1", "pre->own_v, n == kv_len - 1"
+OWN_K, OWN_V = "pre->own_k, n - own_first, own_tokens", "pre->own_v, n - own_first, own_tokens"
 
 
 @pytest.mark.parametrize("case,early,find,mutant", [
@@ -171,14 +171,21 @@ OWN_K, OWN_V = "pre->own_k, n == kv_len - 1", "pre->own_v, n == kv_len - 1"
     (CASES[7], 0, STORE, "        if (!(stores >> j & 1u) || j > t) continue;\n"),
     (CASES[7], 2, STORE, "        if (!(stores >> j & 1u) || j > t) continue;\n"),
     # the early loads: V loaded from the K phase's cells; every token's k roped at the query's table row
-    (CASES[0], 2, V_EARLY, "const int n = k0 + 32 * w + 8 * g + t;\n                    if (first) {"),
+    (CASES[0], 2, V_EARLY, "const int n = k0 + 32 * w + 8 * g + t;\n                    if (FV_PRELOAD_V && first) {"),
     (CASES[7], 1, ROPE_EARLY, "rope_c[j] = tid < half ? cos_table[at_q] : 0.0f;"),
     # the cells loaded before the wait: the token's own cell taken from them (still NaN) instead of from the block's
     # shared copy, for K and for V; one parallel block, and the cell in block 2's first step
-    (CASES[0], 3, OWN_K, "pre->own_k, false"), (CASES[0], 3, OWN_V, "pre->own_v, false"),
-    (CASES[2], 3, OWN_K, "pre->own_k, false"),
+    (CASES[0], 3, OWN_K, "pre->own_k, -1, own_tokens"), (CASES[0], 3, OWN_V, "pre->own_v, -1, own_tokens"),
+    (CASES[2], 3, OWN_K, "pre->own_k, -1, own_tokens"),
+    # a verify pass's cells: all preloaded (NaN), only the last from the shared copy (the one-token rule), or each
+    # from the next token's copy; 6 tokens across a chunk boundary, 3 in one block's step. (The shim runs blocks
+    # one after another, so only the first block of a step sees the cells still NaN: token 0's, which masks the
+    # cells after its own.)
+    (CASES[7], 3, OWN_K, "pre->own_k, -1, own_tokens"), (CASES[9], 3, OWN_K, "pre->own_k, n - (kv_len - 1), 1"),
+    (CASES[9], 3, OWN_K, "pre->own_k, n - own_first + 1, own_tokens"),
 ], ids=["no-store", "no-store-early", "earlier-cells-only", "earlier-cells-only-early", "v-early-cells",
-        "rope-early-row", "own-k-preloaded", "own-v-preloaded", "own-k-preloaded-P3"])
+        "rope-early-row", "own-k-preloaded", "own-v-preloaded", "own-k-preloaded-P3", "pass-k-preloaded",
+        "pass-last-own-only", "pass-next-token-copy"])
 def test_a_broken_build_fails_the_comparison(shim, tmp_path, case, early, find, mutant):
     def edit(text):
         assert find in text
@@ -278,12 +285,14 @@ def test_the_early_loads_level_from_the_environment(monkeypatch, text, want):
         assert fused_launch._attn_early_from_env() == want
 
 
-@pytest.mark.parametrize("trigger,tokens,want", [("after_wait", 1, 3), ("after_wait", 2, 2), ("early", 1, 2)])
+@pytest.mark.parametrize("trigger,tokens,want", [("after_wait", 1, 3), ("after_wait", 2, 3), ("after_wait", 16, 3),
+                                                  ("early", 1, 2), ("early", 3, 2)])
 def test_cache_loads_before_the_wait_only_where_they_are_sound(monkeypatch, trigger, tokens, want):
-    """Level 3 reads cache cells before the PDL wait: only for one-token passes, and only while every kernel lets
-    its dependents launch after its own wait (HIRAISHIN_PDL_TRIGGER=after_wait); level 2's build otherwise."""
+    """Level 3 reads cache cells before the PDL wait: only while every kernel lets its dependents launch after its
+    own wait (HIRAISHIN_PDL_TRIGGER=after_wait), in a build for the pass's width; level 2's build otherwise."""
     from hiraishin.kernels.pdl import ENV_PDL_TRIGGER
 
     monkeypatch.setenv(ENV_PDL_TRIGGER, trigger)
-    assert attn_early_build(3, tokens) == ATTN_EARLY_LEVELS[want]
+    width = {"FV_ROPE_MAX_TOKENS": tokens} if want == 3 else {}
+    assert attn_early_build(3, tokens) == {**ATTN_EARLY_LEVELS[want], **width}
     assert attn_early_build(2, tokens) == ATTN_EARLY_LEVELS[2]

@@ -50,7 +50,7 @@ def test_rope_attention_launch_equals_qk_norm_rope_kv_then_attention(case):
     posd = cp.asarray(np.arange(pos, pos + T, dtype=np.int32))
     P = plan.parallel_blocks
     runs = []
-    for fused in (0, 1, 2, 3, None):  # the builds of ATTN_EARLY_LEVELS (3: 2 past one token), then the two launches
+    for fused in (0, 1, 2, 3, None):  # the builds of ATTN_EARLY_LEVELS (3: made for T tokens), then the two launches
         kc, vc = cp.asarray(cache), cp.asarray(cache)
         out = cp.full((T, H, D), np.nan, cp.float32)
         parts, meta = cp.full((T, H, P, D), np.nan, cp.float32), cp.full((T, H, P, 2), np.nan, cp.float32)

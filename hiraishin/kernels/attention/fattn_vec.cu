@@ -94,28 +94,43 @@ __device__ __forceinline__ void fv_load_cell(const unsigned short* __restrict__ 
 #define FV_V_WITH_K 0
 #endif
 
-// FV_CACHE_EARLY (fused/launch.py ATTN_EARLY 3; one-token passes, PDL triggering after the wait): fattn_vec_q1_rope
-// loads the K (and, with FV_V_WITH_K, V) cells of its first 128-cell step before it waits for the previous kernel,
-// and takes the token's own cell, which it writes itself, from shared memory as it stored it. The cells before
-// the token's were written by earlier passes; every kernel triggers its dependents only after its own wait, so
-// when this kernel's blocks start, every kernel two or more back in the chain (all of those writers) has
-// finished. Cells past the token's are never written in the pass and their values are selected to 0 as before
-// (a select, not a product, so what they hold cannot matter). The same values and float operations.
+// FV_CACHE_EARLY (fused/launch.py ATTN_EARLY 3; PDL triggering after the wait): fattn_vec_q1_rope loads the K
+// (and, with FV_V_WITH_K, V) cells of its first 128-cell step before it waits for the previous kernel, and takes
+// the pass's own cells, which it writes itself, from shared memory as it stored them. The cells before the
+// pass's were written by earlier passes; every kernel triggers its dependents only after its own wait, so when
+// this kernel's blocks start, every kernel two or more back in the chain (all of those writers) has finished.
+// Cells past the pass's are never written in it and their values are selected to 0 as before (a select, not a
+// product, so what they hold cannot matter). A pass's cells are consecutive and end at kv_len - 1; any of them
+// in a block's first step lies in the block's first chunk, so the block stored it (fattn_vec_q1_rope). The same
+// values and float operations.
 #ifndef FV_CACHE_EARLY
 #define FV_CACHE_EARLY 0
 #endif
+// The tokens whose k rows fattn_vec_q1_rope's block may norm (a verify pass: at most 16). FV_CACHE_EARLY builds
+// are made for their pass's width (fused/launch.py attn_early_build): its per-token arrays are live while the
+// preloaded cells are, and 16 tokens' worth beside those would not fit the registers. Only one-token builds
+// preload the first step's V cells as well (FV_PRELOAD_V): nvcc sm_90 fits them at 252 registers there, and
+// spilled at two tokens and more.
+#ifndef FV_ROPE_MAX_TOKENS
+#define FV_ROPE_MAX_TOKENS 16
+#endif
+#define FV_PRELOAD_V (FV_V_WITH_K && FV_ROPE_MAX_TOKENS == 1)
 struct fv_preloaded {              // a thread's cells of its block's first step (FV_CACHE_EARLY)
     uint4 k[8][FV_DIM_SLICES];     // K phase cells 32w + 8g + t
-    uint4 v[8][FV_DIM_SLICES];     // V phase cells 32w + g + 4t (with FV_V_WITH_K)
-    const unsigned short* own_k;   // shared memory: the token's own cell, as the block stored it
-    const unsigned short* own_v;
+    uint4 v[FV_PRELOAD_V ? 8 : 1][FV_DIM_SLICES];  // V phase cells 32w + g + 4t (FV_PRELOAD_V)
+    const unsigned short* own_k;   // shared memory: the pass's cells (token-major, D halves each) as the block
+    const unsigned short* own_v;   // stored them
 };
-// Thread r's raw halves of a preloaded cell, or of the token's own cell from shared memory.
-__device__ __forceinline__ void fv_pick_cell(const uint4* __restrict__ pre, const unsigned short* own, const bool is_own,
-                                             const int r, uint4* __restrict__ raw) {
+// Thread r's raw halves of a preloaded cell, or, where it is the pass's cell j (0 <= j < tokens), of the block's
+// copy in shared memory.
+__device__ __forceinline__ void fv_pick_cell(const uint4* __restrict__ pre, const unsigned short* own, const int j,
+                                             const int tokens, const int r, uint4* __restrict__ raw) {
+    const bool is_own = FV_ROPE_MAX_TOKENS == 1 ? j == 0 : j >= 0 && j < tokens;
+    // in bounds whichever is read (a one-token build's copy is the only one: no index, fewer registers)
+    const unsigned short* cell = own + (FV_ROPE_MAX_TOKENS == 1 ? 0 : (size_t)(is_own ? j : 0) * HX_D);
 #pragma unroll
     for (int b = 0; b < FV_DIM_SLICES; ++b) {
-        raw[b] = is_own ? *reinterpret_cast<const uint4*>(own + 64 * b + 8 * r) : pre[b];
+        raw[b] = is_own ? *reinterpret_cast<const uint4*>(cell + 64 * b + 8 * r) : pre[b];
     }
 }
 
@@ -160,6 +175,9 @@ __device__ __forceinline__ void fattn_vec_impl(
     constexpr bool Q_REGS = !SHARE_KV || FV_SHARED_QREG;
     constexpr bool V_EARLY = FV_V_WITH_K && Q_HEAD;  // a step's V loaded with its K (fattn_vec_q1_rope)
     constexpr bool PRELOADED = FV_CACHE_EARLY && Q_HEAD;  // the first step's cells loaded before the wait
+    // the pass's cells, the last own_tokens (a one-token build: its constant 1, which saves registers)
+    const int own_tokens = FV_ROPE_MAX_TOKENS == 1 ? 1 : n_tokens;
+    const int own_first = kv_len - own_tokens;
     // SHARE_KV keeps more in shared memory to leave registers to the accumulators: the scaled
     // queries, their positions, and each thread's own score of the step (in its KQ slot)
     alignas(16) __shared__ float Q_sh[Q_REGS ? 1 : NCOLS][D];
@@ -238,8 +256,8 @@ __device__ __forceinline__ void fattn_vec_impl(
     const int walk_end = FV_SKIP_PAST_FILLED ? kv_len : kv_attended;
     for (int c = y; c < n_chunks && c * chunk_cells < walk_end; c += P) {
         for (int k0 = c * chunk_cells; k0 < (c + 1) * chunk_cells && k0 < walk_end; k0 += FV_NTHREADS) {
-            // the block's first step, whose cells were loaded before the wait (FV_CACHE_EARLY; one token, whose
-            // cell is kv_len - 1)
+            // the block's first step, whose cells were loaded before the wait (FV_CACHE_EARLY; the pass's own cells,
+            // the last n_tokens, from the block's shared copy)
             const bool first = PRELOADED && c == y && k0 == c * chunk_cells;
             uint4 v_raw[V_EARLY ? 8 : 1][FV_DIM_SLICES];
             if constexpr (V_EARLY) {
@@ -247,8 +265,8 @@ __device__ __forceinline__ void fattn_vec_impl(
 #pragma unroll
                 for (int t = 0; t < 8; ++t) {
                     const int n = k0 + 32 * w + g + 4 * t;
-                    if (first) {
-                        fv_pick_cell(pre->v[t], pre->own_v, n == kv_len - 1, r, v_raw[t]);
+                    if (FV_PRELOAD_V && first) {
+                        fv_pick_cell(pre->v[FV_PRELOAD_V ? t : 0], pre->own_v, n - own_first, own_tokens, r, v_raw[t]);
                     } else {
                         fv_load_cell_raw(Vh, n, kv_len, cell_stride, r, v_raw[t]);
                     }
@@ -277,7 +295,7 @@ __device__ __forceinline__ void fattn_vec_impl(
                 if constexpr (PRELOADED) {
                     uint4 raw[FV_DIM_SLICES];
                     if (first) {
-                        fv_pick_cell(pre->k[t], pre->own_k, n == kv_len - 1, r, raw);
+                        fv_pick_cell(pre->k[t], pre->own_k, n - own_first, own_tokens, r, raw);
                     } else {
                         fv_load_cell_raw(Kh, n, kv_len, cell_stride, r, raw);
                     }
@@ -439,10 +457,6 @@ fattn_vec_q1(const float* __restrict__ Q, const unsigned short* __restrict__ K,
 // 4 partials with 0.0f in the lanes past them are the 8 with +0 in lanes 4..7: the same scale.
 // The float work before the attention is hx_qk_norm_rope_kv's, op for op, and the attention is
 // fattn_vec_q1's: the bits of those two launches (tests/test_fattn_rope.py, tests/test_fattn_rope_gpu.py).
-#ifndef FV_ROPE_MAX_TOKENS  // the tokens whose k rows a block may norm (a verify pass: at most 16; FV_CACHE_EARLY: 1)
-#define FV_ROPE_MAX_TOKENS 16
-#endif
-static_assert(!FV_CACHE_EARLY || FV_ROPE_MAX_TOKENS == 1, "FV_CACHE_EARLY builds take one-token passes");
 static_assert(HX_D <= FV_NTHREADS, "one value per thread in the head norms");
 // The norm weights of pair d (dims d, d + half) for thread d < half, zeros elsewhere. Weights are never
 // written, so fattn_vec_q1_rope reads them before it waits on the previous kernel.
@@ -499,7 +513,7 @@ fattn_vec_q1_rope(const float* __restrict__ q, const float* __restrict__ k, cons
         for (int c = 0; c < 8; ++c) {
             const int nk = k0 + 32 * w + 8 * g + c;
             fv_load_cell_raw(K + (size_t)kv_head * D, nk, nk + 1, cell_stride, r, pre.k[c]);
-            if constexpr (FV_V_WITH_K) {
+            if constexpr (FV_PRELOAD_V) {
                 const int nv = k0 + 32 * w + g + 4 * c;
                 fv_load_cell_raw(V + (size_t)kv_head * D, nv, nv + 1, cell_stride, r, pre.v[c]);
             }
@@ -508,10 +522,10 @@ fattn_vec_q1_rope(const float* __restrict__ q, const float* __restrict__ k, cons
 #endif
     HX_PDL_ENTRY();
 #if FV_CACHE_EARLY
-    alignas(16) __shared__ unsigned short own_k[D];  // the token's own cell as this block stores it
-    alignas(16) __shared__ unsigned short own_v[D];
-    pre.own_k = own_k;
-    pre.own_v = own_v;
+    alignas(16) __shared__ unsigned short own_k[FV_ROPE_MAX_TOKENS][D];  // the pass's cells as this block stores them
+    alignas(16) __shared__ unsigned short own_v[FV_ROPE_MAX_TOKENS][D];
+    pre.own_k = &own_k[0][0];
+    pre.own_v = &own_v[0][0];
 #endif
     __shared__ float partial_q[FV_NWARPS];                      // the trees' warp partials: the query's,
     __shared__ float partial_k[FV_ROPE_MAX_TOKENS][FV_NWARPS];  // and each stored token's k
@@ -614,13 +628,13 @@ fattn_vec_q1_rope(const float* __restrict__ q, const float* __restrict__ k, cons
             K[at + tid] = hx_f2h(y0);
             K[at + tid + half] = hx_f2h(y1);
 #if FV_CACHE_EARLY
-            own_k[tid] = hx_f2h(y0);  // the cell as stored, for this block's first step
-            own_k[tid + half] = hx_f2h(y1);
+            own_k[j][tid] = hx_f2h(y0);  // the cell as stored, for this block's first step
+            own_k[j][tid + half] = hx_f2h(y1);
 #endif
         }
         if (tid < D) V[at + tid] = hx_f2h(xv[j]);
 #if FV_CACHE_EARLY
-        if (tid < D) own_v[tid] = hx_f2h(xv[j]);
+        if (tid < D) own_v[j][tid] = hx_f2h(xv[j]);
 #endif
     }
     __syncthreads();  // q_sh, and the cells' K and V for this block's own loads

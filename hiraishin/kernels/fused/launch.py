@@ -89,26 +89,29 @@ ATTN_ROPE_TOKENS = _rope_tokens_from_env()  # read at import, as the other switc
 # How early fattn_vec_q1_rope asks memory for what it reads (fattn_vec.cu; scheduling only, the same bits):
 # 0 as sessions 24-25 measured it; 1 (FV_ROPE_EARLY) the pass's k and v rows together with the positions, not
 # after them, and the RoPE table values as soon as the positions arrive, not after the norms' reduction;
-# 2 (also FV_V_WITH_K) each step's V cells with its K cells, not after the softmax; 3 (also FV_CACHE_EARLY, for
-# one-token passes while PDL triggers after the wait; level 2 otherwise) the cache's cells of the block's first
-# step before the wait, the token's own cell from shared memory. Each removes dependent memory round trips from
+# 2 (also FV_V_WITH_K) each step's V cells with its K cells, not after the softmax; 3 (also FV_CACHE_EARLY, while
+# PDL triggers after the wait; level 2 otherwise) the cache's cells of the block's first step before the wait (K
+# and V for one token, K only for more: registers), the pass's own cells from shared memory, in a build made for
+# the pass's width (FV_ROPE_MAX_TOKENS). Each removes dependent memory round trips from
 # the one-token pass's longest kernel (session 26's Nsight Compute times of the draft step: 7.9 us for each of
 # its 28 attention launches against 3.6-4.8 for a mat-vec). HIRAISHIN_ATTN_EARLY (read at import); default 3:
 # H100 replays, same digests at every level (bench/results/2026-12-06-h100-session28), one-token pass of the
 # 0.6B 0.641 -> 0.632 / 0.618 / 0.610 ms at levels 1 / 2 / 3, the 8B 2.735 -> 2.707 / 2.671 / 2.534 ms; passes
-# of 3 tokens (level 2 there) unchanged.
+# of 3 tokens (then level 2 there) unchanged. Level 3 past one token: not measured yet.
 ENV_ATTN_EARLY = "HIRAISHIN_ATTN_EARLY"
 ATTN_EARLY_LEVELS = {0: {}, 1: {"FV_ROPE_EARLY": 1}, 2: {"FV_ROPE_EARLY": 1, "FV_V_WITH_K": 1},
-                     3: {"FV_ROPE_EARLY": 1, "FV_V_WITH_K": 1, "FV_CACHE_EARLY": 1, "FV_ROPE_MAX_TOKENS": 1}}
+                     3: {"FV_ROPE_EARLY": 1, "FV_V_WITH_K": 1, "FV_CACHE_EARLY": 1}}
 ATTN_EARLY_DEFAULT = 3
 
 
 def attn_early_build(level: int, tokens: int) -> dict:
     """The #defines of early-loads ``level`` for passes of ``tokens`` tokens: level 3 only where it is sound
-    (one token, and PDL letting a kernel's dependents launch only after its own wait, so that the writers of
-    the cache's earlier cells have finished when its blocks start); level 2 otherwise."""
-    if level == 3 and (tokens != 1 or trigger_defines()["HX_PDL_EARLY"]):
+    (PDL letting a kernel's dependents launch only after its own wait, so that the writers of the cache's
+    earlier cells have finished when its blocks start; level 2 otherwise), built for ``tokens``."""
+    if level == 3 and trigger_defines()["HX_PDL_EARLY"]:
         level = 2
+    if level == 3:
+        return {**ATTN_EARLY_LEVELS[3], "FV_ROPE_MAX_TOKENS": tokens}
     return dict(ATTN_EARLY_LEVELS[level])
 
 
