@@ -270,7 +270,7 @@ def test_the_fused_attention_limit_from_the_environment(monkeypatch, text, want)
 
 
 @pytest.mark.parametrize("text,want", [(None, 3), ("0", 0), ("1", 1), (" 2 ", 2), ("3", 3), ("4", None), ("early", None),
-                                       ("", None)])
+                                       ("", 3)])
 def test_the_early_loads_level_from_the_environment(monkeypatch, text, want):
     from hiraishin.kernels.fused import launch as fused_launch
 

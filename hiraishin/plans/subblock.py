@@ -34,6 +34,7 @@ import os
 from dataclasses import dataclass
 
 from ..errors import PlanError
+from ..switches import env_int
 
 __all__ = [
     "ENV_MMQ_TUNING",
@@ -154,10 +155,7 @@ SUBBLOCK_DP4A_DEFAULT = 2
 
 
 def _dp4a_from_env() -> int:
-    text = os.environ.get(ENV_SUBBLOCK_DP4A, str(SUBBLOCK_DP4A_DEFAULT)).strip()
-    if not (text.isdigit() and int(text) in SUBBLOCK_DP4A_LEVELS):
-        raise ValueError(f"{ENV_SUBBLOCK_DP4A}={text!r}: must be one of {list(SUBBLOCK_DP4A_LEVELS)}")
-    return int(text)
+    return env_int(ENV_SUBBLOCK_DP4A, SUBBLOCK_DP4A_LEVELS, SUBBLOCK_DP4A_DEFAULT, "the dp4a one-column level")
 
 
 SUBBLOCK_DP4A = _dp4a_from_env()
@@ -173,10 +171,7 @@ SUBBLOCK_DP4A_MAX_COLS = 4  # each column's x (32 ints a lane) and operands come
 
 
 def _dp4a_cols_from_env() -> int:
-    text = os.environ.get(ENV_SUBBLOCK_DP4A_COLS, "1").strip()
-    if not (text.isdigit() and 1 <= int(text) <= SUBBLOCK_DP4A_MAX_COLS):
-        raise ValueError(f"{ENV_SUBBLOCK_DP4A_COLS}={text!r}: must be an integer in 1..{SUBBLOCK_DP4A_MAX_COLS}")
-    return int(text)
+    return env_int(ENV_SUBBLOCK_DP4A_COLS, range(1, SUBBLOCK_DP4A_MAX_COLS + 1), 1, "the dp4a kernel's most columns")
 
 
 SUBBLOCK_DP4A_COLS = _dp4a_cols_from_env()

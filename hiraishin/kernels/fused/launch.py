@@ -23,6 +23,7 @@ from ..pdl import trigger_defines
 from ..quantize.launch import QUANTIZE_WARPS_PER_BLOCK, output_shape, quantize_defines
 from ..rmsnorm.emulate import block_threads
 from ...plans.attention import KERNEL_Q1, NTHREADS
+from ...switches import env_int
 
 __all__ = ["SOURCE", "SOURCE_EMBED", "EMBED_NORM", "EMBED_NORM_KERNELS", "EmbedRmsNormQ8_1Launch",
            "launch_embed_rms_norm_q8_1", "NULL", "NORM_BLOCK_THREADS", "NORM_PLAYED_MAX_VALUES", "fused_kernel", "norm_geometry",
@@ -76,13 +77,8 @@ ATTN_ROPE_DEFAULT_TOKENS = 1  # the measurement above: faster at one token, slow
 
 
 def _rope_tokens_from_env() -> int:
-    text = os.environ.get(ENV_ATTN_ROPE, "").strip()
-    if not text:
-        return ATTN_ROPE_DEFAULT_TOKENS
-    if not (text.isdigit() and 0 <= int(text) <= ROPE_MAX_TOKENS):
-        raise ValueError(f"{ENV_ATTN_ROPE}={text!r}: the most tokens a pass may have to take the fused attention "
-                         f"launch must be an integer in 0..{ROPE_MAX_TOKENS}")
-    return int(text)
+    return env_int(ENV_ATTN_ROPE, range(ROPE_MAX_TOKENS + 1), ATTN_ROPE_DEFAULT_TOKENS,
+                   "the most tokens a pass may have to take the fused attention launch")
 
 
 ATTN_ROPE_TOKENS = _rope_tokens_from_env()  # read at import, as the other switches; a test may set it here
@@ -116,10 +112,7 @@ def attn_early_build(level: int, tokens: int) -> dict:
 
 
 def _attn_early_from_env() -> int:
-    text = os.environ.get(ENV_ATTN_EARLY, str(ATTN_EARLY_DEFAULT)).strip()
-    if not (text.isdigit() and int(text) in ATTN_EARLY_LEVELS):
-        raise ValueError(f"{ENV_ATTN_EARLY}={text!r}: must be one of {sorted(ATTN_EARLY_LEVELS)}")
-    return int(text)
+    return env_int(ENV_ATTN_EARLY, ATTN_EARLY_LEVELS, ATTN_EARLY_DEFAULT, "the early-loads level")
 
 
 ATTN_EARLY = _attn_early_from_env()
