@@ -256,7 +256,7 @@ def test_the_cuda_ops_take_the_fused_launch_where_it_runs(monkeypatch, limit, T,
         assert calls == ["qk_norm_rope_store", "attention_matvec"]
 
 
-@pytest.mark.parametrize("text,want", [("", 1), ("0", 0), ("1", 1), ("16", 16), ("17", None), ("yes", None),
+@pytest.mark.parametrize("text,want", [("", 4), ("0", 0), ("1", 1), ("16", 16), ("17", None), ("yes", None),
                                        ("-1", None)])
 def test_the_fused_attention_limit_from_the_environment(monkeypatch, text, want):
     from hiraishin.kernels.fused import launch as fused_launch

@@ -174,8 +174,8 @@ def test_plan_takes_dp4a_only_when_asked_and_only_for_whole_segments(monkeypatch
 
 
 # (switch, text, what it reads as; None: a ValueError naming the variable)
-SWITCH_TEXTS = [("level", t, v) for t, v in ((None, 2), ("0", 0), (" 1 ", 1), ("2", 2), ("3", None), ("on", None),
-                                             ("", 2))] + [
+SWITCH_TEXTS = [("level", t, v) for t, v in ((None, 1), ("0", 0), (" 1 ", 1), ("2", 2), ("3", None), ("on", None),
+                                             ("", 1))] + [
     ("cols", t, v) for t, v in ((None, 1), ("1", 1), (" 4 ", 4), ("0", None), ("5", None), ("x", None))]
 
 

@@ -143,15 +143,17 @@ SUBBLOCK_WIDE_COLS_TUNING: dict = {}
 # rows: 64 CUDA blocks on 132 SMs; H200, bench/results/2026-12-03-h200-session12: 1.27x BATCH_VARIANT's one-column
 # mat-vec, ffn_down 1.08x, the output head 1.05x); the dp4a form runs a warp per row like llama.cpp's mat-vec.
 # A launch fact, no bit changes (tests/test_mmq_dp4a.py). HIRAISHIN_SUBBLOCK_DP4A (read once, at import): 0 off;
-# 1 rows of exactly SUBBLOCK_DP4A_NB super-blocks (K = 4096: one super-block a lane, 64 registers); 2 (default)
+# 1 (default) rows of exactly SUBBLOCK_DP4A_NB super-blocks (K = 4096: one super-block a lane, 64 registers); 2
 # every row of a multiple of it (also K = 12288: three a lane, 128 registers). H100, session 28, same digests
 # (bench/results/2026-12-06-h100-session28): the 8B's SUBBLOCK one-token pass 2.747 -> 2.685 ms at 2, passes of
 # 3 tokens unchanged; isolated one-column launches x BATCH_VARIANT's mat-vec, MMA -> dp4a: attn_q 1.05 -> 1.12,
 # attn_k 1.28 -> 1.12, ffn_up 1.04 -> 1.02, ffn_down (K = 12288) 1.02 -> 1.16, output head 1.18 -> 1.00 (in a
-# pass the dp4a form also loads its weights before the PDL wait). Level 1 keeps ffn_down on MMA: not yet timed.
+# pass the dp4a form also loads its weights before the PDL wait). Level 1 (ffn_down back on MMA) against 2, H100,
+# session 29 (bench/results/2026-12-06-h100-session29), same digests: the 8B's one-token pass 2.708 -> 2.602 ms, the
+# 0.6B's 0.750 -> 0.744. Default 1.
 ENV_SUBBLOCK_DP4A = "HIRAISHIN_SUBBLOCK_DP4A"
 SUBBLOCK_DP4A_LEVELS = (0, 1, 2)
-SUBBLOCK_DP4A_DEFAULT = 2
+SUBBLOCK_DP4A_DEFAULT = 1
 
 
 def _dp4a_from_env() -> int:
@@ -165,7 +167,9 @@ SUBBLOCK_DP4A = _dp4a_from_env()
 # (K = 4096: one half a lane; at K = 12288 ptxas needs 226-255 registers for 2-4 columns). For the verify passes of 2-4
 # tokens, where the MMA form costs more than its one column (H100, session 28, isolated launches x BATCH_VARIANT's
 # one column at 3 columns: the output head 1.25, attn_k 1.25, gate/up 1.14; dp4a one column: 1.00 / 1.12 / 1.02).
-# Built after session 28's last GPU call: not yet timed, so off.
+# Slower, so off: H100, session 29, SUBBLOCK replays, same digests, HIRAISHIN_SUBBLOCK_DP4A_COLS 1 -> 2 -> 3 -> 4, the
+# 8B 2.995 -> 3.164 ms at 2 tokens, 3.104 -> 3.695 at 3 (from 3 columns), 3.156 -> 4.247 at 4 (4): the columns
+# run one after another in a lane, each waiting for its own activations and chain.
 ENV_SUBBLOCK_DP4A_COLS = "HIRAISHIN_SUBBLOCK_DP4A_COLS"
 SUBBLOCK_DP4A_MAX_COLS = 4  # each column's x (32 ints a lane) and operands come and go; more would crowd registers
 

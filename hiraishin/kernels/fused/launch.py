@@ -69,11 +69,16 @@ ATTN_Q8_1 = os.environ.get(ENV_ATTN_Q8_1, "1").strip() != "0"
 # (bench/results/2026-12-05-h100-session25/b-attn-rope-bench, HIRAISHIN_ATTN_ROPE 1 -> 16, digests equal): the
 # 8B under SUBBLOCK 3.095 -> 3.234 / 3.777 -> 4.033 / 3.964 -> 4.802 ms at 3 / 9 / 16 tokens, BATCH_INVARIANT
 # 3.396 -> 3.545 at 3; the 0.6B alike. The separate launch's spread of the norms over blocks wins there.
+# With the cache's first step loaded before the wait at every width (ATTN_EARLY 3, session 29) it wins up to four
+# tokens: H100 replays under SUBBLOCK, digests equal (bench/results/2026-12-06-h100-session29), HIRAISHIN_ATTN_ROPE
+# 1 -> 16, the 8B 2.983 -> 2.933 / 3.103 -> 3.069 / 3.157 -> 3.132 ms at 2 / 3 / 4 tokens, the 0.6B 0.781 -> 0.735 /
+# 0.787 -> 0.754 / 0.812 -> 0.797; 4 -> 16: the 8B 3.192 -> 3.184 / 3.787 -> 4.209 / 3.982 -> 4.791 at 6 / 9 / 16,
+# the 0.6B 0.799 -> 0.815 / 0.889 -> 0.951 / 0.940 -> 1.150. Default 4.
 ATTN_ROPE_PRELUDE = ("rmsnorm/rmsnorm.cu", "quantize/quantize_q8_1.cu")
 ATTN_ROPE_KERNEL = "fattn_vec_q1_rope"
 ROPE_MAX_TOKENS = 16  # fattn_vec.cu FV_ROPE_MAX_TOKENS: the passes it takes (a verify pass has at most 16)
 ENV_ATTN_ROPE = "HIRAISHIN_ATTN_ROPE"
-ATTN_ROPE_DEFAULT_TOKENS = 1  # the measurement above: faster at one token, slower at three
+ATTN_ROPE_DEFAULT_TOKENS = 4  # the measurements above: faster up to four tokens (session 29), slower from nine
 
 
 def _rope_tokens_from_env() -> int:
@@ -93,7 +98,9 @@ ATTN_ROPE_TOKENS = _rope_tokens_from_env()  # read at import, as the other switc
 # its 28 attention launches against 3.6-4.8 for a mat-vec). HIRAISHIN_ATTN_EARLY (read at import); default 3:
 # H100 replays, same digests at every level (bench/results/2026-12-06-h100-session28), one-token pass of the
 # 0.6B 0.641 -> 0.632 / 0.618 / 0.610 ms at levels 1 / 2 / 3, the 8B 2.735 -> 2.707 / 2.671 / 2.534 ms; passes
-# of 3 tokens (then level 2 there) unchanged. Level 3 past one token: not measured yet.
+# of 3 tokens (then level 2 there) unchanged. Level 3 at every width since session 29: 3-token passes with the fused
+# launch (HIRAISHIN_ATTN_ROPE=16), level 2 -> 3, the 8B 3.196 -> 3.071 ms, the 0.6B 0.794 -> 0.758, digests equal
+# (H100, bench/results/2026-12-06-h100-session29).
 ENV_ATTN_EARLY = "HIRAISHIN_ATTN_EARLY"
 ATTN_EARLY_LEVELS = {0: {}, 1: {"FV_ROPE_EARLY": 1}, 2: {"FV_ROPE_EARLY": 1, "FV_V_WITH_K": 1},
                      3: {"FV_ROPE_EARLY": 1, "FV_V_WITH_K": 1, "FV_CACHE_EARLY": 1}}
