@@ -169,7 +169,8 @@ SUBBLOCK_DP4A = _dp4a_from_env()
 # one column at 3 columns: the output head 1.25, attn_k 1.25, gate/up 1.14; dp4a one column: 1.00 / 1.12 / 1.02).
 # Slower, so off: H100, session 29, SUBBLOCK replays, same digests, HIRAISHIN_SUBBLOCK_DP4A_COLS 1 -> 2 -> 3 -> 4, the
 # 8B 2.995 -> 3.164 ms at 2 tokens, 3.104 -> 3.695 at 3 (from 3 columns), 3.156 -> 4.247 at 4 (4): the columns
-# run one after another in a lane, each waiting for its own activations and chain.
+# ran one after another in a lane, each waiting for its own activations and chain. Rebuilt after that call with the
+# columns sharing each phase (onecol_dp4a.cu hx_dp4a_cols): not yet timed.
 ENV_SUBBLOCK_DP4A_COLS = "HIRAISHIN_SUBBLOCK_DP4A_COLS"
 SUBBLOCK_DP4A_MAX_COLS = 4  # each column's x (32 ints a lane) and operands come and go; more would crowd registers
 

@@ -19,8 +19,9 @@
 // Every weight load is issued before the PDL wait (weights are never written; mmvq.cu's one-column kernel does the
 // same), the activations' after it.
 // HX_DCOLS (plans/subblock.py SUBBLOCK_DP4A_COLS; default 1): columns of the launch. A lane's weights, loaded once,
-// serve every column, and each column is summed as the one column is, one after another: the same float
-// operations in the same order at every width, as the order asks.
+// serve every column, and each column is summed as the one column is: the same float operations in the same order
+// at every width, as the order asks. The columns share each phase (loads, chains, sums), so their latencies overlap;
+// summed one after another (session 28's build) a launch of C columns cost about C one-column launches.
 
 #if HX_NSEG != 16 || HX_NB % 16
 #error "onecol_dp4a.cu: 16 K-segments of whole super-blocks, HX_NB a multiple of 16"
@@ -144,23 +145,24 @@ __device__ __forceinline__ void hx_dp4a_load(const unsigned char* __restrict__ w
     }
 }
 
-// Row `row` of the weight whose lane's part is wl, against the one column xq, into out[row].
-__device__ __forceinline__ void hx_dp4a_sum(const hx_dp4a_lane& wl, const unsigned char* __restrict__ xq,
-                                            float* __restrict__ out, const int nrows, const int row) {
+// Row `row` of the weight whose lane's part is wl, against the HX_DCOLS columns of xq (HX_XCOL_BYTES apart), into
+// out[c * out_stride + row]. Each phase runs over every column before the next: all columns' activation loads and
+// integer work, then the chains (the columns' in turn at each block: independent chains, each in its own order),
+// then the segment sums; one column's float operations are the same whatever the width.
+__device__ __forceinline__ void hx_dp4a_cols(const hx_dp4a_lane& wl, const unsigned char* __restrict__ xq,
+                                             float* __restrict__ out, const long long out_stride, const int nrows,
+                                             const int row) {
+    constexpr int C = HX_DCOLS;
     const int lane = threadIdx.x & 31;
-    // every block's operands first (loads and integer work, independent of the chain)
-    int c[HX_UNITS][HX_UNIT_BLOCKS];
-    float mul[HX_UNITS][HX_UNIT_BLOCKS];
+    // every block's operands first (loads and integer work, independent of the chains)
+    int c[C][HX_UNITS][HX_UNIT_BLOCKS];
+    float mul[C][HX_UNITS][HX_UNIT_BLOCKS];
 #if HX_QTYPE == 12
-    float wm[HX_UNITS][HX_UNIT_BLOCKS], sx[HX_UNITS][HX_UNIT_BLOCKS];
+    float wm[C][HX_UNITS][HX_UNIT_BLOCKS], sx[C][HX_UNITS][HX_UNIT_BLOCKS];
 #endif
 #pragma unroll
     for (int u = 0; u < HX_UNITS; ++u) {
         const int half = lane * HX_UNITS + u, i = half >> 1, n = half & 1;
-        const unsigned char* rec = xq + (size_t)i * (8 * HX_Q8_BYTES);
-        int x[4][8];
-        hx_dp4a_x(rec, n, x);
-        const uint4 dsv = *(const uint4*)(rec + 16 * n);  // ds words of blocks 4n .. 4n + 3
 #if HX_QTYPE == 12
         hx_row_raw raw;
         raw.h = wl.u[u].h;
@@ -168,46 +170,59 @@ __device__ __forceinline__ void hx_dp4a_sum(const hx_dp4a_lane& wl, const unsign
         hx_decode_row(raw, r);  // (its q[] are not used)
 #endif
 #pragma unroll
-        for (int b = 0; b < HX_UNIT_BLOCKS; ++b) {
-            const unsigned int ds = b == 0 ? dsv.x : b == 1 ? dsv.y : b == 2 ? dsv.z : dsv.w;
+        for (int col = 0; col < C; ++col) {
+            const unsigned char* rec = xq + col * HX_XCOL_BYTES + (size_t)i * (8 * HX_Q8_BYTES);
+            int x[4][8];
+            hx_dp4a_x(rec, n, x);
+            const uint4 dsv = *(const uint4*)(rec + 16 * n);  // ds words of blocks 4n .. 4n + 3
+#pragma unroll
+            for (int b = 0; b < HX_UNIT_BLOCKS; ++b) {
+                const unsigned int ds = b == 0 ? dsv.x : b == 1 ? dsv.y : b == 2 ? dsv.z : dsv.w;
 #if HX_QTYPE == 12
-            hx_dp4a_block(wl.u[u], r, n, b, x[b], ds, c[u][b], mul[u][b], wm[u][b], sx[u][b]);
+                hx_dp4a_block(wl.u[u], r, n, b, x[b], ds, c[col][u][b], mul[col][u][b], wm[col][u][b], sx[col][u][b]);
 #else
-            hx_dp4a_block(wl.u[u], n, b, x[b], ds, c[u][b], mul[u][b]);
+                hx_dp4a_block(wl.u[u], n, b, x[b], ds, c[col][u][b], mul[col][u][b]);
 #endif
+            }
         }
     }
 
-    // the segment's chain: lane 2s from 0, then lane 2s + 1 from where lane 2s stopped
-    float acc = 0.0f;
+    // each segment's chain: lane 2s from 0, then lane 2s + 1 from where lane 2s stopped
+    float acc[C];
+#pragma unroll
+    for (int col = 0; col < C; ++col) acc[col] = 0.0f;
 #pragma unroll
     for (int turn = 0; turn < 2; ++turn) {
         if ((lane & 1) == turn) {
 #pragma unroll
             for (int u = 0; u < HX_UNITS; ++u)
 #pragma unroll
-                for (int b = 0; b < HX_UNIT_BLOCKS; ++b) {
-                    acc = __fmaf_rn(mul[u][b], (float)c[u][b], acc);
+                for (int b = 0; b < HX_UNIT_BLOCKS; ++b)
+#pragma unroll
+                    for (int col = 0; col < C; ++col) {
+                        acc[col] = __fmaf_rn(mul[col][u][b], (float)c[col][u][b], acc[col]);
 #if HX_QTYPE == 12
-                    acc = __fmaf_rn(-wm[u][b], sx[u][b], acc);
+                        acc[col] = __fmaf_rn(-wm[col][u][b], sx[col][u][b], acc[col]);
 #endif
-                }
+                    }
         }
-        if (turn == 0) acc = __shfl_sync(0xffffffffu, acc, lane & ~1, 32);  // lane 2s's value to lane 2s + 1
+        if (turn == 0) {
+#pragma unroll
+            for (int col = 0; col < C; ++col) acc[col] = __shfl_sync(0xffffffffu, acc[col], lane & ~1, 32);  // to 2s + 1
+        }
     }
     // out = seg[0] + seg[1] + ... + seg[15], in order (seg[s] is lane 2s + 1's)
-    float v = __shfl_sync(0xffffffffu, acc, 1, 32);
+    float v[C];
 #pragma unroll
-    for (int s = 1; s < HX_NSEG; ++s) v = __fadd_rn(v, __shfl_sync(0xffffffffu, acc, 2 * s + 1, 32));
-    if (lane == 0 && row < nrows) out[row] = v;
-}
-
-// Row `row` against each of the HX_DCOLS columns of xq, into out[c * out_stride + row].
-__device__ __forceinline__ void hx_dp4a_cols(const hx_dp4a_lane& wl, const unsigned char* __restrict__ xq,
-                                             float* __restrict__ out, const long long out_stride, const int nrows,
-                                             const int row) {
+    for (int col = 0; col < C; ++col) v[col] = __shfl_sync(0xffffffffu, acc[col], 1, 32);
 #pragma unroll
-    for (int c = 0; c < HX_DCOLS; ++c) hx_dp4a_sum(wl, xq + c * HX_XCOL_BYTES, out + c * out_stride, nrows, row);
+    for (int s = 1; s < HX_NSEG; ++s)
+#pragma unroll
+        for (int col = 0; col < C; ++col) v[col] = __fadd_rn(v[col], __shfl_sync(0xffffffffu, acc[col], 2 * s + 1, 32));
+    if (lane == 0 && row < nrows) {
+#pragma unroll
+        for (int col = 0; col < C; ++col) out[col * out_stride + row] = v[col];
+    }
 }
 
 // hx_mmq's arguments (ncols is HX_DCOLS): CUDA block b holds rows HX_NWARPS * b + warp.
