@@ -85,7 +85,7 @@ VARIANTS = {
     "whole pass": {},
     "no add+norm": {"launch_add_rms_norm_q8_1": _skip},
     "no swiglu": {"launch_swiglu_q8_1": _skip},
-    "no qk norm+rope+kv": {"launch_qk_norm_rope_kv": _skip_qk},  # (one token: run with HIRAISHIN_ATTN_ROPE=0, else no launch to skip)
+    "no qk norm+rope+kv": {"launch_qk_norm_rope_kv": _skip_qk},  # (up to four tokens: run with HIRAISHIN_ATTN_ROPE=0, else no launch to skip)
     "no combine": {"launch_combine_q8_1": _skip},
     "no attention partials": {"launch_partials": _skip, "launch_attention_q8_1": _skip},
     "norm as elementwise": {"launch_add_rms_norm_q8_1": _norm_as_elementwise},

@@ -87,7 +87,7 @@ class CudaAttentionOps:
                               layer: int, kv_len: int, order, weight, out=None, q_out=None):
         """:meth:`qk_norm_rope_store` of the projections' raw rows ``q`` (T, H, D), ``k``, ``v`` (T, Hkv, D)
         (the roped q into ``q_out``), then :meth:`attention_matvec`. A pass of at most ``HIRAISHIN_ATTN_ROPE``
-        tokens (``kernels.fused.launch.ATTN_ROPE_TOKENS``, default 1) whose plan runs the one-query vector kernel
+        tokens (``kernels.fused.launch.ATTN_ROPE_TOKENS``, default 4) whose plan runs the one-query vector kernel
         does the first inside its attention launch (``fattn_vec_q1_rope``: the same bits, one launch fewer;
         ``q_out`` is then not written)."""
         T, H, D = q.shape

@@ -63,7 +63,7 @@ ATTN_Q8_1 = os.environ.get(ENV_ATTN_Q8_1, "1").strip() != "0"
 # (bench/results/2026-12-05-h200-session22, graph replays, logits digests equal): faster for one token (the
 # 0.6B 0.632 -> 0.617 ms, the 8B 2.339 -> 2.329 under BATCH_INVARIANT; the bench's draft step 0.624 -> 0.610),
 # slower for three (0.818 -> 0.862, 3.341 -> 3.391: every token's block norms every cell's k). So the backend
-# fuses passes of at most ATTN_ROPE_TOKENS tokens: HIRAISHIN_ATTN_ROPE, default 1 (0: never; at most 16).
+# fuses passes of at most ATTN_ROPE_TOKENS tokens: HIRAISHIN_ATTN_ROPE (0: never; at most 16), default below.
 # Since session 24 a block loads every stored token's k and v at once (one L2 round trip a pass, where the
 # measured kernel made two a token, one after another). Still slower past one token, on an H100
 # (bench/results/2026-12-05-h100-session25/b-attn-rope-bench, HIRAISHIN_ATTN_ROPE 1 -> 16, digests equal): the
