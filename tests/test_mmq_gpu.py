@@ -33,8 +33,8 @@ def _rows(n):
 
 @pytest.fixture(autouse=True)
 def _mma_one_column(monkeypatch):
-    """The MMA kernel's tests, its one-column form included: one column of whole 16-segment rows is the dp4a kernel
-    by default (plans/subblock.py HIRAISHIN_SUBBLOCK_DP4A), tested by its own test below, which sets it back."""
+    """The MMA kernel's tests, its one-column form included: one column of rows of 16 super-blocks is the dp4a
+    kernel by default (plans/subblock.py HIRAISHIN_SUBBLOCK_DP4A), tested by its own test below, which sets it back."""
     import hiraishin.plans.subblock as sb
 
     monkeypatch.setattr(sb, "SUBBLOCK_DP4A", 0)

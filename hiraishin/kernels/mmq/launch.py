@@ -64,8 +64,10 @@ DP4A_NAMES = {"hx_mmq": "hx_mmq_dp4a", "hx_mmq_multi": "hx_mmq_dp4a_multi"}
 # Its register cap by (128-value halves per lane = K / 4096, columns): nvcc for sm_90 (ptxas -v) fits one half and
 # one column in 62-64 registers with no stack frame (8 CUDA blocks of 4 warps per SM), three halves (K = 12288) in
 # 128 (4 blocks; at 96 it spills); the device's NVRTC gave the same once nothing was indexed by a runtime value
-# (session 28). One half and 2 / 3 / 4 columns (HX_DCOLS): 96 / 96 / 128, the least with no stack frame (Q6_K 3
-# columns needs 80, Q4_K 96; 4 columns spill at 96). A cap that leaves local memory is relaxed as for the MMA kernels.
+# (session 28). One half and 2 / 3 / 4 columns (HX_DCOLS): 96 / 96 / 128, the least with no stack frame for session
+# 28's source (4 columns spilled at 96). The source since session 29 (the columns share each phase) has none at 80 / 96
+# / 96 (Q4_K 3 columns at 80, Q6_K not); the caps stay until a GPU run times them. A cap that leaves local memory is
+# relaxed as for the MMA kernels.
 DP4A_MAX_REGS = {(1, 1): 64, (1, 2): 96, (1, 3): 96, (1, 4): 128}
 DP4A_DEFAULT_MAX_REGS = 128
 
