@@ -66,14 +66,15 @@ def builder(tmp_path):
     return b
 
 
-def _run_one(builder, tmp_path, qtype, k, n, shift, edit=None, seed=3, ncols=1):
+def _run_one(builder, tmp_path, qtype, k, n, shift, edit=None, seed=3, ncols=1, xstage=0):
     from hiraishin.kernels.mmq.launch import DP4A_SOURCE, activation_layout, kernel_defines
 
     plan = _dp4a_plan(qtype, k, ncols)
     w, xq = _inputs(qtype, k, n, ncols=ncols, seed=seed)
     w.tofile(tmp_path / "w.bin")
     as_layout(xq, activation_layout(plan)).tofile(tmp_path / "x.bin")
-    exe = builder.build(DP4A_SOURCE, dict(kernel_defines(plan), HX_SHIM=1), MAIN, "dp4a", edit=edit)
+    defines = dict(kernel_defines(plan), HX_SHIM=1, HX_XSTAGE=xstage)
+    exe = builder.build(DP4A_SOURCE, defines, MAIN, f"dp4a{xstage}", edit=edit)
     run(exe, tmp_path / "w.bin", tmp_path / "x.bin", n, shift, tmp_path / "o.bin")
     got = np.fromfile(tmp_path / "o.bin", np.float32).reshape(ncols, n)
     ref = emulate(w, qtype, xq, subblock_plan(1, qtype, k))  # (ncols, n): every column the one-column order
@@ -91,6 +92,31 @@ def test_dp4a_source_equals_emulator_on_cpu(builder, tmp_path, case):
     qtype, k, n, shift, ncols = case
     got, ref = _run_one(builder, tmp_path, qtype, k, n, shift, ncols=ncols)
     np.testing.assert_array_equal(got.view(np.uint32), ref.view(np.uint32), err_msg=f"{case}")
+
+
+# HX_XSTAGE=1 (the block's shared copy of its columns): one and three halves a lane, 1-4 columns, rows the block
+# does not divide (its last warps copy and wait like the others), a weight buffer 2 bytes past a word
+XSTAGE_CASES = [("Q4_K", 4096, 7, 0, 1), ("Q6_K", 12288, 3, 2, 1), ("Q4_K", 12288, 5, 0, 1), ("Q6_K", 4096, 6, 0, 2),
+                ("Q4_K", 4096, 5, 0, 3), ("Q6_K", 4096, 9, 2, 4)]
+
+
+@pytest.mark.parametrize("case", XSTAGE_CASES, ids=lambda c: f"{c[0]}-K{c[1]}-n{c[2]}-at{c[3]}-c{c[4]}")
+def test_dp4a_shared_copy_changes_no_bit_on_cpu(builder, tmp_path, case):
+    qtype, k, n, shift, ncols = case
+    got, ref = _run_one(builder, tmp_path, qtype, k, n, shift, ncols=ncols, xstage=1)
+    np.testing.assert_array_equal(got.view(np.uint32), ref.view(np.uint32), err_msg=f"{case}")
+
+
+def _stage_half_one_as_half_zero(text: str) -> str:
+    old = "HX_XS_HALF * ((t - 2) >> 3)"
+    assert old in text
+    return text.replace(old, "0 * ((t - 2) >> 3)")
+
+
+def test_a_wrong_shared_copy_is_seen(builder, tmp_path):
+    """A copy that puts both halves of a super-block in one place: the lanes of half 0 read half 1's values."""
+    got, ref = _run_one(builder, tmp_path, "Q4_K", 4096, 5, 0, edit=_stage_half_one_as_half_zero, ncols=2, xstage=1)
+    assert not np.array_equal(got.view(np.uint32), ref.view(np.uint32))
 
 
 def _reverse_segments(text: str) -> str:
@@ -123,8 +149,9 @@ def test_an_other_order_is_seen(builder, tmp_path, qtype, ncols, mutant):
     assert not np.array_equal(got.view(np.uint32), ref.view(np.uint32))  # other bits
 
 
-@pytest.mark.parametrize("qtype,ncols", [("Q4_K", 1), ("Q6_K", 1), ("Q4_K", 3), ("Q6_K", 2)])
-def test_dp4a_multi_source_equals_separate_emulators_on_cpu(builder, tmp_path, qtype, ncols):
+@pytest.mark.parametrize("qtype,ncols,xstage", [("Q4_K", 1, 0), ("Q6_K", 1, 0), ("Q4_K", 3, 0), ("Q6_K", 2, 0),
+                                               ("Q4_K", 1, 1), ("Q6_K", 3, 1)])
+def test_dp4a_multi_source_equals_separate_emulators_on_cpu(builder, tmp_path, qtype, ncols, xstage):
     """Three weights (Q, K and V; or gate, up and a third) in one hx_mmq_dp4a_multi launch: each weight's rows have
     the bits of its own launch, for row counts the 4-row block does not divide, at one and several columns."""
     from hiraishin.kernels.mmq.launch import DP4A_SOURCE, activation_layout, kernel_defines
@@ -136,7 +163,8 @@ def test_dp4a_multi_source_equals_separate_emulators_on_cpu(builder, tmp_path, q
     _, xq = _inputs(qtype, k, 1, ncols=ncols, seed=4)
     np.concatenate(ws).tofile(tmp_path / "w.bin")
     as_layout(xq, activation_layout(plan)).tofile(tmp_path / "x.bin")
-    exe = builder.build(DP4A_SOURCE, dict(kernel_defines(plan), HX_SHIM=1), MULTI_MAIN, "dp4a_multi")
+    exe = builder.build(DP4A_SOURCE, dict(kernel_defines(plan), HX_SHIM=1, HX_XSTAGE=xstage), MULTI_MAIN,
+                        f"dp4a_multi{xstage}")
     run(exe, tmp_path / "w.bin", tmp_path / "x.bin", *ns, ncols, tmp_path / "o.bin")
     got = np.fromfile(tmp_path / "o.bin", np.float32)
     at = 0
@@ -220,9 +248,10 @@ NVCC = shutil.which("nvcc")
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not on PATH")
+@pytest.mark.parametrize("xstage", [0, 1])
 @pytest.mark.parametrize("qtype,k,ncols", [("Q4_K", 4096, 1), ("Q4_K", 12288, 1), ("Q6_K", 4096, 1), ("Q6_K", 12288, 1)]
                          + [(q, 4096, c) for q in ("Q4_K", "Q6_K") for c in (2, 3, 4)])
-def test_dp4a_kernels_use_no_local_memory_at_their_cap(tmp_path, qtype, k, ncols):
+def test_dp4a_kernels_use_no_local_memory_at_their_cap(tmp_path, qtype, k, ncols, xstage):
     """ptxas (sm_90, the library's source and defines): no stack frame at the register cap. A runtime index into
     a register array (the Q4_K scale word by the lane's half, session 28) puts it in local memory without a
     spill; CuPy's local_size_bytes then counts it and the launch relaxes its cap to none (234 registers)."""
@@ -231,7 +260,7 @@ def test_dp4a_kernels_use_no_local_memory_at_their_cap(tmp_path, qtype, k, ncols
 
     plan = _dp4a_plan(qtype, k, ncols)
     src = tmp_path / "dp4a.cu"
-    src.write_text(defines_text(kernel_defines(plan)) + load_source(*kernel_source(plan)))
+    src.write_text(defines_text(dict(kernel_defines(plan), HX_XSTAGE=xstage)) + load_source(*kernel_source(plan)))
     proc = subprocess.run([NVCC, "-arch=sm_90", "-cubin", "-o", str(tmp_path / "dp4a.cubin"), *NVRTC_OPTIONS,
                            "-Xptxas", "-v", str(src)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -335,11 +335,14 @@ def test_passes_with_other_wide_launches_equal_passes_without(tiny_model_path, m
 @pytest.mark.parametrize("qtype,k,n", [("Q4_K", 4096, 4096), ("Q4_K", 4096, 1024), ("Q4_K", 4096, 12288),
                                        ("Q6_K", 12288, 4096), ("Q6_K", 4096, 151936), ("Q6_K", 12288, 77),
                                        ("Q4_K", 12288, 1003), ("Q6_K", 4096, 1025)])
-def test_dp4a_kernel_equals_emulator_and_multi(cp, qtype, k, n, monkeypatch):
+@pytest.mark.parametrize("xstage", [0, 1])
+def test_dp4a_kernel_equals_emulator_and_multi(cp, qtype, k, n, xstage, monkeypatch):
     """The dp4a kernel (HIRAISHIN_SUBBLOCK_DP4A=2, onecol_dp4a.cu) gives the emulator's bits for every Qwen3-8B shape
     and rows its 4-row blocks do not divide, at one column and (rows of 16 super-blocks, HIRAISHIN_SUBBLOCK_DP4A_COLS)
-    at 2-4, with no local memory; three weights in one hx_mmq_dp4a_multi launch give each weight's bits of its own
+    at 2-4, with no local memory, reading its activations from global memory or from its block's shared copy
+    (HIRAISHIN_DP4A_XSTAGE); three weights in one hx_mmq_dp4a_multi launch give each weight's bits of its own
     launch."""
+    import hiraishin.kernels.mmq.launch as mmq_launch
     import hiraishin.plans.subblock as sb
     from hiraishin.kernels import quantize
     from hiraishin.kernels.compile import kernel_attributes
@@ -349,6 +352,7 @@ def test_dp4a_kernel_equals_emulator_and_multi(cp, qtype, k, n, monkeypatch):
 
     monkeypatch.setattr(sb, "SUBBLOCK_DP4A", 2)
     monkeypatch.setattr(sb, "SUBBLOCK_DP4A_COLS", sb.SUBBLOCK_DP4A_MAX_COLS)
+    monkeypatch.setattr(mmq_launch, "DP4A_XSTAGE", xstage)
     w = random_blocks(qtype, n, k, seed=k + n + 1)
     x = np.random.default_rng(n + 1).standard_normal((sb.SUBBLOCK_DP4A_MAX_COLS, k)).astype(np.float32)
     xq = quantize.emulate(x)

@@ -15,6 +15,7 @@ import numpy as np
 
 from ...plans.subblock import SUBBLOCK_NTILE_COLS, SUBBLOCK_TILE_ROWS, SubBlockPlan
 from ...quant import BLOCK_BYTES, GGML_TYPE_ID, QK_K
+from ...switches import env_int
 from ..compile import blocks_for_register_cap, get_kernel, relax_register_cap
 from ..compile import precompile as compile_many
 from ..mmvq.launch import MULTI_MAX_WEIGHTS, multi_weight_args
@@ -44,6 +45,8 @@ __all__ = [
     "SOURCE",
     "DP4A_SOURCE",
     "DP4A_MAX_REGS",
+    "DP4A_XSTAGE",
+    "ENV_DP4A_XSTAGE",
     "dp4a_defines",
     "MMQLaunch",
     "kernel_defines",
@@ -70,6 +73,11 @@ DP4A_NAMES = {"hx_mmq": "hx_mmq_dp4a", "hx_mmq_multi": "hx_mmq_dp4a_multi"}
 # relaxed as for the MMA kernels.
 DP4A_MAX_REGS = {(1, 1): 64, (1, 2): 96, (1, 3): 96, (1, 4): 128}
 DP4A_DEFAULT_MAX_REGS = 128
+# HX_XSTAGE: the dp4a kernel's CUDA block copies its columns of activations into shared memory (coalesced) before its
+# lanes read them (onecol_dp4a.cu; read straight from global memory, a warp's 16-byte load touches 32 cache lines).
+# A copy: no bit changes. HIRAISHIN_DP4A_XSTAGE=1 turns it on; off until a GPU run times it.
+ENV_DP4A_XSTAGE = "HIRAISHIN_DP4A_XSTAGE"
+DP4A_XSTAGE = env_int(ENV_DP4A_XSTAGE, (0, 1), 0, "the dp4a kernel's shared copy of its activations")
 
 # Register cap per thread, as HX_MIN_BLOCKS = resident CUDA blocks per SM, and HX_PREFETCH_X (one
 # n-tile: a super-block's activations loaded before its weights): launch facts, no bit changes.
@@ -263,6 +271,7 @@ def dp4a_defines(plan: SubBlockPlan, max_regs: int | None | str = "default") -> 
         "HX_NT": 1,  # (mma_rows.cu's declarations)
         "HX_XLAYOUT": 1,
         "HX_DCOLS": plan.ncols,
+        "HX_XSTAGE": DP4A_XSTAGE,
     }
 
 

@@ -22,6 +22,12 @@
 // serve every column, and each column is summed as the one column is: the same float operations in the same order
 // at every width, as the order asks. The columns share each phase (loads, chains, sums), so their latencies overlap;
 // summed one after another (session 28's build) a launch of C columns cost about C one-column launches.
+// HX_XSTAGE (launch.py DP4A_XSTAGE; 0 or 1): 1 copies the CUDA block's columns of activations into shared memory
+// first, in coalesced 16-byte loads, and the lanes read them there. Read straight from global memory (0), each of a
+// lane's nine 16-byte loads a column touches a cache line of its own (a lane reads its half's 128 contiguous bytes),
+// so a warp's load is 32 L1 wavefronts where 4 would do, and every row (warp) reads the whole column again: the L1
+// work grows with the columns, which a launch of C columns costing about C one-column launches points to (H100,
+// session 30). A copy only: the same integers and float operations, no bit changes.
 
 #if HX_NSEG != 16 || HX_NB % 16
 #error "onecol_dp4a.cu: 16 K-segments of whole super-blocks, HX_NB a multiple of 16"
@@ -29,18 +35,21 @@
 #ifndef HX_DCOLS
 #define HX_DCOLS 1
 #endif
+#ifndef HX_XSTAGE
+#define HX_XSTAGE 0
+#endif
 #define HX_UNITS (HX_NB / 16)  // 128-value halves of the row per lane (2 * HX_NB halves over 32 lanes)
 #define HX_XCOL_BYTES ((size_t)HX_NB * 8 * HX_Q8_BYTES)  // one column of activations in the MMA layout
 #define HX_UNIT_BLOCKS 4        // q8_1 blocks per half
 
 // The 16 ints (values 4u..4u+3 of the half's blocks 4n + b, b = 0..3, u = 0..7) of a lane's half n of super-block
-// i of one column in the MMA layout, as int x[b][u].
-__device__ __forceinline__ void hx_dp4a_x(const unsigned char* rec, const int n, int x[4][8]) {
+// i of one column in the MMA layout, as int x[b][u]; q: the half's 128 bytes (its pairs 2n, 2n + 1, 64 bytes each).
+__device__ __forceinline__ void hx_dp4a_x(const unsigned char* q, int x[4][8]) {
 #pragma unroll
     for (int p = 0; p < 2; ++p) {  // pair k = 2n + p: blocks 4n + 2p, 4n + 2p + 1
 #pragma unroll
         for (int t = 0; t < 4; ++t) {
-            const int4 v = *(const int4*)(rec + 32 + 64 * (2 * n + p) + 16 * t);
+            const int4 v = *(const int4*)(q + 64 * p + 16 * t);
 #if HX_QTYPE == 12
             x[2 * p][2 * t] = v.x; x[2 * p][2 * t + 1] = v.y; x[2 * p + 1][2 * t] = v.z; x[2 * p + 1][2 * t + 1] = v.w;
 #else
@@ -127,6 +136,32 @@ __device__ __forceinline__ void hx_dp4a_block(const hx_dp4a_w& w, const int n, c
 }
 #endif
 
+#if HX_XSTAGE
+// The shared copy (HX_XSTAGE): per column and super-block i its 8 ds words at ds[32 i] and its halves' 128 bytes of
+// quants at q[HX_XS_REC i + HX_XS_HALF n]. With 288 (32 mod 128) and 144 (16 mod 128) the 8 lanes of a quarter warp
+// (4 super-blocks, 2 halves at K = 4096; 8 halves 3 apart at K = 12288) read 8 different 16-byte bank groups.
+#if HX_Q8_BYTES != 36
+#error "HX_XSTAGE: records of 8 q8_1 blocks of 36 bytes (288 = 18 chunks of 16)"
+#endif
+#define HX_XS_REC 288
+#define HX_XS_HALF 144
+#define HX_XS_CHUNKS (HX_NB * 18)  // 16-byte chunks of a column: per super-block 2 of ds words, then 16 of quants
+
+// Every thread of the CUDA block copies its share of the HX_DCOLS columns, then waits for the others.
+__device__ __forceinline__ void hx_dp4a_stage(const unsigned char* __restrict__ xq, unsigned char* xs_q,
+                                              unsigned char* xs_ds) {
+    for (int j = threadIdx.x; j < HX_DCOLS * HX_XS_CHUNKS; j += blockDim.x) {
+        const int col = j / HX_XS_CHUNKS, r = j - col * HX_XS_CHUNKS, i = r / 18, t = r - 18 * i;
+        const int4 v = *(const int4*)(xq + col * HX_XCOL_BYTES + 16 * (size_t)r);
+        unsigned char* dst = t < 2 ? xs_ds + col * (HX_NB * 32) + 32 * i + 16 * t
+                                   : xs_q + col * (HX_NB * HX_XS_REC) + HX_XS_REC * i + HX_XS_HALF * ((t - 2) >> 3)
+                                         + 16 * ((t - 2) & 7);
+        *(int4*)dst = v;
+    }
+    __syncthreads();
+}
+#endif
+
 // A lane's weights of its row: its HX_UNITS halves.
 struct hx_dp4a_lane {
     hx_dp4a_w u[HX_UNITS];
@@ -154,6 +189,11 @@ __device__ __forceinline__ void hx_dp4a_cols(const hx_dp4a_lane& wl, const unsig
                                              const int row) {
     constexpr int C = HX_DCOLS;
     const int lane = threadIdx.x & 31;
+#if HX_XSTAGE
+    __shared__ __align__(16) unsigned char xs_q[C * HX_NB * HX_XS_REC];
+    __shared__ __align__(16) unsigned char xs_ds[C * HX_NB * 32];
+    hx_dp4a_stage(xq, xs_q, xs_ds);
+#endif
     // every block's operands first (loads and integer work, independent of the chains)
     int c[C][HX_UNITS][HX_UNIT_BLOCKS];
     float mul[C][HX_UNITS][HX_UNIT_BLOCKS];
@@ -171,10 +211,16 @@ __device__ __forceinline__ void hx_dp4a_cols(const hx_dp4a_lane& wl, const unsig
 #endif
 #pragma unroll
         for (int col = 0; col < C; ++col) {
+#if HX_XSTAGE
+            const unsigned char* q = xs_q + col * (HX_NB * HX_XS_REC) + HX_XS_REC * i + HX_XS_HALF * n;
+            const uint4 dsv = *(const uint4*)(xs_ds + col * (HX_NB * 32) + 32 * i + 16 * n);
+#else
             const unsigned char* rec = xq + col * HX_XCOL_BYTES + (size_t)i * (8 * HX_Q8_BYTES);
-            int x[4][8];
-            hx_dp4a_x(rec, n, x);
+            const unsigned char* q = rec + 32 + 128 * n;
             const uint4 dsv = *(const uint4*)(rec + 16 * n);  // ds words of blocks 4n .. 4n + 3
+#endif
+            int x[4][8];
+            hx_dp4a_x(q, x);
 #pragma unroll
             for (int b = 0; b < HX_UNIT_BLOCKS; ++b) {
                 const unsigned int ds = b == 0 ? dsv.x : b == 1 ? dsv.y : b == 2 ? dsv.z : dsv.w;
