@@ -8,6 +8,8 @@ independent; the order depends on K only).
 
 from __future__ import annotations
 
+import importlib
+
 import numpy as np
 import pytest
 
@@ -342,7 +344,6 @@ def test_dp4a_kernel_equals_emulator_and_multi(cp, qtype, k, n, xstage, monkeypa
     at 2-4, with no local memory, reading its activations from global memory or from its block's shared copy
     (HIRAISHIN_DP4A_XSTAGE); three weights in one hx_mmq_dp4a_multi launch give each weight's bits of its own
     launch."""
-    import hiraishin.kernels.mmq.launch as mmq_launch
     import hiraishin.plans.subblock as sb
     from hiraishin.kernels import quantize
     from hiraishin.kernels.compile import kernel_attributes
@@ -352,7 +353,8 @@ def test_dp4a_kernel_equals_emulator_and_multi(cp, qtype, k, n, xstage, monkeypa
 
     monkeypatch.setattr(sb, "SUBBLOCK_DP4A", 2)
     monkeypatch.setattr(sb, "SUBBLOCK_DP4A_COLS", sb.SUBBLOCK_DP4A_MAX_COLS)
-    monkeypatch.setattr(mmq_launch, "DP4A_XSTAGE", xstage)
+    # (the module itself: the package's name `launch` is a function)
+    monkeypatch.setattr(importlib.import_module("hiraishin.kernels.mmq.launch"), "DP4A_XSTAGE", xstage)
     w = random_blocks(qtype, n, k, seed=k + n + 1)
     x = np.random.default_rng(n + 1).standard_normal((sb.SUBBLOCK_DP4A_MAX_COLS, k)).astype(np.float32)
     xq = quantize.emulate(x)
