@@ -182,10 +182,12 @@ def _dp4a_cols_from_env() -> int:
 
 SUBBLOCK_DP4A_COLS = _dp4a_cols_from_env()
 SUBBLOCK_DP4A_NB = 16  # super-blocks per row must be a multiple of this (16 segments x 2 lanes = 32 lanes)
-# Rows (warps) per CUDA block: 4, as llama.cpp's one-column mat-vec's 4 warps per block. HIRAISHIN_SUBBLOCK_DP4A_NWARPS
-# for an A/B (with launch.py's HX_XSTAGE a block's copy of the activations serves more rows); a launch fact only.
+# Rows (warps) per CUDA block: 8. With launch.py's HX_XSTAGE a block's copy of the activations serves them all, so more
+# rows a block copy less (H100, session 30, the shared copy on, SUBBLOCK replays, same digests: the 8B's one-token
+# pass 2.517 -> 2.480 ms from 4 rows, llama.cpp's one-column mat-vec's 4 warps, to 8; 2.469 -> 2.488 from 8 to 16).
+# HIRAISHIN_SUBBLOCK_DP4A_NWARPS for an A/B; a launch fact only.
 ENV_SUBBLOCK_DP4A_NWARPS = "HIRAISHIN_SUBBLOCK_DP4A_NWARPS"
-SUBBLOCK_DP4A_NWARPS = env_int(ENV_SUBBLOCK_DP4A_NWARPS, (2, 4, 8, 16), 4, "the dp4a kernel's rows per CUDA block")
+SUBBLOCK_DP4A_NWARPS = env_int(ENV_SUBBLOCK_DP4A_NWARPS, (2, 4, 8, 16), 8, "the dp4a kernel's rows per CUDA block")
 ENV_MMQ_MTILES = "HIRAISHIN_MMQ_MTILES"
 SUBBLOCK_MTILES_MIN_COLS = int(os.environ.get(ENV_MMQ_MTILES, "").strip() or 0)
 WIDE_SUFFIX = "/wide"

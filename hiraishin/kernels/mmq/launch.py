@@ -75,9 +75,11 @@ DP4A_MAX_REGS = {(1, 1): 64, (1, 2): 96, (1, 3): 96, (1, 4): 128}
 DP4A_DEFAULT_MAX_REGS = 128
 # HX_XSTAGE: the dp4a kernel's CUDA block copies its columns of activations into shared memory (coalesced) before its
 # lanes read them (onecol_dp4a.cu; read straight from global memory, a warp's 16-byte load touches 32 cache lines).
-# A copy: no bit changes. HIRAISHIN_DP4A_XSTAGE=1 turns it on; off until a GPU run times it.
+# A copy: no bit changes. H100, session 30 (bench/results/2026-12-06-h100-session30), SUBBLOCK replays, same digests:
+# the 8B's one-token pass 2.597 -> 2.530 ms (4 rows a block), 2.469 at 8 rows (plans/subblock.py). Default 1;
+# HIRAISHIN_DP4A_XSTAGE=0 reads global memory as before.
 ENV_DP4A_XSTAGE = "HIRAISHIN_DP4A_XSTAGE"
-DP4A_XSTAGE = env_int(ENV_DP4A_XSTAGE, (0, 1), 0, "the dp4a kernel's shared copy of its activations")
+DP4A_XSTAGE = env_int(ENV_DP4A_XSTAGE, (0, 1), 1, "the dp4a kernel's shared copy of its activations")
 
 # Register cap per thread, as HX_MIN_BLOCKS = resident CUDA blocks per SM, and HX_PREFETCH_X (one
 # n-tile: a super-block's activations loaded before its weights): launch facts, no bit changes.
