@@ -1,4 +1,4 @@
-"""hiraishin.switches: the one parser of the numeric environment switches."""
+"""hiraishin.switches: the one parser of the numeric (env_int) and on/off (env_flag) environment switches."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hiraishin.switches import env_int
+from hiraishin.switches import FLAG_OFF, FLAG_ON, env_flag, env_int
 
 VAR = "HIRAISHIN_TEST_SWITCH"
 
@@ -52,3 +52,58 @@ def test_any_text_is_a_value_allowed_or_an_error(text):
             assert value == (int(text.strip()) if text.strip() else 5)
     finally:
         del os.environ[VAR]
+
+
+@pytest.mark.parametrize("default", [False, True])
+@pytest.mark.parametrize("text,want", [
+    (None, None), ("", None), (" ", None), ("1", True), ("0", False), (" on ", True), ("OFF", False), ("True", True),
+    ("no", False), ("2", "error"), ("enabled", "error"), ("-1", "error")])
+def test_env_flag(monkeypatch, default, text, want):
+    if text is None:
+        monkeypatch.delenv(VAR, raising=False)
+    else:
+        monkeypatch.setenv(VAR, text)
+    if want == "error":
+        with pytest.raises(ValueError, match=rf"{VAR}={text.strip()!r}: the fused launch must be 1 or 0"):
+            env_flag(VAR, default, "the fused launch")
+    else:
+        assert env_flag(VAR, default, "the fused launch") is (default if want is None else want)
+
+
+@given(st.text(max_size=8))
+def test_any_flag_text_is_on_off_default_or_an_error(text):
+    import os
+
+    if "\x00" in text:
+        return  # the environment cannot hold it
+    os.environ[VAR] = text
+    try:
+        try:
+            value = env_flag(VAR, True)
+        except ValueError as e:
+            assert VAR in str(e)
+            assert text.strip().lower() not in FLAG_ON + FLAG_OFF + ("",)
+        else:
+            word = text.strip().lower()
+            assert value is (True if not word else word in FLAG_ON)
+    finally:
+        del os.environ[VAR]
+
+
+@pytest.mark.parametrize("module,name,var", [
+    ("hiraishin.kernels.fused.launch", "EMBED_NORM", "HIRAISHIN_EMBED_NORM"),
+    ("hiraishin.kernels.mmvq.launch", "HEAD_ARGMAX", "HIRAISHIN_HEAD_ARGMAX"),
+    ("hiraishin.backends.base", "ATTN_TRIM", "HIRAISHIN_ATTN_TRIM")])
+def test_a_switch_with_a_bad_value_names_itself_on_import(tmp_path, module, name, var):
+    """A module's switch is read once, at import: a fresh interpreter with a bad value fails there, naming it.
+    (importlib: a package may export a function of its module's name, as kernels.mmvq does ``launch``.)"""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("HIRAISHIN_")}
+    good = subprocess.run([sys.executable, "-c", f"import importlib; print(importlib.import_module({module!r}).{name})"], capture_output=True,
+                          text=True, env={**env, var: "on"})
+    assert good.returncode == 0 and good.stdout.strip() == "True", good.stderr
+    bad = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True, text=True,
+                         env={**env, var: "maybe"})
+    assert bad.returncode != 0 and f"{var}='maybe'" in bad.stderr

@@ -18,13 +18,13 @@ allocate); always use the returned array.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
 
 from ..errors import BackendError, PlanError, QuantError
 from ..plans import attention_plan, matvec_plan
+from ..switches import env_flag
 from . import checks
 from .kv_cache import KVCache
 
@@ -34,7 +34,7 @@ __all__ = ["Backend", "ENV_ATTN_TRIM", "ATTN_TRIM", "feed_forward_steps"]
 # (AttentionPlan.launched: the same bits; a short cache then needs no combine launch).
 # HIRAISHIN_ATTN_TRIM=0 launches the order's plan as it is (A/B measurements).
 ENV_ATTN_TRIM = "HIRAISHIN_ATTN_TRIM"
-ATTN_TRIM = os.environ.get(ENV_ATTN_TRIM, "1").strip() != "0"
+ATTN_TRIM = env_flag(ENV_ATTN_TRIM, True, "attention without the blocks past the filled cells")
 
 
 def feed_forward_steps(ops, x, norm_w, eps: float, gate, up, down, order, outs, residual, out_sum, between):

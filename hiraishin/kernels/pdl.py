@@ -36,6 +36,7 @@ import threading
 import numpy as np
 
 from ..errors import BackendError
+from ..switches import env_flag
 
 __all__ = ["ENV_PDL", "ENV_PDL_TRIGGER", "PDL_TRIGGERS", "trigger_defines", "PDL_MIN_CC", "PdlKernel", "body_has_entry", "pdl_enabled", "pdl_scope", "pdl_supported"]
 
@@ -94,7 +95,7 @@ def pdl_supported() -> bool:
     """True when PDL is not turned off (``HIRAISHIN_PDL=0``) and the current device is sm_90+."""
     global _SUPPORTED
     if _SUPPORTED is None:
-        if os.environ.get(ENV_PDL, "1").strip() in ("0", "false", "no", "off"):
+        if not env_flag(ENV_PDL, True, "programmatic dependent launch"):
             _SUPPORTED = False
         else:
             import cupy

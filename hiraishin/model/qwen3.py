@@ -13,7 +13,6 @@ RMSNorm, gate/up mat-muls, SwiGLU, down mat-mul, residual. One
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Callable, Mapping
 
@@ -23,6 +22,7 @@ from ..backends import Backend, get_backend
 from ..errors import HiraishinError
 from ..kernels.rope import rope_tables
 from ..order import ReductionOrder
+from ..switches import env_flag
 from .chains import ChainMethods, ChainTokens
 from .l2_ahead import l2_ahead_from_env
 from .weights import check_memory_fits, is_out_of_memory, load_weights, release_cached_memory
@@ -80,7 +80,7 @@ class Qwen3(ChainMethods):
         self.ops = backend.ops
         self._pass_buffers: dict[int, dict] = {}  # T -> activation buffers (see pass_buffers)
         if cuda_graphs is None:
-            cuda_graphs = os.environ.get(CUDA_GRAPHS_ENV, "1") != "0"
+            cuda_graphs = env_flag(CUDA_GRAPHS_ENV, True, "CUDA graphs")
         self._graphs = None
         self.cuda_graphs = bool(cuda_graphs) and backend.name == "cuda"
 

@@ -170,8 +170,10 @@ SUBBLOCK_DP4A = _dp4a_from_env()
 # one column at 3 columns: the output head 1.25, attn_k 1.25, gate/up 1.14; dp4a one column: 1.00 / 1.12 / 1.02).
 # Slower, so off: H100, session 29, SUBBLOCK replays, same digests, HIRAISHIN_SUBBLOCK_DP4A_COLS 1 -> 2 -> 3 -> 4, the
 # 8B 2.995 -> 3.164 ms at 2 tokens, 3.104 -> 3.695 at 3 (from 3 columns), 3.156 -> 4.247 at 4 (4): the columns
-# ran one after another in a lane, each waiting for its own activations and chain. Rebuilt after that call with the
-# columns sharing each phase (onecol_dp4a.cu hx_dp4a_cols): not yet timed.
+# ran one after another in a lane, each waiting for its own activations and chain. Rebuilt with the columns sharing
+# each phase (onecol_dp4a.cu hx_dp4a_cols), session 30: the same (2.897 -> 3.074 at 2, 3.027 -> 3.624 at 3, 3.099 ->
+# 4.237 at 4); with launch.py's shared copy of the activations and 8 rows a CUDA block: 2.895 -> 2.950 at 2, 3.027 ->
+# 3.409 at 3. Off.
 ENV_SUBBLOCK_DP4A_COLS = "HIRAISHIN_SUBBLOCK_DP4A_COLS"
 SUBBLOCK_DP4A_MAX_COLS = 4  # each column's x (32 ints a lane) and operands come and go; more would crowd registers
 

@@ -11,7 +11,6 @@ that captured a call replays it for any position.
 from __future__ import annotations
 
 import functools
-import os
 
 import numpy as np
 
@@ -23,7 +22,7 @@ from ..pdl import trigger_defines
 from ..quantize.launch import QUANTIZE_WARPS_PER_BLOCK, output_shape, quantize_defines
 from ..rmsnorm.emulate import block_threads
 from ...plans.attention import KERNEL_Q1, NTHREADS
-from ...switches import env_int
+from ...switches import env_flag, env_int
 
 __all__ = ["SOURCE", "SOURCE_EMBED", "EMBED_NORM", "EMBED_NORM_KERNELS", "EmbedRmsNormQ8_1Launch",
            "launch_embed_rms_norm_q8_1", "NULL", "NORM_BLOCK_THREADS", "NORM_PLAYED_MAX_VALUES", "fused_kernel", "norm_geometry",
@@ -44,7 +43,7 @@ SOURCE_EMBED = SOURCE + ("elementwise/elementwise.cu", "fused/embed_norm.cu")
 # one per get_rows table type, named after get_rows' kernel of that type
 EMBED_NORM_KERNELS = {q: name.replace("hx_get_rows_", "hx_embed_rms_norm_q8_1_") for q, name in GET_ROWS_KERNELS.items()}
 ENV_EMBED_NORM = "HIRAISHIN_EMBED_NORM"
-EMBED_NORM = os.environ.get(ENV_EMBED_NORM, "0").strip() == "1"
+EMBED_NORM = env_flag(ENV_EMBED_NORM, False, "the embedding lookup with the first norm")
 # The attention combine with the q8_1 store behind it: fattn_vec.cu's fattn_combine_q8_1 (compiled
 # with HX_COMBINE_Q8_1) after quantize_q8_1.cu, whose hx_q8_1_store it calls.
 SOURCE_COMBINE = ("quantize/quantize_q8_1.cu", "attention/fattn_vec.cu")
@@ -55,7 +54,7 @@ SOURCE_COMBINE = ("quantize/quantize_q8_1.cu", "attention/fattn_vec.cu")
 # 0.883 -> 0.874 / 0.914 -> 0.906 ms at 1 / 2 / 3 tokens; the 8B within 0.3% (that launch was off its critical path).
 ATTN_Q8_1_PRELUDE = ("quantize/quantize_q8_1.cu",)
 ENV_ATTN_Q8_1 = "HIRAISHIN_ATTN_Q8_1"
-ATTN_Q8_1 = os.environ.get(ENV_ATTN_Q8_1, "1").strip() != "0"
+ATTN_Q8_1 = env_flag(ENV_ATTN_Q8_1, True, "the attention's own q8_1 store")
 # A pass's q/k head norms, RoPE and KV store inside its attention launch (fattn_vec.cu fattn_vec_q1_rope,
 # compiled with HX_ATTN_ROPE after rmsnorm.cu; plans of the one-query kernel of up to ROPE_MAX_TOKENS tokens):
 # one launch a layer fewer, the same bits. Each block redoes its head's norm (and, in the blocks holding the
@@ -156,7 +155,7 @@ def norm_geometry(n: int) -> tuple[int, int, int]:
 # one token, the 8B 2.490 -> 2.464 ms (BATCH_INVARIANT), 2.448 -> 2.425 (FIXED_SPLIT), the 0.6B 0.673 -> 0.669
 # and 0.629 -> 0.627; three tokens 0.8-1.2% faster.
 ENV_NORM_W_EARLY = "HIRAISHIN_NORM_W_EARLY"
-NORM_W_EARLY = os.environ.get(ENV_NORM_W_EARLY, "1").strip() == "1"
+NORM_W_EARLY = env_flag(ENV_NORM_W_EARLY, True, "the norm weights loaded before the PDL wait")
 
 
 def fused_kernel(name: str, layout: str | None = None, layout2: str | None = None, norm_n: int | None = None,

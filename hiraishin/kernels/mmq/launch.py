@@ -15,7 +15,7 @@ import numpy as np
 
 from ...plans.subblock import SUBBLOCK_NTILE_COLS, SUBBLOCK_TILE_ROWS, SubBlockPlan
 from ...quant import BLOCK_BYTES, GGML_TYPE_ID, QK_K
-from ...switches import env_int
+from ...switches import env_flag, env_int
 from ..compile import blocks_for_register_cap, get_kernel, relax_register_cap
 from ..compile import precompile as compile_many
 from ..mmvq.launch import MULTI_MAX_WEIGHTS, multi_weight_args
@@ -69,8 +69,9 @@ DP4A_NAMES = {"hx_mmq": "hx_mmq_dp4a", "hx_mmq_multi": "hx_mmq_dp4a_multi"}
 # 128 (4 blocks; at 96 it spills); the device's NVRTC gave the same once nothing was indexed by a runtime value
 # (session 28). One half and 2 / 3 / 4 columns (HX_DCOLS): 96 / 96 / 128, the least with no stack frame for session
 # 28's source (4 columns spilled at 96). The source since session 29 (the columns share each phase) has none at 80 / 96
-# / 96 (Q4_K 3 columns at 80, Q6_K not); the caps stay until a GPU run times them. A cap that leaves local memory is
-# relaxed as for the MMA kernels.
+# / 96 (Q4_K 3 columns at 80, Q6_K not); its launches of 2-4 columns timed slower than MMA at these caps (session 30,
+# plans/subblock.py SUBBLOCK_DP4A_COLS), so they are off and the caps stay. A cap that leaves local memory is relaxed
+# as for the MMA kernels.
 DP4A_MAX_REGS = {(1, 1): 64, (1, 2): 96, (1, 3): 96, (1, 4): 128}
 DP4A_DEFAULT_MAX_REGS = 128
 # HX_XSTAGE: the dp4a kernel's CUDA block copies its columns of activations into shared memory (coalesced) before its
@@ -112,8 +113,8 @@ ENV_MMQ_PREFETCH_NEXT = "HIRAISHIN_MMQ_PREFETCH_NEXT"
 
 
 def _switch(var: str) -> int:
-    """1 if the opt-in switch ``var`` is set to 1 (read when a kernel's defines are made), else 0."""
-    return int(os.environ.get(var, "").strip() == "1")
+    """1 if the opt-in switch ``var`` is on (read when a kernel's defines are made), else 0."""
+    return int(env_flag(var, False))
 
 
 def _env_choice(var: str, values: tuple, default: str) -> str:
@@ -382,7 +383,7 @@ class MMQLaunch:
 # the 0.6B shape 0.949 -> 0.826 ms one token, 1.028 -> 0.893 three; the 8B 3.312 -> 2.995, 4.144 -> 3.727.
 # Read once (the backend asks per prepared mat-vec); a test or benchmark may set MMQ_MULTI itself.
 ENV_MMQ_MULTI = "HIRAISHIN_MMQ_MULTI"
-MMQ_MULTI = os.environ.get(ENV_MMQ_MULTI, "1").strip() != "0"
+MMQ_MULTI = env_flag(ENV_MMQ_MULTI, True, "the sub-block multi-weight launch")
 
 
 def multi_enabled() -> bool:

@@ -25,9 +25,10 @@
 // HX_XSTAGE (launch.py DP4A_XSTAGE; 0 or 1): 1 copies the CUDA block's columns of activations into shared memory
 // first, in coalesced 16-byte loads, and the lanes read them there. Read straight from global memory (0), each of a
 // lane's nine 16-byte loads a column touches a cache line of its own (a lane reads its half's 128 contiguous bytes),
-// so a warp's load is 32 L1 wavefronts where 4 would do, and every row (warp) reads the whole column again: the L1
-// work grows with the columns, which a launch of C columns costing about C one-column launches points to (H100,
-// session 30). A copy only: the same integers and float operations, no bit changes.
+// so a warp's load is 32 L1 wavefronts where 4 would do, and every row (warp) reads the whole column again. A copy
+// only: the same integers and float operations, no bit changes. H100, session 30: the 8B's one-token pass 2.597 ->
+// 2.530 ms (2.469 at 8 rows a block); launches of 2-4 columns still cost about their columns' share more each (the
+// extra columns' L1 reads were not what bounds them), so they stay off (plans/subblock.py SUBBLOCK_DP4A_COLS).
 
 #if HX_NSEG != 16 || HX_NB % 16
 #error "onecol_dp4a.cu: 16 K-segments of whole super-blocks, HX_NB a multiple of 16"

@@ -17,6 +17,7 @@ from ...order import ReductionOrder
 from ...plans import matvec_plan
 from ...plans.matvec import MatVecPlan, matvec_traits
 from ...quant import BLOCK_BYTES
+from ...switches import env_flag
 from ..compile import (BLOCKS_PER_SM, THREADS_PER_SM, blocks_for_register_cap, cupy_available, get_kernel,
                        relax_register_cap)
 from ..compile import precompile as compile_many
@@ -109,7 +110,7 @@ ENV_PREFETCH_AHEAD = "HIRAISHIN_PREFETCH_AHEAD"
 @functools.lru_cache(maxsize=None)
 def prefetch_ahead(nwarps: int) -> int:
     """HX_PREFETCH_AHEAD for blocks of ``nwarps`` warps on the current CUDA device (0: none)."""
-    if os.environ.get(ENV_PREFETCH_AHEAD, "0").strip() != "1" or not cupy_available():
+    if not env_flag(ENV_PREFETCH_AHEAD, False, "the L2 prefetch a wave ahead") or not cupy_available():
         return 0
     import cupy
 
@@ -266,7 +267,7 @@ class MatVecLaunch:
 # the A/B.
 ARGMAX_SLOTS = 64
 ENV_HEAD_ARGMAX = "HIRAISHIN_HEAD_ARGMAX"
-HEAD_ARGMAX = os.environ.get(ENV_HEAD_ARGMAX, "0").strip() == "1"
+HEAD_ARGMAX = env_flag(ENV_HEAD_ARGMAX, False, "the output head's fused argmax")
 
 
 def head_argmax_enabled() -> bool:
@@ -366,7 +367,7 @@ _MIXED_PER_TYPE = ("HX_QTYPE", "HX_QK", "HX_BLOCK_BYTES", "HX_VDR", "HX_TPB", "H
 # Read once, at import, as the sub-block kernels' switches are (the backend asks per grouped call; a test may
 # set MIXED itself).
 ENV_MIXED = "HIRAISHIN_MMVQ_MIXED"
-MIXED = os.environ.get(ENV_MIXED, "1").strip() != "0"
+MIXED = env_flag(ENV_MIXED, True, "the mixed-type multi-weight launch")
 
 
 def mixed_enabled() -> bool:

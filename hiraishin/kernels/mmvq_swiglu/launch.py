@@ -8,10 +8,9 @@ backend's choice (``hiraishin.backends.cuda``, :func:`swiglu_epilogue_enabled` a
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
+from ...switches import env_flag
 from ..fused.launch import NULL
 from ..mmvq.launch import mmvq_kernel, prepared_launch
 from ..quantize.launch import quantize_defines
@@ -33,7 +32,7 @@ GROUP_ROWS = 32
 # waits behind the last block. Kept, bit-exact and tested, as that measured alternative
 # (HIRAISHIN_SWIGLU_EPILOGUE=1). Read at import, as the other switches; a test may set SWIGLU_EPILOGUE here.
 ENV_SWIGLU_EPILOGUE = "HIRAISHIN_SWIGLU_EPILOGUE"
-SWIGLU_EPILOGUE = os.environ.get(ENV_SWIGLU_EPILOGUE, "0").strip() == "1"
+SWIGLU_EPILOGUE = env_flag(ENV_SWIGLU_EPILOGUE, False, "SwiGLU in the gate/up mat-vec's epilogue")
 
 
 def swiglu_epilogue_enabled() -> bool:
