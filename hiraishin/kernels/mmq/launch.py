@@ -129,7 +129,9 @@ def _env_choice(var: str, values: tuple, default: str) -> str:
 # current one (registers, not a cache hint; the same loads and float operations, mmq.cu). Off unless
 # HIRAISHIN_MMQ_PIPELINE_W=1: slower on the H200 (SUBBLOCK replays, same digests, bench/results/
 # 2026-12-03-h200-session9/a-pipeline-w-ncu: the 8B 2.986 -> 3.364 ms one token, 3.580 -> 3.916 three;
-# the registers it holds cost occupancy).
+# the registers it holds cost occupancy). Since session 30 its first fetch goes before the PDL wait, as the dp4a
+# kernel's weight loads do, which that A/B did not have: not yet timed (the A/B: final_session.sh STEPS=ab
+# AB_VAR=HIRAISHIN_MMQ_PIPELINE_W AB_VALUES="0 1" AB_ORDERS=subblock AB_WIDTHS=2,3,4).
 ENV_MMQ_PIPELINE_W = "HIRAISHIN_MMQ_PIPELINE_W"
 
 

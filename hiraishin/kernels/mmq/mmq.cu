@@ -102,7 +102,9 @@
 // HX_PIPELINE_W (0/1; Q4_K): a warp issues the loads of the super-block it multiplies next (the next one
 // of its K-segment, else the first of its next segment) before the MMAs of the current one, into
 // registers (mma_rows.cu hx_fetch_row), and decodes them when it gets there: the same loads and the
-// same float operations, only the loads earlier. (Q6_K's 2-byte aligned rows shift their words as they
+// same float operations, only the loads earlier. Its first fetch goes before the PDL wait (weights are
+// never written), as the dp4a kernel's and mmvq.cu's one-column loads do, so under programmatic dependent
+// launch it overlaps the previous kernel's tail. (Q6_K's 2-byte aligned rows shift their words as they
 // arrive, so a fetch there would wait on its own loads.)
 #ifndef HX_PIPELINE_W
 #define HX_PIPELINE_W 0
@@ -237,6 +239,7 @@ __device__ __forceinline__ void hx_mmq_tile(const unsigned char* __restrict__ w,
         hx_fetch_row(wA + sb, t, nA);
         hx_fetch_row(wB + sb, t, nB);
     }
+    HX_PDL_ENTRY();  // (hx_mmq and hx_mmq_multi leave it here: the first fetch goes before it)
 #endif
     for (int s = wseg; s < HX_NSEG; s += HX_SEG_WARPS) {
         const int sb0 = s * HX_NB / HX_NSEG, sb1 = (s + 1) * HX_NB / HX_NSEG;
@@ -481,7 +484,7 @@ hx_mmq(const unsigned char* __restrict__ w, const unsigned char* __restrict__ xq
     const int row0 = (int)(blockIdx.x / HX_CGROUPS) * HX_BLOCK_ROWS;
     const int col0 = hx_col0();
     if (HX_PREFETCH_W && col0 == 0) hx_prefetch_tile(w, nrows, row0);
-    if (!HX_STAGE_W) HX_PDL_ENTRY();  // (HX_STAGE_W: in hx_mmq_tile, after the first weight copy)
+    if (!HX_STAGE_W && !HX_PIPELINE_W) HX_PDL_ENTRY();  // (else in hx_mmq_tile, after the first weight loads)
     hx_mmq_tile(w, xq, out, nrows, ncols, out_stride, row0, col0);
 }
 
@@ -498,6 +501,6 @@ hx_mmq_multi(const unsigned char* __restrict__ xq, const int ncols,
                                                 ntile1, w2, out2, nrows2);
     const int col0 = hx_col0();
     if (HX_PREFETCH_W && col0 == 0) hx_prefetch_tile(p.w, p.nrows, p.index * HX_BLOCK_ROWS);
-    if (!HX_STAGE_W) HX_PDL_ENTRY();  // (HX_STAGE_W: in hx_mmq_tile, after the first weight copy)
+    if (!HX_STAGE_W && !HX_PIPELINE_W) HX_PDL_ENTRY();  // (else in hx_mmq_tile, after the first weight loads)
     hx_mmq_tile(p.w, xq, p.out, p.nrows, ncols, p.nrows, p.index * HX_BLOCK_ROWS, col0);
 }
