@@ -66,15 +66,15 @@ def builder(tmp_path):
     return b
 
 
-def _run_one(builder, tmp_path, qtype, k, n, shift, edit=None, seed=3, ncols=1, xstage=0):
+def _run_one(builder, tmp_path, qtype, k, n, shift, edit=None, seed=3, ncols=1, xstage=0, wstage=0):
     from hiraishin.kernels.mmq.launch import DP4A_SOURCE, activation_layout, kernel_defines
 
     plan = _dp4a_plan(qtype, k, ncols)
     w, xq = _inputs(qtype, k, n, ncols=ncols, seed=seed)
     w.tofile(tmp_path / "w.bin")
     as_layout(xq, activation_layout(plan)).tofile(tmp_path / "x.bin")
-    defines = dict(kernel_defines(plan), HX_SHIM=1, HX_XSTAGE=xstage)
-    exe = builder.build(DP4A_SOURCE, defines, MAIN, f"dp4a{xstage}", edit=edit)
+    defines = dict(kernel_defines(plan), HX_SHIM=1, HX_XSTAGE=xstage, HX_WSTAGE=wstage)
+    exe = builder.build(DP4A_SOURCE, defines, MAIN, f"dp4a{xstage}{wstage}", edit=edit)
     run(exe, tmp_path / "w.bin", tmp_path / "x.bin", n, shift, tmp_path / "o.bin")
     got = np.fromfile(tmp_path / "o.bin", np.float32).reshape(ncols, n)
     ref = emulate(w, qtype, xq, subblock_plan(1, qtype, k))  # (ncols, n): every column the one-column order
@@ -105,6 +105,34 @@ def test_dp4a_shared_copy_changes_no_bit_on_cpu(builder, tmp_path, case):
     qtype, k, n, shift, ncols = case
     got, ref = _run_one(builder, tmp_path, qtype, k, n, shift, ncols=ncols, xstage=1)
     np.testing.assert_array_equal(got.view(np.uint32), ref.view(np.uint32), err_msg=f"{case}")
+
+
+# HX_WSTAGE=1 (the block's shared copy of its weight rows), with and without the activations' copy: 16-byte chunks
+# (weights 16-byte aligned) and 2-byte copies (2 bytes past a word: every Q6_K super-block's alignment flips), rows
+# the block does not divide (the last rows copied again in their place), 1-4 columns
+WSTAGE_CASES = [("Q4_K", 4096, 7, 0, 1, 1), ("Q6_K", 4096, 6, 0, 1, 1), ("Q6_K", 4096, 9, 2, 1, 1),
+                ("Q4_K", 4096, 5, 0, 3, 1), ("Q6_K", 4096, 11, 2, 4, 1), ("Q4_K", 4096, 6, 0, 2, 0),
+                ("Q6_K", 4096, 3, 2, 1, 0)]
+
+
+@pytest.mark.parametrize("case", WSTAGE_CASES, ids=lambda c: f"{c[0]}-n{c[2]}-at{c[3]}-c{c[4]}-x{c[5]}")
+def test_dp4a_weight_copy_changes_no_bit_on_cpu(builder, tmp_path, case):
+    qtype, k, n, shift, ncols, xstage = case
+    got, ref = _run_one(builder, tmp_path, qtype, k, n, shift, ncols=ncols, xstage=xstage, wstage=1)
+    np.testing.assert_array_equal(got.view(np.uint32), ref.view(np.uint32), err_msg=f"{case}")
+
+
+def _copy_rows_shifted(text: str) -> str:
+    old = "hx_dp4a_load(ws, HX_NWARPS, (int)(threadIdx.x >> 5), wl);"
+    assert old in text
+    return text.replace(old, "hx_dp4a_load(ws, HX_NWARPS, min((int)(threadIdx.x >> 5) + 1, HX_NWARPS - 1), wl);")
+
+
+@pytest.mark.parametrize("shift", [0, 2])
+def test_a_wrong_weight_copy_is_seen(builder, tmp_path, shift):
+    """Warps reading the next row of the copy: wrong outputs, both copy paths."""
+    got, ref = _run_one(builder, tmp_path, "Q6_K", 4096, 9, shift, edit=_copy_rows_shifted, xstage=1, wstage=1)
+    assert not np.array_equal(got.view(np.uint32), ref.view(np.uint32))
 
 
 def _stage_half_one_as_half_zero(text: str) -> str:
@@ -149,9 +177,10 @@ def test_an_other_order_is_seen(builder, tmp_path, qtype, ncols, mutant):
     assert not np.array_equal(got.view(np.uint32), ref.view(np.uint32))  # other bits
 
 
-@pytest.mark.parametrize("qtype,ncols,xstage", [("Q4_K", 1, 0), ("Q6_K", 1, 0), ("Q4_K", 3, 0), ("Q6_K", 2, 0),
-                                               ("Q4_K", 1, 1), ("Q6_K", 3, 1)])
-def test_dp4a_multi_source_equals_separate_emulators_on_cpu(builder, tmp_path, qtype, ncols, xstage):
+@pytest.mark.parametrize("qtype,ncols,xstage,wstage", [("Q4_K", 1, 0, 0), ("Q6_K", 1, 0, 0), ("Q4_K", 3, 0, 0),
+                                                      ("Q6_K", 2, 0, 0), ("Q4_K", 1, 1, 0), ("Q6_K", 3, 1, 0),
+                                                      ("Q6_K", 1, 1, 1), ("Q4_K", 2, 0, 1)])
+def test_dp4a_multi_source_equals_separate_emulators_on_cpu(builder, tmp_path, qtype, ncols, xstage, wstage):
     """Three weights (Q, K and V; or gate, up and a third) in one hx_mmq_dp4a_multi launch: each weight's rows have
     the bits of its own launch, for row counts the 4-row block does not divide, at one and several columns."""
     from hiraishin.kernels.mmq.launch import DP4A_SOURCE, activation_layout, kernel_defines
@@ -163,8 +192,8 @@ def test_dp4a_multi_source_equals_separate_emulators_on_cpu(builder, tmp_path, q
     _, xq = _inputs(qtype, k, 1, ncols=ncols, seed=4)
     np.concatenate(ws).tofile(tmp_path / "w.bin")
     as_layout(xq, activation_layout(plan)).tofile(tmp_path / "x.bin")
-    exe = builder.build(DP4A_SOURCE, dict(kernel_defines(plan), HX_SHIM=1, HX_XSTAGE=xstage), MULTI_MAIN,
-                        f"dp4a_multi{xstage}")
+    exe = builder.build(DP4A_SOURCE, dict(kernel_defines(plan), HX_SHIM=1, HX_XSTAGE=xstage, HX_WSTAGE=wstage),
+                        MULTI_MAIN, f"dp4a_multi{xstage}{wstage}")
     run(exe, tmp_path / "w.bin", tmp_path / "x.bin", *ns, ncols, tmp_path / "o.bin")
     got = np.fromfile(tmp_path / "o.bin", np.float32)
     at = 0
@@ -248,10 +277,10 @@ NVCC = shutil.which("nvcc")
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not on PATH")
-@pytest.mark.parametrize("xstage", [0, 1])
+@pytest.mark.parametrize("xstage,wstage", [(0, 0), (1, 0), (1, 1)])
 @pytest.mark.parametrize("qtype,k,ncols", [("Q4_K", 4096, 1), ("Q4_K", 12288, 1), ("Q6_K", 4096, 1), ("Q6_K", 12288, 1)]
                          + [(q, 4096, c) for q in ("Q4_K", "Q6_K") for c in (2, 3, 4)])
-def test_dp4a_kernels_use_no_local_memory_at_their_cap(tmp_path, qtype, k, ncols, xstage):
+def test_dp4a_kernels_use_no_local_memory_at_their_cap(tmp_path, qtype, k, ncols, xstage, wstage):
     """ptxas (sm_90, the library's source and defines): no stack frame at the register cap. A runtime index into
     a register array (the Q4_K scale word by the lane's half, session 28) puts it in local memory without a
     spill; CuPy's local_size_bytes then counts it and the launch relaxes its cap to none (234 registers)."""
@@ -260,7 +289,9 @@ def test_dp4a_kernels_use_no_local_memory_at_their_cap(tmp_path, qtype, k, ncols
 
     plan = _dp4a_plan(qtype, k, ncols)
     src = tmp_path / "dp4a.cu"
-    src.write_text(defines_text(dict(kernel_defines(plan), HX_XSTAGE=xstage)) + load_source(*kernel_source(plan)))
+    wstage = wstage if k == 4096 else 0  # (rows of 16 super-blocks only)
+    src.write_text(defines_text(dict(kernel_defines(plan), HX_XSTAGE=xstage, HX_WSTAGE=wstage))
+                   + load_source(*kernel_source(plan)))
     proc = subprocess.run([NVCC, "-arch=sm_90", "-cubin", "-o", str(tmp_path / "dp4a.cubin"), *NVRTC_OPTIONS,
                            "-Xptxas", "-v", str(src)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -286,3 +317,22 @@ def test_bench_mmq_times_the_other_one_column_form():
             assert sb.SUBBLOCK_DP4A == level
     finally:
         sb.SUBBLOCK_DP4A = saved
+
+
+def test_the_weight_copy_is_asked_only_where_it_fits(monkeypatch):
+    """HX_WSTAGE: rows of 16 super-blocks only, and only while the block's static copies fit 48 KB."""
+    import importlib
+
+    launch = importlib.import_module("hiraishin.kernels.mmq.launch")  # (the package exports a function `launch`)
+
+    monkeypatch.setattr(launch, "DP4A_WSTAGE", False)
+    assert launch.dp4a_wstage(_dp4a_plan("Q4_K", 4096)) == 0
+    monkeypatch.setattr(launch, "DP4A_WSTAGE", True)
+    monkeypatch.setattr(launch, "DP4A_XSTAGE", 1)
+    for qtype in ("Q4_K", "Q6_K"):
+        for ncols in range(1, 5):
+            assert launch.dp4a_wstage(_dp4a_plan(qtype, 4096, ncols)) == 1, (qtype, ncols)
+        assert launch.dp4a_wstage(_dp4a_plan(qtype, 12288)) == 0
+        assert launch.kernel_defines(_dp4a_plan(qtype, 4096))["HX_WSTAGE"] == 1
+    wide = dataclasses.replace(_dp4a_plan("Q6_K", 4096), nwarps=16, tile_rows=16)  # 16 rows of 3,360 bytes: 53 KB
+    assert launch.dp4a_wstage(wide) == 0

@@ -337,13 +337,13 @@ def test_passes_with_other_wide_launches_equal_passes_without(tiny_model_path, m
 @pytest.mark.parametrize("qtype,k,n", [("Q4_K", 4096, 4096), ("Q4_K", 4096, 1024), ("Q4_K", 4096, 12288),
                                        ("Q6_K", 12288, 4096), ("Q6_K", 4096, 151936), ("Q6_K", 12288, 77),
                                        ("Q4_K", 12288, 1003), ("Q6_K", 4096, 1025)])
-@pytest.mark.parametrize("xstage", [0, 1])
-def test_dp4a_kernel_equals_emulator_and_multi(cp, qtype, k, n, xstage, monkeypatch):
+@pytest.mark.parametrize("xstage,wstage", [(0, 0), (1, 0), (1, 1)])
+def test_dp4a_kernel_equals_emulator_and_multi(cp, qtype, k, n, xstage, wstage, monkeypatch):
     """The dp4a kernel (HIRAISHIN_SUBBLOCK_DP4A=2, onecol_dp4a.cu) gives the emulator's bits for every Qwen3-8B shape
     and rows its 4-row blocks do not divide, at one column and (rows of 16 super-blocks, HIRAISHIN_SUBBLOCK_DP4A_COLS)
     at 2-4, with no local memory, reading its activations from global memory or from its block's shared copy
-    (HIRAISHIN_DP4A_XSTAGE); three weights in one hx_mmq_dp4a_multi launch give each weight's bits of its own
-    launch."""
+    (HIRAISHIN_DP4A_XSTAGE), and its weights from global memory or from the block's cp.async copy (HIRAISHIN_DP4A_WSTAGE,
+    rows of 4096 values); three weights in one hx_mmq_dp4a_multi launch give each weight's bits of its own launch."""
     import hiraishin.plans.subblock as sb
     from hiraishin.kernels import quantize
     from hiraishin.kernels.compile import kernel_attributes
@@ -354,7 +354,9 @@ def test_dp4a_kernel_equals_emulator_and_multi(cp, qtype, k, n, xstage, monkeypa
     monkeypatch.setattr(sb, "SUBBLOCK_DP4A", 2)
     monkeypatch.setattr(sb, "SUBBLOCK_DP4A_COLS", sb.SUBBLOCK_DP4A_MAX_COLS)
     # (the module itself: the package's name `launch` is a function)
-    monkeypatch.setattr(importlib.import_module("hiraishin.kernels.mmq.launch"), "DP4A_XSTAGE", xstage)
+    mmq_launch = importlib.import_module("hiraishin.kernels.mmq.launch")
+    monkeypatch.setattr(mmq_launch, "DP4A_XSTAGE", xstage)
+    monkeypatch.setattr(mmq_launch, "DP4A_WSTAGE", bool(wstage))
     w = random_blocks(qtype, n, k, seed=k + n + 1)
     x = np.random.default_rng(n + 1).standard_normal((sb.SUBBLOCK_DP4A_MAX_COLS, k)).astype(np.float32)
     xq = quantize.emulate(x)
@@ -365,6 +367,7 @@ def test_dp4a_kernel_equals_emulator_and_multi(cp, qtype, k, n, xstage, monkeypa
     for wd in range(1, sb.SUBBLOCK_DP4A_MAX_COLS + 1) if k == 4096 else (1,):
         plan = sb.subblock_plan(wd, qtype, k, n=n)
         assert plan.kernel == "dp4a" and plan.ncols == wd
+        assert mmq_launch.dp4a_wstage(plan) == (wstage if k == 4096 else 0)
         for name in ("hx_mmq", "hx_mmq_multi"):
             attrs = kernel_attributes(mmq_kernel(plan, name=name)[0])
             assert attrs["local_size_bytes"] == 0, (name, wd, attrs)

@@ -13,7 +13,7 @@ import os
 
 import numpy as np
 
-from ...plans.subblock import SUBBLOCK_NTILE_COLS, SUBBLOCK_TILE_ROWS, SubBlockPlan
+from ...plans.subblock import SUBBLOCK_DP4A_NB, SUBBLOCK_NTILE_COLS, SUBBLOCK_TILE_ROWS, SubBlockPlan
 from ...quant import BLOCK_BYTES, GGML_TYPE_ID, QK_K
 from ...switches import env_flag, env_int
 from ..compile import blocks_for_register_cap, get_kernel, relax_register_cap
@@ -46,7 +46,10 @@ __all__ = [
     "DP4A_SOURCE",
     "DP4A_MAX_REGS",
     "DP4A_XSTAGE",
+    "DP4A_WSTAGE",
     "ENV_DP4A_XSTAGE",
+    "ENV_DP4A_WSTAGE",
+    "dp4a_wstage",
     "dp4a_defines",
     "MMQLaunch",
     "kernel_defines",
@@ -81,6 +84,21 @@ DP4A_DEFAULT_MAX_REGS = 128
 # HIRAISHIN_DP4A_XSTAGE=0 reads global memory as before.
 ENV_DP4A_XSTAGE = "HIRAISHIN_DP4A_XSTAGE"
 DP4A_XSTAGE = env_int(ENV_DP4A_XSTAGE, (0, 1), 1, "the dp4a kernel's shared copy of its activations")
+# HX_WSTAGE: the dp4a kernel's CUDA block copies its weight rows into shared memory with cp.async before the PDL wait
+# (coalesced 16-byte chunks; a lane's own 16-byte weight loads touch a line each), and its lanes read them there. For
+# rows of 16 super-blocks whose copy fits the 48 KB a block declares statically beside the activations' (8 rows:
+# 18 KB Q4_K, 27 KB Q6_K). A copy: no bit changes. HIRAISHIN_DP4A_WSTAGE=1 turns it on; off until a GPU run times it.
+ENV_DP4A_WSTAGE = "HIRAISHIN_DP4A_WSTAGE"
+DP4A_WSTAGE = env_flag(ENV_DP4A_WSTAGE, False, "the dp4a kernel's shared copy of its weight rows")
+STATIC_SMEM_BYTES = 48 * 1024  # the most shared memory a CUDA block may declare statically
+
+
+def dp4a_wstage(plan: SubBlockPlan) -> int:
+    """HX_WSTAGE of a dp4a ``plan``: :data:`DP4A_WSTAGE` where its rows are 16 super-blocks and the copies fit."""
+    nb = plan.k // QK_K
+    rows = plan.nwarps * nb * BLOCK_BYTES[plan.qtype] + 16
+    xs = plan.ncols * nb * (8 * BLOCK_BYTES["Q8_1"] + 32) if DP4A_XSTAGE else 0
+    return int(DP4A_WSTAGE and nb == SUBBLOCK_DP4A_NB and rows + xs <= STATIC_SMEM_BYTES)
 
 # Register cap per thread, as HX_MIN_BLOCKS = resident CUDA blocks per SM, and HX_PREFETCH_X (one
 # n-tile: a super-block's activations loaded before its weights): launch facts, no bit changes.
@@ -277,6 +295,7 @@ def dp4a_defines(plan: SubBlockPlan, max_regs: int | None | str = "default") -> 
         "HX_XLAYOUT": 1,
         "HX_DCOLS": plan.ncols,
         "HX_XSTAGE": DP4A_XSTAGE,
+        "HX_WSTAGE": dp4a_wstage(plan),
     }
 
 

@@ -22,6 +22,10 @@
 // serve every column, and each column is summed as the one column is: the same float operations in the same order
 // at every width, as the order asks. The columns share each phase (loads, chains, sums), so their latencies overlap;
 // summed one after another (session 28's build) a launch of C columns cost about C one-column launches.
+// HX_WSTAGE (launch.py DP4A_WSTAGE; 0 or 1): the CUDA block copies its HX_NWARPS weight rows (contiguous bytes) into
+// shared memory with cp.async before the PDL wait, in coalesced 16-byte chunks, and each lane reads its half from
+// there after the block's barrier. Read straight from global memory, a lane's 16-byte weight loads touch a line of
+// their own too (lanes 2i, 2i + 1 read super-block i). A copy only: no bit changes.
 // HX_XSTAGE (launch.py DP4A_XSTAGE; 0 or 1): 1 copies the CUDA block's columns of activations into shared memory
 // first, in coalesced 16-byte loads, and the lanes read them there. Read straight from global memory (0), each of a
 // lane's nine 16-byte loads a column touches a cache line of its own (a lane reads its half's 128 contiguous bytes),
@@ -38,6 +42,9 @@
 #endif
 #ifndef HX_XSTAGE
 #define HX_XSTAGE 0
+#endif
+#ifndef HX_WSTAGE
+#define HX_WSTAGE 0
 #endif
 #define HX_UNITS (HX_NB / 16)  // 128-value halves of the row per lane (2 * HX_NB halves over 32 lanes)
 #define HX_XCOL_BYTES ((size_t)HX_NB * 8 * HX_Q8_BYTES)  // one column of activations in the MMA layout
@@ -163,6 +170,38 @@ __device__ __forceinline__ void hx_dp4a_stage(const unsigned char* __restrict__ 
 }
 #endif
 
+#define HX_ROW_BYTES (HX_NB * HX_BLOCK_BYTES)
+#if HX_WSTAGE
+#if HX_NB != 16 || HX_ROW_BYTES % 16
+#error "HX_WSTAGE: rows of 16 super-blocks (whole 16-byte chunks; launch.py keeps the copy within 48 KB)"
+#endif
+// The block's rows row0 .. row0 + HX_NWARPS - 1 (each clamped to the last row) into ws, before the PDL wait: cp.async
+// of 16-byte chunks where the weight is 16-byte aligned (a GGUF tensor is), else 2-byte copies of the same bytes
+// (Q6_K super-blocks are 2-byte aligned; the copy then starts at ws + (w & 15), so that every super-block keeps its
+// word alignment for hx_dp4a_fetch). Returns where the copy's first row starts.
+__device__ __forceinline__ const unsigned char* hx_dp4a_wcopy(const unsigned char* __restrict__ w, const int nrows,
+                                                             const int row0, unsigned char* ws) {
+    const int mis = (int)((size_t)w & 15);
+    unsigned char* dst = ws + mis;
+    if (mis == 0) {
+        constexpr int CHUNKS = HX_ROW_BYTES / 16;
+        for (int j = threadIdx.x; j < HX_NWARPS * CHUNKS; j += blockDim.x) {
+            const int r = j / CHUNKS, q = j - r * CHUNKS;
+            hx_cp_async16(dst + r * HX_ROW_BYTES + 16 * q, w + (size_t)min(row0 + r, nrows - 1) * HX_ROW_BYTES + 16 * q);
+        }
+        hx_cp_async_commit();
+    } else {
+        constexpr int HALFWORDS = HX_ROW_BYTES / 2;
+        for (int j = threadIdx.x; j < HX_NWARPS * HALFWORDS; j += blockDim.x) {
+            const int r = j / HALFWORDS, q = j - r * HALFWORDS;
+            *(unsigned short*)(dst + r * HX_ROW_BYTES + 2 * q) =
+                *(const unsigned short*)(w + (size_t)min(row0 + r, nrows - 1) * HX_ROW_BYTES + 2 * q);
+        }
+    }
+    return dst;
+}
+#endif
+
 // A lane's weights of its row: its HX_UNITS halves.
 struct hx_dp4a_lane {
     hx_dp4a_w u[HX_UNITS];
@@ -173,7 +212,7 @@ struct hx_dp4a_lane {
 __device__ __forceinline__ void hx_dp4a_load(const unsigned char* __restrict__ w, const int nrows, const int row,
                                              hx_dp4a_lane& wl) {
     const int lane = threadIdx.x & 31;
-    const unsigned char* wr = w + (size_t)min(row, nrows - 1) * ((size_t)HX_NB * HX_BLOCK_BYTES);
+    const unsigned char* wr = w + (size_t)min(row, nrows - 1) * (size_t)HX_ROW_BYTES;
 #pragma unroll
     for (int u = 0; u < HX_UNITS; ++u) {
         const int half = lane * HX_UNITS + u;
@@ -185,15 +224,25 @@ __device__ __forceinline__ void hx_dp4a_load(const unsigned char* __restrict__ w
 // out[c * out_stride + row]. Each phase runs over every column before the next: all columns' activation loads and
 // integer work, then the chains (the columns' in turn at each block: independent chains, each in its own order),
 // then the segment sums; one column's float operations are the same whatever the width.
-__device__ __forceinline__ void hx_dp4a_cols(const hx_dp4a_lane& wl, const unsigned char* __restrict__ xq,
-                                             float* __restrict__ out, const long long out_stride, const int nrows,
-                                             const int row) {
+// (HX_WSTAGE: wl is unused; the lane's weights come from the block's copy ws after the barrier.)
+__device__ __forceinline__ void hx_dp4a_cols(const hx_dp4a_lane& wl_loaded, const unsigned char* ws,
+                                             const unsigned char* __restrict__ xq, float* __restrict__ out,
+                                             const long long out_stride, const int nrows, const int row) {
     constexpr int C = HX_DCOLS;
     const int lane = threadIdx.x & 31;
 #if HX_XSTAGE
     __shared__ __align__(16) unsigned char xs_q[C * HX_NB * HX_XS_REC];
     __shared__ __align__(16) unsigned char xs_ds[C * HX_NB * 32];
-    hx_dp4a_stage(xq, xs_q, xs_ds);
+    hx_dp4a_stage(xq, xs_q, xs_ds);  // (its barrier also shows every thread's weight copies to the block)
+#elif HX_WSTAGE
+    __syncthreads();
+#endif
+#if HX_WSTAGE
+    hx_dp4a_lane wl;
+    hx_dp4a_load(ws, HX_NWARPS, (int)(threadIdx.x >> 5), wl);  // the warp's row of the copy
+#else
+    const hx_dp4a_lane& wl = wl_loaded;
+    (void)ws;
 #endif
     // every block's operands first (loads and integer work, independent of the chains)
     int c[C][HX_UNITS][HX_UNIT_BLOCKS];
@@ -278,9 +327,18 @@ hx_mmq_dp4a(const unsigned char* __restrict__ w, const unsigned char* __restrict
             const int nrows, const int ncols, const long long out_stride) {
     const int row = (int)blockIdx.x * HX_NWARPS + (int)(threadIdx.x >> 5);
     hx_dp4a_lane wl;
+    const unsigned char* ws = nullptr;
+#if HX_WSTAGE
+    __shared__ __align__(16) unsigned char ws_rows[HX_NWARPS * HX_ROW_BYTES + 16];
+    ws = hx_dp4a_wcopy(w, nrows, (int)blockIdx.x * HX_NWARPS, ws_rows);
+#else
     hx_dp4a_load(w, nrows, row, wl);
+#endif
     HX_PDL_ENTRY();  // the activations are the previous kernel's output
-    hx_dp4a_cols(wl, xq, out, out_stride, nrows, row);
+#if HX_WSTAGE
+    hx_cp_async_wait<0>();  // this thread's copies landed (the barrier in hx_dp4a_cols shows them to the block)
+#endif
+    hx_dp4a_cols(wl, ws, xq, out, out_stride, nrows, row);
 }
 
 // hx_mmq_multi's arguments: up to three weights reading the same column, CUDA blocks 0..ntile0-1 weight 0's, ...
@@ -293,7 +351,16 @@ hx_mmq_dp4a_multi(const unsigned char* __restrict__ xq, const int ncols,
                                                 out2, nrows2);
     const int row = p.index * HX_NWARPS + (int)(threadIdx.x >> 5);
     hx_dp4a_lane wl;
+    const unsigned char* ws = nullptr;
+#if HX_WSTAGE
+    __shared__ __align__(16) unsigned char ws_rows[HX_NWARPS * HX_ROW_BYTES + 16];
+    ws = hx_dp4a_wcopy(p.w, p.nrows, p.index * HX_NWARPS, ws_rows);
+#else
     hx_dp4a_load(p.w, p.nrows, row, wl);
+#endif
     HX_PDL_ENTRY();
-    hx_dp4a_cols(wl, xq, p.out, p.nrows, p.nrows, row);  // weight i's out is (ncols, nrows_i)
+#if HX_WSTAGE
+    hx_cp_async_wait<0>();
+#endif
+    hx_dp4a_cols(wl, ws, xq, p.out, p.nrows, p.nrows, row);  // weight i's out is (ncols, nrows_i)
 }
