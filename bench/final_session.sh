@@ -4,7 +4,9 @@
 # (default "bench tests sanitize kernels"):
 #   bench     hiraishin bench of every order (ORDERS), widths 1..16, prefill 512, the draft (under DRAFT_ORDERS
 #             if set, else ORDERS; BENCH_ARGS: more arguments, e.g. --draft-ahead), exact
-#             speculation (the issue figures), then the price-of-exactness table made from that JSON;
+#             speculation (the issue figures), then the price-of-exactness table made from that JSON; up to
+#             BENCH_TIMEOUT s (default 420: on a fresh H100 every order's kernels compile first, and 245-250 s
+#             cut it twice in session 30; with them compiled it took 45-200 s);
 #   tests     the GPU tests of TESTS (default all of tests/), up to TEST_TIMEOUT s (default 170; interrupted
 #             there, so the counts and JUnit file still come; pytest-xdist's -n TEST_WORKERS, default 4, where the
 #             device has xdist: every GPU test took ~4 min on the H200 in session 22, more than 7 on the H100 in 25);
@@ -87,7 +89,7 @@ fi
 
 if want bench; then
     echo "== hiraishin bench ($(left) s left)"
-    timeout $(cap ${BENCH_TIMEOUT:-260}) python3 -m hiraishin bench /tmp/qwen3-8b.gguf --draft /tmp/qwen3-0.6b.gguf \
+    timeout $(cap ${BENCH_TIMEOUT:-420}) python3 -m hiraishin bench /tmp/qwen3-8b.gguf --draft /tmp/qwen3-0.6b.gguf \
         --device cuda --orders ${ORDERS:-variant,invariant,fixed_split,subblock,invariant16} --widths 1-16 --prefill 512 \
         --tokens ${TOKENS:-64} --repetitions ${REPS:-3} ${DRAFT_ORDERS:+--draft-orders $DRAFT_ORDERS} ${BENCH_ARGS:-} --quiet \
         --json "$OUT/hiraishin-bench.json" 2>&1 | tail -n 60
