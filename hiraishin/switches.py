@@ -26,7 +26,7 @@ def env_int(var: str, allowed: Collection[int], default: int, what: str = "") ->
     text = os.environ.get(var, "").strip()
     if not text:
         return default
-    if text.isdigit() and int(text) in allowed:
+    if text.isascii() and text.isdigit() and int(text) in allowed:  # (not "²": a digit int() cannot read)
         return int(text)
     values = (f"an integer in {allowed.start}..{allowed.stop - 1}" if isinstance(allowed, range) and allowed.step == 1
               else f"one of {sorted(allowed)}")

@@ -310,6 +310,6 @@ def env_counts(env: str, names: tuple, usage: str, text: str | None = None) -> d
     if not text:
         return {}
     parts = text.split(":")
-    if len(parts) > len(names) or not all(part.strip().isdigit() for part in parts):
+    if len(parts) > len(names) or not all(part.strip().isascii() and part.strip().isdigit() for part in parts):
         raise BackendError(f"{env} must be {usage} (whole numbers), got {text!r}")
     return dict(zip(names, (int(part) for part in parts)))

@@ -248,7 +248,7 @@ def _mma_few_cols_nwarps() -> int | None:
     text = SUBBLOCK_MMA_FEW_COLS_NWARPS
     if text in ("", "0"):
         return None
-    if not text.isdigit() or not 1 <= int(text) <= 16:
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= 16:
         raise PlanError(f"${ENV_MMA_NWARPS} must be a warp count in 1..16 (or 0: the table), got {text!r}")
     return int(text)
 
