@@ -229,6 +229,13 @@ def test_plan_takes_dp4a_only_when_asked_and_only_for_whole_segments(monkeypatch
             assert sb.subblock_plan(wd, "Q6_K", 4096, n=151936) == _dp4a_plan("Q6_K", 4096, wd)
         assert sb.subblock_plan(4, "Q4_K", 4096).kernel == "mma"
         assert sb.subblock_plan(2, "Q6_K", 12288).kernel == "mma"
+    # several columns for tall weights only (the output head), where asked
+    monkeypatch.setattr(sb, "SUBBLOCK_DP4A", 1)
+    monkeypatch.setattr(sb, "SUBBLOCK_DP4A_COLS_MIN_ROWS", 65536)
+    assert sb.subblock_plan(3, "Q6_K", 4096, n=151936) == _dp4a_plan("Q6_K", 4096, 3)
+    for n in (4096, 12288, None):
+        assert sb.subblock_plan(3, "Q4_K", 4096, n=n).kernel == "mma"
+    assert sb.subblock_plan(1, "Q4_K", 4096, n=1024) == _dp4a_plan("Q4_K", 4096)  # one column: every weight
     monkeypatch.setattr(sb, "SUBBLOCK_DP4A", 0)
     assert sb.subblock_plan(2, "Q4_K", 4096).kernel == "mma"
 

@@ -40,9 +40,11 @@ __all__ = [
     "ENV_MMQ_TUNING",
     "ENV_SUBBLOCK_DP4A",
     "ENV_SUBBLOCK_DP4A_COLS",
+    "ENV_SUBBLOCK_DP4A_COLS_MIN_ROWS",
     "ENV_SUBBLOCK_DP4A_NWARPS",
     "SUBBLOCK_DP4A",
     "SUBBLOCK_DP4A_COLS",
+    "SUBBLOCK_DP4A_COLS_MIN_ROWS",
     "SUBBLOCK_DP4A_DEFAULT",
     "SUBBLOCK_DP4A_LEVELS",
     "SUBBLOCK_DP4A_MAX_COLS",
@@ -183,6 +185,13 @@ def _dp4a_cols_from_env() -> int:
 
 
 SUBBLOCK_DP4A_COLS = _dp4a_cols_from_env()
+# ... and only for weights of at least this many rows (0: every weight). The output head (151,936 rows) streams 510 MB
+# at any width, so its 2-4 columns' extra instructions (~150 a row and column, session 30's PTX) fit under the stream,
+# where a layer's short launches run out of issue slots; HIRAISHIN_SUBBLOCK_DP4A_COLS_MIN_ROWS=65536 asks for the head
+# alone, for the A/B. A launch fact: no bit changes.
+ENV_SUBBLOCK_DP4A_COLS_MIN_ROWS = "HIRAISHIN_SUBBLOCK_DP4A_COLS_MIN_ROWS"
+SUBBLOCK_DP4A_COLS_MIN_ROWS = env_int(ENV_SUBBLOCK_DP4A_COLS_MIN_ROWS, range(0, 1 << 24), 0,
+                                      "the fewest rows of a weight whose 2-4 columns go to dp4a")
 SUBBLOCK_DP4A_NB = 16  # super-blocks per row must be a multiple of this (16 segments x 2 lanes = 32 lanes)
 # Rows (warps) per CUDA block: 8. With launch.py's HX_XSTAGE a block's copy of the activations serves them all, so more
 # rows a block copy less (H100, session 30, the shared copy on, SUBBLOCK replays, same digests: the 8B's one-token
@@ -334,7 +343,8 @@ def subblock_plan(ncols: int, qtype: str, k: int, device=None, n: int | None = N
     nb = k // SUBBLOCK_QK
     dp4a_rows = nb % SUBBLOCK_DP4A_NB == 0 and (SUBBLOCK_DP4A == 2 or (SUBBLOCK_DP4A == 1 and nb == SUBBLOCK_DP4A_NB))
     # several columns for rows of one half a lane only (ptxas: three halves and two columns take 226+ registers)
-    if dp4a_rows and (ncols == 1 or (ncols <= SUBBLOCK_DP4A_COLS and nb == SUBBLOCK_DP4A_NB)):
+    tall = SUBBLOCK_DP4A_COLS_MIN_ROWS == 0 or (n is not None and n >= SUBBLOCK_DP4A_COLS_MIN_ROWS)
+    if dp4a_rows and (ncols == 1 or (ncols <= SUBBLOCK_DP4A_COLS and nb == SUBBLOCK_DP4A_NB and tall)):
         return SubBlockPlan(qtype=qtype, ncols=ncols, k=k, nseg=nseg, kernel="dp4a", tile_rows=SUBBLOCK_DP4A_NWARPS,
                             cols_per_block=ncols, nwarps=SUBBLOCK_DP4A_NWARPS)
     nwarps = SUBBLOCK_NWARPS[(kernel, qtype, n is None or n <= SUBBLOCK_FEW_ROWS)]
