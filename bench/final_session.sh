@@ -34,7 +34,7 @@
 #             (bench_mmq.json; the bench step's price-of-exactness table reads it when this step ran first);
 #   ab        bench/replay_widths.py under each value of an environment variable (AB_VAR, AB_VALUES, AB_ORDERS;
 #             default HIRAISHIN_PREFETCH_AHEAD 0 1, invariant; widths AB_WIDTHS, default 1,3): replay times and logits digests of
-#             a change that must keep every bit;
+#             a change that must keep every bit (bench/ab_table.py FOLDER: its rows for a results README);
 #   abtree    bench/replay_widths.py from an older tree (AB_TREE, a folder holding its hiraishin/ and bench/, e.g.
 #             unpacked from a carried `git archive`) and from this one, AB_ROUNDS times in turn (default 2), under
 #             AB_ORDERS at AB_WIDTHS (after AB_CONTEXT prompt tokens if set): replay times and logits digests
