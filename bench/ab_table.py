@@ -2,8 +2,9 @@
 
     python3 bench/ab_table.py FOLDER [FOLDER ...] [--label a]
 
-Reads each FOLDER's ``replay-VAR-<value>.json`` (one file per value of the switch, in the order of
-``AB_VALUES``, which the files' dates keep) and prints one table row per order: the switch and its values,
+Reads each FOLDER's ``replay-VAR-<value>.json`` (one file per value of a switch, in the order of
+``AB_VALUES``, which the files' dates keep; the abmany step leaves several switches in one folder) and prints one
+table row per switch and order: the switch and its values,
 the order and its widths, then per model the replay times in ms of every width, values joined by "→" and widths
 by " / ". A row whose logits digests differ between values at some width says so in its switch cell: the
 results README's tables claim "the same logits digests in every row", so such a row must not go in them
@@ -23,28 +24,24 @@ ORDER_NAMES = {"subblock": "SUBBLOCK", "invariant": "BATCH_INVARIANT", "variant"
                "fixed_split": "FIXED_SPLIT", "invariant16": "BATCH_INVARIANT_16"}
 
 
-def _runs(folder: Path) -> tuple[str, list[tuple[str, list]]]:
-    """The switch's name and ``[(value, rows)]`` of ``folder``, in the order the values ran."""
+def _runs(folder: Path) -> dict[str, list[tuple[str, list]]]:
+    """Per switch of ``folder`` (one, or several from the abmany step), ``[(value, rows)]`` in the order the values
+    ran."""
     files = sorted(folder.glob("replay-*.json"))
     if not files:
         raise SystemExit(f"{folder}: no replay-VAR-<value>.json files (not an ab step's folder?)")
-    runs = []
+    runs: dict[str, list] = {}
     for f in files:
-        data = json.loads(f.read_text())
-        m = re.fullmatch(r"replay-(HIRAISHIN_[A-Z0-9_]+)-(.+)\.json", f.name)
+        m = re.fullmatch(r"replay-(HIRAISHIN_[A-Z0-9_]+?)-([^-].*)\.json", f.name)
         if m is None:
             raise SystemExit(f"{f}: not named replay-HIRAISHIN_<VAR>-<value>.json")
-        runs.append((data.get("date", ""), m.group(1), m.group(2), data["rows"]))
-    names = {r[1] for r in runs}
-    if len(names) != 1:
-        raise SystemExit(f"{folder}: files of several switches {sorted(names)}")
-    runs.sort(key=lambda r: r[0])  # the order AB_VALUES ran them in
-    return names.pop(), [(value, rows) for _, _, value, rows in runs]
+        data = json.loads(f.read_text())
+        runs.setdefault(m.group(1), []).append((data.get("date", ""), m.group(2), data["rows"]))
+    # the order AB_VALUES ran them in (a stable sort: files of the same second keep their names' order)
+    return {var: [(v, rows) for _, v, rows in sorted(rs, key=lambda r: r[0])] for var, rs in runs.items()}
 
 
-def rows_of(folder: Path, label: str = "") -> list[str]:
-    """The Markdown rows of one A/B folder (see the module docstring)."""
-    var, runs = _runs(folder)
+def _rows_of_switch(var: str, runs: list, label: str) -> list[str]:
     values = [v for v, _ in runs]
     keyed = [{(r["model"], r["order"], r["width"]): r for r in rows} for _, rows in runs]
     out = []
@@ -68,6 +65,11 @@ def rows_of(folder: Path, label: str = "") -> list[str]:
         out.append(f"| {head} | {ORDER_NAMES.get(order, order)}, {wtext} token{'s' if widths != [1] else ''} | "
                    + " | ".join(cells) + " |")
     return out
+
+
+def rows_of(folder: Path, label: str = "") -> list[str]:
+    """The Markdown rows of one A/B folder (see the module docstring), switch by switch in name order."""
+    return [row for var, runs in sorted(_runs(folder).items()) for row in _rows_of_switch(var, runs, label)]
 
 
 def main(argv=None) -> int:

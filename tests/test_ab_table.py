@@ -52,3 +52,15 @@ def test_the_committed_session30_folder(capsys):
     folder = REPO / "bench/results/2026-12-06-h100-session30/c-xstage"
     assert ab_table.main([str(folder), "--label", "c"]) == 0
     assert capsys.readouterr().out.startswith("| `HIRAISHIN_DP4A_XSTAGE` 0 → 1 (c) | SUBBLOCK, 1 / 3 tokens | 2.597 → 2.530")
+
+
+def test_an_abmany_folder_gives_a_row_per_switch(tmp_path):
+    _write(tmp_path, "0", "2026-12-06T06:00:00Z", TIMES)
+    _write(tmp_path, "1", "2026-12-06T06:01:00Z", TIMES)
+    other = "HIRAISHIN_OTHER_SWITCH"
+    for value, date in (("wide", "2026-12-06T06:02:00Z"), ("0", "2026-12-06T06:03:00Z")):
+        rows = [{"model": m, "order": o, "width": w, "replay_ms": t, "logits_sha256": m + o + str(w)}
+                for (m, o, w), t in TIMES.items()]
+        (tmp_path / f"replay-{other}-{value}.json").write_text(json.dumps({"date": date, "rows": rows}))
+    rows = ab_table.rows_of(tmp_path)
+    assert [r.split(" | ")[0] for r in rows] == [f"| `{other}` wide → 0", f"| `{VAR}` 0 → 1"]
