@@ -93,7 +93,8 @@ class Qwen3(ChainMethods):
         cells; ``profile``: the device profile plans are made for (see ``hiraishin.devices``).
         ``cuda_graphs`` (CUDA only): replay passes of up to ``BUFFER_MAX_TOKENS`` tokens from CUDA
         graphs (:class:`hiraishin.backends.graphs.PassGraphs`; the same launches, the same bits);
-        ``None``: on unless ``$HIRAISHIN_CUDA_GRAPHS`` is off (``0``, ``false``, ``no``, ``off``; another value is an error).
+        ``None``: on unless ``$HIRAISHIN_CUDA_GRAPHS`` is off (``0``, ``false``, ``no``, ``off``; another value
+        is an error).
         """
         from .gguf_file import open_qwen3_gguf
 
