@@ -87,9 +87,11 @@ def test_kernel_waits_before_touching_shared_memory(path, name, body):
         for token in ("__shared__", "__syncthreads", "atomic", "K[", "V[", "->", "st.global"):  # loads only
             assert token not in block.group(0), f"{path}: kernel {name}'s early reads use {token!r}"
         before = before.replace(block.group(0), "")
-    # Before the wait only weight prefetches (read-only bytes) and index arithmetic may run: no
-    # array access, no store, no shared memory, no barrier.
+    # Before the wait only weight prefetches and copies (read-only bytes; a copy into the block's own shared
+    # memory, test_the_weight_copy_reads_weights_only) and index arithmetic may run: no array access, no store to
+    # global memory, no barrier.
     before = re.sub(r"hx_prefetch_(rows|lines)\([^;]*\);", "", before)
+    before = re.sub(r"\bws = hx_dp4a_wcopy\([^;]*\);", "", before)
     for token in ("[", "__shared__", "__syncthreads", "->", "atomic"):
         assert token not in before, f"{path}: kernel {name} uses {token!r} before HX_PDL_ENTRY"
 
@@ -191,3 +193,21 @@ def test_every_source_gets_the_trigger_define(monkeypatch):
     assert "#define HX_PDL_EARLY 1" in load_source("mmvq/mmvq.cu")
     monkeypatch.delenv(pdl.ENV_PDL_TRIGGER)
     assert "#define HX_PDL_EARLY 0" in load_source("mmvq/mmvq.cu")
+
+
+def test_the_weight_copy_reads_weights_only():
+    """onecol_dp4a.cu's hx_dp4a_wcopy, which its kernels call before the PDL wait: it reads through its weight pointer
+    ``w`` only and writes through ``dst`` (into its own __shared__ array) only, with no barrier."""
+    src = KERNEL_DIR.joinpath("mmq", "onecol_dp4a.cu").read_text(encoding="utf-8")
+    start = src.index("hx_dp4a_wcopy(const unsigned char* __restrict__ w")
+    body = src[src.index("{", start):src.index("\n}\n", start)]
+    assert re.search(r"__shared__ __align__\(16\) unsigned char ws\[", body)
+    assert "unsigned char* dst = ws + mis;" in body
+    copies = re.findall(r"hx_cp_async16\(([^,]+),\s*([^;]+)\);", body)
+    assert copies and all(d.strip().startswith("dst +") and g.strip().startswith("w +") for d, g in copies)
+    loads = re.findall(r"\*\((const [^)]*\*)\)\(([^;]*?)\);", body)
+    assert loads and all(kind.startswith("const ") and expr.strip().startswith("w +") for kind, expr in loads)
+    stores = re.findall(r"\*\((unsigned [^)]*\*)\)\(([^)]*)\) =", body)
+    assert stores and all(expr.strip().startswith("dst +") for _, expr in stores)
+    for token in ("__syncthreads", "atomic", "st.global", "->", "out"):
+        assert token not in body, token

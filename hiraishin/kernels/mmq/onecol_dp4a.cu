@@ -178,9 +178,11 @@ __device__ __forceinline__ void hx_dp4a_stage(const unsigned char* __restrict__ 
 // The block's rows row0 .. row0 + HX_NWARPS - 1 (each clamped to the last row) into ws, before the PDL wait: cp.async
 // of 16-byte chunks where the weight is 16-byte aligned (a GGUF tensor is), else 2-byte copies of the same bytes
 // (Q6_K super-blocks are 2-byte aligned; the copy then starts at ws + (w & 15), so that every super-block keeps its
-// word alignment for hx_dp4a_fetch). Returns where the copy's first row starts.
+// word alignment for hx_dp4a_fetch). Returns where the copy's first row starts. It reads the weight only (never
+// written, so it may run before the PDL wait) and writes only the block's own shared memory (tests/test_pdl.py).
 __device__ __forceinline__ const unsigned char* hx_dp4a_wcopy(const unsigned char* __restrict__ w, const int nrows,
-                                                             const int row0, unsigned char* ws) {
+                                                             const int row0) {
+    __shared__ __align__(16) unsigned char ws[HX_NWARPS * HX_ROW_BYTES + 16];
     const int mis = (int)((size_t)w & 15);
     unsigned char* dst = ws + mis;
     if (mis == 0) {
@@ -329,8 +331,7 @@ hx_mmq_dp4a(const unsigned char* __restrict__ w, const unsigned char* __restrict
     hx_dp4a_lane wl;
     const unsigned char* ws = nullptr;
 #if HX_WSTAGE
-    __shared__ __align__(16) unsigned char ws_rows[HX_NWARPS * HX_ROW_BYTES + 16];
-    ws = hx_dp4a_wcopy(w, nrows, (int)blockIdx.x * HX_NWARPS, ws_rows);
+    ws = hx_dp4a_wcopy(w, nrows, (int)blockIdx.x * HX_NWARPS);
 #else
     hx_dp4a_load(w, nrows, row, wl);
 #endif
@@ -353,8 +354,7 @@ hx_mmq_dp4a_multi(const unsigned char* __restrict__ xq, const int ncols,
     hx_dp4a_lane wl;
     const unsigned char* ws = nullptr;
 #if HX_WSTAGE
-    __shared__ __align__(16) unsigned char ws_rows[HX_NWARPS * HX_ROW_BYTES + 16];
-    ws = hx_dp4a_wcopy(p.w, p.nrows, p.index * HX_NWARPS, ws_rows);
+    ws = hx_dp4a_wcopy(p.w, p.nrows, p.index * HX_NWARPS);
 #else
     hx_dp4a_load(p.w, p.nrows, row, wl);
 #endif
