@@ -43,7 +43,6 @@ argmax pass come back the same way (a pageable copy is staged by the driver, syn
 
 from __future__ import annotations
 
-import os
 import warnings
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -51,6 +50,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from ..kernels.pdl import pdl_scope
+from ..switches import env_int
 
 __all__ = ["PassGraphs", "PendingChain", "GRAPHS_PER_WIDTH", "GRAPH_PASSES", "GRAPH_PASSES_ENV", "STREAM_AHEAD",
            "STREAM_RING"]
@@ -80,16 +80,7 @@ MAX_GRAPH_PASSES = 64
 
 
 def _graph_passes_from_env() -> int:
-    text = os.environ.get(GRAPH_PASSES_ENV, "").strip()
-    if not text:
-        return GRAPH_PASSES
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if not 1 <= n <= MAX_GRAPH_PASSES:
-        raise ValueError(f"{GRAPH_PASSES_ENV}={text!r}: passes per graph must be an integer in 1..{MAX_GRAPH_PASSES}")
-    return n
+    return env_int(GRAPH_PASSES_ENV, range(1, MAX_GRAPH_PASSES + 1), GRAPH_PASSES, "passes per graph")
 
 
 class PendingChain:

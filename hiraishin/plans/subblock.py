@@ -200,7 +200,8 @@ SUBBLOCK_DP4A_NB = 16  # super-blocks per row must be a multiple of this (16 seg
 ENV_SUBBLOCK_DP4A_NWARPS = "HIRAISHIN_SUBBLOCK_DP4A_NWARPS"
 SUBBLOCK_DP4A_NWARPS = env_int(ENV_SUBBLOCK_DP4A_NWARPS, (2, 4, 8, 16), 8, "the dp4a kernel's rows per CUDA block")
 ENV_MMQ_MTILES = "HIRAISHIN_MMQ_MTILES"
-SUBBLOCK_MTILES_MIN_COLS = int(os.environ.get(ENV_MMQ_MTILES, "").strip() or 0)
+SUBBLOCK_MTILES_MIN_COLS = env_int(ENV_MMQ_MTILES, range(0, SUBBLOCK_MAX_COLS_PER_BLOCK + 1), 0,
+                                   "the fewest columns of a launch with two row tiles a warp (0: none)")
 WIDE_SUFFIX = "/wide"
 # A tuning file replacing both tables, for A/B runs of a launch sweep (bench/tune_mmq.py writes one):
 # JSON of the same form; "none": no entries (SUBBLOCK_NWARPS and launch.py's tables alone). Read once.
