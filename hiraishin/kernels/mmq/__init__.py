@@ -43,7 +43,7 @@ measured-slower alternatives kept as opt-in switches: ``HX_LIVE`` (the integer C
 warp so all lanes share the float work of <= 4 live columns; ``HIRAISHIN_MMQ_LIVE=1``),
 ``HX_PREFETCH_NEXT`` (an L2 hint for the next super-block; ``HIRAISHIN_MMQ_PREFETCH_NEXT=1``) and
 ``HX_PIPELINE_W`` (Q4_K: the next super-block's loads issued into registers before the current one's
-MMAs; ``HIRAISHIN_MMQ_PIPELINE_W=1``) and ``HX_STAGE_W`` (Q4_K: the next super-block copied into shared
+MMAs, the first before the PDL wait; ``HIRAISHIN_MMQ_PIPELINE_W=1``) and ``HX_STAGE_W`` (Q4_K: the next super-block copied into shared
 memory with cp.async, the first copy before the PDL wait; ``HIRAISHIN_MMQ_STAGE_W=1``: faster on the
 0.6B's short rows, slower on the 8B's; ``=wide``, only the 9..16-column launches: 0.6-3% faster, same
 bits, a candidate default); and ``HX_MT`` (two 16-row tiles per warp, each super-block's activations serving
@@ -68,7 +68,8 @@ Files: ``mma_rows.cu`` (mma.sync helpers and weight-row loads, shared with ``ker
 ``mmq.cu`` (``hx_mmq``, and ``hx_mmq_multi``: up to three weights of one plan in one launch, the same
 tiles), ``onecol_dp4a.cu`` (one column on dp4a, a warp per row: the same order for rows of a multiple of 16
 super-blocks, ``HIRAISHIN_SUBBLOCK_DP4A``; up to four columns of rows of 16, ``HIRAISHIN_SUBBLOCK_DP4A_COLS``;
-``plans/subblock.py``), :mod:`.launch` (``launch``; ``MMQMultiLaunch``, used by the backend unless
+``plans/subblock.py``; the CUDA block's activations copied to shared memory, ``HIRAISHIN_DP4A_XSTAGE``, on, and its
+weight rows, ``HIRAISHIN_DP4A_WSTAGE``, off), :mod:`.launch` (``launch``; ``MMQMultiLaunch``, used by the backend unless
 ``HIRAISHIN_MMQ_MULTI=0``), :mod:`.emulate` (``emulate``).
 """
 
