@@ -11,11 +11,18 @@ from __future__ import annotations
 import os
 from collections.abc import Collection
 
-__all__ = ["env_int", "env_flag"]
+__all__ = ["env_int", "env_flag", "whole_number"]
 
 # The words an on/off switch takes (any case); blank or unset is its default.
 FLAG_ON = ("1", "true", "yes", "on")
 FLAG_OFF = ("0", "false", "no", "off")
+
+
+def whole_number(text: str) -> int | None:
+    """``text`` (stripped) as a whole number written in ASCII digits, else None. (``str.isdigit`` alone also
+    passes "²", which ``int`` cannot read.)"""
+    text = text.strip()
+    return int(text) if text.isascii() and text.isdigit() else None
 
 
 def env_int(var: str, allowed: Collection[int], default: int, what: str = "") -> int:
@@ -26,8 +33,9 @@ def env_int(var: str, allowed: Collection[int], default: int, what: str = "") ->
     text = os.environ.get(var, "").strip()
     if not text:
         return default
-    if text.isascii() and text.isdigit() and int(text) in allowed:  # (not "²": a digit int() cannot read)
-        return int(text)
+    value = whole_number(text)
+    if value is not None and value in allowed:
+        return value
     values = (f"an integer in {allowed.start}..{allowed.stop - 1}" if isinstance(allowed, range) and allowed.step == 1
               else f"one of {sorted(allowed)}")
     raise ValueError(f"{var}={text!r}: {what + ' ' if what else ''}must be {values}")

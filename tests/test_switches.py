@@ -134,3 +134,15 @@ def test_the_mma_warps_switch(monkeypatch, text, want):
             sb._mma_few_cols_nwarps()
     else:
         assert sb._mma_few_cols_nwarps() == want
+
+
+@given(ENV_TEXT)
+def test_whole_number_reads_what_int_reads_in_ascii_digits(text):
+    from hiraishin.switches import whole_number
+
+    got = whole_number(text)
+    stripped = text.strip()
+    if stripped and stripped.isascii() and stripped.isdigit():
+        assert got == int(stripped)
+    else:
+        assert got is None

@@ -26,6 +26,7 @@ from importlib import resources
 from typing import Iterable, Mapping
 
 from ..errors import BackendError
+from ..switches import whole_number
 from .pdl import PdlKernel, body_has_entry, trigger_defines
 
 __all__ = [
@@ -310,6 +311,7 @@ def env_counts(env: str, names: tuple, usage: str, text: str | None = None) -> d
     if not text:
         return {}
     parts = text.split(":")
-    if len(parts) > len(names) or not all(part.strip().isascii() and part.strip().isdigit() for part in parts):
+    values = [whole_number(part) for part in parts]
+    if len(parts) > len(names) or None in values:
         raise BackendError(f"{env} must be {usage} (whole numbers), got {text!r}")
-    return dict(zip(names, (int(part) for part in parts)))
+    return dict(zip(names, values))

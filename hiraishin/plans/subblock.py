@@ -34,7 +34,7 @@ import os
 from dataclasses import dataclass
 
 from ..errors import PlanError
-from ..switches import env_int
+from ..switches import env_int, whole_number
 
 __all__ = [
     "ENV_MMQ_TUNING",
@@ -258,9 +258,10 @@ def _mma_few_cols_nwarps() -> int | None:
     text = SUBBLOCK_MMA_FEW_COLS_NWARPS
     if text in ("", "0"):
         return None
-    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= 16:
+    n = whole_number(text)
+    if n is None or not 1 <= n <= 16:
         raise PlanError(f"${ENV_MMA_NWARPS} must be a warp count in 1..16 (or 0: the table), got {text!r}")
-    return int(text)
+    return n
 
 
 def subblock_segments(k: int) -> int:

@@ -15,7 +15,7 @@ import numpy as np
 
 from ...plans.subblock import SUBBLOCK_DP4A_NB, SUBBLOCK_NTILE_COLS, SUBBLOCK_TILE_ROWS, SubBlockPlan
 from ...quant import BLOCK_BYTES, GGML_TYPE_ID, QK_K
-from ...switches import env_flag, env_int
+from ...switches import env_flag
 from ..compile import blocks_for_register_cap, get_kernel, relax_register_cap
 from ..compile import precompile as compile_many
 from ..mmvq.launch import MULTI_MAX_WEIGHTS, multi_weight_args
@@ -83,7 +83,7 @@ DP4A_DEFAULT_MAX_REGS = 128
 # the 8B's one-token pass 2.597 -> 2.530 ms (4 rows a block), 2.469 at 8 rows (plans/subblock.py). Default 1;
 # HIRAISHIN_DP4A_XSTAGE=0 reads global memory as before.
 ENV_DP4A_XSTAGE = "HIRAISHIN_DP4A_XSTAGE"
-DP4A_XSTAGE = env_int(ENV_DP4A_XSTAGE, (0, 1), 1, "the dp4a kernel's shared copy of its activations")
+DP4A_XSTAGE = int(env_flag(ENV_DP4A_XSTAGE, True, "the dp4a kernel's shared copy of its activations"))
 # HX_WSTAGE: the dp4a kernel's CUDA block copies its weight rows into shared memory with cp.async before the PDL wait
 # (coalesced 16-byte chunks; a lane's own 16-byte weight loads touch a line each), and its lanes read them there. For
 # rows of 16 super-blocks whose copy fits the 48 KB a block declares statically beside the activations' (8 rows:
