@@ -382,3 +382,66 @@ def test_dp4a_kernel_equals_emulator_and_multi(cp, qtype, k, n, xstage, wstage, 
         for wi, m, o in zip(ws, ns, outs):
             want = MMQLaunch(m, plan)(wi, xl, cp.empty((wd, m), cp.float32))
             assert np.array_equal(o.get().view(np.uint32), want.get().view(np.uint32)), f"multi: {m} rows, {wd} cols"
+
+
+@pytest.mark.parametrize("k,n", [(4096, 12288), (4096, 1024), (12288, 4096)])
+def test_kernels_reading_tiles_equal_emulator(cp, k, n, monkeypatch):
+    """Q4_K weights in 16-row tile records (kernels/mmq/wtile.py, HIRAISHIN_MMQ_WTILE): the MMA kernel at 1-4, 9
+    and 16 columns (its one-column form too) and the dp4a kernel at one column give the emulator's bits from the
+    tiles, with no local memory."""
+    import hiraishin.plans.subblock as sb
+    from hiraishin.kernels import quantize
+    from hiraishin.kernels.compile import kernel_attributes
+    from hiraishin.kernels.mmq import emulate
+    from hiraishin.kernels.mmq.launch import MMQLaunch, mmq_kernel
+    from hiraishin.kernels.mmq.wtile import tile_q4k
+    from hiraishin.quant import random_blocks
+
+    w = random_blocks("Q4_K", n, k, seed=k + n + 7)
+    xq = quantize.emulate(np.random.default_rng(n + 7).standard_normal((16, k)).astype(np.float32))
+    rows = _rows(n)
+    ref = emulate(w[rows], "Q4_K", xq, sb.subblock_plan(1, "Q4_K", k))
+    w_t = cp.asarray(tile_q4k(w))
+    for dp4a in (0, 1):
+        monkeypatch.setattr(sb, "SUBBLOCK_DP4A", dp4a)
+        for wd in ((1,) if dp4a else (1, 2, 3, 4, 9, 16)):
+            plan = sb.subblock_plan(wd, "Q4_K", k, n=n)
+            assert (plan.kernel == "dp4a") == bool(dp4a)
+            launch = MMQLaunch(n, plan, wtile=True)
+            got = launch(w_t, as_layout(cp.asarray(xq[:wd]), launch.layout), cp.full((wd, n), cp.nan, cp.float32))
+            np.testing.assert_array_equal(got.get()[:, rows].view(np.uint32), ref[:wd].view(np.uint32),
+                                          err_msg=f"K={k} N={n} width={wd} {plan.kernel}")
+            if wd <= 4:
+                attrs = kernel_attributes(mmq_kernel(plan, wtile=True)[0])
+                assert attrs["local_size_bytes"] == 0, (plan.kernel, wd, attrs)
+
+
+def test_passes_from_tiles_equal_passes_from_rows(tiny_model_path, monkeypatch):
+    """A model loaded under HIRAISHIN_MMQ_WTILE=1 (its Q4_K projections as tiles) gives SUBBLOCK logits with the
+    bits of one loaded without, at 1, 3, 9 and 16 tokens, graphs and all; another order's pass of it is refused by
+    name."""
+    from hiraishin import Qwen3, ReductionOrder
+    from hiraishin.errors import HiraishinError
+    from hiraishin.kernels.mmq.wtile import ENV_MMQ_WTILE
+
+    order = ReductionOrder.SUBBLOCK
+
+    def run():
+        m = Qwen3.from_gguf(tiny_model_path, device="cuda", progress=False, cuda_graphs=True, n_ctx=512)
+        m.forward(list(range(20)), 0, order)
+        outs = []
+        for w in (1, 3, 9, 16):
+            for _ in range(3):  # eager warm-up, capture, replay
+                out = m.forward(list(range(100, 100 + w)), 20, order)
+            outs.append(out)
+        return m, outs
+
+    monkeypatch.delenv(ENV_MMQ_WTILE, raising=False)
+    _, rows = run()
+    monkeypatch.setenv(ENV_MMQ_WTILE, "1")
+    m, tiles = run()
+    assert m.backend.tiled, "no weight was tiled"
+    for w, a, b in zip((1, 3, 9, 16), rows, tiles):
+        assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), f"{w} tokens"
+    with pytest.raises(HiraishinError, match=ENV_MMQ_WTILE):
+        m.forward([5], 40, ReductionOrder.BATCH_INVARIANT)

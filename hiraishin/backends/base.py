@@ -90,8 +90,9 @@ class Backend:
         """A backend array as a numpy array."""
         raise NotImplementedError
 
-    def upload_weight(self, a):
-        """A weight tensor (possibly a read-only memmap) on this backend, without needless copies."""
+    def upload_weight(self, a, name: str = "", qtype: str = "", shape: tuple = ()):
+        """A weight tensor (possibly a read-only memmap) on this backend, without needless copies (``name``,
+        ``qtype``, ggml ``shape``: which tensor it is, for a backend that lays some out its own way)."""
         raise NotImplementedError
 
     def synchronize(self) -> None:

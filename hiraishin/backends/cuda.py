@@ -14,9 +14,11 @@ CUDA-graph replays run on the model's own stream, in the same order).
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
-from ..errors import BackendError
+from ..errors import BackendError, HiraishinError
 from ..kernels import elementwise, l2ahead, rmsnorm, rope, tiled
 from ..kernels.attention.launch import current_profile
 from ..kernels.compile import cupy_available, require_cupy
@@ -31,6 +33,7 @@ from ..kernels.mmq.launch import launch as mmq_launch
 from ..kernels.mmq.launch import MMQMultiLaunch
 from ..kernels.mmq.launch import multi_enabled as mmq_multi_enabled
 from ..kernels.mmq.launch import xlayout_setting as mmq_xlayout
+from ..kernels.mmq.wtile import ENV_MMQ_WTILE, tile_q4k, tiles_weight, wtile_enabled
 from ..kernels.mmq_stock.launch import launch as mmq_stock_launch
 from ..kernels.mmvq.launch import MULTI_MAX_WEIGHTS, MixedMatVecLaunch, MultiMatVecLaunch, prepared_plan
 from ..kernels.mmvq_swiglu.launch import swiglu_epilogue_enabled
@@ -178,14 +181,20 @@ class CudaOps(CudaAttentionOps, CudaFusedOps):
     def matvec(self, order, ncols: int, qtype: str, w) -> PreparedMatVec:
         """The prepared mat-vec for ``ncols`` columns times weight ``w`` under ``order`` (cached)."""
         n, row_bytes = w.shape
-        key = (order, ncols, qtype, n, row_bytes, mmq_multi_enabled(), mmq_xlayout())
+        tiles = bool(self.backend.tiled) and w.data.ptr in self.backend.tiled  # (upload_weight)
+        key = (order, ncols, qtype, n, row_bytes, mmq_multi_enabled(), mmq_xlayout(), tiles)
         hit = self._matvecs.get(key)
         if hit is None:
             if len(self._matvecs) >= self._CACHE_MAX:
                 self._matvecs.clear()
             t = matvec_traits(qtype)
             plan = self.backend.matvec_plan(order, ncols, qtype, row_bytes // t.block_bytes * t.qk, n)
-            hit = self._matvecs[key] = PreparedMatVec(plan, qtype, n, row_bytes)
+            hit = self._matvecs[key] = PreparedMatVec(plan, qtype, n, row_bytes, tiles and isinstance(plan, SubBlockPlan))
+        if tiles and not isinstance(hit.plan, SubBlockPlan):
+            raise HiraishinError(
+                f"this {qtype} weight ({n} rows) was loaded as 16-row tiles (${ENV_MMQ_WTILE}=1), which only the "
+                f"sub-block kernels read; {order.name} at {ncols} columns plans {type(hit.plan).__name__}: load the "
+                f"model with ${ENV_MMQ_WTILE} unset for other orders")
         return hit
 
     def quantize(self, x, layout: str | None = None, out=None):
@@ -275,10 +284,10 @@ class CudaOps(CudaAttentionOps, CudaFusedOps):
     def _multi_launch(self, key, ns: tuple, T: int):
         hit = self._multis.get((key, ns))
         if hit is None:
-            qtype, row_bytes, plan = key
+            qtype, row_bytes, plan = key[:3]
             t = matvec_traits(qtype)
-            if isinstance(plan, SubBlockPlan):
-                hit = self._multis[(key, ns)] = MMQMultiLaunch(ns, plan)
+            if isinstance(plan, SubBlockPlan):  # (key[3]: the weights are in tile records)
+                hit = self._multis[(key, ns)] = MMQMultiLaunch(ns, plan, key[3])
             else:
                 hit = self._multis[(key, ns)] = MultiMatVecLaunch(qtype, ns, row_bytes // t.block_bytes * t.qk, T,
                                                                  plan.rows_per_block, plan.nwarps)
@@ -443,6 +452,7 @@ class CudaBackend(Backend):
             # both the mat-vec and the attention planners accept
             device = current_profile()
         super().__init__(device)
+        self.tiled: set[int] = set()  # device pointers of weights uploaded as tiles (upload_weight)
         self.ops = CudaOps(self)
 
     def to_device(self, a):
@@ -451,7 +461,19 @@ class CudaBackend(Backend):
     def to_host(self, a) -> np.ndarray:
         return self.xp.asnumpy(a)
 
-    def upload_weight(self, a):
+    def upload_weight(self, a, name: str = "", qtype: str = "", shape: tuple = ()):
+        """Weight ``name`` on the device; under ``HIRAISHIN_MMQ_WTILE=1`` a Q4_K projection as 16-row tile records
+        (:mod:`hiraishin.kernels.mmq.wtile`; its pointer kept in :attr:`tiled`, so that only sub-block mat-vecs
+        read it)."""
+        if wtile_enabled() and tiles_weight(name, qtype, shape):
+            d = self.xp.asarray(tile_q4k(np.asarray(a)))
+            ptr = d.data.ptr
+            self.tiled.add(ptr)
+            try:  # forget the pointer with the array, so that a later allocation there is not taken for tiles
+                weakref.finalize(d, self.tiled.discard, ptr)
+            except TypeError:  # (an array type without weak references: the pointer stays marked)
+                pass
+            return d
         return self.xp.asarray(np.ascontiguousarray(a))
 
     def synchronize(self) -> None:

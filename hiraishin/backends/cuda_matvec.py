@@ -39,7 +39,9 @@ class PreparedMatVec:
 
     __slots__ = ("plan", "launch", "n", "layout", "qtype", "group")
 
-    def __init__(self, plan, qtype: str, n: int, row_bytes: int):
+    def __init__(self, plan, qtype: str, n: int, row_bytes: int, wtile: bool = False):
+        """``wtile``: the weight is in 16-row tile records (:mod:`hiraishin.kernels.mmq.wtile`; sub-block plans
+        only)."""
         t = matvec_traits(qtype)
         self.plan, self.n, self.qtype = plan, n, qtype
         # mat-vecs with the same group key may share one mmvq_multi (or hx_mmq_multi) launch (same
@@ -48,10 +50,10 @@ class PreparedMatVec:
         if isinstance(plan, MatVecPlan) and plan.kernel == "mmvq" and len(plan.launches()) == 1:
             self.group = (qtype, row_bytes, plan)
         if isinstance(plan, SubBlockPlan):  # int8 MMA kernels reading their own q8_1 layout (or llama.cpp's)
-            self.launch = mmq_prepared_launch(n, plan)
+            self.launch = mmq_prepared_launch(n, plan, wtile)
             self.layout = self.launch.layout
-            if mmq_multi_enabled():  # hx_mmq_multi for weights of one plan (opt-in until timed)
-                self.group = (qtype, row_bytes, plan)
+            if mmq_multi_enabled():  # hx_mmq_multi for weights of one plan and one weight layout
+                self.group = (qtype, row_bytes, plan, bool(wtile))
         elif isinstance(plan, MMQStockPlan):  # llama.cpp's MMQ order (int8 MMA), same layout
             self.launch = mmq_stock_prepared_launch(plan)
             self.layout = None

@@ -93,8 +93,18 @@ DP4A_WSTAGE = env_flag(ENV_DP4A_WSTAGE, False, "the dp4a kernel's shared copy of
 STATIC_SMEM_BYTES = 48 * 1024  # the most shared memory a CUDA block may declare statically
 
 
-def dp4a_wstage(plan: SubBlockPlan) -> int:
-    """HX_WSTAGE of a dp4a ``plan``: :data:`DP4A_WSTAGE` where its rows are 16 super-blocks and the copies fit."""
+def _wtile(plan: SubBlockPlan, wtile: bool) -> int:
+    """HX_WTILE: 1 where the launch's weight is in :mod:`.wtile`'s tile records (Q4_K only)."""
+    if wtile and plan.qtype != "Q4_K":
+        raise ValueError(f"only Q4_K weights come as tiles, the plan is for {plan.qtype}")
+    return int(bool(wtile))
+
+
+def dp4a_wstage(plan: SubBlockPlan, wtile: bool = False) -> int:
+    """HX_WSTAGE of a dp4a ``plan``: :data:`DP4A_WSTAGE` where its rows are 16 super-blocks and the copies fit
+    (never for a weight in tiles, ``wtile``: the copy is of ggml's rows)."""
+    if wtile:
+        return 0
     nb = plan.k // QK_K
     rows = plan.nwarps * nb * BLOCK_BYTES[plan.qtype] + 16
     xs = plan.ncols * nb * (8 * BLOCK_BYTES["Q8_1"] + 32) if DP4A_XSTAGE else 0
@@ -278,8 +288,9 @@ def live_cols(plan: SubBlockPlan, prefetch_x: int = 0) -> int:
     return next((c for c in MMQ_LIVE_COLS if plan.ncols <= c), 0)
 
 
-def dp4a_defines(plan: SubBlockPlan, max_regs: int | None | str = "default") -> dict:
-    """``#define``\\ s of ``onecol_dp4a.cu`` for a ``plan`` of kernel "dp4a" (``max_regs``: override the cap)."""
+def dp4a_defines(plan: SubBlockPlan, max_regs: int | None | str = "default", wtile: bool = False) -> dict:
+    """``#define``\\ s of ``onecol_dp4a.cu`` for a ``plan`` of kernel "dp4a" (``max_regs``: override the cap;
+    ``wtile``: the weight comes in :mod:`.wtile`'s tile records)."""
     nb = plan.k // QK_K
     if max_regs == "default":
         max_regs = DP4A_MAX_REGS.get((nb // 16, plan.ncols), DP4A_DEFAULT_MAX_REGS)
@@ -295,7 +306,8 @@ def dp4a_defines(plan: SubBlockPlan, max_regs: int | None | str = "default") -> 
         "HX_XLAYOUT": 1,
         "HX_DCOLS": plan.ncols,
         "HX_XSTAGE": DP4A_XSTAGE,
-        "HX_WSTAGE": dp4a_wstage(plan),
+        "HX_WSTAGE": dp4a_wstage(plan, wtile),
+        "HX_WTILE": _wtile(plan, wtile),
     }
 
 
@@ -305,10 +317,11 @@ def kernel_source(plan: SubBlockPlan) -> tuple:
 
 
 def kernel_defines(plan: SubBlockPlan, max_regs: int | None | str = "default",
-                   prefetch: int | str = "default") -> dict:
-    """``#define``\\ s of the kernel for ``plan`` (``max_regs``, ``prefetch``: override the tuning)."""
+                   prefetch: int | str = "default", wtile: bool = False) -> dict:
+    """``#define``\\ s of the kernel for ``plan`` (``max_regs``, ``prefetch``: override the tuning; ``wtile``: the
+    weight comes in :mod:`.wtile`'s tile records, which the options that address ggml's rows do not read)."""
     if plan.kernel == "dp4a":
-        return dp4a_defines(plan, max_regs)
+        return dp4a_defines(plan, max_regs, wtile)
     nt = plan.cols_per_block // SUBBLOCK_NTILE_COLS // plan.warp_split  # n-tiles per warp
     key = (plan.kernel, plan.qtype, plan.nwarps)
     if max_regs == "default":
@@ -323,7 +336,8 @@ def kernel_defines(plan: SubBlockPlan, max_regs: int | None | str = "default",
     live = live_cols(plan, pre if nt == 1 else 0) if mt == 1 else 0
     pcols = 1 if plan.kernel == "onecol" else live or plan.cols_per_block
     switch = _env_choice(ENV_MMQ_STAGE_W, MMQ_STAGE_W_VALUES, "0")
-    stage = (switch == "1" or (switch == "wide" and nt == 2)) and stage_fits(plan, pcols) and mt == 1
+    wtile = _wtile(plan, wtile)
+    stage = (switch == "1" or (switch == "wide" and nt == 2)) and stage_fits(plan, pcols) and mt == 1 and not wtile
     return {
         "HX_QTYPE": GGML_TYPE_ID[plan.qtype],
         "HX_BLOCK_BYTES": BLOCK_BYTES[plan.qtype],
@@ -337,18 +351,19 @@ def kernel_defines(plan: SubBlockPlan, max_regs: int | None | str = "default",
         "HX_PREFETCH_X": pre if nt == 1 else 0,
         "HX_PREFETCH_W": _prefetch_w(plan.k),
         "HX_LIVE": live,
-        "HX_PREFETCH_NEXT": 0 if stage or mt > 1 else _switch(ENV_MMQ_PREFETCH_NEXT),
+        "HX_PREFETCH_NEXT": 0 if stage or mt > 1 or wtile else _switch(ENV_MMQ_PREFETCH_NEXT),
         "HX_PIPELINE_W": _switch(ENV_MMQ_PIPELINE_W) if plan.qtype == "Q4_K" and not stage and mt == 1 else 0,
         "HX_STAGE_W": int(stage),
         "HX_XLAYOUT": plan_xlayout(plan),
         "HX_CGROUPS": plan.interleave,
         "HX_WSPLIT": plan.warp_split,
         "HX_MT": mt,
+        "HX_WTILE": wtile,
     }
 
 
 def mmq_kernel(plan: SubBlockPlan, max_regs: int | None | str = "default", prefetch: int | str = "default",
-               name: str = "hx_mmq"):
+               name: str = "hx_mmq", wtile: bool = False):
     """The compiled ``hx_mmq`` (or ``hx_mmq_multi``; for a "dp4a" plan ``onecol_dp4a.cu``'s kernel of the same
     arguments) kernel of ``plan`` and the dynamic shared memory its launches give it (:func:`stage_bytes`);
     compiled without the register cap if the cap spills (:func:`relax_register_cap`)."""
@@ -360,7 +375,7 @@ def mmq_kernel(plan: SubBlockPlan, max_regs: int | None | str = "default", prefe
         kernel = get_kernel(source, name, defines)
         return kernel, int(kernel.local_size_bytes)
 
-    kernel, defines = relax_register_cap(kernel_defines(plan, max_regs, prefetch), compile_spills)
+    kernel, defines = relax_register_cap(kernel_defines(plan, max_regs, prefetch, wtile), compile_spills)
     shared = stage_bytes(defines)
     if shared and kernel.raw.max_dynamic_shared_size_bytes < shared:
         # the opt-in (once per kernel): static and dynamic shared memory together may pass 48 KB only with it
@@ -386,8 +401,8 @@ class MMQLaunch:
     __slots__ = ("block", "grid", "kernel", "scalars", "layout", "shared")
 
     def __init__(self, n: int, plan: SubBlockPlan, out_stride: int | None = None,
-                 max_regs: int | None | str = "default", prefetch: int | str = "default"):
-        self.kernel, self.shared = mmq_kernel(plan, max_regs, prefetch)
+                 max_regs: int | None | str = "default", prefetch: int | str = "default", wtile: bool = False):
+        self.kernel, self.shared = mmq_kernel(plan, max_regs, prefetch, wtile=wtile)
         self.layout = activation_layout(plan)
         self.grid = launch_grid(-(-n // plan.tile_rows), plan)
         self.block = (32 * plan.nwarps, 1, 1)
@@ -419,10 +434,10 @@ class MMQMultiLaunch:
 
     __slots__ = ("block", "grid", "kernel", "ns", "ntiles", "ncols", "layout", "shared")
 
-    def __init__(self, ns: tuple, plan: SubBlockPlan):
+    def __init__(self, ns: tuple, plan: SubBlockPlan, wtile: bool = False):
         if not 1 <= len(ns) <= MULTI_MAX_WEIGHTS:
             raise ValueError(f"hx_mmq_multi takes 1..{MULTI_MAX_WEIGHTS} weights, got {len(ns)}")
-        self.kernel, self.shared = mmq_kernel(plan, name="hx_mmq_multi")
+        self.kernel, self.shared = mmq_kernel(plan, name="hx_mmq_multi", wtile=wtile)
         self.layout = activation_layout(plan)
         self.ns = tuple(np.int32(n) for n in ns)
         self.ntiles = tuple(np.int32(-(-n // plan.tile_rows)) for n in ns)  # CUDA blocks' row ranges per weight
@@ -439,12 +454,12 @@ class MMQMultiLaunch:
 _launches: dict = {}
 
 
-def prepared_launch(n: int, plan: SubBlockPlan) -> MMQLaunch:
-    """The cached :class:`MMQLaunch` for ``n`` rows and ``plan``."""
-    key = (n, plan, xlayout_setting())  # the layout the launch reads follows the environment
+def prepared_launch(n: int, plan: SubBlockPlan, wtile: bool = False) -> MMQLaunch:
+    """The cached :class:`MMQLaunch` for ``n`` rows and ``plan`` (``wtile``: of a weight in tile records)."""
+    key = (n, plan, xlayout_setting(), bool(wtile))  # the layout the launch reads follows the environment
     hit = _launches.get(key)
     if hit is None:
-        hit = _launches[key] = MMQLaunch(n, plan)
+        hit = _launches[key] = MMQLaunch(n, plan, wtile=wtile)
     return hit
 
 

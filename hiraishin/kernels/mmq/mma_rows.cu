@@ -62,6 +62,34 @@ __device__ __forceinline__ int hx_ld32_a2(const unsigned char* base4, int off, i
 
 __device__ __forceinline__ int hx_sbyte(int word, int i) { return (int)(signed char)(word >> (8 * i)); }
 
+// HX_WTILE (0/1; Q4_K; launch.py MMQ_WTILE, kernels/mmq/wtile.py): the weight's rows in 16-row tiles, each tile's
+// super-block i one record of 16 * 144 bytes: the four 32-byte qs chunks jp of its 16 rows as [jp][row][32], then
+// the rows' 16-byte headers (d, dmin, scales) as [row][16]. The same bytes as ggml's rows, regrouped: lane (g, t)'s
+// 8-byte loads of chunk jp for rows g = 0..7 read 256 contiguous bytes (2 cache lines, not 8 of rows 2,304 bytes
+// apart), a header load 128. Where the bytes sit only: no bit changes. A row's super-block is then addressed by its
+// tile record p (HX_SB_STRIDE apart) and its row rr within the tile.
+#ifndef HX_WTILE
+#define HX_WTILE 0
+#endif
+#if HX_WTILE
+#if HX_QTYPE != 12
+#error "HX_WTILE: Q4_K weights only"
+#endif
+#define HX_WTILE_ROWS 16
+#define HX_SB_STRIDE (HX_WTILE_ROWS * HX_BLOCK_BYTES)
+#define HX_Q4_HDR(p, rr) ((p) + 4 * 32 * HX_WTILE_ROWS + 16 * (rr))
+#define HX_Q4_QS(p, rr, jp) ((p) + 32 * HX_WTILE_ROWS * (jp) + 32 * (rr))
+// where row r's records begin (its tile's first), and r's place in it
+#define HX_W_ROW(w, r) ((w) + (size_t)((r) & ~(HX_WTILE_ROWS - 1)) * HX_NB * HX_BLOCK_BYTES)
+#define HX_W_RR(r) ((r) & (HX_WTILE_ROWS - 1))
+#else
+#define HX_SB_STRIDE HX_BLOCK_BYTES
+#define HX_Q4_HDR(p, rr) (p)
+#define HX_Q4_QS(p, rr, jp) ((p) + 16 + 32 * (jp))
+#define HX_W_ROW(w, r) ((w) + (size_t)(r) * HX_NB * HX_BLOCK_BYTES)
+#define HX_W_RR(r) 0
+#endif
+
 #if HX_QTYPE == 12
 // ---- Q4_K: d, dmin (fp16), scales[12], qs[128]; 144 bytes ----
 struct hx_row_sb {
@@ -90,20 +118,23 @@ struct hx_row_raw {
     int q[8];
 };
 
-__device__ __forceinline__ void hx_fetch_row(const unsigned char* p, int t, hx_row_raw& r) {
-    r.h = *(const uint4*)p;
+// p: the row's super-block (HX_WTILE: its tile's record, the row rr within it; else rr is unused)
+__device__ __forceinline__ void hx_fetch_row(const unsigned char* p, int rr, int t, hx_row_raw& r) {
+    r.h = *(const uint4*)HX_Q4_HDR(p, rr);
 #pragma unroll
     for (int jp = 0; jp < 4; ++jp) {
+        const unsigned char* qs = HX_Q4_QS(p, rr, jp);
 #if HX_XLAYOUT
-        const int2 v = *(const int2*)(p + 16 + 32 * jp + 8 * t);
+        const int2 v = *(const int2*)(qs + 8 * t);
         r.q[2 * jp] = v.x;
         r.q[2 * jp + 1] = v.y;
 #else
-        r.q[2 * jp] = hx_ld32(p + 16 + 32 * jp + 4 * t);
-        r.q[2 * jp + 1] = hx_ld32(p + 16 + 32 * jp + 16 + 4 * t);
+        r.q[2 * jp] = hx_ld32(qs + 4 * t);
+        r.q[2 * jp + 1] = hx_ld32(qs + 16 + 4 * t);
 #endif
     }
 }
+__device__ __forceinline__ void hx_fetch_row(const unsigned char* p, int t, hx_row_raw& r) { hx_fetch_row(p, 0, t, r); }
 
 __device__ __forceinline__ void hx_decode_row(const hx_row_raw& w, hx_row_sb& r) {
     const uint4 h = w.h;
@@ -118,11 +149,12 @@ __device__ __forceinline__ void hx_decode_row(const hx_row_raw& w, hx_row_sb& r)
     for (int k = 0; k < 8; ++k) r.q[k] = w.q[k];
 }
 
-__device__ __forceinline__ void hx_load_row(const unsigned char* p, int t, hx_row_sb& r) {
+__device__ __forceinline__ void hx_load_row(const unsigned char* p, int rr, int t, hx_row_sb& r) {
     hx_row_raw w;
-    hx_fetch_row(p, t, w);
+    hx_fetch_row(p, rr, t, w);
     hx_decode_row(w, r);
 }
+__device__ __forceinline__ void hx_load_row(const unsigned char* p, int t, hx_row_sb& r) { hx_load_row(p, 0, t, r); }
 #else
 // ---- Q6_K: ql[128], qh[64], scales[16] (int8), d (fp16); 210 bytes ----
 struct hx_row_sb {
@@ -152,6 +184,8 @@ __device__ __forceinline__ void hx_load_row(const unsigned char* p, int t, hx_ro
         for (int i = 0; i < 4; ++i) r.sc[i] = hx_ld32_a2(b, 192 + 4 * i, 16);
     }
 }
+
+__device__ __forceinline__ void hx_load_row(const unsigned char* p, int, int t, hx_row_sb& r) { hx_load_row(p, t, r); }
 
 // int8 values q - 32 of q8_1 block bb (0..3) of 128-half n, half h, from a row's ints.
 __device__ __forceinline__ int hx_q6_vals(const hx_row_sb& r, int n, int bb, int h) {
@@ -190,8 +224,14 @@ __device__ __forceinline__ hx_mma_ptrs hx_mma_pointers(const unsigned char* w, c
                                                        const int col0, const int g, const int t) {
     const size_t row_bytes = (size_t)HX_NB * HX_BLOCK_BYTES;
     hx_mma_ptrs p;
+#if HX_WTILE  // the tile's records (its rows are g and g + 8 of it: launch.py tiles only weights of whole tiles)
+    (void)row_bytes;
+    p.wA = HX_W_ROW(w, row0);
+    p.wB = p.wA;
+#else
     p.wA = w + (size_t)min(row0 + g, nrows - 1) * row_bytes;
     p.wB = w + (size_t)min(row0 + g + 8, nrows - 1) * row_bytes;
+#endif
 #pragma unroll
     for (int nt = 0; nt < HX_NT; ++nt) {
 #if HX_XLAYOUT == 2

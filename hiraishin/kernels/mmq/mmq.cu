@@ -18,6 +18,9 @@
 // of HX_BLOCK_COLS per row tile along blockIdx.x, launch.py launch_grid: the CUDA blocks that read one
 // weight tile for different columns run side by side, so all but the first find it in L2).
 //
+// Weights: ggml's rows, or (HX_WTILE 1, Q4_K; mma_rows.cu) 16-row tile records whose loads read contiguous
+// bytes across a warp.
+//
 // Activations: llama.cpp's q8_1 blocks (fp16 d, fp16 s, int8 q[32]; 36 bytes), one row of
 // K/32 blocks per column; or, HX_XLAYOUT 1, the same bytes regrouped per super-block so that a lane
 // loads its B fragments of two blocks in one 16-byte load and the ds words of four blocks in another
@@ -121,6 +124,9 @@
 #ifndef HX_STAGE_W
 #define HX_STAGE_W 0
 #endif
+#if HX_WTILE && (HX_STAGE_W || HX_PREFETCH_NEXT)
+#error "HX_WTILE: not with HX_STAGE_W or HX_PREFETCH_NEXT (both address ggml's rows)"
+#endif
 #if HX_STAGE_W && (HX_QTYPE != 12 || HX_PIPELINE_W || HX_PREFETCH_NEXT)
 #error "HX_STAGE_W: Q4_K rows, without HX_PIPELINE_W and HX_PREFETCH_NEXT"
 #endif
@@ -197,8 +203,14 @@ __device__ __forceinline__ void hx_mmq_tile(const unsigned char* __restrict__ w,
 #pragma unroll
     for (int m = 0; m < HX_MT; ++m) {
         const size_t row_bytes = (size_t)HX_NB * HX_BLOCK_BYTES;
+#if HX_WTILE  // row tile m's records
+        (void)row_bytes;
+        wAm[m] = m == 0 ? wA : HX_W_ROW(w, min(row0 + HX_TILE_ROWS * m, nrows - 1));  // (past the last: the last)
+        wBm[m] = wAm[m];
+#else
         wAm[m] = m == 0 ? wA : w + (size_t)min(row0 + HX_TILE_ROWS * m + g, nrows - 1) * row_bytes;
         wBm[m] = m == 0 ? wB : w + (size_t)min(row0 + HX_TILE_ROWS * m + g + 8, nrows - 1) * row_bytes;
+#endif
     }
 #if HX_LIVE
     const int live_half = HX_LIVE == 2 ? t >> 1 : t & 1;            // row g + 8 * live_half
@@ -235,9 +247,9 @@ __device__ __forceinline__ void hx_mmq_tile(const unsigned char* __restrict__ w,
 #if HX_PIPELINE_W
     hx_row_raw nA, nB;  // the next super-block's bytes, in flight
     if (wseg < HX_NSEG) {
-        const size_t sb = (size_t)(wseg * HX_NB / HX_NSEG) * HX_BLOCK_BYTES;
-        hx_fetch_row(wA + sb, t, nA);
-        hx_fetch_row(wB + sb, t, nB);
+        const size_t sb = (size_t)(wseg * HX_NB / HX_NSEG) * HX_SB_STRIDE;
+        hx_fetch_row(wA + sb, g, t, nA);
+        hx_fetch_row(wB + sb, g + 8, t, nB);
     }
     HX_PDL_ENTRY();  // (hx_mmq and hx_mmq_multi leave it here: the first fetch goes before it)
 #endif
@@ -312,8 +324,8 @@ __device__ __forceinline__ void hx_mmq_tile(const unsigned char* __restrict__ w,
             {   // every segment has a super-block (NSEG <= NB), so each one's first was fetched ahead
                 const int nxt = hx_next_sb(s, i, sb1);
                 if (nxt >= 0) {  // uniform per warp
-                    hx_fetch_row(wA + (size_t)nxt * HX_BLOCK_BYTES, t, nA);
-                    hx_fetch_row(wB + (size_t)nxt * HX_BLOCK_BYTES, t, nB);
+                    hx_fetch_row(wA + (size_t)nxt * HX_SB_STRIDE, g, t, nA);
+                    hx_fetch_row(wB + (size_t)nxt * HX_SB_STRIDE, g + 8, t, nB);
                 }
             }
 #elif HX_STAGE_W
@@ -335,8 +347,8 @@ __device__ __forceinline__ void hx_mmq_tile(const unsigned char* __restrict__ w,
 #else
 #pragma unroll
             for (int m = 0; m < HX_MT; ++m) {
-                hx_load_row(wAm[m] + (size_t)i * HX_BLOCK_BYTES, t, rAm[m]);
-                hx_load_row(wBm[m] + (size_t)i * HX_BLOCK_BYTES, t, rBm[m]);
+                hx_load_row(wAm[m] + (size_t)i * HX_SB_STRIDE, g, t, rAm[m]);
+                hx_load_row(wBm[m] + (size_t)i * HX_SB_STRIDE, g + 8, t, rBm[m]);
             }
 #endif
 #pragma unroll

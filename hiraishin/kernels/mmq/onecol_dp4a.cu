@@ -26,6 +26,8 @@
 // shared memory with cp.async before the PDL wait, in coalesced 16-byte chunks, and each lane reads its half from
 // there after the block's barrier. Read straight from global memory, a lane's 16-byte weight loads touch a line of
 // their own too (lanes 2i, 2i + 1 read super-block i). A copy only: no bit changes.
+// HX_WTILE (launch.py MMQ_WTILE; Q4_K): the weight in mma_rows.cu's 16-row tile records, read where each lane's
+// bytes sit there (the same bytes: no bit changes).
 // HX_XSTAGE (launch.py DP4A_XSTAGE; 0 or 1): 1 copies the CUDA block's columns of activations into shared memory
 // first, in coalesced 16-byte loads, and the lanes read them there. Read straight from global memory (0), each of a
 // lane's nine 16-byte loads a column touches a cache line of its own (a lane reads its half's 128 contiguous bytes),
@@ -74,13 +76,14 @@ struct hx_dp4a_w {
     int q[2][8];  // the two chunks' ints
 };
 
-__device__ __forceinline__ void hx_dp4a_fetch(const unsigned char* sb, const int n, hx_dp4a_w& r) {
-    r.h = *(const uint4*)sb;
+// sb: the row's super-block (HX_WTILE: its tile's record, rr the row within it; mma_rows.cu HX_Q4_HDR / HX_Q4_QS)
+__device__ __forceinline__ void hx_dp4a_fetch(const unsigned char* sb, const int rr, const int n, hx_dp4a_w& r) {
+    r.h = *(const uint4*)HX_Q4_HDR(sb, rr);
 #pragma unroll
     for (int p = 0; p < 2; ++p) {
 #pragma unroll
         for (int v = 0; v < 2; ++v) {
-            const int4 q = *(const int4*)(sb + 16 + 32 * (2 * n + p) + 16 * v);
+            const int4 q = *(const int4*)(HX_Q4_QS(sb, rr, 2 * n + p) + 16 * v);
             r.q[p][4 * v] = q.x; r.q[p][4 * v + 1] = q.y; r.q[p][4 * v + 2] = q.z; r.q[p][4 * v + 3] = q.w;
         }
     }
@@ -121,7 +124,7 @@ __device__ __forceinline__ void hx_dp4a_words(const unsigned char* p, const int 
     }
 }
 
-__device__ __forceinline__ void hx_dp4a_fetch(const unsigned char* sb, const int n, hx_dp4a_w& r) {
+__device__ __forceinline__ void hx_dp4a_fetch(const unsigned char* sb, const int, const int n, hx_dp4a_w& r) {
     const int mis = (int)((size_t)sb & 2);  // 0 or 2 bytes past a word
     const unsigned char* a = sb - mis;
     hx_dp4a_words(a + 64 * n, 8 * mis, r.ql, 16);
@@ -172,6 +175,9 @@ __device__ __forceinline__ void hx_dp4a_stage(const unsigned char* __restrict__ 
 
 #define HX_ROW_BYTES (HX_NB * HX_BLOCK_BYTES)
 #if HX_WSTAGE
+#if HX_WTILE
+#error "HX_WSTAGE copies ggml's rows: not with HX_WTILE"
+#endif
 #if HX_NB != 16 || HX_ROW_BYTES % 16
 #error "HX_WSTAGE: rows of 16 super-blocks (whole 16-byte chunks; launch.py keeps the copy within 48 KB)"
 #endif
@@ -214,11 +220,12 @@ struct hx_dp4a_lane {
 __device__ __forceinline__ void hx_dp4a_load(const unsigned char* __restrict__ w, const int nrows, const int row,
                                              hx_dp4a_lane& wl) {
     const int lane = threadIdx.x & 31;
-    const unsigned char* wr = w + (size_t)min(row, nrows - 1) * (size_t)HX_ROW_BYTES;
+    const int r = min(row, nrows - 1);
+    const unsigned char* wr = HX_W_ROW(w, r);
 #pragma unroll
     for (int u = 0; u < HX_UNITS; ++u) {
         const int half = lane * HX_UNITS + u;
-        hx_dp4a_fetch(wr + (size_t)(half >> 1) * HX_BLOCK_BYTES, half & 1, wl.u[u]);
+        hx_dp4a_fetch(wr + (size_t)(half >> 1) * HX_SB_STRIDE, HX_W_RR(r), half & 1, wl.u[u]);
     }
 }
 

@@ -1,0 +1,195 @@
+"""CPU: Q4_K weights in 16-row tile records (hiraishin/kernels/mmq/wtile.py, HX_WTILE in mma_rows.cu, mmq.cu and
+onecol_dp4a.cu): the regrouping is a permutation of the bytes, the kernels reading tiles give the emulator's bits
+(on the g++ shim: the MMA kernel's one-column, one- and two-n-tile, two-row-tile and pipelined forms, the multi
+launch, the dp4a kernel with and without its activation copy), a kernel reading tiles from ggml's rows is seen to be
+wrong, and the switch reaches only what it should. On a GPU: tests/test_mmq_gpu.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from cuda_shim import GXX, ShimBuilder, run  # noqa: E402
+from test_mmq import MMA_SHIM_H, MMQ_MAIN, MMQ_MULTI_MAIN, _activations, _inputs  # noqa: E402
+from test_mmq_dp4a import MAIN as DP4A_MAIN  # noqa: E402
+from test_mmq_dp4a import _dp4a_plan  # noqa: E402
+
+from hiraishin.kernels.mmq import emulate  # noqa: E402
+from hiraishin.kernels.mmq.wtile import (  # noqa: E402
+    CHUNK_BYTES,
+    ENV_MMQ_WTILE,
+    HEADER_BYTES,
+    WTILE_ROWS,
+    tile_q4k,
+    tiles_weight,
+    untile_q4k,
+    wtile_enabled,
+)
+from hiraishin.plans.subblock import subblock_plan  # noqa: E402
+from hiraishin.quant import BLOCK_BYTES, random_blocks  # noqa: E402
+
+mmq_launch = importlib.import_module("hiraishin.kernels.mmq.launch")  # (the package's `launch` is a function)
+SB = BLOCK_BYTES["Q4_K"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(tiles=st.integers(1, 4), nb=st.integers(1, 5), seed=st.integers(0, 2**31 - 1))
+def test_tiles_are_a_permutation_of_the_bytes_and_untile_inverts_it(tiles, nb, seed):
+    rows = np.random.default_rng(seed).integers(0, 256, (WTILE_ROWS * tiles, nb * SB), dtype=np.uint8)
+    t = tile_q4k(rows)
+    assert t.shape == rows.shape and t.dtype == np.uint8
+    np.testing.assert_array_equal(np.sort(t, axis=None), np.sort(rows, axis=None))
+    np.testing.assert_array_equal(untile_q4k(t), rows)
+    # where the module docstring says each byte goes: record (tile T, super-block i) of 16 * 144 bytes
+    flat = t.reshape(-1)
+    for r in (0, WTILE_ROWS - 1, WTILE_ROWS * tiles - 1):
+        for i in (0, nb - 1):
+            rec = ((r // WTILE_ROWS) * nb + i) * WTILE_ROWS * SB
+            rr = r % WTILE_ROWS
+            sb = rows[r, i * SB:(i + 1) * SB]
+            hdr = rec + 4 * WTILE_ROWS * CHUNK_BYTES + HEADER_BYTES * rr
+            np.testing.assert_array_equal(flat[hdr:hdr + HEADER_BYTES], sb[:HEADER_BYTES])
+            for jp in range(4):
+                at = rec + jp * WTILE_ROWS * CHUNK_BYTES + CHUNK_BYTES * rr
+                np.testing.assert_array_equal(flat[at:at + CHUNK_BYTES],
+                                              sb[HEADER_BYTES + CHUNK_BYTES * jp:HEADER_BYTES + CHUNK_BYTES * (jp + 1)])
+
+
+@pytest.mark.parametrize("shape,dtype", [((15, SB), np.uint8), ((16, SB + 1), np.uint8), ((16, SB), np.int8),
+                                         ((16 * SB,), np.uint8)])
+def test_rows_that_are_not_whole_tiles_are_refused(shape, dtype):
+    with pytest.raises(ValueError, match="tile_q4k"):
+        tile_q4k(np.zeros(shape, dtype))
+    with pytest.raises(ValueError, match="untile_q4k"):
+        untile_q4k(np.zeros(shape, dtype))
+
+
+def test_only_layer_projections_of_whole_tiles_are_tiled(monkeypatch):
+    assert tiles_weight("blk.0.ffn_up.weight", "Q4_K", (4096, 12288))
+    assert not tiles_weight("blk.0.ffn_down.weight", "Q6_K", (12288, 4096))
+    assert not tiles_weight("token_embd.weight", "Q4_K", (4096, 151936))  # rows looked up, not multiplied
+    assert not tiles_weight("blk.0.attn_q.weight", "Q4_K", (4096, 1000))  # not whole tiles
+    monkeypatch.delenv(ENV_MMQ_WTILE, raising=False)
+    assert not wtile_enabled()
+    monkeypatch.setenv(ENV_MMQ_WTILE, "1")
+    assert wtile_enabled()
+    monkeypatch.setenv(ENV_MMQ_WTILE, "tiles")
+    with pytest.raises(ValueError, match=ENV_MMQ_WTILE):
+        wtile_enabled()
+
+
+def test_tiles_reach_q4_k_kernels_only_and_turn_off_what_reads_ggml_rows(monkeypatch):
+    monkeypatch.setenv(mmq_launch.ENV_MMQ_STAGE_W, "1")
+    monkeypatch.setenv(mmq_launch.ENV_MMQ_PREFETCH_NEXT, "1")
+    monkeypatch.setattr(mmq_launch, "DP4A_WSTAGE", True)
+    d = mmq_launch.kernel_defines(subblock_plan(3, "Q4_K", 4096), wtile=True)
+    assert d["HX_WTILE"] == 1 and d["HX_STAGE_W"] == 0 and d["HX_PREFETCH_NEXT"] == 0
+    dp = mmq_launch.kernel_defines(_dp4a_plan("Q4_K", 4096), wtile=True)
+    assert dp["HX_WTILE"] == 1 and dp["HX_WSTAGE"] == 0
+    for plan in (subblock_plan(3, "Q6_K", 4096), _dp4a_plan("Q6_K", 4096)):
+        with pytest.raises(ValueError, match="only Q4_K"):
+            mmq_launch.kernel_defines(plan, wtile=True)
+    d = mmq_launch.kernel_defines(subblock_plan(3, "Q4_K", 4096))  # ggml's rows: the options as before
+    assert d["HX_WTILE"] == 0 and d["HX_STAGE_W"] == 1 and d["HX_PREFETCH_NEXT"] == 0  # (staging excludes the hint)
+    assert mmq_launch.kernel_defines(_dp4a_plan("Q4_K", 4096))["HX_WSTAGE"] == 1
+
+
+@pytest.fixture
+def builder(tmp_path):
+    if GXX is None:
+        pytest.skip("needs g++ (C++20)")
+    b = ShimBuilder(tmp_path)
+    (tmp_path / "hx_mma_shim.h").write_text(MMA_SHIM_H)
+    return b
+
+
+def _mma_plans(k):
+    """The MMA kernel's forms over Q4_K rows of K = ``k`` (name, plan, extra defines)."""
+    def base(wd):
+        return dataclasses.replace(subblock_plan(wd, "Q4_K", k), nwarps=4)
+
+    return [("one-column", dataclasses.replace(subblock_plan(1, "Q4_K", 1024), nwarps=4), {}),
+            ("three-columns", base(3), {}),
+            ("two-n-tiles", base(9), {}),
+            ("two-row-tiles", dataclasses.replace(base(3), tile_rows=32), {}),
+            ("pipelined", base(2), {"HX_PIPELINE_W": 1}),
+            ("llama-layout", base(3), {"HX_XLAYOUT": 0})]
+
+
+@pytest.mark.parametrize("k,n", [(1024, 48), (5120, 32)])
+def test_mma_kernel_reading_tiles_equals_emulator_on_cpu(builder, tmp_path, k, n):
+    w, xq = _inputs("Q4_K", k, n, ncols=9, seed=21)
+    tile_q4k(w).tofile(tmp_path / "w.bin")
+    ref = emulate(w, "Q4_K", xq, subblock_plan(1, "Q4_K", k))
+    for name, plan, extra in _mma_plans(k):
+        if plan.k != k:
+            continue
+        defines = dict(mmq_launch.kernel_defines(plan, None, 0, wtile=True), HX_SHIM=1, **extra)
+        assert defines["HX_QTYPE"] == 12
+        exe = builder.build(mmq_launch.SOURCE, defines, MMQ_MAIN, "mmq_wtile")
+        layout = None if extra.get("HX_XLAYOUT") == 0 else mmq_launch.activation_layout(plan)
+        _activations(xq, plan.ncols, layout).tofile(tmp_path / "x.bin")
+        run(exe, tmp_path / "w.bin", tmp_path / "x.bin", n, plan.ncols, 0, tmp_path / "o.bin")
+        got = np.fromfile(tmp_path / "o.bin", np.float32).reshape(plan.ncols, n)
+        np.testing.assert_array_equal(got.view(np.uint32), ref[:plan.ncols].view(np.uint32), err_msg=name)
+
+
+def test_a_kernel_reading_tiles_from_ggml_rows_is_seen(builder, tmp_path):
+    """The comparison can fail: the tile kernel fed ggml's rows (what a missed re-layout would do) is wrong."""
+    k, n = 1024, 32
+    w, xq = _inputs("Q4_K", k, n, ncols=3, seed=22)
+    w.tofile(tmp_path / "w.bin")
+    plan = dataclasses.replace(subblock_plan(3, "Q4_K", k), nwarps=4)
+    exe = builder.build(mmq_launch.SOURCE, dict(mmq_launch.kernel_defines(plan, None, 0), HX_SHIM=1, HX_WTILE=1),
+                        MMQ_MAIN, "mmq_wtile")
+    _activations(xq, 3, mmq_launch.activation_layout(plan)).tofile(tmp_path / "x.bin")
+    run(exe, tmp_path / "w.bin", tmp_path / "x.bin", n, 3, 0, tmp_path / "o.bin")
+    got = np.fromfile(tmp_path / "o.bin", np.float32).reshape(3, n)
+    ref = emulate(w, "Q4_K", xq, subblock_plan(1, "Q4_K", k))
+    assert not np.allclose(got, ref, rtol=1e-3, atol=1e-2)
+
+
+@pytest.mark.parametrize("widths", [(1, 3)])
+def test_mmq_multi_reading_tiles_equals_separate_emulators_on_cpu(builder, tmp_path, widths):
+    k, ns = 1024, (32, 16, 48)
+    ws = [random_blocks("Q4_K", n, k, seed=40 + i) for i, n in enumerate(ns)]
+    _, xq = _inputs("Q4_K", k, 1, ncols=max(widths), seed=41)
+    np.concatenate([tile_q4k(w) for w in ws]).tofile(tmp_path / "w.bin")
+    for wd in widths:
+        plan = dataclasses.replace(subblock_plan(wd, "Q4_K", k), nwarps=2)
+        exe = builder.build(mmq_launch.SOURCE, dict(mmq_launch.kernel_defines(plan, None, wtile=True), HX_SHIM=1),
+                            MMQ_MULTI_MAIN, "mmq_multi_wtile")
+        _activations(xq, wd, mmq_launch.activation_layout(plan)).tofile(tmp_path / "x.bin")
+        run(exe, tmp_path / "w.bin", tmp_path / "x.bin", *ns, wd, tmp_path / "o.bin")
+        got = np.fromfile(tmp_path / "o.bin", np.float32)
+        at = 0
+        for w, n in zip(ws, ns):
+            ref = emulate(w, "Q4_K", xq[:wd], plan)
+            np.testing.assert_array_equal(got[at:at + wd * n].reshape(wd, n).view(np.uint32), ref.view(np.uint32),
+                                          err_msg=f"{n} rows, {wd} columns")
+            at += wd * n
+
+
+@pytest.mark.parametrize("k,n,ncols,xstage", [(4096, 32, 1, 1), (4096, 16, 1, 0), (12288, 16, 1, 1), (4096, 48, 3, 1)])
+def test_dp4a_kernel_reading_tiles_equals_emulator_on_cpu(builder, tmp_path, k, n, ncols, xstage):
+    from hiraishin.kernels.quantize.layout import as_layout
+
+    plan = _dp4a_plan("Q4_K", k, ncols)
+    w, xq = _inputs("Q4_K", k, n, ncols=ncols, seed=23)
+    tile_q4k(w).tofile(tmp_path / "w.bin")
+    as_layout(xq, mmq_launch.activation_layout(plan)).tofile(tmp_path / "x.bin")
+    defines = dict(mmq_launch.kernel_defines(plan, wtile=True), HX_SHIM=1, HX_XSTAGE=xstage)
+    exe = builder.build(mmq_launch.DP4A_SOURCE, defines, DP4A_MAIN, f"dp4a_wtile{xstage}")
+    run(exe, tmp_path / "w.bin", tmp_path / "x.bin", n, 0, tmp_path / "o.bin")
+    got = np.fromfile(tmp_path / "o.bin", np.float32).reshape(ncols, n)
+    ref = emulate(w, "Q4_K", xq, subblock_plan(1, "Q4_K", k))
+    np.testing.assert_array_equal(got.view(np.uint32), ref.view(np.uint32))
