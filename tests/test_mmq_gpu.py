@@ -385,10 +385,12 @@ def test_dp4a_kernel_equals_emulator_and_multi(cp, qtype, k, n, xstage, wstage, 
 
 
 @pytest.mark.parametrize("k,n", [(4096, 12288), (4096, 1024), (12288, 4096)])
-def test_kernels_reading_tiles_equal_emulator(cp, k, n, monkeypatch):
+@pytest.mark.parametrize("wstage", [False, True])
+def test_kernels_reading_tiles_equal_emulator(cp, k, n, wstage, monkeypatch):
     """Q4_K weights in 16-row tile records (kernels/mmq/wtile.py, HIRAISHIN_MMQ_WTILE): the MMA kernel at 1-4, 9
-    and 16 columns (its one-column form too) and the dp4a kernel at one column give the emulator's bits from the
-    tiles, with no local memory."""
+    and 16 columns (its one-column form too) and the dp4a kernel at one column (reading the tiles from global memory,
+    or, HIRAISHIN_DP4A_WSTAGE, from its block's copy of its pieces of them) give the emulator's bits from the tiles,
+    with no local memory."""
     import hiraishin.plans.subblock as sb
     from hiraishin.kernels import quantize
     from hiraishin.kernels.compile import kernel_attributes
@@ -397,6 +399,8 @@ def test_kernels_reading_tiles_equal_emulator(cp, k, n, monkeypatch):
     from hiraishin.kernels.mmq.wtile import tile_q4k
     from hiraishin.quant import random_blocks
 
+    mmq_launch = importlib.import_module("hiraishin.kernels.mmq.launch")
+    monkeypatch.setattr(mmq_launch, "DP4A_WSTAGE", wstage)
     w = random_blocks("Q4_K", n, k, seed=k + n + 7)
     xq = quantize.emulate(np.random.default_rng(n + 7).standard_normal((16, k)).astype(np.float32))
     rows = _rows(n)
@@ -407,6 +411,8 @@ def test_kernels_reading_tiles_equal_emulator(cp, k, n, monkeypatch):
         for wd in ((1,) if dp4a else (1, 2, 3, 4, 9, 16)):
             plan = sb.subblock_plan(wd, "Q4_K", k, n=n)
             assert (plan.kernel == "dp4a") == bool(dp4a)
+            if dp4a:
+                assert mmq_launch.dp4a_wstage(plan, True) == int(wstage and k == 4096)
             launch = MMQLaunch(n, plan, wtile=True)
             got = launch(w_t, as_layout(cp.asarray(xq[:wd]), launch.layout), cp.full((wd, n), cp.nan, cp.float32))
             np.testing.assert_array_equal(got.get()[:, rows].view(np.uint32), ref[:wd].view(np.uint32),

@@ -94,7 +94,10 @@ def test_tiles_reach_q4_k_kernels_only_and_turn_off_what_reads_ggml_rows(monkeyp
     d = mmq_launch.kernel_defines(subblock_plan(3, "Q4_K", 4096), wtile=True)
     assert d["HX_WTILE"] == 1 and d["HX_STAGE_W"] == 0 and d["HX_PREFETCH_NEXT"] == 0
     dp = mmq_launch.kernel_defines(_dp4a_plan("Q4_K", 4096), wtile=True)
-    assert dp["HX_WTILE"] == 1 and dp["HX_WSTAGE"] == 0
+    assert dp["HX_WTILE"] == 1 and dp["HX_WSTAGE"] == 1  # the copy of the block's pieces of its tile records
+    two = dataclasses.replace(_dp4a_plan("Q4_K", 4096), nwarps=2, tile_rows=2)
+    assert mmq_launch.kernel_defines(two, wtile=True)["HX_WSTAGE"] == 0  # (pieces of 4, 8 or 16 rows only)
+    assert mmq_launch.kernel_defines(_dp4a_plan("Q4_K", 12288), wtile=True)["HX_WSTAGE"] == 0  # rows of 16 blocks
     for plan in (subblock_plan(3, "Q6_K", 4096), _dp4a_plan("Q6_K", 4096)):
         with pytest.raises(ValueError, match="only Q4_K"):
             mmq_launch.kernel_defines(plan, wtile=True)
@@ -179,17 +182,40 @@ def test_mmq_multi_reading_tiles_equals_separate_emulators_on_cpu(builder, tmp_p
             at += wd * n
 
 
-@pytest.mark.parametrize("k,n,ncols,xstage", [(4096, 32, 1, 1), (4096, 16, 1, 0), (12288, 16, 1, 1), (4096, 48, 3, 1)])
-def test_dp4a_kernel_reading_tiles_equals_emulator_on_cpu(builder, tmp_path, k, n, ncols, xstage):
+# (K, rows, columns, activation copy, weight copy, rows a CUDA block): the copy of tiles (HX_WSTAGE with HX_WTILE) for
+# 4, 8 and 16 rows a block, with and without the activations' copy
+@pytest.mark.parametrize("k,n,ncols,xstage,wstage,nwarps", [
+    (4096, 32, 1, 1, 0, 8), (4096, 16, 1, 0, 0, 8), (12288, 16, 1, 1, 0, 8), (4096, 48, 3, 1, 0, 8),
+    (4096, 48, 1, 1, 1, 8), (4096, 32, 2, 0, 1, 8), (4096, 32, 1, 1, 1, 4), (4096, 48, 1, 1, 1, 16)])
+def test_dp4a_kernel_reading_tiles_equals_emulator_on_cpu(builder, tmp_path, k, n, ncols, xstage, wstage, nwarps):
     from hiraishin.kernels.quantize.layout import as_layout
 
-    plan = _dp4a_plan("Q4_K", k, ncols)
+    plan = dataclasses.replace(_dp4a_plan("Q4_K", k, ncols), nwarps=nwarps, tile_rows=nwarps)
     w, xq = _inputs("Q4_K", k, n, ncols=ncols, seed=23)
     tile_q4k(w).tofile(tmp_path / "w.bin")
     as_layout(xq, mmq_launch.activation_layout(plan)).tofile(tmp_path / "x.bin")
-    defines = dict(mmq_launch.kernel_defines(plan, wtile=True), HX_SHIM=1, HX_XSTAGE=xstage)
-    exe = builder.build(mmq_launch.DP4A_SOURCE, defines, DP4A_MAIN, f"dp4a_wtile{xstage}")
+    defines = dict(mmq_launch.kernel_defines(plan, wtile=True), HX_SHIM=1, HX_XSTAGE=xstage, HX_WSTAGE=wstage)
+    exe = builder.build(mmq_launch.DP4A_SOURCE, defines, DP4A_MAIN, f"dp4a_wtile{xstage}{wstage}{nwarps}")
     run(exe, tmp_path / "w.bin", tmp_path / "x.bin", n, 0, tmp_path / "o.bin")
     got = np.fromfile(tmp_path / "o.bin", np.float32).reshape(ncols, n)
     ref = emulate(w, "Q4_K", xq, subblock_plan(1, "Q4_K", k))
     np.testing.assert_array_equal(got.view(np.uint32), ref.view(np.uint32))
+
+
+def test_a_wrong_copy_of_tiles_is_seen(builder, tmp_path):
+    """The comparison can fail: a copy of tiles that takes the other half tile's qs pieces is wrong."""
+    from hiraishin.kernels.quantize.layout import as_layout
+
+    def other_half(text: str) -> str:
+        assert text.count("512 * q + 32 * rr0") == 1
+        return text.replace("512 * q + 32 * rr0", "512 * q + 32 * (rr0 ^ 8)")
+
+    plan = _dp4a_plan("Q4_K", 4096)
+    w, xq = _inputs("Q4_K", 4096, 32, ncols=1, seed=24)
+    tile_q4k(w).tofile(tmp_path / "w.bin")
+    as_layout(xq, mmq_launch.activation_layout(plan)).tofile(tmp_path / "x.bin")
+    defines = dict(mmq_launch.kernel_defines(plan, wtile=True), HX_SHIM=1, HX_XSTAGE=1, HX_WSTAGE=1)
+    exe = builder.build(mmq_launch.DP4A_SOURCE, defines, DP4A_MAIN, "dp4a_wtile_mutant", edit=other_half)
+    run(exe, tmp_path / "w.bin", tmp_path / "x.bin", 32, 0, tmp_path / "o.bin")
+    got = np.fromfile(tmp_path / "o.bin", np.float32)
+    assert not np.allclose(got, emulate(w, "Q4_K", xq, subblock_plan(1, "Q4_K", 4096))[0], rtol=1e-3, atol=1e-2)

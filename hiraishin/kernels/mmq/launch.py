@@ -101,12 +101,15 @@ def _wtile(plan: SubBlockPlan, wtile: bool) -> int:
 
 
 def dp4a_wstage(plan: SubBlockPlan, wtile: bool = False) -> int:
-    """HX_WSTAGE of a dp4a ``plan``: :data:`DP4A_WSTAGE` where its rows are 16 super-blocks and the copies fit
-    (never for a weight in tiles, ``wtile``: the copy is of ggml's rows)."""
-    if wtile:
-        return 0
+    """HX_WSTAGE of a dp4a ``plan``: :data:`DP4A_WSTAGE` where its rows are 16 super-blocks and the copies fit (a
+    weight in tiles, ``wtile``: the block's pieces of its tile records, for 4, 8 or 16 rows a block)."""
     nb = plan.k // QK_K
     rows = plan.nwarps * nb * BLOCK_BYTES[plan.qtype] + 16
+    if wtile:
+        if plan.nwarps not in (4, 8, 16):
+            return 0
+        units = 4 * 2 * plan.nwarps + 2 + plan.nwarps  # onecol_dp4a.cu HX_TS_R: a record's 16-byte units, padded
+        rows = nb * 16 * ((units + 5) // 8 * 8 + 2)
     xs = plan.ncols * nb * (8 * BLOCK_BYTES["Q8_1"] + 32) if DP4A_XSTAGE else 0
     return int(DP4A_WSTAGE and nb == SUBBLOCK_DP4A_NB and rows + xs <= STATIC_SMEM_BYTES)
 

@@ -76,17 +76,23 @@ struct hx_dp4a_w {
     int q[2][8];  // the two chunks' ints
 };
 
-// sb: the row's super-block (HX_WTILE: its tile's record, rr the row within it; mma_rows.cu HX_Q4_HDR / HX_Q4_QS)
-__device__ __forceinline__ void hx_dp4a_fetch(const unsigned char* sb, const int rr, const int n, hx_dp4a_w& r) {
-    r.h = *(const uint4*)HX_Q4_HDR(sb, rr);
+// A half's bytes from its super-block's header and its two 32-byte qs chunks (c0: chunk 2n, c1: chunk 2n + 1).
+__device__ __forceinline__ void hx_dp4a_fetch_at(const unsigned char* hdr, const unsigned char* c0,
+                                                 const unsigned char* c1, hx_dp4a_w& r) {
+    r.h = *(const uint4*)hdr;
 #pragma unroll
     for (int p = 0; p < 2; ++p) {
 #pragma unroll
         for (int v = 0; v < 2; ++v) {
-            const int4 q = *(const int4*)(HX_Q4_QS(sb, rr, 2 * n + p) + 16 * v);
+            const int4 q = *(const int4*)((p ? c1 : c0) + 16 * v);
             r.q[p][4 * v] = q.x; r.q[p][4 * v + 1] = q.y; r.q[p][4 * v + 2] = q.z; r.q[p][4 * v + 3] = q.w;
         }
     }
+}
+
+// sb: the row's super-block (HX_WTILE: its tile's record, rr the row within it; mma_rows.cu HX_Q4_HDR / HX_Q4_QS)
+__device__ __forceinline__ void hx_dp4a_fetch(const unsigned char* sb, const int rr, const int n, hx_dp4a_w& r) {
+    hx_dp4a_fetch_at(HX_Q4_HDR(sb, rr), HX_Q4_QS(sb, rr, 2 * n), HX_Q4_QS(sb, rr, 2 * n + 1), r);
 }
 
 // Block b of the half (sub-block jj = 4n + b): its exact C, (d*sc) * dx and dmin*m, sx (the chain's operands).
@@ -175,19 +181,53 @@ __device__ __forceinline__ void hx_dp4a_stage(const unsigned char* __restrict__ 
 
 #define HX_ROW_BYTES (HX_NB * HX_BLOCK_BYTES)
 #if HX_WSTAGE
-#if HX_WTILE
-#error "HX_WSTAGE copies ggml's rows: not with HX_WTILE"
-#endif
 #if HX_NB != 16 || HX_ROW_BYTES % 16
 #error "HX_WSTAGE: rows of 16 super-blocks (whole 16-byte chunks; launch.py keeps the copy within 48 KB)"
+#endif
+#if HX_WTILE
+#if 16 % HX_NWARPS || HX_NWARPS < 4
+#error "HX_WSTAGE of tiles: 4, 8 or 16 rows a CUDA block (a whole part of each 16-row tile)"
+#endif
+// The copy of tiles (HX_WTILE): the block's HX_NWARPS rows hold, in each tile record, one contiguous piece of every
+// qs chunk (HX_NWARPS * 32 bytes: HX_TS_P 16-byte units) and one of the headers (HX_NWARPS units). In shared memory
+// record i starts at unit HX_TS_R * i, chunk q at HX_TS_O(q), the headers at HX_TS_H. A lane (super-block i, half n)
+// reads chunks 2n and 2n + 1; with HX_TS_R = 2 (mod 8) and chunk 2 + p one unit past a multiple of 8 from chunk p, the
+// 8 lanes of a quarter warp (4 super-blocks, 2 halves) read 8 different 16-byte bank groups, as the activations do.
+#define HX_TS_P (2 * HX_NWARPS)
+#define HX_TS_O(q) ((q) * HX_TS_P + ((q) >> 1))
+#define HX_TS_H (4 * HX_TS_P + 2)
+#define HX_TS_R (((HX_TS_H + HX_NWARPS + 5) / 8) * 8 + 2)
 #endif
 // The block's rows row0 .. row0 + HX_NWARPS - 1 (each clamped to the last row) into ws, before the PDL wait: cp.async
 // of 16-byte chunks where the weight is 16-byte aligned (a GGUF tensor is), else 2-byte copies of the same bytes
 // (Q6_K super-blocks are 2-byte aligned; the copy then starts at ws + (w & 15), so that every super-block keeps its
 // word alignment for hx_dp4a_fetch). Returns where the copy's first row starts. It reads the weight only (never
 // written, so it may run before the PDL wait) and writes only the block's own shared memory (tests/test_pdl.py).
+// HX_WTILE: the block's pieces of the records of its tile (HX_TS_*; rows row0 .. row0 + HX_NWARPS - 1 all exist: only
+// weights of whole tiles are tiled), 16-byte aligned as the device buffer a tiled weight is made in.
 __device__ __forceinline__ const unsigned char* hx_dp4a_wcopy(const unsigned char* __restrict__ w, const int nrows,
                                                              const int row0) {
+#if HX_WTILE
+    __shared__ __align__(16) unsigned char ws[HX_NB * HX_TS_R * 16];
+    unsigned char* dst = ws;
+    (void)nrows;
+    constexpr int UNITS = 4 * HX_TS_P + HX_NWARPS;  // a record's units of this block
+    const size_t tile = (size_t)(row0 & ~15) * HX_ROW_BYTES;
+    const int rr0 = row0 & 15;
+    for (int j = threadIdx.x; j < HX_NB * UNITS; j += blockDim.x) {
+        const int i = j / UNITS, u = j - i * UNITS, q = u / HX_TS_P;
+        const size_t rec = tile + (size_t)i * (16 * HX_BLOCK_BYTES);
+        if (q < 4) {
+            const int k = u - q * HX_TS_P;
+            hx_cp_async16(dst + 16 * (HX_TS_R * i + HX_TS_O(q) + k), w + rec + 512 * q + 32 * rr0 + 16 * k);
+        } else {
+            const int k = u - 4 * HX_TS_P;
+            hx_cp_async16(dst + 16 * (HX_TS_R * i + HX_TS_H + k), w + rec + 2048 + 16 * rr0 + 16 * k);
+        }
+    }
+    hx_cp_async_commit();
+    return dst;
+#else
     __shared__ __align__(16) unsigned char ws[HX_NWARPS * HX_ROW_BYTES + 16];
     const int mis = (int)((size_t)w & 15);
     unsigned char* dst = ws + mis;
@@ -207,6 +247,7 @@ __device__ __forceinline__ const unsigned char* hx_dp4a_wcopy(const unsigned cha
         }
     }
     return dst;
+#endif
 }
 #endif
 
@@ -246,7 +287,19 @@ __device__ __forceinline__ void hx_dp4a_cols(const hx_dp4a_lane& wl_loaded, cons
 #elif HX_WSTAGE
     __syncthreads();
 #endif
-#if HX_WSTAGE
+#if HX_WSTAGE && HX_WTILE
+    hx_dp4a_lane wl;  // the warp's row of the copy of tiles (HX_TS_*)
+    {
+        const int rr = (int)(threadIdx.x >> 5);
+#pragma unroll
+        for (int u = 0; u < HX_UNITS; ++u) {
+            const int half = lane * HX_UNITS + u, n = half & 1;
+            const unsigned char* rec = ws + 16 * HX_TS_R * (half >> 1);
+            hx_dp4a_fetch_at(rec + 16 * HX_TS_H + 16 * rr, rec + 16 * HX_TS_O(2 * n) + 32 * rr,
+                             rec + 16 * HX_TS_O(2 * n + 1) + 32 * rr, wl.u[u]);
+        }
+    }
+#elif HX_WSTAGE
     hx_dp4a_lane wl;
     hx_dp4a_load(ws, HX_NWARPS, (int)(threadIdx.x >> 5), wl);  // the warp's row of the copy
 #else
