@@ -104,6 +104,7 @@ def measure(path: str, order_names, steps: int, rounds: int, context: int = CONT
     rows = []
     for name in order_names:
         order = ORDERS[name]
+        model.use_weight_layout_for(order)  # (SUBBLOCK: the Q4_K projections as tiles)
         model.reset()
         model.forward([100 + i % 1000 for i in range(context)], 0, order=order)
         per_pass, tokens = [], None

@@ -31,6 +31,7 @@ from hiraishin.model.qwen3 import Qwen3  # noqa: E402
 def measure(path: str, order_name: str, steps: int, profile: bool = False) -> dict:
     order = ORDERS[order_name]
     model = Qwen3.from_gguf(path, device="cuda", n_ctx=512, progress=False)
+    model.use_weight_layout_for(order)  # (SUBBLOCK: the Q4_K projections as tiles)
     sync = model.backend.synchronize
     model.forward_argmax(list(range(32)), 0, order=order)
     token = 1

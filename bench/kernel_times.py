@@ -34,6 +34,7 @@ def profile(model_path: str, order_name: str, tokens: int) -> None:
     order = parse_order(order_name)
     model = Qwen3.from_gguf(model_path, device="cuda", n_ctx=512, progress=False, cuda_graphs=False)
     prompt = np.arange(16, dtype=np.int32) + 100
+    model.use_weight_layout_for(order)  # (SUBBLOCK: the Q4_K projections as tiles)
     model.forward(prompt, 0, order=order)
     pos = len(prompt)
     for _ in range(2):  # compile and warm every kernel of the pass

@@ -41,6 +41,7 @@ def measure(path: str, order_names, widths, steps: int, context: int = PROMPT) -
     rows = []
     for name in order_names:
         order = ORDERS[name]
+        model.use_weight_layout_for(order)  # (SUBBLOCK: tiles unless HIRAISHIN_MMQ_WTILE=0)
         for T in widths:
             model.reset()
             model.forward([100 + i % 1000 for i in range(context)], 0, order=order)

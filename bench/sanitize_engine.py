@@ -62,6 +62,7 @@ def main(argv=None) -> int:
     tokens = rng.integers(0, gpu.config.n_vocab, 300).tolist()
     bad = 0
     for order in orders:
+        gpu.use_weight_layout_for(order)  # (SUBBLOCK: the Q4_K projections as tiles)
         for record in (None, {}):
             gpu.reset()
             cpu.reset()
@@ -77,6 +78,7 @@ def main(argv=None) -> int:
     # then replayed at a later position with the same plan.
     graphs = Qwen3.from_gguf(path, device="cuda", progress=False, cuda_graphs=True, n_ctx=512)
     for order in orders:
+        graphs.use_weight_layout_for(order)
         for n in GRAPH_WIDTHS:
             graphs.reset()
             cpu.reset()
@@ -88,6 +90,7 @@ def main(argv=None) -> int:
                     print(f"MISMATCH {order.name} graph pass ({start}, {n})")
         print(f"{order.name}: graph passes of widths {GRAPH_WIDTHS}", flush=True)
     for order in orders:
+        graphs.use_weight_layout_for(order)
         bad += _chains_and_streams(graphs, cpu, tokens[:8], order)
     print(f"{graphs.pass_graphs.captures} graphs captured")
     cp.cuda.runtime.deviceSynchronize()

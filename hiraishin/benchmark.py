@@ -506,12 +506,14 @@ def run_bench(model_path, draft_path=None, device: str = "auto", settings: Bench
     for name in draft_names:
         order = ORDERS[name]
         _log(progress, f"[{order.name}] draft step")
+        draft.use_weight_layout_for(order)  # (tiles for SUBBLOCK on CUDA: Qwen3.weight_layout_for)
         steps = measure_decode(draft, order, settings)
         timings = result["draft"]["orders"][order.name] = {
             "decode_ms": 1e3 * statistics.median(steps), "decode_ms_spread": spread_ms(steps),
             "decode_sync_ms": 1e3 * statistics.median(measure_decode(draft, order, settings, sync=True)),
             # a cycle's first draft pass, synced, of one or two tokens (measure_verify's pass)
-            "pass_ms": measure_verify(draft, order, replace(settings, widths=FIRST_PASS_WIDTHS))}
+            "pass_ms": measure_verify(draft, order, replace(settings, widths=FIRST_PASS_WIDTHS)),
+            "weight_layout": draft.weight_layout}
         timings["cycle_drafting_ms"] = cycle_drafting_ms(schedule, timings["pass_ms"], timings["decode_ms"])
     orders = result["draft"]["orders"]
     fastest = min(orders, key=lambda n: orders[n]["decode_ms"])
@@ -528,6 +530,7 @@ def run_bench(model_path, draft_path=None, device: str = "auto", settings: Bench
     for name in settings.orders:
         order = ORDERS[name]
         _log(progress, f"[{order.name}] decode")
+        target.use_weight_layout_for(order)
         steps = measure_decode(target, order, settings)
         sync_steps = measure_decode(target, order, settings, sync=True)
         _log(progress, f"[{order.name}] prefill {settings.prefill}")
@@ -539,9 +542,10 @@ def run_bench(model_path, draft_path=None, device: str = "auto", settings: Bench
             "decode_ms_spread": spread_ms(steps),
             "decode_sync_ms": 1e3 * statistics.median(sync_steps),
             "prefill_tok_s": tok_s, "prefill_tokens": settings.prefill, "prefill_passes": passes,
-            "verify_ms": verify,
+            "verify_ms": verify, "weight_layout": target.weight_layout,
         }
         _log(progress, f"[{order.name}] speculative (oracle schedule), draft under {draft_order.name}")
+        draft.use_weight_layout_for(draft_order)
         result["speculative"][order.name] = measure_speculative(target, draft, order, draft_order, settings)
     target.reset()
     draft.reset()

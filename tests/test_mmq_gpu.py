@@ -422,32 +422,48 @@ def test_kernels_reading_tiles_equal_emulator(cp, k, n, wstage, monkeypatch):
                 assert attrs["local_size_bytes"] == 0, (plan.kernel, wd, attrs)
 
 
-def test_passes_from_tiles_equal_passes_from_rows(tiny_model_path, monkeypatch):
-    """A model loaded under HIRAISHIN_MMQ_WTILE=1 (its Q4_K projections as tiles) gives SUBBLOCK logits with the
-    bits of one loaded without, at 1, 3, 9 and 16 tokens, graphs and all; another order's pass of it is refused by
-    name."""
+def test_passes_from_tiles_equal_passes_from_rows(tiny_model_path):
+    """A model whose Q4_K projections are laid out as tiles (Qwen3.set_weight_layout, in place on the device) gives
+    SUBBLOCK logits with the bits of one in ggml's rows, at 1, 3, 9 and 16 tokens, graphs and all (the graphs captured
+    before the change are dropped); another order's pass of it is refused by name; back in rows, that order runs and
+    SUBBLOCK gives the same bits again; a model loaded as tiles does too."""
     from hiraishin import Qwen3, ReductionOrder
     from hiraishin.errors import HiraishinError
-    from hiraishin.kernels.mmq.wtile import ENV_MMQ_WTILE
 
     order = ReductionOrder.SUBBLOCK
 
-    def run():
-        m = Qwen3.from_gguf(tiny_model_path, device="cuda", progress=False, cuda_graphs=True, n_ctx=512)
+    def run(m):
+        m.reset()
         m.forward(list(range(20)), 0, order)
         outs = []
         for w in (1, 3, 9, 16):
             for _ in range(3):  # eager warm-up, capture, replay
                 out = m.forward(list(range(100, 100 + w)), 20, order)
+                m.rollback(20)
             outs.append(out)
-        return m, outs
+        return outs
 
-    monkeypatch.delenv(ENV_MMQ_WTILE, raising=False)
-    _, rows = run()
-    monkeypatch.setenv(ENV_MMQ_WTILE, "1")
-    m, tiles = run()
-    assert m.backend.tiled, "no weight was tiled"
-    for w, a, b in zip((1, 3, 9, 16), rows, tiles):
-        assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), f"{w} tokens"
-    with pytest.raises(HiraishinError, match=ENV_MMQ_WTILE):
-        m.forward([5], 36, ReductionOrder.BATCH_INVARIANT)  # (after the 20 + 16 tokens above)
+    def same(a, b, what):
+        for w, x, y in zip((1, 3, 9, 16), a, b):
+            assert np.array_equal(x.view(np.uint32), y.view(np.uint32)), f"{what}: {w} tokens"
+
+    m = Qwen3.from_gguf(tiny_model_path, device="cuda", progress=False, cuda_graphs=True, n_ctx=512)
+    rows = run(m)
+    captured = m.pass_graphs.captures
+    assert captured > 0
+    m.set_weight_layout("tiles")
+    assert m.weight_layout == "tiles" and m.backend.tiled, "no weight was tiled"
+    assert m.pass_graphs.captures == 0, "graphs of the old layout kept"
+    same(rows, run(m), "tiles")
+    m.reset()
+    with pytest.raises(HiraishinError, match="set_weight_layout"):
+        m.forward([5], 0, ReductionOrder.BATCH_INVARIANT)
+    m.set_weight_layout("rows")
+    assert not m.backend.tiled
+    m.reset()
+    m.forward([5], 0, ReductionOrder.BATCH_INVARIANT)
+    same(rows, run(m), "rows again")
+    loaded = Qwen3.from_gguf(tiny_model_path, device="cuda", progress=False, cuda_graphs=True, n_ctx=512,
+                             weight_layout="tiles")
+    assert loaded.weight_layout_for(order) == "tiles" and loaded.weight_layout_for(ReductionOrder.BATCH_INVARIANT) == "rows"
+    same(rows, run(loaded), "loaded as tiles")

@@ -28,11 +28,12 @@ from hiraishin.kernels.mmq.wtile import (  # noqa: E402
     CHUNK_BYTES,
     ENV_MMQ_WTILE,
     HEADER_BYTES,
+    SUBBLOCK_TILES,
     WTILE_ROWS,
+    subblock_prefers_tiles,
     tile_q4k,
     tiles_weight,
     untile_q4k,
-    wtile_enabled,
 )
 from hiraishin.plans.subblock import subblock_plan  # noqa: E402
 from hiraishin.quant import BLOCK_BYTES, random_blocks  # noqa: E402
@@ -73,18 +74,34 @@ def test_rows_that_are_not_whole_tiles_are_refused(shape, dtype):
         untile_q4k(np.zeros(shape, dtype))
 
 
-def test_only_layer_projections_of_whole_tiles_are_tiled(monkeypatch):
+def test_only_layer_projections_of_whole_tiles_are_tiled_and_the_switch_is_read(monkeypatch):
     assert tiles_weight("blk.0.ffn_up.weight", "Q4_K", (4096, 12288))
     assert not tiles_weight("blk.0.ffn_down.weight", "Q6_K", (12288, 4096))
     assert not tiles_weight("token_embd.weight", "Q4_K", (4096, 151936))  # rows looked up, not multiplied
     assert not tiles_weight("blk.0.attn_q.weight", "Q4_K", (4096, 1000))  # not whole tiles
     monkeypatch.delenv(ENV_MMQ_WTILE, raising=False)
-    assert not wtile_enabled()
-    monkeypatch.setenv(ENV_MMQ_WTILE, "1")
-    assert wtile_enabled()
+    assert subblock_prefers_tiles() is SUBBLOCK_TILES
+    monkeypatch.setenv(ENV_MMQ_WTILE, "0")
+    assert not subblock_prefers_tiles()
     monkeypatch.setenv(ENV_MMQ_WTILE, "tiles")
     with pytest.raises(ValueError, match=ENV_MMQ_WTILE):
-        wtile_enabled()
+        subblock_prefers_tiles()
+
+
+def test_a_model_off_cuda_keeps_rows_and_refuses_tiles_by_name(tiny_model_path):
+    from hiraishin import Qwen3, ReductionOrder
+    from hiraishin.errors import HiraishinError
+
+    m = Qwen3.from_gguf(tiny_model_path, device="cpu", progress=False, n_ctx=64)
+    assert m.weight_layout == "rows" and m.weight_layout_for(ReductionOrder.SUBBLOCK) == "rows"
+    assert m.use_weight_layout_for(ReductionOrder.SUBBLOCK) == "rows"
+    with pytest.raises(HiraishinError, match="CUDA sub-block kernels only, not on cpu"):
+        m.set_weight_layout("tiles")
+    assert m.weight_layout == "rows"
+    with pytest.raises(HiraishinError, match="weight_layout must be one of 'rows', 'tiles', got 'tiled'"):
+        m.set_weight_layout("tiled")
+    with pytest.raises(HiraishinError, match="not on cpu"):
+        Qwen3.from_gguf(tiny_model_path, device="cpu", progress=False, n_ctx=64, weight_layout="tiles")
 
 
 def test_tiles_reach_q4_k_kernels_only_and_turn_off_what_reads_ggml_rows(monkeypatch):

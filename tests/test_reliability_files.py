@@ -445,7 +445,7 @@ class ShortOfMemory:
     def __init__(self, room: int):
         self.room, self.given = room, []
 
-    def upload_weight(self, a, *_):
+    def upload_weight(self, a):
         import numpy as np
         import weakref
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import BackendError, PlanError, QuantError
+from ..errors import BackendError, HiraishinError, PlanError, QuantError
 from ..plans import attention_plan, matvec_plan
 from ..switches import env_flag
 from . import checks
@@ -90,10 +90,16 @@ class Backend:
         """A backend array as a numpy array."""
         raise NotImplementedError
 
-    def upload_weight(self, a, name: str = "", qtype: str = "", shape: tuple = ()):
-        """A weight tensor (possibly a read-only memmap) on this backend, without needless copies (``name``,
-        ``qtype``, ggml ``shape``: which tensor it is, for a backend that lays some out its own way)."""
+    def upload_weight(self, a):
+        """A weight tensor (possibly a read-only memmap) on this backend, without needless copies."""
         raise NotImplementedError
+
+    def relayout_weight(self, data, name: str, qtype: str, shape: tuple, tiles: bool) -> bool:
+        """Lay weight ``name``'s ``data`` out as 16-row tile records (``tiles``) or ggml's rows, in place; True if its
+        bytes moved. Tiles are a CUDA layout (:mod:`hiraishin.kernels.mmq.wtile`): here only rows."""
+        if tiles:
+            raise HiraishinError(f"weight tiles are read by the CUDA sub-block kernels only, not on {self.name}")
+        return False
 
     def synchronize(self) -> None:
         """Wait for queued work (for timings); a no-op on the CPU."""

@@ -164,6 +164,6 @@ class CpuBackend(Backend):
     def to_host(self, a) -> np.ndarray:
         return np.asarray(a)
 
-    def upload_weight(self, a, name: str = "", qtype: str = "", shape: tuple = ()):
+    def upload_weight(self, a):
         # GGUF tensors are memory-mapped: keep them mapped (no copy, pages load on first use).
         return np.asarray(a)

@@ -33,7 +33,7 @@ from ..kernels.mmq.launch import launch as mmq_launch
 from ..kernels.mmq.launch import MMQMultiLaunch
 from ..kernels.mmq.launch import multi_enabled as mmq_multi_enabled
 from ..kernels.mmq.launch import xlayout_setting as mmq_xlayout
-from ..kernels.mmq.wtile import ENV_MMQ_WTILE, tile_q4k, tiles_weight, wtile_enabled
+from ..kernels.mmq.wtile import tile_q4k, tiles_weight, untile_q4k
 from ..kernels.mmq_stock.launch import launch as mmq_stock_launch
 from ..kernels.mmvq.launch import MULTI_MAX_WEIGHTS, MixedMatVecLaunch, MultiMatVecLaunch, prepared_plan
 from ..kernels.mmvq_swiglu.launch import swiglu_epilogue_enabled
@@ -192,9 +192,9 @@ class CudaOps(CudaAttentionOps, CudaFusedOps):
             hit = self._matvecs[key] = PreparedMatVec(plan, qtype, n, row_bytes, tiles and isinstance(plan, SubBlockPlan))
         if tiles and not isinstance(hit.plan, SubBlockPlan):
             raise HiraishinError(
-                f"this {qtype} weight ({n} rows) was loaded as 16-row tiles (${ENV_MMQ_WTILE}=1), which only the "
-                f"sub-block kernels read; {order.name} at {ncols} columns plans {type(hit.plan).__name__}: load the "
-                f"model with ${ENV_MMQ_WTILE} unset for other orders")
+                f"this {qtype} weight ({n} rows) is laid out as 16-row tiles, which only the sub-block kernels read; "
+                f"{order.name} at {ncols} columns plans {type(hit.plan).__name__}: call model.set_weight_layout('rows') "
+                f"(or model.use_weight_layout_for(order)) before its passes")
         return hit
 
     def quantize(self, x, layout: str | None = None, out=None):
@@ -461,20 +461,27 @@ class CudaBackend(Backend):
     def to_host(self, a) -> np.ndarray:
         return self.xp.asnumpy(a)
 
-    def upload_weight(self, a, name: str = "", qtype: str = "", shape: tuple = ()):
-        """Weight ``name`` on the device; under ``HIRAISHIN_MMQ_WTILE=1`` a Q4_K projection as 16-row tile records
-        (:mod:`hiraishin.kernels.mmq.wtile`; its pointer kept in :attr:`tiled`, so that only sub-block mat-vecs
-        read it)."""
-        if wtile_enabled() and tiles_weight(name, qtype, shape):
-            d = self.xp.asarray(tile_q4k(np.asarray(a)))
-            ptr = d.data.ptr
-            self.tiled.add(ptr)
-            try:  # forget the pointer with the array, so that a later allocation there is not taken for tiles
-                weakref.finalize(d, self.tiled.discard, ptr)
-            except TypeError:  # (an array type without weak references: the pointer stays marked)
-                pass
-            return d
+    def upload_weight(self, a):
         return self.xp.asarray(np.ascontiguousarray(a))
+
+    def relayout_weight(self, data, name: str, qtype: str, shape: tuple, tiles: bool) -> bool:
+        """Lay weight ``name``'s device ``data`` out as 16-row tile records (``tiles``; a Q4_K projection of whole
+        tiles, :func:`~hiraishin.kernels.mmq.wtile.tiles_weight`) or ggml's rows, in place (the same buffer: the
+        pointers a captured graph holds stay valid, not what it reads); True if its bytes moved. A tiled weight's
+        pointer is kept in :attr:`tiled`, so that only sub-block mat-vecs read it."""
+        ptr = data.data.ptr
+        if not tiles_weight(name, qtype, shape) or tiles == (ptr in self.tiled):
+            return False
+        data[...] = (tile_q4k if tiles else untile_q4k)(data, self.xp)
+        if not tiles:
+            self.tiled.discard(ptr)
+            return True
+        self.tiled.add(ptr)
+        try:  # forget the pointer with the array, so that a later allocation there is not taken for tiles
+            weakref.finalize(data, self.tiled.discard, ptr)
+        except TypeError:  # (an array type without weak references: the pointer stays marked)
+            pass
+        return True
 
     def synchronize(self) -> None:
         self.xp.cuda.get_current_stream().synchronize()

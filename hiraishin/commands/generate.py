@@ -42,6 +42,7 @@ def run(args) -> int:
     from ..model.qwen3 import Qwen3
 
     model = Qwen3.from_gguf(path, device=args.device, n_ctx=n_ctx, progress=True)
+    model.use_weight_layout_for(args.order)  # (the layout the order reads fastest: Qwen3.weight_layout_for)
     ids = common.prompt_ids(model, text, args)
 
     def show(step):

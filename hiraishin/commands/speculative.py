@@ -87,6 +87,8 @@ def run(args) -> int:
     prompt = common.prompt_ids(target, text, args)
     draft = Qwen3.from_gguf(path if args.self_draft else args.draft, device=args.device,
                             n_ctx=n_ctx, progress=True)
+    target.use_weight_layout_for(args.order)  # (the layout each model's order reads fastest)
+    draft.use_weight_layout_for(args.draft_order or args.order)
     plain = None
     if not args.no_plain:
         plain = target.generate(prompt, max_new_tokens=args.n_predict, order=args.order,

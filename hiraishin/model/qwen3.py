@@ -49,7 +49,7 @@ class Qwen3(ChainMethods):
     """
 
     def __init__(self, gguf, backend: Backend, n_ctx: int = DEFAULT_N_CTX, progress: bool = True,
-                 cuda_graphs: bool | None = None):
+                 cuda_graphs: bool | None = None, weight_layout: str = "rows"):
         from .tokenizer import Tokenizer
 
         cfg = gguf.config
@@ -82,11 +82,14 @@ class Qwen3(ChainMethods):
         if cuda_graphs is None:
             cuda_graphs = env_flag(CUDA_GRAPHS_ENV, True, "CUDA graphs")
         self._graphs = None
+        self._weight_layout = "rows"
+        self.set_weight_layout(weight_layout)
         self.cuda_graphs = bool(cuda_graphs) and backend.name == "cuda"
 
     @classmethod
     def from_gguf(cls, path, device: str | Backend = "auto", n_ctx: int = DEFAULT_N_CTX,
-                  progress: bool = True, profile=None, cuda_graphs: bool | None = None) -> "Qwen3":
+                  progress: bool = True, profile=None, cuda_graphs: bool | None = None,
+                  weight_layout: str = "rows") -> "Qwen3":
         """Load a Qwen3 GGUF (Q4_K / Q6_K / Q8_0 matrices, F32 norms) onto a backend.
 
         ``device``: ``"cuda"``, ``"cpu"`` (the Numba emulators) or ``"auto"``; ``n_ctx``: KV cache
@@ -94,12 +97,61 @@ class Qwen3(ChainMethods):
         ``cuda_graphs`` (CUDA only): replay passes of up to ``BUFFER_MAX_TOKENS`` tokens from CUDA
         graphs (:class:`hiraishin.backends.graphs.PassGraphs`; the same launches, the same bits);
         ``None``: on unless ``$HIRAISHIN_CUDA_GRAPHS`` is off (``0``, ``false``, ``no``, ``off``; another value
-        is an error).
+        is an error). ``weight_layout``: ``"rows"`` (ggml's, every order reads them) or ``"tiles"`` (CUDA; the
+        Q4_K projections as 16-row tile records, which only SUBBLOCK reads: :meth:`set_weight_layout`).
         """
         from .gguf_file import open_qwen3_gguf
 
         gguf = open_qwen3_gguf(path)
-        return cls(gguf, get_backend(device, profile), n_ctx=n_ctx, progress=progress, cuda_graphs=cuda_graphs)
+        return cls(gguf, get_backend(device, profile), n_ctx=n_ctx, progress=progress, cuda_graphs=cuda_graphs,
+                   weight_layout=weight_layout)
+
+    # ---- weight layout --------------------------------------------------------------------------
+    @property
+    def weight_layout(self) -> str:
+        """How the Q4_K projections lie on the device: ``"rows"`` (ggml's) or ``"tiles"`` (:meth:`set_weight_layout`)."""
+        return self._weight_layout
+
+    def set_weight_layout(self, layout: str) -> None:
+        """Lay the Q4_K layer projections out as ``layout``, in place on the device, between passes.
+
+        ``"rows"``: ggml's rows, read by every order. ``"tiles"`` (CUDA only): 16-row tile records
+        (:mod:`hiraishin.kernels.mmq.wtile`), whose loads a warp of the sub-block kernels reads contiguously: faster
+        SUBBLOCK passes of 2+ tokens, the same bits; another order's pass of a model in tiles is refused. The same
+        bytes move, so memory does not grow (one tensor's worth, briefly). Captured CUDA graphs are dropped when bytes
+        move (they would read the old layout) and are captured anew.
+        """
+        from ..kernels.mmq.wtile import WEIGHT_LAYOUTS
+
+        if layout not in WEIGHT_LAYOUTS:
+            raise HiraishinError(f"weight_layout must be one of {', '.join(map(repr, WEIGHT_LAYOUTS))}, got {layout!r}")
+        if layout == self._weight_layout:
+            return
+        self.backend.synchronize()  # (passes already queued read the old layout)
+        moved = False
+        for w in self.weights._all():
+            moved |= self.backend.relayout_weight(w.data, w.name, w.qtype, w.shape, layout == "tiles")
+        self.backend.synchronize()
+        self._weight_layout = layout
+        if moved and self._graphs is not None:
+            self._graphs = None
+            self.cuda_graphs = True
+
+    def weight_layout_for(self, order: ReductionOrder) -> str:
+        """The layout ``order``'s passes read fastest here: ``"tiles"`` for SUBBLOCK on CUDA (unless
+        ``HIRAISHIN_MMQ_WTILE=0``; :data:`hiraishin.kernels.mmq.wtile.SUBBLOCK_TILES` has the measurement), else
+        ``"rows"``."""
+        from ..kernels.mmq.wtile import subblock_prefers_tiles
+
+        if self.backend.name == "cuda" and order.matvec == "subblock" and subblock_prefers_tiles():
+            return "tiles"
+        return "rows"
+
+    def use_weight_layout_for(self, order: ReductionOrder) -> str:
+        """:meth:`set_weight_layout` to :meth:`weight_layout_for` ``order``; returns the layout."""
+        layout = self.weight_layout_for(order)
+        self.set_weight_layout(layout)
+        return layout
 
     @property
     def cuda_graphs(self) -> bool:

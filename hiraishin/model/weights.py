@@ -133,7 +133,7 @@ def load_weights(gguf, backend, progress: bool = True) -> Qwen3Weights:
                 if len(shape) == 1:
                     data = dequantize(data, t.qtype).reshape(shape)  # float32 (n,)
                 qtype = "F32" if len(shape) == 1 else t.qtype
-                loaded[name] = Weight(name, qtype, shape, backend.upload_weight(data, name, qtype, shape))
+                loaded[name] = Weight(name, qtype, shape, backend.upload_weight(data))
                 done += int(t.data.nbytes)
                 bar.update(int(t.data.nbytes))
     except Exception as exc:  # noqa: BLE001 - MemoryError, or CuPy's OutOfMemoryError (not a MemoryError)

@@ -68,9 +68,11 @@ Files: ``mma_rows.cu`` (mma.sync helpers and weight-row loads, shared with ``ker
 ``mmq.cu`` (``hx_mmq``, and ``hx_mmq_multi``: up to three weights of one plan in one launch, the same
 tiles), ``onecol_dp4a.cu`` (one column on dp4a, a warp per row: the same order for rows of a multiple of 16
 super-blocks, ``HIRAISHIN_SUBBLOCK_DP4A``; up to four columns of rows of 16, ``HIRAISHIN_SUBBLOCK_DP4A_COLS``;
-``plans/subblock.py``; the CUDA block's activations copied to shared memory, ``HIRAISHIN_DP4A_XSTAGE``, on, and its
-weight rows, ``HIRAISHIN_DP4A_WSTAGE``, off), :mod:`.launch` (``launch``; ``MMQMultiLaunch``, used by the backend unless
-``HIRAISHIN_MMQ_MULTI=0``), :mod:`.emulate` (``emulate``).
+``plans/subblock.py``; the CUDA block's activations copied to shared memory, ``HIRAISHIN_DP4A_XSTAGE``, and its
+weight rows, ``HIRAISHIN_DP4A_WSTAGE``, both on), :mod:`.launch` (``launch``; ``MMQMultiLaunch``, used by the backend
+unless ``HIRAISHIN_MMQ_MULTI=0``), :mod:`.wtile` (Q4_K weights in 16-row tile records, which every kernel here reads
+under ``HX_WTILE``: a warp's weight loads then read contiguous bytes; a model's SUBBLOCK passes read them,
+``Qwen3.use_weight_layout_for``), :mod:`.emulate` (``emulate``).
 """
 
 from .emulate import emulate

@@ -87,9 +87,12 @@ DP4A_XSTAGE = int(env_flag(ENV_DP4A_XSTAGE, True, "the dp4a kernel's shared copy
 # HX_WSTAGE: the dp4a kernel's CUDA block copies its weight rows into shared memory with cp.async before the PDL wait
 # (coalesced 16-byte chunks; a lane's own 16-byte weight loads touch a line each), and its lanes read them there. For
 # rows of 16 super-blocks whose copy fits the 48 KB a block declares statically beside the activations' (8 rows:
-# 18 KB Q4_K, 27 KB Q6_K). A copy: no bit changes. HIRAISHIN_DP4A_WSTAGE=1 turns it on; off until a GPU run times it.
+# 18 KB Q4_K, 27 KB Q6_K); of a weight in tiles (kernels/mmq/wtile.py), the block's pieces of its tile records. A copy:
+# no bit changes. H100, session 31 (bench/results/2026-12-06-h100-session31), the 8B's SUBBLOCK one-token pass, same
+# digests: ggml's rows 2.503 -> 2.474 ms, tiles 2.656 -> 2.479 (a lane's reads of tiles touch a line each, 32 a warp
+# load). Default on; HIRAISHIN_DP4A_WSTAGE=0 reads global memory.
 ENV_DP4A_WSTAGE = "HIRAISHIN_DP4A_WSTAGE"
-DP4A_WSTAGE = env_flag(ENV_DP4A_WSTAGE, False, "the dp4a kernel's shared copy of its weight rows")
+DP4A_WSTAGE = env_flag(ENV_DP4A_WSTAGE, True, "the dp4a kernel's shared copy of its weight rows")
 STATIC_SMEM_BYTES = 48 * 1024  # the most shared memory a CUDA block may declare statically
 
 

@@ -14,8 +14,10 @@ load 128. The bytes are ggml's, regrouped, so a weight's tiles take exactly its 
 16 T .. 16 T + 15 occupies the same byte range as those rows did (the kernels' L2 prefetch of a tile is unchanged).
 Where bytes sit changes no float operation: the kernels give the same bits (tests/test_mmq_wtile.py).
 
-Only weights whose rows come in whole tiles (N a multiple of 16; every Qwen3 projection) are tiled, and only the
-sub-block kernels read tiles: the backend refuses another order's mat-vec of a tiled weight.
+A model's layout is a choice (``Qwen3.set_weight_layout("rows" | "tiles")``, ``Qwen3.use_weight_layout_for(order)``),
+made on the device in place. Only weights whose rows come in whole tiles (N a multiple of 16; every Qwen3
+projection) are tiled, and only the sub-block kernels read tiles: the backend refuses another order's mat-vec of a
+tiled weight.
 """
 
 from __future__ import annotations
@@ -25,31 +27,38 @@ import numpy as np
 from ...quant import BLOCK_BYTES, QK_K
 from ...switches import env_flag
 
-__all__ = ["ENV_MMQ_WTILE", "WTILE_ROWS", "HEADER_BYTES", "CHUNK_BYTES", "wtile_enabled", "tiles_weight",
-           "tile_q4k", "untile_q4k"]
+__all__ = ["ENV_MMQ_WTILE", "WTILE_ROWS", "HEADER_BYTES", "CHUNK_BYTES", "WEIGHT_LAYOUTS", "SUBBLOCK_TILES",
+           "subblock_prefers_tiles", "tiles_weight", "tile_q4k", "untile_q4k"]
 
 WTILE_ROWS = 16  # the M of mma.m16n8k32: the rows one warp's MMA reads (plans/subblock.py SUBBLOCK_TILE_ROWS)
 HEADER_BYTES = 16  # Q4_K: fp16 d, fp16 dmin, 12 bytes of 6-bit scales and mins
 CHUNK_BYTES = 32  # one qs chunk: 32 bytes, values of two sub-blocks (low and high nibbles)
 _CHUNKS = (BLOCK_BYTES["Q4_K"] - HEADER_BYTES) // CHUNK_BYTES  # 4
 
+WEIGHT_LAYOUTS = ("rows", "tiles")  # a model's Q4_K projections: ggml's rows, or these tile records
+# Whether SUBBLOCK passes read tiles (Qwen3.use_weight_layout_for). H100, session 31 (bench/results/
+# 2026-12-06-h100-session31), SUBBLOCK graph replays of the 8B shape, same logits digests: rows -> tiles 2.893 ->
+# 2.731 / 3.031 -> 2.863 / 3.096 -> 2.906 ms at 2 / 3 / 4 tokens (the MMA kernel), the 0.6B 3-6% faster at 1-4; one
+# token (the dp4a kernel) 2.475 -> 2.637 reading tiles from global memory, 2.479 from its block's copy of them
+# (HIRAISHIN_DP4A_WSTAGE, the default with tiles). HIRAISHIN_MMQ_WTILE=0: SUBBLOCK keeps ggml's rows (the A/B).
 ENV_MMQ_WTILE = "HIRAISHIN_MMQ_WTILE"
+SUBBLOCK_TILES = True
 
 
-def wtile_enabled() -> bool:
-    """Whether the CUDA backend uploads Q4_K projection weights as tiles (``HIRAISHIN_MMQ_WTILE``, off unless set;
-    read at each call, so a model loaded after the switch changes has the new layout)."""
-    return env_flag(ENV_MMQ_WTILE, False, "the sub-block kernels' Q4_K weights in 16-row tile records")
+def subblock_prefers_tiles() -> bool:
+    """Whether SUBBLOCK passes on CUDA read Q4_K tiles: :data:`SUBBLOCK_TILES` unless ``HIRAISHIN_MMQ_WTILE`` says
+    otherwise (on/off; read at each call)."""
+    return env_flag(ENV_MMQ_WTILE, SUBBLOCK_TILES, "SUBBLOCK's Q4_K weights in 16-row tile records")
 
 
 def tiles_weight(name: str, qtype: str, shape: tuple) -> bool:
-    """Whether weight ``name`` (ggml ``shape`` (K, N)) is uploaded as tiles when :func:`wtile_enabled`: a Q4_K
-    projection of a layer (``blk.*``; not the token embedding, which rows are looked up from) of whole tiles."""
+    """Whether weight ``name`` (ggml ``shape`` (K, N)) is laid out as tiles in a model whose layout is "tiles": a
+    Q4_K projection of a layer (``blk.*``; not the token embedding, whose rows are looked up) of whole tiles."""
     return (qtype == "Q4_K" and name.startswith("blk.") and len(shape) == 2 and shape[1] % WTILE_ROWS == 0
             and shape[0] % QK_K == 0)
 
 
-def _check(data: np.ndarray, what: str) -> tuple[int, int]:
+def _check(data, what: str) -> tuple[int, int]:
     if data.ndim != 2 or data.dtype != np.uint8:
         raise ValueError(f"{what}: expected uint8 (N, row_bytes) Q4_K rows, got {data.dtype} {data.shape}")
     n, row_bytes = data.shape
@@ -59,22 +68,23 @@ def _check(data: np.ndarray, what: str) -> tuple[int, int]:
     return n, row_bytes // BLOCK_BYTES["Q4_K"]
 
 
-def tile_q4k(data: np.ndarray) -> np.ndarray:
-    """ggml's Q4_K rows (uint8 (N, row_bytes), N a multiple of 16) as tile records, the same shape and bytes."""
-    n, nb = _check(np.asarray(data), "tile_q4k")
-    sb = np.asarray(data).reshape(n // WTILE_ROWS, WTILE_ROWS, nb, BLOCK_BYTES["Q4_K"]).transpose(0, 2, 1, 3)
+def tile_q4k(data, xp=np):
+    """ggml's Q4_K rows (uint8 (N, row_bytes), N a multiple of 16) as tile records, a new array of the same shape and
+    bytes (``xp``: the array module of ``data``, numpy or cupy)."""
+    n, nb = _check(data, "tile_q4k")
+    sb = xp.asarray(data).reshape(n // WTILE_ROWS, WTILE_ROWS, nb, BLOCK_BYTES["Q4_K"]).transpose(0, 2, 1, 3)
     qs = sb[..., HEADER_BYTES:].reshape(n // WTILE_ROWS, nb, WTILE_ROWS, _CHUNKS, CHUNK_BYTES).transpose(0, 1, 3, 2, 4)
     head = sb[..., :HEADER_BYTES]
-    out = np.concatenate([qs.reshape(n // WTILE_ROWS, nb, -1), head.reshape(n // WTILE_ROWS, nb, -1)], axis=2)
-    return np.ascontiguousarray(out).reshape(data.shape)
+    out = xp.concatenate([qs.reshape(n // WTILE_ROWS, nb, -1), head.reshape(n // WTILE_ROWS, nb, -1)], axis=2)
+    return xp.ascontiguousarray(out).reshape(data.shape)
 
 
-def untile_q4k(data: np.ndarray) -> np.ndarray:
-    """The inverse of :func:`tile_q4k`: tile records back to ggml's rows."""
-    n, nb = _check(np.asarray(data), "untile_q4k")
-    rec = np.asarray(data).reshape(n // WTILE_ROWS, nb, WTILE_ROWS * BLOCK_BYTES["Q4_K"])
+def untile_q4k(data, xp=np):
+    """The inverse of :func:`tile_q4k`: tile records back to ggml's rows (a new array)."""
+    n, nb = _check(data, "untile_q4k")
+    rec = xp.asarray(data).reshape(n // WTILE_ROWS, nb, WTILE_ROWS * BLOCK_BYTES["Q4_K"])
     cut = _CHUNKS * WTILE_ROWS * CHUNK_BYTES
     qs = rec[..., :cut].reshape(n // WTILE_ROWS, nb, _CHUNKS, WTILE_ROWS, CHUNK_BYTES).transpose(0, 1, 3, 2, 4)
     head = rec[..., cut:].reshape(n // WTILE_ROWS, nb, WTILE_ROWS, HEADER_BYTES)
-    sb = np.concatenate([head, qs.reshape(n // WTILE_ROWS, nb, WTILE_ROWS, -1)], axis=3)
-    return np.ascontiguousarray(sb.transpose(0, 2, 1, 3)).reshape(data.shape)
+    sb = xp.concatenate([head, qs.reshape(n // WTILE_ROWS, nb, WTILE_ROWS, -1)], axis=3)
+    return xp.ascontiguousarray(sb.transpose(0, 2, 1, 3)).reshape(data.shape)
