@@ -66,8 +66,10 @@ __device__ __forceinline__ int hx_sbyte(int word, int i) { return (int)(signed c
 // super-block i one record of 16 * 144 bytes: the four 32-byte qs chunks jp of its 16 rows as [jp][row][32], then
 // the rows' 16-byte headers (d, dmin, scales) as [row][16]. The same bytes as ggml's rows, regrouped: lane (g, t)'s
 // 8-byte loads of chunk jp for rows g = 0..7 read 256 contiguous bytes (2 cache lines, not 8 of rows 2,304 bytes
-// apart), a header load 128. Where the bytes sit only: no bit changes. A row's super-block is then addressed by its
-// tile record p (HX_SB_STRIDE apart) and its row rr within the tile.
+// apart), a header load 128. Where the bytes sit only: no bit changes. Row r's super-block i is addressed by
+// p = HX_W_ROW(w, r) + i * HX_SB_STRIDE, its qs chunk jp's 32 bytes in record i (row rr = r % 16 of the tile), and rr:
+// the header is then 2048 - 16 rr bytes past p. (Addressed from the record instead, the MMA kernel held a lane offset
+// per row for its headers and one for its qs: at 2-4 columns it spilled at its 64-register cap, ptxas for sm_90.)
 #ifndef HX_WTILE
 #define HX_WTILE 0
 #endif
@@ -77,10 +79,10 @@ __device__ __forceinline__ int hx_sbyte(int word, int i) { return (int)(signed c
 #endif
 #define HX_WTILE_ROWS 16
 #define HX_SB_STRIDE (HX_WTILE_ROWS * HX_BLOCK_BYTES)
-#define HX_Q4_HDR(p, rr) ((p) + 4 * 32 * HX_WTILE_ROWS + 16 * (rr))
-#define HX_Q4_QS(p, rr, jp) ((p) + 32 * HX_WTILE_ROWS * (jp) + 32 * (rr))
-// where row r's records begin (its tile's first), and r's place in it
-#define HX_W_ROW(w, r) ((w) + (size_t)((r) & ~(HX_WTILE_ROWS - 1)) * HX_NB * HX_BLOCK_BYTES)
+#define HX_Q4_HDR(p, rr) ((p) + 4 * 32 * HX_WTILE_ROWS - 16 * (rr))
+#define HX_Q4_QS(p, rr, jp) ((p) + 32 * HX_WTILE_ROWS * (jp))
+// row r's chunk 0 in its tile's first record, and r's place in the tile
+#define HX_W_ROW(w, r) ((w) + (size_t)((r) & ~(HX_WTILE_ROWS - 1)) * HX_NB * HX_BLOCK_BYTES + 32 * ((r) & (HX_WTILE_ROWS - 1)))
 #define HX_W_RR(r) ((r) & (HX_WTILE_ROWS - 1))
 #else
 #define HX_SB_STRIDE HX_BLOCK_BYTES
@@ -224,10 +226,10 @@ __device__ __forceinline__ hx_mma_ptrs hx_mma_pointers(const unsigned char* w, c
                                                        const int col0, const int g, const int t) {
     const size_t row_bytes = (size_t)HX_NB * HX_BLOCK_BYTES;
     hx_mma_ptrs p;
-#if HX_WTILE  // the tile's records (its rows are g and g + 8 of it: launch.py tiles only weights of whole tiles)
+#if HX_WTILE  // rows g and g + 8 of the tile (launch.py tiles only weights of whole tiles)
     (void)row_bytes;
-    p.wA = HX_W_ROW(w, row0);
-    p.wB = p.wA;
+    p.wA = HX_W_ROW(w, row0 + g);
+    p.wB = HX_W_ROW(w, row0 + g + 8);
 #else
     p.wA = w + (size_t)min(row0 + g, nrows - 1) * row_bytes;
     p.wB = w + (size_t)min(row0 + g + 8, nrows - 1) * row_bytes;

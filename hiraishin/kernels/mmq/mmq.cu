@@ -203,10 +203,11 @@ __device__ __forceinline__ void hx_mmq_tile(const unsigned char* __restrict__ w,
 #pragma unroll
     for (int m = 0; m < HX_MT; ++m) {
         const size_t row_bytes = (size_t)HX_NB * HX_BLOCK_BYTES;
-#if HX_WTILE  // row tile m's records
+#if HX_WTILE  // row tile m's rows g, g + 8 (a tile past the last: the last)
         (void)row_bytes;
-        wAm[m] = m == 0 ? wA : HX_W_ROW(w, min(row0 + HX_TILE_ROWS * m, nrows - 1));  // (past the last: the last)
-        wBm[m] = wAm[m];
+        const int tm = min(row0 + HX_TILE_ROWS * m, nrows - 1) & ~(HX_TILE_ROWS - 1);
+        wAm[m] = m == 0 ? wA : HX_W_ROW(w, tm + g);
+        wBm[m] = m == 0 ? wB : HX_W_ROW(w, tm + g + 8);
 #else
         wAm[m] = m == 0 ? wA : w + (size_t)min(row0 + HX_TILE_ROWS * m + g, nrows - 1) * row_bytes;
         wBm[m] = m == 0 ? wB : w + (size_t)min(row0 + HX_TILE_ROWS * m + g + 8, nrows - 1) * row_bytes;
@@ -347,8 +348,13 @@ __device__ __forceinline__ void hx_mmq_tile(const unsigned char* __restrict__ w,
 #else
 #pragma unroll
             for (int m = 0; m < HX_MT; ++m) {
+#if HX_WTILE  // (row g + 8's bytes: 256 past row g's, its header 128 before; one pointer a tile)
+                hx_load_row(wAm[m] + (size_t)i * HX_SB_STRIDE, g, t, rAm[m]);
+                hx_load_row(wAm[m] + (size_t)i * HX_SB_STRIDE + 8 * 32, g + 8, t, rBm[m]);
+#else
                 hx_load_row(wAm[m] + (size_t)i * HX_SB_STRIDE, g, t, rAm[m]);
                 hx_load_row(wBm[m] + (size_t)i * HX_SB_STRIDE, g + 8, t, rBm[m]);
+#endif
             }
 #endif
 #pragma unroll

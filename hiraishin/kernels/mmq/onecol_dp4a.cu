@@ -90,7 +90,7 @@ __device__ __forceinline__ void hx_dp4a_fetch_at(const unsigned char* hdr, const
     }
 }
 
-// sb: the row's super-block (HX_WTILE: its tile's record, rr the row within it; mma_rows.cu HX_Q4_HDR / HX_Q4_QS)
+// sb: the row's super-block (HX_WTILE: HX_W_ROW's place in the record, rr the row within the tile; mma_rows.cu)
 __device__ __forceinline__ void hx_dp4a_fetch(const unsigned char* sb, const int rr, const int n, hx_dp4a_w& r) {
     hx_dp4a_fetch_at(HX_Q4_HDR(sb, rr), HX_Q4_QS(sb, rr, 2 * n), HX_Q4_QS(sb, rr, 2 * n + 1), r);
 }
