@@ -37,10 +37,11 @@ _CHUNKS = (BLOCK_BYTES["Q4_K"] - HEADER_BYTES) // CHUNK_BYTES  # 4
 
 WEIGHT_LAYOUTS = ("rows", "tiles")  # a model's Q4_K projections: ggml's rows, or these tile records
 # Whether SUBBLOCK passes read tiles (Qwen3.use_weight_layout_for). H100, session 31 (bench/results/
-# 2026-12-06-h100-session31), SUBBLOCK graph replays of the 8B shape, same logits digests: rows -> tiles 2.893 ->
-# 2.731 / 3.031 -> 2.863 / 3.096 -> 2.906 ms at 2 / 3 / 4 tokens (the MMA kernel), the 0.6B 3-6% faster at 1-4; one
-# token (the dp4a kernel) 2.475 -> 2.637 reading tiles from global memory, 2.479 from its block's copy of them
-# (HIRAISHIN_DP4A_WSTAGE, the default with tiles). HIRAISHIN_MMQ_WTILE=0: SUBBLOCK keeps ggml's rows (the A/B).
+# 2026-12-06-h100-session31/h-tiles-no-spill), SUBBLOCK graph replays of the 8B shape, same logits digests: rows ->
+# tiles 2.478 -> 2.440 / 2.893 -> 2.647 / 3.034 -> 2.756 / 3.107 -> 2.813 ms at 1 / 2 / 3 / 4 tokens, the 0.6B 4-6%
+# faster; the bench's exact speculation 1.36x -> 1.47x. The one-token pass needs the dp4a block's copy of its pieces of
+# the records (launch.py DP4A_WSTAGE): read from global memory, 2.475 -> 2.637 (a-wtile-first). HIRAISHIN_MMQ_WTILE=0:
+# SUBBLOCK keeps ggml's rows (the A/B).
 ENV_MMQ_WTILE = "HIRAISHIN_MMQ_WTILE"
 SUBBLOCK_TILES = True
 
