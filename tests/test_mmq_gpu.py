@@ -384,52 +384,56 @@ def test_dp4a_kernel_equals_emulator_and_multi(cp, qtype, k, n, xstage, wstage, 
             assert np.array_equal(o.get().view(np.uint32), want.get().view(np.uint32)), f"multi: {m} rows, {wd} cols"
 
 
-@pytest.mark.parametrize("k,n", [(4096, 12288), (4096, 1024), (12288, 4096)])
+@pytest.mark.parametrize("qtype,k,n", [("Q4_K", 4096, 12288), ("Q4_K", 4096, 1024), ("Q4_K", 12288, 4096),
+                                       ("Q6_K", 12288, 4096), ("Q6_K", 4096, 1024), ("Q6_K", 4096, 151936)])
 @pytest.mark.parametrize("wstage", [False, True])
-def test_kernels_reading_tiles_equal_emulator(cp, k, n, wstage, monkeypatch):
-    """Q4_K weights in 16-row tile records (kernels/mmq/wtile.py, HIRAISHIN_MMQ_WTILE): the MMA kernel at 1-4, 9
-    and 16 columns (its one-column form too) and the dp4a kernel at one column (reading the tiles from global memory,
-    or, HIRAISHIN_DP4A_WSTAGE, from its block's copy of its pieces of them) give the emulator's bits from the tiles,
-    with no local memory."""
+def test_kernels_reading_tiles_equal_emulator(cp, qtype, k, n, wstage, monkeypatch):
+    """Q4_K and Q6_K weights in 16-row tile records (kernels/mmq/wtile.py): the MMA kernel at 1-4, 9 and 16 columns
+    (its one-column form too) and the dp4a kernel at one column (reading the tiles from global memory, or,
+    HIRAISHIN_DP4A_WSTAGE, from its block's copy of its pieces of them) give the emulator's bits from the tiles, with
+    no local memory at 1-4 columns (Q4_K; Q6_K's one-column MMA form at K = 12288 is relaxed as its cap spills)."""
     import hiraishin.plans.subblock as sb
     from hiraishin.kernels import quantize
     from hiraishin.kernels.compile import kernel_attributes
     from hiraishin.kernels.mmq import emulate
     from hiraishin.kernels.mmq.launch import MMQLaunch, mmq_kernel
-    from hiraishin.kernels.mmq.wtile import tile_q4k
+    from hiraishin.kernels.mmq.wtile import tile_weight
     from hiraishin.quant import random_blocks
 
     mmq_launch = importlib.import_module("hiraishin.kernels.mmq.launch")
     monkeypatch.setattr(mmq_launch, "DP4A_WSTAGE", wstage)
-    w = random_blocks("Q4_K", n, k, seed=k + n + 7)
+    w = random_blocks(qtype, n, k, seed=k + n + 7)
     xq = quantize.emulate(np.random.default_rng(n + 7).standard_normal((16, k)).astype(np.float32))
     rows = _rows(n)
-    ref = emulate(w[rows], "Q4_K", xq, sb.subblock_plan(1, "Q4_K", k))
-    w_t = cp.asarray(tile_q4k(w))
+    ref = emulate(w[rows], qtype, xq, sb.subblock_plan(1, qtype, k))
+    w_t = cp.asarray(tile_weight(w, qtype))
     for dp4a in (0, 2):  # (2: the dp4a kernel for rows of any multiple of 16 super-blocks)
         monkeypatch.setattr(sb, "SUBBLOCK_DP4A", dp4a)
         for wd in ((1,) if dp4a else (1, 2, 3, 4, 9, 16)):
-            plan = sb.subblock_plan(wd, "Q4_K", k, n=n)
+            plan = sb.subblock_plan(wd, qtype, k, n=n)
             assert (plan.kernel == "dp4a") == bool(dp4a)
             if dp4a:
                 assert mmq_launch.dp4a_wstage(plan, True) == int(wstage and k == 4096)
             launch = MMQLaunch(n, plan, wtile=True)
             got = launch(w_t, as_layout(cp.asarray(xq[:wd]), launch.layout), cp.full((wd, n), cp.nan, cp.float32))
             np.testing.assert_array_equal(got.get()[:, rows].view(np.uint32), ref[:wd].view(np.uint32),
-                                          err_msg=f"K={k} N={n} width={wd} {plan.kernel}")
-            if wd <= 4:
+                                          err_msg=f"{qtype} K={k} N={n} width={wd} {plan.kernel}")
+            if wd <= 4 and (qtype == "Q4_K" or plan.kernel != "onecol"):
                 attrs = kernel_attributes(mmq_kernel(plan, wtile=True)[0])
                 assert attrs["local_size_bytes"] == 0, (plan.kernel, wd, attrs)
 
 
-def test_passes_from_tiles_equal_passes_from_rows(tiny_model_path):
+@pytest.mark.parametrize("q6k", ["0", "1"])
+def test_passes_from_tiles_equal_passes_from_rows(tiny_model_path, q6k, monkeypatch):
     """A model whose Q4_K projections are laid out as tiles (Qwen3.set_weight_layout, in place on the device) gives
     SUBBLOCK logits with the bits of one in ggml's rows, at 1, 3, 9 and 16 tokens, graphs and all (the graphs captured
     before the change are dropped); another order's pass of it is refused by name; back in rows, that order runs and
     SUBBLOCK gives the same bits again; a model loaded as tiles does too."""
     from hiraishin import Qwen3, ReductionOrder
     from hiraishin.errors import HiraishinError
+    from hiraishin.kernels.mmq.wtile import ENV_MMQ_WTILE_Q6K
 
+    monkeypatch.setenv(ENV_MMQ_WTILE_Q6K, q6k)  # (HIRAISHIN_MMQ_WTILE_Q6K=1: the Q6_K projections and head too)
     order = ReductionOrder.SUBBLOCK
 
     def run(m):

@@ -33,7 +33,7 @@ from ..kernels.mmq.launch import launch as mmq_launch
 from ..kernels.mmq.launch import MMQMultiLaunch
 from ..kernels.mmq.launch import multi_enabled as mmq_multi_enabled
 from ..kernels.mmq.launch import xlayout_setting as mmq_xlayout
-from ..kernels.mmq.wtile import tile_q4k, tiles_weight, untile_q4k
+from ..kernels.mmq.wtile import tile_weight, tiles_weight, untile_weight
 from ..kernels.mmq_stock.launch import launch as mmq_stock_launch
 from ..kernels.mmvq.launch import MULTI_MAX_WEIGHTS, MixedMatVecLaunch, MultiMatVecLaunch, prepared_plan
 from ..kernels.mmvq_swiglu.launch import swiglu_epilogue_enabled
@@ -465,17 +465,20 @@ class CudaBackend(Backend):
         return self.xp.asarray(np.ascontiguousarray(a))
 
     def relayout_weight(self, data, name: str, qtype: str, shape: tuple, tiles: bool) -> bool:
-        """Lay weight ``name``'s device ``data`` out as 16-row tile records (``tiles``; a Q4_K projection of whole
-        tiles, :func:`~hiraishin.kernels.mmq.wtile.tiles_weight`) or ggml's rows, in place (the same buffer: the
+        """Lay weight ``name``'s device ``data`` out as 16-row tile records (``tiles``; a projection of whole tiles
+        and a type :func:`~hiraishin.kernels.mmq.wtile.tiles_weight` takes) or ggml's rows, in place (the same buffer: the
         pointers a captured graph holds stay valid, not what it reads); True if its bytes moved. A tiled weight's
         pointer is kept in :attr:`tiled`, so that only sub-block mat-vecs read it."""
         ptr = data.data.ptr
-        if not tiles_weight(name, qtype, shape) or tiles == (ptr in self.tiled):
-            return False
-        data[...] = (tile_q4k if tiles else untile_q4k)(data, self.xp)
-        if not tiles:
+        if not tiles:  # (by what is tiled, whatever the switches say now)
+            if ptr not in self.tiled:
+                return False
+            data[...] = untile_weight(data, qtype, self.xp)
             self.tiled.discard(ptr)
             return True
+        if ptr in self.tiled or not tiles_weight(name, qtype, shape):
+            return False
+        data[...] = tile_weight(data, qtype, self.xp)
         self.tiled.add(ptr)
         try:  # forget the pointer with the array, so that a later allocation there is not taken for tiles
             weakref.finalize(data, self.tiled.discard, ptr)

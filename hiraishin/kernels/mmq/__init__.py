@@ -70,9 +70,9 @@ tiles), ``onecol_dp4a.cu`` (one column on dp4a, a warp per row: the same order f
 super-blocks, ``HIRAISHIN_SUBBLOCK_DP4A``; up to four columns of rows of 16, ``HIRAISHIN_SUBBLOCK_DP4A_COLS``;
 ``plans/subblock.py``; the CUDA block's activations copied to shared memory, ``HIRAISHIN_DP4A_XSTAGE``, and its
 weight rows, ``HIRAISHIN_DP4A_WSTAGE``, both on), :mod:`.launch` (``launch``; ``MMQMultiLaunch``, used by the backend
-unless ``HIRAISHIN_MMQ_MULTI=0``), :mod:`.wtile` (Q4_K weights in 16-row tile records, which every kernel here reads
-under ``HX_WTILE``: a warp's weight loads then read contiguous bytes; a model's SUBBLOCK passes read them,
-``Qwen3.use_weight_layout_for``), :mod:`.emulate` (``emulate``).
+unless ``HIRAISHIN_MMQ_MULTI=0``), :mod:`.wtile` (Q4_K and Q6_K weights in 16-row tile records, which every kernel
+here reads under ``HX_WTILE``: a warp's weight loads then read contiguous bytes; a model's SUBBLOCK passes read them,
+``Qwen3.use_weight_layout_for``; Q6_K only under ``HIRAISHIN_MMQ_WTILE_Q6K=1``, untimed), :mod:`.emulate` (``emulate``).
 """
 
 from .emulate import emulate

@@ -20,6 +20,7 @@ from ..compile import blocks_for_register_cap, get_kernel, relax_register_cap
 from ..compile import precompile as compile_many
 from ..mmvq.launch import MULTI_MAX_WEIGHTS, multi_weight_args
 from ..quantize.layout import MMA8_LAYOUTS, MMA_LAYOUTS, as_layout
+from .wtile import TILE_QTYPES
 
 __all__ = [
     "ENV_MMQ_XLAYOUT",
@@ -97,21 +98,24 @@ STATIC_SMEM_BYTES = 48 * 1024  # the most shared memory a CUDA block may declare
 
 
 def _wtile(plan: SubBlockPlan, wtile: bool) -> int:
-    """HX_WTILE: 1 where the launch's weight is in :mod:`.wtile`'s tile records (Q4_K only)."""
-    if wtile and plan.qtype != "Q4_K":
-        raise ValueError(f"only Q4_K weights come as tiles, the plan is for {plan.qtype}")
+    """HX_WTILE: 1 where the launch's weight is in :mod:`.wtile`'s tile records."""
+    if wtile and plan.qtype not in TILE_QTYPES:
+        raise ValueError(f"only {', '.join(TILE_QTYPES)} weights come as tiles, the plan is for {plan.qtype}")
     return int(bool(wtile))
 
 
 def dp4a_wstage(plan: SubBlockPlan, wtile: bool = False) -> int:
     """HX_WSTAGE of a dp4a ``plan``: :data:`DP4A_WSTAGE` where its rows are 16 super-blocks and the copies fit (a
-    weight in tiles, ``wtile``: the block's pieces of its tile records, for 4, 8 or 16 rows a block)."""
+    weight in tiles, ``wtile``: the block's pieces of its tile records, Q4_K for 4, 8 or 16 rows a block, Q6_K for 8 or 16)."""
     nb = plan.k // QK_K
     rows = plan.nwarps * nb * BLOCK_BYTES[plan.qtype] + 16
-    if wtile:
-        if plan.nwarps not in (4, 8, 16):
+    if wtile:  # onecol_dp4a.cu HX_TS_R: a record's 16-byte units, padded
+        if plan.qtype == "Q4_K" and plan.nwarps in (4, 8, 16):
+            units = 4 * 2 * plan.nwarps + 2 + plan.nwarps
+        elif plan.qtype == "Q6_K" and plan.nwarps in (8, 16):
+            units = 13 * plan.nwarps + 2 + plan.nwarps // 8
+        else:
             return 0
-        units = 4 * 2 * plan.nwarps + 2 + plan.nwarps  # onecol_dp4a.cu HX_TS_R: a record's 16-byte units, padded
         rows = nb * 16 * ((units + 5) // 8 * 8 + 2)
     xs = plan.ncols * nb * (8 * BLOCK_BYTES["Q8_1"] + 32) if DP4A_XSTAGE else 0
     return int(DP4A_WSTAGE and nb == SUBBLOCK_DP4A_NB and rows + xs <= STATIC_SMEM_BYTES)

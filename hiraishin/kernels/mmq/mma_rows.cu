@@ -62,30 +62,38 @@ __device__ __forceinline__ int hx_ld32_a2(const unsigned char* base4, int off, i
 
 __device__ __forceinline__ int hx_sbyte(int word, int i) { return (int)(signed char)(word >> (8 * i)); }
 
-// HX_WTILE (0/1; Q4_K; launch.py MMQ_WTILE, kernels/mmq/wtile.py): the weight's rows in 16-row tiles, each tile's
-// super-block i one record of 16 * 144 bytes: the four 32-byte qs chunks jp of its 16 rows as [jp][row][32], then
-// the rows' 16-byte headers (d, dmin, scales) as [row][16]. The same bytes as ggml's rows, regrouped: lane (g, t)'s
-// 8-byte loads of chunk jp for rows g = 0..7 read 256 contiguous bytes (2 cache lines, not 8 of rows 2,304 bytes
-// apart), a header load 128. Where the bytes sit only: no bit changes. Row r's super-block i is addressed by
-// p = HX_W_ROW(w, r) + i * HX_SB_STRIDE, its qs chunk jp's 32 bytes in record i (row rr = r % 16 of the tile), and rr:
-// the header is then 2048 - 16 rr bytes past p. (Addressed from the record instead, the MMA kernel held a lane offset
-// per row for its headers and one for its qs: at 2-4 columns it spilled at its 64-register cap, ptxas for sm_90.)
+// HX_WTILE (0/1; launch.py, kernels/mmq/wtile.py): the weight's rows in 16-row tiles, each tile's super-block i one
+// record of 16 super-blocks' bytes cut into pieces, each piece stored for the 16 rows together. Q4_K: the four
+// 32-byte qs chunks jp as [jp][row][32], then the rows' 16-byte headers (d, dmin, scales) as [row][16]; Q6_K: its 13
+// 16-byte groups q (ql 0..7, qh 8..11, the scales 12) as [q][row][16], then the rows' fp16 d as [row][2]. The same
+// bytes as ggml's rows, regrouped: lane (g, t)'s loads of one piece for rows g = 0..7 read contiguous bytes (Q4_K
+// 256, 2 cache lines, not 8 of rows 2,304 bytes apart; Q6_K 128, every word 4-byte aligned, where its rows were
+// 2-byte aligned). Where the bytes sit only: no bit changes. Row r's super-block i is addressed by
+// p = HX_W_ROW(w, r) + i * HX_SB_STRIDE, the row's place in the record's first piece (row rr = r % 16 of the tile),
+// and rr: Q4_K's header is 2048 - 16 rr bytes past p, Q6_K's d 3328 - 14 rr. (Addressed from the record instead, the
+// MMA kernel held a lane offset per row for its headers and one for its qs: at 2-4 columns it spilled at its
+// 64-register cap, ptxas for sm_90.)
 #ifndef HX_WTILE
 #define HX_WTILE 0
 #endif
 #if HX_WTILE
-#if HX_QTYPE != 12
-#error "HX_WTILE: Q4_K weights only"
-#endif
 #define HX_WTILE_ROWS 16
 #define HX_SB_STRIDE (HX_WTILE_ROWS * HX_BLOCK_BYTES)
+#if HX_QTYPE == 12
+#define HX_WPIECE 32  // a row's bytes of the record's first piece
 #define HX_Q4_HDR(p, rr) ((p) + 4 * 32 * HX_WTILE_ROWS - 16 * (rr))
 #define HX_Q4_QS(p, rr, jp) ((p) + 32 * HX_WTILE_ROWS * (jp))
-// row r's chunk 0 in its tile's first record, and r's place in the tile
-#define HX_W_ROW(w, r) ((w) + (size_t)((r) & ~(HX_WTILE_ROWS - 1)) * HX_NB * HX_BLOCK_BYTES + 32 * ((r) & (HX_WTILE_ROWS - 1)))
+#else
+#define HX_WPIECE 16
+#define HX_Q6_G(p, q) ((p) + 16 * HX_WTILE_ROWS * (q))                 // the row's 16-byte group q
+#define HX_Q6_D(p, rr) ((p) + 13 * 16 * HX_WTILE_ROWS - 14 * (rr))      // the row's fp16 d
+#endif
+// row r's place in its tile's first record, and r's place in the tile
+#define HX_W_ROW(w, r) ((w) + (size_t)((r) & ~(HX_WTILE_ROWS - 1)) * HX_NB * HX_BLOCK_BYTES + HX_WPIECE * ((r) & (HX_WTILE_ROWS - 1)))
 #define HX_W_RR(r) ((r) & (HX_WTILE_ROWS - 1))
 #else
 #define HX_SB_STRIDE HX_BLOCK_BYTES
+#define HX_WPIECE 0
 #define HX_Q4_HDR(p, rr) (p)
 #define HX_Q4_QS(p, rr, jp) ((p) + 16 + 32 * (jp))
 #define HX_W_ROW(w, r) ((w) + (size_t)(r) * HX_NB * HX_BLOCK_BYTES)
@@ -187,7 +195,21 @@ __device__ __forceinline__ void hx_load_row(const unsigned char* p, int t, hx_ro
     }
 }
 
-__device__ __forceinline__ void hx_load_row(const unsigned char* p, int, int t, hx_row_sb& r) { hx_load_row(p, t, r); }
+// p: the row's super-block (HX_WTILE: HX_W_ROW's place in the record, rr the row within the tile; else rr is unused)
+__device__ __forceinline__ void hx_load_row(const unsigned char* p, int rr, int t, hx_row_sb& r) {
+#if HX_WTILE  // every piece 16-byte aligned: ql[i] in group i, qh[i] in group 8 + i, the scales in group 12
+    r.d = hx_h2f(*(const unsigned short*)HX_Q6_D(p, rr));
+#pragma unroll
+    for (int i = 0; i < 8; ++i) r.ql[i] = hx_ld32(HX_Q6_G(p, i) + 4 * t);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) r.qh[i] = hx_ld32(HX_Q6_G(p, 8 + i) + 4 * t);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) r.sc[i] = hx_ld32(HX_Q6_G(p, 12) + 4 * i);
+#else
+    (void)rr;
+    hx_load_row(p, t, r);
+#endif
+}
 
 // int8 values q - 32 of q8_1 block bb (0..3) of 128-half n, half h, from a row's ints.
 __device__ __forceinline__ int hx_q6_vals(const hx_row_sb& r, int n, int bb, int h) {

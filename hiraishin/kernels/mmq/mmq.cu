@@ -18,7 +18,7 @@
 // of HX_BLOCK_COLS per row tile along blockIdx.x, launch.py launch_grid: the CUDA blocks that read one
 // weight tile for different columns run side by side, so all but the first find it in L2).
 //
-// Weights: ggml's rows, or (HX_WTILE 1, Q4_K; mma_rows.cu) 16-row tile records whose loads read contiguous
+// Weights: ggml's rows, or (HX_WTILE 1; mma_rows.cu) 16-row tile records whose loads read contiguous
 // bytes across a warp.
 //
 // Activations: llama.cpp's q8_1 blocks (fp16 d, fp16 s, int8 q[32]; 36 bytes), one row of
@@ -348,9 +348,9 @@ __device__ __forceinline__ void hx_mmq_tile(const unsigned char* __restrict__ w,
 #else
 #pragma unroll
             for (int m = 0; m < HX_MT; ++m) {
-#if HX_WTILE  // (row g + 8's bytes: 256 past row g's, its header 128 before; one pointer a tile)
+#if HX_WTILE  // (row g + 8's pieces: 8 rows' worth past row g's; one pointer a tile)
                 hx_load_row(wAm[m] + (size_t)i * HX_SB_STRIDE, g, t, rAm[m]);
-                hx_load_row(wAm[m] + (size_t)i * HX_SB_STRIDE + 8 * 32, g + 8, t, rBm[m]);
+                hx_load_row(wAm[m] + (size_t)i * HX_SB_STRIDE + 8 * HX_WPIECE, g + 8, t, rBm[m]);
 #else
                 hx_load_row(wAm[m] + (size_t)i * HX_SB_STRIDE, g, t, rAm[m]);
                 hx_load_row(wBm[m] + (size_t)i * HX_SB_STRIDE, g + 8, t, rBm[m]);

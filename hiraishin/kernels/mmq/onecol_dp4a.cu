@@ -26,8 +26,8 @@
 // shared memory with cp.async before the PDL wait, in coalesced 16-byte chunks, and each lane reads its half from
 // there after the block's barrier. Read straight from global memory, a lane's 16-byte weight loads touch a line of
 // their own too (lanes 2i, 2i + 1 read super-block i). A copy only: no bit changes.
-// HX_WTILE (launch.py MMQ_WTILE; Q4_K): the weight in mma_rows.cu's 16-row tile records, read where each lane's
-// bytes sit there (the same bytes: no bit changes).
+// HX_WTILE (launch.py; Q4_K or Q6_K): the weight in mma_rows.cu's 16-row tile records, read where each lane's bytes
+// sit there (the same bytes: no bit changes).
 // HX_XSTAGE (launch.py DP4A_XSTAGE; 0 or 1): 1 copies the CUDA block's columns of activations into shared memory
 // first, in coalesced 16-byte loads, and the lanes read them there. Read straight from global memory (0), each of a
 // lane's nine 16-byte loads a column touches a cache line of its own (a lane reads its half's 128 contiguous bytes),
@@ -130,13 +130,41 @@ __device__ __forceinline__ void hx_dp4a_words(const unsigned char* p, const int 
     }
 }
 
-__device__ __forceinline__ void hx_dp4a_fetch(const unsigned char* sb, const int, const int n, hx_dp4a_w& r) {
+// A half's words from 16-byte-aligned pieces: ql groups 4n .. 4n + 3 at ql[0..3], qh groups 8 + 2n, 9 + 2n at qh[0..1],
+// the scales' group at sc (its bytes 8n .. 8n + 7 are the half's), d at d (tiles, from global or shared memory).
+__device__ __forceinline__ void hx_dp4a_fetch6_at(const unsigned char* const ql[4], const unsigned char* const qh[2],
+                                                  const unsigned char* sc, const unsigned char* d, const int n,
+                                                  hx_dp4a_w& r) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const int4 v = *(const int4*)ql[j];
+        r.ql[4 * j] = v.x; r.ql[4 * j + 1] = v.y; r.ql[4 * j + 2] = v.z; r.ql[4 * j + 3] = v.w;
+    }
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+        const int4 v = *(const int4*)qh[j];
+        r.qh[4 * j] = v.x; r.qh[4 * j + 1] = v.y; r.qh[4 * j + 2] = v.z; r.qh[4 * j + 3] = v.w;
+    }
+    const int2 v = *(const int2*)(sc + 8 * n);
+    r.sc[0] = v.x; r.sc[1] = v.y;
+    r.d = hx_h2f(*(const unsigned short*)d);
+}
+
+__device__ __forceinline__ void hx_dp4a_fetch(const unsigned char* sb, const int rr, const int n, hx_dp4a_w& r) {
+#if HX_WTILE  // (mma_rows.cu HX_Q6_G / HX_Q6_D: every group 16-byte aligned)
+    const unsigned char* const ql[4] = {HX_Q6_G(sb, 4 * n), HX_Q6_G(sb, 4 * n + 1), HX_Q6_G(sb, 4 * n + 2),
+                                        HX_Q6_G(sb, 4 * n + 3)};
+    const unsigned char* const qh[2] = {HX_Q6_G(sb, 8 + 2 * n), HX_Q6_G(sb, 9 + 2 * n)};
+    hx_dp4a_fetch6_at(ql, qh, HX_Q6_G(sb, 12), HX_Q6_D(sb, rr), n, r);
+#else
+    (void)rr;
     const int mis = (int)((size_t)sb & 2);  // 0 or 2 bytes past a word
     const unsigned char* a = sb - mis;
     hx_dp4a_words(a + 64 * n, 8 * mis, r.ql, 16);
     hx_dp4a_words(a + 128 + 32 * n, 8 * mis, r.qh, 8);
     hx_dp4a_words(a + 192 + 8 * n, 8 * mis, r.sc, 2);
     r.d = hx_h2f(*(const unsigned short*)(sb + 208));
+#endif
 }
 
 __device__ __forceinline__ void hx_dp4a_block(const hx_dp4a_w& w, const int n, const int b, const int x[8],
@@ -184,9 +212,9 @@ __device__ __forceinline__ void hx_dp4a_stage(const unsigned char* __restrict__ 
 #if HX_NB != 16 || HX_ROW_BYTES % 16
 #error "HX_WSTAGE: rows of 16 super-blocks (whole 16-byte chunks; launch.py keeps the copy within 48 KB)"
 #endif
-#if HX_WTILE
+#if HX_WTILE && HX_QTYPE == 12
 #if 16 % HX_NWARPS || HX_NWARPS < 4
-#error "HX_WSTAGE of tiles: 4, 8 or 16 rows a CUDA block (a whole part of each 16-row tile)"
+#error "HX_WSTAGE of Q4_K tiles: 4, 8 or 16 rows a CUDA block (a whole part of each 16-row tile)"
 #endif
 // The copy of tiles (HX_WTILE): the block's HX_NWARPS rows hold, in each tile record, one contiguous piece of every
 // qs chunk (HX_NWARPS * 32 bytes: HX_TS_P 16-byte units) and one of the headers (HX_NWARPS units). In shared memory
@@ -197,6 +225,19 @@ __device__ __forceinline__ void hx_dp4a_stage(const unsigned char* __restrict__ 
 #define HX_TS_O(q) ((q) * HX_TS_P + ((q) >> 1))
 #define HX_TS_H (4 * HX_TS_P + 2)
 #define HX_TS_R (((HX_TS_H + HX_NWARPS + 5) / 8) * 8 + 2)
+#define HX_TS_UNITS (4 * HX_TS_P + HX_NWARPS)  // a record's 16-byte units of this block
+#elif HX_WTILE
+#if HX_NWARPS != 8 && HX_NWARPS != 16
+#error "HX_WSTAGE of Q6_K tiles: 8 or 16 rows a CUDA block (its rows' fp16 d whole 16-byte units)"
+#endif
+// Q6_K: the block's rows hold one piece of each of the 13 groups (HX_NWARPS units) and one of the d's (HX_NWARPS / 8
+// units). Group q at HX_TS_O(q) (q = 13: the d's): a lane (super-block i, half n) reads ql groups 4n + j and qh groups
+// 8 + 2n + p, one unit past a multiple of 8 from the other half's; with HX_TS_R = 2 (mod 8) a quarter warp's 8 lanes
+// read 8 bank groups; both halves read the scales' group (8 bytes each) and the row's d.
+#define HX_TS_O(q) ((q) * HX_NWARPS + ((q) >= 4) + ((q) >= 10))
+#define HX_TS_H HX_TS_O(13)
+#define HX_TS_R (((HX_TS_H + HX_NWARPS / 8 + 5) / 8) * 8 + 2)
+#define HX_TS_UNITS (13 * HX_NWARPS + HX_NWARPS / 8)
 #endif
 // The block's rows row0 .. row0 + HX_NWARPS - 1 (each clamped to the last row) into ws, before the PDL wait: cp.async
 // of 16-byte chunks where the weight is 16-byte aligned (a GGUF tensor is), else 2-byte copies of the same bytes
@@ -211,12 +252,13 @@ __device__ __forceinline__ const unsigned char* hx_dp4a_wcopy(const unsigned cha
     __shared__ __align__(16) unsigned char ws[HX_NB * HX_TS_R * 16];
     unsigned char* dst = ws;
     (void)nrows;
-    constexpr int UNITS = 4 * HX_TS_P + HX_NWARPS;  // a record's units of this block
     const size_t tile = (size_t)(row0 & ~15) * HX_ROW_BYTES;
     const int rr0 = row0 & 15;
-    for (int j = threadIdx.x; j < HX_NB * UNITS; j += blockDim.x) {
-        const int i = j / UNITS, u = j - i * UNITS, q = u / HX_TS_P;
+    for (int j = threadIdx.x; j < HX_NB * HX_TS_UNITS; j += blockDim.x) {
+        const int i = j / HX_TS_UNITS, u = j - i * HX_TS_UNITS;
         const size_t rec = tile + (size_t)i * (16 * HX_BLOCK_BYTES);
+#if HX_QTYPE == 12
+        const int q = u / HX_TS_P;
         if (q < 4) {
             const int k = u - q * HX_TS_P;
             hx_cp_async16(dst + 16 * (HX_TS_R * i + HX_TS_O(q) + k), w + rec + 512 * q + 32 * rr0 + 16 * k);
@@ -224,6 +266,14 @@ __device__ __forceinline__ const unsigned char* hx_dp4a_wcopy(const unsigned cha
             const int k = u - 4 * HX_TS_P;
             hx_cp_async16(dst + 16 * (HX_TS_R * i + HX_TS_H + k), w + rec + 2048 + 16 * rr0 + 16 * k);
         }
+#else
+        const int q = u / HX_NWARPS, k = u - q * HX_NWARPS;  // q = 13: the d's
+        if (q < 13) {
+            hx_cp_async16(dst + 16 * (HX_TS_R * i + HX_TS_O(q) + k), w + rec + 256 * q + 16 * rr0 + 16 * k);
+        } else {
+            hx_cp_async16(dst + 16 * (HX_TS_R * i + HX_TS_H + k), w + rec + 3328 + 2 * rr0 + 16 * k);
+        }
+#endif
     }
     hx_cp_async_commit();
     return dst;
@@ -295,8 +345,15 @@ __device__ __forceinline__ void hx_dp4a_cols(const hx_dp4a_lane& wl_loaded, cons
         for (int u = 0; u < HX_UNITS; ++u) {
             const int half = lane * HX_UNITS + u, n = half & 1;
             const unsigned char* rec = ws + 16 * HX_TS_R * (half >> 1);
+#if HX_QTYPE == 12
             hx_dp4a_fetch_at(rec + 16 * HX_TS_H + 16 * rr, rec + 16 * HX_TS_O(2 * n) + 32 * rr,
                              rec + 16 * HX_TS_O(2 * n + 1) + 32 * rr, wl.u[u]);
+#else
+            const unsigned char* const ql[4] = {rec + 16 * (HX_TS_O(4 * n) + rr), rec + 16 * (HX_TS_O(4 * n + 1) + rr),
+                                                rec + 16 * (HX_TS_O(4 * n + 2) + rr), rec + 16 * (HX_TS_O(4 * n + 3) + rr)};
+            const unsigned char* const qh[2] = {rec + 16 * (HX_TS_O(8 + 2 * n) + rr), rec + 16 * (HX_TS_O(9 + 2 * n) + rr)};
+            hx_dp4a_fetch6_at(ql, qh, rec + 16 * (HX_TS_O(12) + rr), rec + 16 * HX_TS_H + 2 * rr, n, wl.u[u]);
+#endif
         }
     }
 #elif HX_WSTAGE
