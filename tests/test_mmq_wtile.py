@@ -18,10 +18,10 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from cuda_shim import GXX, ShimBuilder, run  # noqa: E402
-from test_mmq import MMA_SHIM_H, MMQ_MAIN, MMQ_MULTI_MAIN, _activations, _inputs  # noqa: E402
+from cuda_shim import run  # noqa: E402
+from test_mmq import MMQ_MAIN, MMQ_MULTI_MAIN, _activations, _inputs  # noqa: E402
 from test_mmq_dp4a import MAIN as DP4A_MAIN  # noqa: E402
-from test_mmq_dp4a import _dp4a_plan  # noqa: E402
+from test_mmq_dp4a import _dp4a_plan, builder  # noqa: E402,F401  (builder: the shim fixture)
 
 from hiraishin.kernels.mmq import emulate  # noqa: E402
 from hiraishin.kernels.mmq.wtile import (  # noqa: E402
@@ -141,15 +141,6 @@ def test_tiles_turn_off_what_reads_ggml_rows_and_the_copy_is_asked_where_it_fits
     d = mmq_launch.kernel_defines(subblock_plan(3, "Q4_K", 4096))  # ggml's rows: the options as before
     assert d["HX_WTILE"] == 0 and d["HX_STAGE_W"] == 1 and d["HX_PREFETCH_NEXT"] == 0  # (staging excludes the hint)
     assert mmq_launch.kernel_defines(_dp4a_plan("Q4_K", 4096))["HX_WSTAGE"] == 1
-
-
-@pytest.fixture
-def builder(tmp_path):
-    if GXX is None:
-        pytest.skip("needs g++ (C++20)")
-    b = ShimBuilder(tmp_path)
-    (tmp_path / "hx_mma_shim.h").write_text(MMA_SHIM_H)
-    return b
 
 
 def _mma_plans(qtype, k):
