@@ -69,16 +69,18 @@ def other_one_column(qtype: str, k: int, n: int):
 EXACT_ORDERS = ("batch_invariant", "subblock")  # (fixed_split's mat-vec is batch_invariant's)
 
 
-def time_orders(cp, label, qtype, k, n, ws, x, w_bytes, t_var, args, spin, cycles) -> list:
+def time_orders(cp, label, qtype, k, n, ws, ws_sb, x, w_bytes, t_var, args, spin, cycles) -> list:
     """Every order's prepared mat-vec (the CUDA backend's, as a forward pass launches it) at widths 1..16:
-    µs, and whether each width's columns have the bits of the same columns at width 16."""
+    µs, and whether each width's columns have the bits of the same columns at width 16 (SUBBLOCK's of ``ws_sb``,
+    the layout its passes read; the others' of ``ws``, ggml's rows)."""
     from hiraishin.backends import get_backend
     from hiraishin.order import ReductionOrder
 
     ops = get_backend("cuda").ops
-    rows = []
+    ws_rows, rows = ws, []
     print(f"{'order':>16} " + " ".join(f"{w:>6}" for w in ALL_WIDTHS) + "  (us)")
     for order in (ReductionOrder.BATCH_VARIANT, ReductionOrder.BATCH_INVARIANT, ReductionOrder.SUBBLOCK):
+        ws = ws_sb if order.matvec == "subblock" else ws_rows
         wide = None  # the order's outputs at width 16
         line = []
         for wd in sorted(ALL_WIDTHS, reverse=True):
@@ -123,6 +125,8 @@ def main(argv=None) -> int:
 
     from hiraishin.kernels import quantize
     from hiraishin.kernels.mmq.launch import precompile, prepared_launch
+    from hiraishin.backends import get_backend
+    from hiraishin.kernels.mmq.wtile import subblock_prefers_tiles, tile_qtypes
     from hiraishin.kernels.mmvq.launch import launch as mmvq_launch
     from hiraishin.kernels.quantize.launch import output_shape
     from hiraishin.kernels.quantize.layout import layout_for
@@ -131,6 +135,7 @@ def main(argv=None) -> int:
     from hiraishin.plans.subblock import subblock_plan
 
     props, dev_name, l2, spin, cycles = timing_setup(cp)
+    backend = get_backend("cuda")
     src = cp.ones(1 << 30, dtype=cp.uint8)
     dst = cp.empty_like(src)
     t_copy = median_event_time(cp, lambda i, d=dst, s=src: cp.copyto(d, s), 10, args.batches, spin, cycles)
@@ -138,13 +143,22 @@ def main(argv=None) -> int:
     del src, dst
     print(f"device {dev_name}; copy bandwidth {bw_copy / 1e9:.0f} GB/s")
     precompile([subblock_plan(wd, q, k, n=nn) for _, q, k, nn in SHAPES for wd in WIDTHS]
-               + [p for _, q, k, nn in SHAPES if (p := other_one_column(q, k, nn)) is not None])
+               + [p for _, q, k, nn in SHAPES if (p := other_one_column(q, k, nn)) is not None],
+               wtile=lambda p: subblock_prefers_tiles() and p.qtype in tile_qtypes())
 
     rng = np.random.default_rng(0)
     results, checks = [], []
     for label, qtype, k, n in SHAPES:
         rows, ref, ws, x, acts, w_bytes = subblock_case(cp, rng, qtype, k, n, max(WIDTHS), l2)
-        print(f"\n{label} {qtype}: {w_bytes / 1e6:.1f} MB, {len(ws)} rotating copies")
+        # the sub-block launches read the layout SUBBLOCK passes read (Qwen3.weight_layout_for; other orders: rows)
+        wtile = subblock_prefers_tiles() and qtype in tile_qtypes()
+        ws_sb = ws
+        if wtile:  # copies laid out by the backend, as Qwen3.set_weight_layout does (its prepared mat-vecs see them)
+            ws_sb = [w.copy() for w in ws]
+            for w in ws_sb:
+                assert backend.relayout_weight(w, "blk.0.bench.weight", qtype, (k, n), True)
+        print(f"\n{label} {qtype}: {w_bytes / 1e6:.1f} MB, {len(ws)} rotating copies; sub-block launches read "
+              f"{'tiles' if wtile else 'rows'}")
         print(f"{'kernel':>14} {'cols':>4} {'us':>8} {'GB/s':>6} {'copy':>6} {'x own 1':>7} {'x var 1':>7} bits")
 
         # BATCH_VARIANT one column (dp4a mmvq, its own activation layout)
@@ -170,12 +184,12 @@ def main(argv=None) -> int:
         launches += [(1, other, False)] if other else []
         for wd, plan, mine in launches:
             out = cp.empty((wd, n), dtype=cp.float32)
-            lw = prepared_launch(n, plan)
+            lw = prepared_launch(n, plan, wtile)
             xq = acts(wd, lw.layout)  # in the layout it reads
-            lw(ws[0], xq, out)
+            lw(ws_sb[0], xq, out)
             got = cp.asnumpy(out)[:, rows]
             equal = bool(np.array_equal(got.view(np.uint32), ref[:wd].view(np.uint32)))
-            fn = _rotating(ws, lw, xq, out)
+            fn = _rotating(ws_sb, lw, xq, out)
             for i in range(3):
                 fn(i)
             sec = median_event_time(cp, fn, args.reps, args.batches, spin, cycles)
@@ -186,7 +200,7 @@ def main(argv=None) -> int:
                        time_us=sec * 1e6, gb_per_s=bw / 1e9, fraction_of_copy=bw / bw_copy,
                        ratio_to_one_col=sec / t_one, ratio_to_variant_one_col=sec / t_var,
                        bits_equal_emulator=equal, nseg=plan.nseg, nwarps=plan.nwarps,
-                       cols_per_block=plan.cols_per_block)
+                       cols_per_block=plan.cols_per_block, weight_layout="tiles" if wtile else "rows")
             results.append(rec)
             print(f"{('mmq ' if mine else 'other ') + plan.kernel:>14} {wd:>4} {sec * 1e6:>8.1f} {bw / 1e9:>6.0f} "
                   f"{bw / bw_copy:>6.1%} {sec / t_one:>7.2f} {sec / t_var:>7.2f} {'equal' if equal else 'DIFFER'}")
@@ -194,7 +208,7 @@ def main(argv=None) -> int:
                 checks.append(dict(shape=label, ncols=wd, target_x_variant_one_col=TARGETS[wd],
                                    value=sec / t_var, ok=sec / t_var <= TARGETS[wd]))
         if args.all_orders:
-            results += time_orders(cp, label, qtype, k, n, ws, x, w_bytes, t_var, args, spin, cycles)
+            results += time_orders(cp, label, qtype, k, n, ws, ws_sb, x, w_bytes, t_var, args, spin, cycles)
         if args.sweep:
             import dataclasses
 
@@ -209,13 +223,13 @@ def main(argv=None) -> int:
                         if wd > 1 and nw == 16:
                             continue
                         plan = dataclasses.replace(base, nwarps=nw)
-                        lw = MMQLaunch(n, plan, max_regs=cap, prefetch=pre)
+                        lw = MMQLaunch(n, plan, max_regs=cap, prefetch=pre, wtile=wtile)
                         out = cp.empty((wd, n), dtype=cp.float32)
                         xq = acts(wd, lw.layout)
-                        lw(ws[0], xq, out)
+                        lw(ws_sb[0], xq, out)
                         equal = bool(np.array_equal(cp.asnumpy(out)[:, rows].view(np.uint32),
                                                     ref[:wd].view(np.uint32)))
-                        fn = _rotating(ws, lw, xq, out)
+                        fn = _rotating(ws_sb, lw, xq, out)
                         for i in range(3):
                             fn(i)
                         sec = median_event_time(cp, fn, args.reps, args.batches, spin, cycles)
@@ -229,7 +243,7 @@ def main(argv=None) -> int:
                         print(f"  sweep cols {wd:>2} nwarps {nw:>2} cap {cap!s:>4} pre {pre} regs {regs:>3} "
                               f"spill {spills:>3}: {sec * 1e6:8.1f} us  x var1 {sec / t_var:5.2f} "
                               f"{'equal' if equal else 'DIFFER'}")
-        del ws, x, acts
+        del ws, ws_sb, x, acts
         cp.get_default_memory_pool().free_all_blocks()
 
     print("\ntargets (x BATCH_VARIANT one column):")

@@ -131,9 +131,10 @@ class Activations:
         return self._made[key]
 
 
-def subblock_case(cp, rng, qtype: str, k: int, n: int, ncols: int, l2_bytes: int):
+def subblock_case(cp, rng, qtype: str, k: int, n: int, ncols: int, l2_bytes: int, tiles: bool = False):
     """One sub-block mat-vec benchmark case: random ``qtype`` weights (n, k) rotated through copies
-    (:func:`rotating_copies`), ``ncols`` random activation rows on the device and their q8_1 bytes per width
+    (:func:`rotating_copies`; ``tiles``: in hiraishin.kernels.mmq.wtile's tile records, for launches made with
+    ``wtile=True``), ``ncols`` random activation rows on the device and their q8_1 bytes per width
     and layout (:class:`Activations`; call ``acts(wd, launch.layout)``), the rows checked (the first and last
     32 and 64 drawn from ``rng``) and the emulator's outputs for them (the sub-block order: one column's bits
     are every width's). Returns ``(rows, ref, ws, x, acts, weight bytes)``."""
@@ -146,7 +147,12 @@ def subblock_case(cp, rng, qtype: str, k: int, n: int, ncols: int, l2_bytes: int
     rows = np.unique(np.concatenate([np.arange(32), np.arange(n - 32, n), rng.choice(n, 64, replace=False)]))
     x_host = rng.standard_normal((ncols, k)).astype(np.float32)
     ref = mmq_emulate(w_host[rows], qtype, quantize.emulate(x_host), subblock_plan(1, qtype, k))
-    ws = rotating_copies(cp, w_host, l2_bytes)
+    if tiles:
+        from hiraishin.kernels.mmq.wtile import tile_weight
+
+        ws = rotating_copies(cp, tile_weight(w_host, qtype), l2_bytes)
+    else:
+        ws = rotating_copies(cp, w_host, l2_bytes)
     x = cp.asarray(x_host)
     return rows, ref, ws, x, Activations(cp, x), w_host.nbytes
 

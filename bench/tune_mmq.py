@@ -12,7 +12,9 @@ bits of every width are compared with the Numba emulator (a fixed subset of rows
 is timed as ``bench/bench_mmq.py`` times it (CUDA events over back-to-back launches, weights rotated
 through copies of >= 4x the L2). Per shape the variant with the least summed time over ``--widths``
 is kept if it beats the library's own launch by more than :data:`MIN_GAIN` and every bit equals the
-emulator's. ``DIR/mmq-tuning.json`` (the library's
+emulator's. The weights are in the layout SUBBLOCK passes read (``--layout``, default as
+``Qwen3.weight_layout_for`` picks: tiles of the types ``hiraishin.kernels.mmq.wtile.tile_qtypes`` takes, unless
+``HIRAISHIN_MMQ_WTILE=0``), so the sweep times the launches a pass makes. ``DIR/mmq-tuning.json`` (the library's
 table with those entries replaced: the file ``HIRAISHIN_MMQ_TUNING`` reads, for a whole-pass A/B
 with and without it) and ``DIR/tune-mmq.json`` (every time) are written.
 """
@@ -48,6 +50,8 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--batches", type=int, default=7)
     ap.add_argument("--only", help="sweep only the shapes whose label contains this text")
+    ap.add_argument("--layout", choices=("rows", "tiles"), default=None,
+                    help="the weights' layout (default: what SUBBLOCK passes read, HIRAISHIN_MMQ_WTILE)")
     args = ap.parse_args(argv)
     shapes = [s for s in SHAPES if args.only is None or args.only in s[0]]
     if not shapes:
@@ -62,7 +66,13 @@ def main(argv=None) -> int:
     from hiraishin.atomic import atomic_write
     from hiraishin.kernels.compile import precompile
     from hiraishin.kernels.mmq.launch import SOURCE, MMQLaunch, kernel_defines
+    from hiraishin.kernels.mmq.wtile import subblock_prefers_tiles, tile_qtypes
     from hiraishin.plans.subblock import SUBBLOCK_MMA_TUNING, subblock_plan, tuning_key
+
+    layout = args.layout or ("tiles" if subblock_prefers_tiles() else "rows")
+
+    def tiled(qtype):
+        return layout == "tiles" and qtype in tile_qtypes()
 
     _, dev_name, l2, spin, cycles = timing_setup(cp)
     variants = {}  # shape label -> [(nwarps, cap, prefetch)]
@@ -81,16 +91,17 @@ def main(argv=None) -> int:
         vs = [(nw, cap, pre, cpb, split) for cpb, split in layouts for nw in NWARPS if nw <= base.nseg * split
               and nw % split == 0 for cap in CAPS for pre in ((0, 1) if cpb // split == 8 else (0,))]
         variants[label] = vs
-        jobs += [(SOURCE, kernel_defines(variant_plan(wd, qtype, k, n, nw, cpb, split), cap, pre))
+        jobs += [(SOURCE, kernel_defines(variant_plan(wd, qtype, k, n, nw, cpb, split), cap, pre, tiled(qtype)))
                  for nw, cap, pre, cpb, split in vs for wd in sorted({widths[0], widths[-1]})]
-    print(f"device {dev_name}; compiling {len(jobs)} variants", flush=True)
+    print(f"device {dev_name}; weights in {layout}; compiling {len(jobs)} variants", flush=True)
     precompile(jobs)
 
     rng = np.random.default_rng(0)
     rows_out = []
     table = dict(SUBBLOCK_MMA_TUNING)  # the library's table, with what this sweep keeps over it
     for label, qtype, k, n in shapes:
-        rows, ref, ws, x, acts, _ = subblock_case(cp, rng, qtype, k, n, max(widths), l2)
+        rows, ref, ws, x, acts, _ = subblock_case(cp, rng, qtype, k, n, max(widths), l2, tiled(qtype))
+        wtile = tiled(qtype)
 
         def timed(make, ws=ws, acts=acts, ref=ref, rows=rows, n=n):
             total, equal = 0.0, True
@@ -109,9 +120,10 @@ def main(argv=None) -> int:
             return total, per, equal, launch
 
         key = tuning_key(qtype, n, k, widths[0])
-        t_lib, per_lib, eq_lib, lw = timed(lambda wd: MMQLaunch(n, subblock_plan(wd, qtype, k, n=n)))
+        t_lib, per_lib, eq_lib, lw = timed(lambda wd: MMQLaunch(n, subblock_plan(wd, qtype, k, n=n), wtile=wtile))
         lib = subblock_plan(widths[0], qtype, k, n=n)
-        rows_out.append(dict(shape=label, key=key, variant="library", nwarps=lib.nwarps,
+        rows_out.append(dict(shape=label, key=key, variant="library", layout="tiles" if wtile else "rows",
+                             nwarps=lib.nwarps,
                              cols_per_block=lib.cols_per_block, num_regs=int(lw.kernel.num_regs), us=per_lib,
                              bits_equal_emulator=eq_lib))
         print(f"\n{label} ({key}): library {lib.nwarps} warps {lib.cols_per_block} columns per CUDA block "
@@ -120,7 +132,7 @@ def main(argv=None) -> int:
         best = None
         for nw, cap, pre, cpb, split in variants[label]:
             t, per, eq, lw = timed(lambda wd: MMQLaunch(n, variant_plan(wd, qtype, k, n, nw, cpb, split),
-                                                        max_regs=cap, prefetch=pre))
+                                                        max_regs=cap, prefetch=pre, wtile=wtile))
             regs, spill = int(lw.kernel.num_regs), int(lw.kernel.local_size_bytes)
             rows_out.append(dict(shape=label, key=key, variant="sweep", nwarps=nw, max_regs=cap, prefetch_x=pre,
                                  cols_per_block=cpb, warp_split=split, num_regs=regs, spill_bytes=spill, us=per,

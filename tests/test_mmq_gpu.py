@@ -471,3 +471,10 @@ def test_passes_from_tiles_equal_passes_from_rows(tiny_model_path, q6k, monkeypa
                              weight_layout="tiles")
     assert loaded.weight_layout_for(order) == "tiles" and loaded.weight_layout_for(ReductionOrder.BATCH_INVARIANT) == "rows"
     same(rows, run(loaded), "loaded as tiles")
+    import gc
+
+    held = set(loaded.backend.tiled)
+    assert held
+    del loaded
+    gc.collect()
+    assert not held & m.backend.tiled, "a freed model's weights still marked as tiles"

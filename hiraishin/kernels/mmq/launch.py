@@ -473,9 +473,11 @@ def prepared_launch(n: int, plan: SubBlockPlan, wtile: bool = False) -> MMQLaunc
     return hit
 
 
-def precompile(plans, max_workers: int | None = None) -> int:
-    """Compile the kernels of ``plans`` side by side; returns how many modules were compiled."""
-    return compile_many(((kernel_source(p), kernel_defines(p)) for p in plans), max_workers)
+def precompile(plans, max_workers: int | None = None, wtile=False) -> int:
+    """Compile the kernels of ``plans`` side by side (``wtile``: for weights in tiles; a bool, or a function of the
+    plan); returns how many modules were compiled."""
+    tiles = wtile if callable(wtile) else (lambda p: wtile)
+    return compile_many(((kernel_source(p), kernel_defines(p, wtile=tiles(p))) for p in plans), max_workers)
 
 
 def launch(w, qtype: str, xq, plan: SubBlockPlan, out):
