@@ -181,7 +181,7 @@ class CudaOps(CudaAttentionOps, CudaFusedOps):
     def matvec(self, order, ncols: int, qtype: str, w) -> PreparedMatVec:
         """The prepared mat-vec for ``ncols`` columns times weight ``w`` under ``order`` (cached)."""
         n, row_bytes = w.shape
-        tiles = bool(self.backend.tiled) and w.data.ptr in self.backend.tiled  # (upload_weight)
+        tiles = bool(self.backend.tiled) and w.data.ptr in self.backend.tiled  # (relayout_weight)
         key = (order, ncols, qtype, n, row_bytes, mmq_multi_enabled(), mmq_xlayout(), tiles)
         hit = self._matvecs.get(key)
         if hit is None:
@@ -189,12 +189,13 @@ class CudaOps(CudaAttentionOps, CudaFusedOps):
                 self._matvecs.clear()
             t = matvec_traits(qtype)
             plan = self.backend.matvec_plan(order, ncols, qtype, row_bytes // t.block_bytes * t.qk, n)
-            hit = self._matvecs[key] = PreparedMatVec(plan, qtype, n, row_bytes, tiles and isinstance(plan, SubBlockPlan))
+            wtile = tiles and isinstance(plan, SubBlockPlan)
+            hit = self._matvecs[key] = PreparedMatVec(plan, qtype, n, row_bytes, wtile)
         if tiles and not isinstance(hit.plan, SubBlockPlan):
             raise HiraishinError(
                 f"this {qtype} weight ({n} rows) is laid out as 16-row tiles, which only the sub-block kernels read; "
-                f"{order.name} at {ncols} columns plans {type(hit.plan).__name__}: call model.set_weight_layout('rows') "
-                f"(or model.use_weight_layout_for(order)) before its passes")
+                f"{order.name} at {ncols} columns plans {type(hit.plan).__name__}: call "
+                f"model.set_weight_layout('rows') (or model.use_weight_layout_for(order)) before its passes")
         return hit
 
     def quantize(self, x, layout: str | None = None, out=None):
@@ -452,7 +453,7 @@ class CudaBackend(Backend):
             # both the mat-vec and the attention planners accept
             device = current_profile()
         super().__init__(device)
-        self.tiled: set[int] = set()  # device pointers of weights uploaded as tiles (upload_weight)
+        self.tiled: set[int] = set()  # device pointers of weights laid out as tiles (relayout_weight)
         self.ops = CudaOps(self)
 
     def to_device(self, a):
@@ -466,9 +467,9 @@ class CudaBackend(Backend):
 
     def relayout_weight(self, data, name: str, qtype: str, shape: tuple, tiles: bool) -> bool:
         """Lay weight ``name``'s device ``data`` out as 16-row tile records (``tiles``; a projection of whole tiles
-        and a type :func:`~hiraishin.kernels.mmq.wtile.tiles_weight` takes) or ggml's rows, in place (the same buffer: the
-        pointers a captured graph holds stay valid, not what it reads); True if its bytes moved. A tiled weight's
-        pointer is kept in :attr:`tiled`, so that only sub-block mat-vecs read it."""
+        and a type :func:`~hiraishin.kernels.mmq.wtile.tiles_weight` takes) or ggml's rows, in place (the same
+        buffer: the pointers a captured graph holds stay valid, not what it reads); True if its bytes moved. A tiled
+        weight's pointer is kept in :attr:`tiled`, so that only sub-block mat-vecs read it."""
         ptr = data.data.ptr
         if not tiles:  # (by what is tiled, whatever the switches say now)
             if ptr not in self.tiled:

@@ -98,7 +98,7 @@ class Qwen3(ChainMethods):
         graphs (:class:`hiraishin.backends.graphs.PassGraphs`; the same launches, the same bits);
         ``None``: on unless ``$HIRAISHIN_CUDA_GRAPHS`` is off (``0``, ``false``, ``no``, ``off``; another value
         is an error). ``weight_layout``: ``"rows"`` (ggml's, every order reads them) or ``"tiles"`` (CUDA; the
-        Q4_K projections as 16-row tile records, which only SUBBLOCK reads: :meth:`set_weight_layout`).
+        projections as 16-row tile records, which only SUBBLOCK reads: :meth:`set_weight_layout`).
         """
         from .gguf_file import open_qwen3_gguf
 
@@ -109,17 +109,18 @@ class Qwen3(ChainMethods):
     # ---- weight layout --------------------------------------------------------------------------
     @property
     def weight_layout(self) -> str:
-        """How the Q4_K projections lie on the device: ``"rows"`` (ggml's) or ``"tiles"`` (:meth:`set_weight_layout`)."""
+        """How the projections lie on the device: ``"rows"`` (ggml's) or ``"tiles"`` (:meth:`set_weight_layout`)."""
         return self._weight_layout
 
     def set_weight_layout(self, layout: str) -> None:
-        """Lay the Q4_K layer projections out as ``layout``, in place on the device, between passes.
+        """Lay the projections out as ``layout``, in place on the device, between passes.
 
-        ``"rows"``: ggml's rows, read by every order. ``"tiles"`` (CUDA only): 16-row tile records
+        ``"rows"``: ggml's rows, read by every order. ``"tiles"`` (CUDA only): the Q4_K layer projections (and, under
+        ``HIRAISHIN_MMQ_WTILE_Q6K=1``, the Q6_K ones and the output head) as 16-row tile records
         (:mod:`hiraishin.kernels.mmq.wtile`), whose loads a warp of the sub-block kernels reads contiguously: faster
-        SUBBLOCK passes of 2+ tokens, the same bits; another order's pass of a model in tiles is refused. The same
-        bytes move, so memory does not grow (one tensor's worth, briefly). Captured CUDA graphs are dropped when bytes
-        move (they would read the old layout) and are captured anew.
+        SUBBLOCK passes, the same bits; another order's pass of a model in tiles is refused. The same bytes move, so
+        memory does not grow (one tensor's worth, briefly). Captured CUDA graphs are dropped when bytes move (they
+        would read the old layout) and are captured anew.
         """
         from ..kernels.mmq.wtile import WEIGHT_LAYOUTS
 

@@ -106,7 +106,8 @@ def _wtile(plan: SubBlockPlan, wtile: bool) -> int:
 
 def dp4a_wstage(plan: SubBlockPlan, wtile: bool = False) -> int:
     """HX_WSTAGE of a dp4a ``plan``: :data:`DP4A_WSTAGE` where its rows are 16 super-blocks and the copies fit (a
-    weight in tiles, ``wtile``: the block's pieces of its tile records, Q4_K for 4, 8 or 16 rows a block, Q6_K for 8 or 16)."""
+    weight in tiles, ``wtile``: the block's pieces of its tile records, Q4_K for 4, 8 or 16 rows a block, Q6_K for 8
+    or 16)."""
     nb = plan.k // QK_K
     rows = plan.nwarps * nb * BLOCK_BYTES[plan.qtype] + 16
     if wtile:  # onecol_dp4a.cu HX_TS_R: a record's 16-byte units, padded

@@ -89,7 +89,8 @@ __device__ __forceinline__ int hx_sbyte(int word, int i) { return (int)(signed c
 #define HX_Q6_D(p, rr) ((p) + 13 * 16 * HX_WTILE_ROWS - 14 * (rr))      // the row's fp16 d
 #endif
 // row r's place in its tile's first record, and r's place in the tile
-#define HX_W_ROW(w, r) ((w) + (size_t)((r) & ~(HX_WTILE_ROWS - 1)) * HX_NB * HX_BLOCK_BYTES + HX_WPIECE * ((r) & (HX_WTILE_ROWS - 1)))
+#define HX_W_ROW(w, r) \
+    ((w) + (size_t)((r) & ~(HX_WTILE_ROWS - 1)) * HX_NB * HX_BLOCK_BYTES + HX_WPIECE * ((r) & (HX_WTILE_ROWS - 1)))
 #define HX_W_RR(r) ((r) & (HX_WTILE_ROWS - 1))
 #else
 #define HX_SB_STRIDE HX_BLOCK_BYTES
