@@ -39,14 +39,14 @@ int main(int argc, char** argv) {
     std::vector<unsigned char> w(w0.size() + 16);
     std::memcpy(w.data() + shift, w0.data(), w0.size());
     std::vector<float> out((size_t)HX_DCOLS * nrows, -12345.0f);
-    hx_launch({(unsigned)((nrows + HX_NWARPS - 1) / HX_NWARPS), 1, 1}, {32u * HX_NWARPS, 1, 1}, 0,
+    hx_launch({(unsigned)((nrows + HX_BLOCK_ROWS_DP4A - 1) / HX_BLOCK_ROWS_DP4A), 1, 1}, {32u * HX_NWARPS, 1, 1}, 0,
               [&] { hx_mmq_dp4a(w.data() + shift, x.data(), out.data(), nrows, HX_DCOLS, (long long)nrows); });
     hx_write(argv[5], out.data(), out.size() * 4);
 }"""
 
 # test_mmq.py's hx_mmq_multi driver (the dp4a multi kernel takes the same arguments), with the launch facts it reads
 # that mmq.cu defines: 4-row CUDA blocks of one column group, every column in the block, no staging
-MULTI_MAIN = ("#define HX_BLOCK_ROWS HX_NWARPS\n#define HX_CGROUPS 1\n#define HX_BLOCK_COLS HX_DCOLS\n"
+MULTI_MAIN = ("#define HX_BLOCK_ROWS HX_BLOCK_ROWS_DP4A\n#define HX_CGROUPS 1\n#define HX_BLOCK_COLS HX_DCOLS\n"
               "#define HX_STAGE_BYTES 0\n" + MMQ_MULTI_MAIN.replace("hx_mmq_multi(", "hx_mmq_dp4a_multi("))
 
 
@@ -148,10 +148,10 @@ def test_a_wrong_shared_copy_is_seen(builder, tmp_path):
 
 
 def _reverse_segments(text: str) -> str:
-    first = "for (int col = 0; col < C; ++col) v[col] = __shfl_sync(0xffffffffu, acc[col], 1, 32);"
+    first = "for (int col = 0; col < C; ++col) v[col] = __shfl_sync(0xffffffffu, acc[col], gbase + 1, 32);"
     loop = "for (int s = 1; s < HX_NSEG; ++s)"
     assert first in text and loop in text
-    return (text.replace(first, first.replace("acc[col], 1, 32", "acc[col], 31, 32"))
+    return (text.replace(first, first.replace("gbase + 1, 32", "gbase + 2 * HX_NSEG - 1, 32"))
             .replace(loop, "for (int s = HX_NSEG - 2; s >= 0; --s)"))
 
 

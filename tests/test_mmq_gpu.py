@@ -478,3 +478,37 @@ def test_passes_from_tiles_equal_passes_from_rows(tiny_model_path, q6k, monkeypa
     del loaded
     gc.collect()
     assert not held & m.backend.tiled, "a freed model's weights still marked as tiles"
+
+
+@pytest.mark.parametrize("qtype,k,n", [("Q4_K", 1024, 2048), ("Q4_K", 1024, 3072), ("Q6_K", 1024, 1024),
+                                       ("Q4_K", 2048, 1024), ("Q4_K", 512, 77)])
+@pytest.mark.parametrize("tiles", [False, True])
+def test_dp4a_short_rows_equal_emulator(cp, qtype, k, n, tiles, monkeypatch):
+    """The dp4a kernel for short rows (HIRAISHIN_SUBBLOCK_DP4A_SHORT: several rows a warp, the 0.6B draft's shapes
+    among them) gives the emulator's bits from ggml's rows and from tiles, alone and in the multi launch, every output
+    written, no local memory."""
+    import hiraishin.plans.subblock as sb
+    from hiraishin.kernels import quantize
+    from hiraishin.kernels.compile import kernel_attributes
+    from hiraishin.kernels.mmq import emulate
+    from hiraishin.kernels.mmq.launch import MMQLaunch, MMQMultiLaunch, mmq_kernel
+    from hiraishin.kernels.mmq.wtile import tile_weight
+    from hiraishin.quant import random_blocks
+
+    monkeypatch.setattr(sb, "SUBBLOCK_DP4A_SHORT", True)
+    plan = sb.subblock_plan(1, qtype, k, n=n)
+    assert plan.kernel == "dp4a" and plan.nseg == k // 256
+    tiles = tiles and n % 16 == 0
+    w = random_blocks(qtype, n, k, seed=n + 11)
+    xq = quantize.emulate(np.random.default_rng(k).standard_normal((1, k)).astype(np.float32))
+    ref = emulate(w, qtype, xq, plan)
+    w_d = cp.asarray(tile_weight(w, qtype) if tiles else w)
+    launch = MMQLaunch(n, plan, wtile=tiles)
+    xl = as_layout(cp.asarray(xq), launch.layout)
+    got = launch(w_d, xl, cp.full((1, n), cp.nan, cp.float32)).get()
+    assert np.isfinite(got).all(), "unwritten outputs"
+    np.testing.assert_array_equal(got.view(np.uint32), ref.view(np.uint32), err_msg=f"{qtype} K={k} N={n}")
+    assert kernel_attributes(mmq_kernel(plan, wtile=tiles)[0])["local_size_bytes"] == 0
+    outs = MMQMultiLaunch((n, n), plan, tiles)((w_d, w_d), xl, [cp.full((1, n), -1.0, cp.float32) for _ in range(2)])
+    for o in outs:
+        np.testing.assert_array_equal(o.get().view(np.uint32), ref.view(np.uint32), err_msg="multi")

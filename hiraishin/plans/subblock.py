@@ -34,7 +34,7 @@ import os
 from dataclasses import dataclass
 
 from ..errors import PlanError
-from ..switches import env_int, whole_number
+from ..switches import env_flag, env_int, whole_number
 
 __all__ = [
     "ENV_MMQ_TUNING",
@@ -193,6 +193,13 @@ ENV_SUBBLOCK_DP4A_COLS_MIN_ROWS = "HIRAISHIN_SUBBLOCK_DP4A_COLS_MIN_ROWS"
 SUBBLOCK_DP4A_COLS_MIN_ROWS = env_int(ENV_SUBBLOCK_DP4A_COLS_MIN_ROWS, range(0, 1 << 24), 0,
                                       "the fewest rows of a weight whose 2-4 columns go to dp4a")
 SUBBLOCK_DP4A_NB = 16  # super-blocks per row must be a multiple of this (16 segments x 2 lanes = 32 lanes)
+# ... or, under HIRAISHIN_SUBBLOCK_DP4A_SHORT=1, rows of 1, 2, 4 or 8 super-blocks (the 0.6B draft's K = 1024 and 2048;
+# SUBBLOCK_DP4A_NB / nb rows a warp, each on 2 nb lanes: one segment of one super-block per lane pair, as the order asks
+# of rows that short). For the draft under SUBBLOCK, whose one-column MMA form puts 16 rows in a warp and fills few CUDA
+# blocks on the 0.6B's projections (its one-token pass 0.70 ms against BATCH_INVARIANT's 0.61, H100, session 31). A
+# launch fact, no bit changes (tests/test_mmq_dp4a.py); CPU-tested, not yet timed: off.
+ENV_SUBBLOCK_DP4A_SHORT = "HIRAISHIN_SUBBLOCK_DP4A_SHORT"
+SUBBLOCK_DP4A_SHORT = env_flag(ENV_SUBBLOCK_DP4A_SHORT, False, "the dp4a kernel for short rows")
 # Rows (warps) per CUDA block: 8. With launch.py's HX_XSTAGE a block's copy of the activations serves them all, so more
 # rows a block copy less (H100, session 30, the shared copy on, SUBBLOCK replays, same digests: the 8B's one-token
 # pass 2.517 -> 2.480 ms from 4 rows, llama.cpp's one-column mat-vec's 4 warps, to 8; 2.469 -> 2.488 from 8 to 16).
@@ -349,6 +356,11 @@ def subblock_plan(ncols: int, qtype: str, k: int, device=None, n: int | None = N
     if dp4a_rows and (ncols == 1 or (ncols <= SUBBLOCK_DP4A_COLS and nb == SUBBLOCK_DP4A_NB and tall)):
         return SubBlockPlan(qtype=qtype, ncols=ncols, k=k, nseg=nseg, kernel="dp4a", tile_rows=SUBBLOCK_DP4A_NWARPS,
                             cols_per_block=ncols, nwarps=SUBBLOCK_DP4A_NWARPS)
+    if SUBBLOCK_DP4A_SHORT and ncols == 1 and nb < SUBBLOCK_DP4A_NB and SUBBLOCK_DP4A_NB % nb == 0:
+        # short rows: SUBBLOCK_DP4A_NB // nb rows a warp (onecol_dp4a.cu HX_RPW), tile_rows the CUDA block's rows
+        return SubBlockPlan(qtype=qtype, ncols=1, k=k, nseg=nseg, kernel="dp4a",
+                            tile_rows=SUBBLOCK_DP4A_NWARPS * (SUBBLOCK_DP4A_NB // nb), cols_per_block=1,
+                            nwarps=SUBBLOCK_DP4A_NWARPS)
     nwarps = SUBBLOCK_NWARPS[(kernel, qtype, n is None or n <= SUBBLOCK_FEW_ROWS)]
     tuned, interleave = {}, 1
     if kernel == "mma" and ncols <= SUBBLOCK_MAX_COLS_PER_BLOCK:  # verify widths: the tuning tables

@@ -67,7 +67,8 @@ forward pass quantizes straight into it; ``out`` float32 (ncols, N)). Measured o
 Files: ``mma_rows.cu`` (mma.sync helpers and weight-row loads, shared with ``kernels/mmq_stock``),
 ``mmq.cu`` (``hx_mmq``, and ``hx_mmq_multi``: up to three weights of one plan in one launch, the same
 tiles), ``onecol_dp4a.cu`` (one column on dp4a, a warp per row: the same order for rows of a multiple of 16
-super-blocks, ``HIRAISHIN_SUBBLOCK_DP4A``; up to four columns of rows of 16, ``HIRAISHIN_SUBBLOCK_DP4A_COLS``;
+super-blocks, ``HIRAISHIN_SUBBLOCK_DP4A``; several rows a warp for rows of 1, 2, 4 or 8,
+``HIRAISHIN_SUBBLOCK_DP4A_SHORT``; up to four columns of rows of 16, ``HIRAISHIN_SUBBLOCK_DP4A_COLS``;
 ``plans/subblock.py``; the CUDA block's activations copied to shared memory, ``HIRAISHIN_DP4A_XSTAGE``, and its
 weight rows, ``HIRAISHIN_DP4A_WSTAGE``, both on), :mod:`.launch` (``launch``; ``MMQMultiLaunch``, used by the backend
 unless ``HIRAISHIN_MMQ_MULTI=0``), :mod:`.wtile` (Q4_K and Q6_K weights in 16-row tile records, which every kernel

@@ -76,7 +76,8 @@ DP4A_NAMES = {"hx_mmq": "hx_mmq_dp4a", "hx_mmq_multi": "hx_mmq_dp4a_multi"}
 # / 96 (Q4_K 3 columns at 80, Q6_K not); its launches of 2-4 columns timed slower than MMA at these caps (session 30,
 # plans/subblock.py SUBBLOCK_DP4A_COLS), so they are off and the caps stay. A cap that leaves local memory is relaxed
 # as for the MMA kernels.
-DP4A_MAX_REGS = {(1, 1): 64, (1, 2): 96, (1, 3): 96, (1, 4): 128}
+DP4A_MAX_REGS = {(1, 1): 64, (1, 2): 96, (1, 3): 96, (1, 4): 128,
+                 (0, 1): 64}  # (short rows, plans/subblock.py SUBBLOCK_DP4A_SHORT: one half a lane, as K = 4096)
 DP4A_DEFAULT_MAX_REGS = 128
 # HX_XSTAGE: the dp4a kernel's CUDA block copies its columns of activations into shared memory (coalesced) before its
 # lanes read them (onecol_dp4a.cu; read straight from global memory, a warp's 16-byte load touches 32 cache lines).

@@ -36,8 +36,8 @@
 // 2.530 ms (2.469 at 8 rows a block); launches of 2-4 columns still cost about their columns' share more each (the
 // extra columns' L1 reads were not what bounds them), so they stay off (plans/subblock.py SUBBLOCK_DP4A_COLS).
 
-#if HX_NSEG != 16 || HX_NB % 16
-#error "onecol_dp4a.cu: 16 K-segments of whole super-blocks, HX_NB a multiple of 16"
+#if HX_NB >= 16 ? (HX_NSEG != 16 || HX_NB % 16) : (HX_NSEG != HX_NB || 16 % HX_NB)
+#error "onecol_dp4a.cu: 16 K-segments of whole super-blocks (HX_NB a multiple of 16), or short rows of 1, 2, 4 or 8"
 #endif
 #ifndef HX_DCOLS
 #define HX_DCOLS 1
@@ -48,7 +48,13 @@
 #ifndef HX_WSTAGE
 #define HX_WSTAGE 0
 #endif
-#define HX_UNITS (HX_NB / 16)  // 128-value halves of the row per lane (2 * HX_NB halves over 32 lanes)
+// Rows of 16+ super-blocks: a warp per row, HX_UNITS halves a lane. Short rows (HX_NB = 1, 2, 4 or 8 super-blocks:
+// one segment each, HX_NSEG = HX_NB): HX_RPW rows a warp, each on a group of HX_LPR = 2 * HX_NB lanes, one half a lane;
+// the same per-segment chains through two lanes and the same in-order sum of the segments, within the group.
+#define HX_UNITS (HX_NB >= 16 ? HX_NB / 16 : 1)  // 128-value halves of the row per lane
+#define HX_LPR (HX_NB >= 16 ? 32 : 2 * HX_NB)    // lanes per row
+#define HX_RPW (32 / HX_LPR)                      // rows per warp
+#define HX_BLOCK_ROWS_DP4A (HX_NWARPS * HX_RPW)   // rows per CUDA block (launch.py: the plan's tile_rows)
 #define HX_XCOL_BYTES ((size_t)HX_NB * 8 * HX_Q8_BYTES)  // one column of activations in the MMA layout
 #define HX_UNIT_BLOCKS 4        // q8_1 blocks per half
 
@@ -310,7 +316,7 @@ struct hx_dp4a_lane {
 // before the PDL wait.
 __device__ __forceinline__ void hx_dp4a_load(const unsigned char* __restrict__ w, const int nrows, const int row,
                                              hx_dp4a_lane& wl) {
-    const int lane = threadIdx.x & 31;
+    const int lane = threadIdx.x & (HX_LPR - 1);  // (its place in the row's group of lanes)
     const int r = min(row, nrows - 1);
     const unsigned char* wr = HX_W_ROW(w, r);
 #pragma unroll
@@ -330,6 +336,7 @@ __device__ __forceinline__ void hx_dp4a_cols(const hx_dp4a_lane& wl_loaded, cons
                                              const long long out_stride, const int nrows, const int row) {
     constexpr int C = HX_DCOLS;
     const int lane = threadIdx.x & 31;
+    const int l = lane & (HX_LPR - 1), gbase = lane - l;  // the lane's place in its row's group, the group's first
 #if HX_XSTAGE
     __shared__ __align__(16) unsigned char xs_q[C * HX_NB * HX_XS_REC];
     __shared__ __align__(16) unsigned char xs_ds[C * HX_NB * 32];
@@ -371,7 +378,7 @@ __device__ __forceinline__ void hx_dp4a_cols(const hx_dp4a_lane& wl_loaded, cons
 #endif
 #pragma unroll
     for (int u = 0; u < HX_UNITS; ++u) {
-        const int half = lane * HX_UNITS + u, i = half >> 1, n = half & 1;
+        const int half = l * HX_UNITS + u, i = half >> 1, n = half & 1;
 #if HX_QTYPE == 12
         hx_row_raw raw;
         raw.h = wl.u[u].h;
@@ -426,29 +433,30 @@ __device__ __forceinline__ void hx_dp4a_cols(const hx_dp4a_lane& wl_loaded, cons
             for (int col = 0; col < C; ++col) acc[col] = __shfl_sync(0xffffffffu, acc[col], lane & ~1, 32);  // to 2s + 1
         }
     }
-    // out = seg[0] + seg[1] + ... + seg[15], in order (seg[s] is lane 2s + 1's)
+    // out = seg[0] + seg[1] + ... + seg[HX_NSEG - 1], in order (seg[s] is the group's lane 2s + 1's)
     float v[C];
 #pragma unroll
-    for (int col = 0; col < C; ++col) v[col] = __shfl_sync(0xffffffffu, acc[col], 1, 32);
+    for (int col = 0; col < C; ++col) v[col] = __shfl_sync(0xffffffffu, acc[col], gbase + 1, 32);
 #pragma unroll
     for (int s = 1; s < HX_NSEG; ++s)
 #pragma unroll
-        for (int col = 0; col < C; ++col) v[col] = __fadd_rn(v[col], __shfl_sync(0xffffffffu, acc[col], 2 * s + 1, 32));
-    if (lane == 0 && row < nrows) {
+        for (int col = 0; col < C; ++col)
+            v[col] = __fadd_rn(v[col], __shfl_sync(0xffffffffu, acc[col], gbase + 2 * s + 1, 32));
+    if (l == 0 && row < nrows) {
 #pragma unroll
         for (int col = 0; col < C; ++col) out[col * out_stride + row] = v[col];
     }
 }
 
-// hx_mmq's arguments (ncols is HX_DCOLS): CUDA block b holds rows HX_NWARPS * b + warp.
+// hx_mmq's arguments (ncols is HX_DCOLS): CUDA block b holds rows HX_BLOCK_ROWS_DP4A * b + HX_RPW * warp + lane group.
 extern "C" __global__ void __launch_bounds__(32 * HX_NWARPS, HX_MIN_BLOCKS)
 hx_mmq_dp4a(const unsigned char* __restrict__ w, const unsigned char* __restrict__ xq, float* __restrict__ out,
             const int nrows, const int ncols, const long long out_stride) {
-    const int row = (int)blockIdx.x * HX_NWARPS + (int)(threadIdx.x >> 5);
+    const int row = ((int)blockIdx.x * HX_NWARPS + (int)(threadIdx.x >> 5)) * HX_RPW + (int)(threadIdx.x & 31) / HX_LPR;
     hx_dp4a_lane wl;
     const unsigned char* ws = nullptr;
 #if HX_WSTAGE
-    ws = hx_dp4a_wcopy(w, nrows, (int)blockIdx.x * HX_NWARPS);
+    ws = hx_dp4a_wcopy(w, nrows, (int)blockIdx.x * HX_BLOCK_ROWS_DP4A);
 #else
     hx_dp4a_load(w, nrows, row, wl);
 #endif
@@ -467,11 +475,11 @@ hx_mmq_dp4a_multi(const unsigned char* __restrict__ xq, const int ncols,
                   const unsigned char* __restrict__ w2, float* __restrict__ out2, const int nrows2) {
     const hx_weight_of_block p = hx_pick_weight(blockIdx.x, w0, out0, nrows0, ntile0, w1, out1, nrows1, ntile1, w2,
                                                 out2, nrows2);
-    const int row = p.index * HX_NWARPS + (int)(threadIdx.x >> 5);
+    const int row = (p.index * HX_NWARPS + (int)(threadIdx.x >> 5)) * HX_RPW + (int)(threadIdx.x & 31) / HX_LPR;
     hx_dp4a_lane wl;
     const unsigned char* ws = nullptr;
 #if HX_WSTAGE
-    ws = hx_dp4a_wcopy(p.w, p.nrows, p.index * HX_NWARPS);
+    ws = hx_dp4a_wcopy(p.w, p.nrows, p.index * HX_BLOCK_ROWS_DP4A);
 #else
     hx_dp4a_load(p.w, p.nrows, row, wl);
 #endif
