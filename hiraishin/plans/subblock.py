@@ -197,7 +197,7 @@ SUBBLOCK_DP4A_NB = 16  # super-blocks per row must be a multiple of this (16 seg
 # SUBBLOCK_DP4A_NB / nb rows a warp, each on 2 nb lanes: one segment of one super-block per lane pair, as the order asks
 # of rows that short). For the draft under SUBBLOCK, whose one-column MMA form puts 16 rows in a warp and fills few CUDA
 # blocks on the 0.6B's projections (its one-token pass 0.70 ms against BATCH_INVARIANT's 0.61, H100, session 31). A
-# launch fact, no bit changes (tests/test_mmq_dp4a.py); CPU-tested, not yet timed: off.
+# launch fact, no bit changes (tests/test_mmq_dp4a_short.py); CPU-tested, not yet timed: off.
 ENV_SUBBLOCK_DP4A_SHORT = "HIRAISHIN_SUBBLOCK_DP4A_SHORT"
 SUBBLOCK_DP4A_SHORT = env_flag(ENV_SUBBLOCK_DP4A_SHORT, False, "the dp4a kernel for short rows")
 # Rows (warps) per CUDA block: 8. With launch.py's HX_XSTAGE a block's copy of the activations serves them all, so more

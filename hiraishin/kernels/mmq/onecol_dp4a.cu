@@ -356,9 +356,11 @@ __device__ __forceinline__ void hx_dp4a_cols(const hx_dp4a_lane& wl_loaded, cons
             hx_dp4a_fetch_at(rec + 16 * HX_TS_H + 16 * rr, rec + 16 * HX_TS_O(2 * n) + 32 * rr,
                              rec + 16 * HX_TS_O(2 * n + 1) + 32 * rr, wl.u[u]);
 #else
-            const unsigned char* const ql[4] = {rec + 16 * (HX_TS_O(4 * n) + rr), rec + 16 * (HX_TS_O(4 * n + 1) + rr),
-                                                rec + 16 * (HX_TS_O(4 * n + 2) + rr), rec + 16 * (HX_TS_O(4 * n + 3) + rr)};
-            const unsigned char* const qh[2] = {rec + 16 * (HX_TS_O(8 + 2 * n) + rr), rec + 16 * (HX_TS_O(9 + 2 * n) + rr)};
+            const unsigned char* const ql[4] = {
+                rec + 16 * (HX_TS_O(4 * n) + rr), rec + 16 * (HX_TS_O(4 * n + 1) + rr),
+                rec + 16 * (HX_TS_O(4 * n + 2) + rr), rec + 16 * (HX_TS_O(4 * n + 3) + rr)};
+            const unsigned char* const qh[2] = {
+                rec + 16 * (HX_TS_O(8 + 2 * n) + rr), rec + 16 * (HX_TS_O(9 + 2 * n) + rr)};
             hx_dp4a_fetch6_at(ql, qh, rec + 16 * (HX_TS_O(12) + rr), rec + 16 * HX_TS_H + 2 * rr, n, wl.u[u]);
 #endif
         }
