@@ -31,11 +31,9 @@ from hiraishin.kernels.mmq.wtile import (  # noqa: E402
     TILE_QTYPES,
     WTILE_ROWS,
     subblock_prefers_tiles,
-    tile_q4k,
     tile_qtypes,
     tile_weight,
     tiles_weight,
-    untile_q4k,
     untile_weight,
 )
 from hiraishin.plans.subblock import subblock_plan  # noqa: E402
@@ -76,9 +74,9 @@ def test_tiles_are_a_permutation_of_the_bytes_and_untile_inverts_it(qtype, tiles
                                          ((16 * SB,), np.uint8)])
 def test_rows_that_are_not_whole_tiles_are_refused(shape, dtype):
     with pytest.raises(ValueError, match="^tile_weight: "):
-        tile_q4k(np.zeros(shape, dtype))
+        tile_weight(np.zeros(shape, dtype), "Q4_K")
     with pytest.raises(ValueError, match="^untile_weight: "):
-        untile_q4k(np.zeros(shape, dtype))
+        untile_weight(np.zeros(shape, dtype), "Q4_K")
     with pytest.raises(ValueError, match="tiles are of Q4_K, Q6_K weights, not Q8_0"):
         tile_weight(np.zeros((16, 34), np.uint8), "Q8_0")
 

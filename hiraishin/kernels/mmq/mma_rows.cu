@@ -145,7 +145,6 @@ __device__ __forceinline__ void hx_fetch_row(const unsigned char* p, int rr, int
 #endif
     }
 }
-__device__ __forceinline__ void hx_fetch_row(const unsigned char* p, int t, hx_row_raw& r) { hx_fetch_row(p, 0, t, r); }
 
 __device__ __forceinline__ void hx_decode_row(const hx_row_raw& w, hx_row_sb& r) {
     const uint4 h = w.h;

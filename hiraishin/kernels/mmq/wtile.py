@@ -31,8 +31,8 @@ from ...quant import BLOCK_BYTES, QK_K
 from ...switches import env_flag
 
 __all__ = ["ENV_MMQ_WTILE", "ENV_MMQ_WTILE_Q6K", "WTILE_ROWS", "PIECES", "WEIGHT_LAYOUTS", "SUBBLOCK_TILES",
-           "TILE_QTYPES", "subblock_prefers_tiles", "tile_qtypes", "tiles_weight", "tile_weight", "untile_weight",
-           "tile_q4k", "untile_q4k"]
+           "TILE_QTYPES", "subblock_prefers_tiles", "tile_qtypes", "tiles_weight", "tile_weight",
+           "untile_weight"]
 
 WTILE_ROWS = 16  # the M of mma.m16n8k32: the rows one warp's MMA reads (plans/subblock.py SUBBLOCK_TILE_ROWS)
 # A record's pieces in order, as (byte offset in the super-block, bytes): each stored for the tile's 16 rows together.
@@ -109,13 +109,3 @@ def untile_weight(data, qtype: str, xp=np):
         at += WTILE_ROWS * size
     sb = xp.concatenate([parts[off] for off in sorted(parts)], axis=3)  # the pieces back in super-block order
     return xp.ascontiguousarray(sb.transpose(0, 2, 1, 3)).reshape(data.shape)
-
-
-def tile_q4k(data, xp=np):
-    """:func:`tile_weight` of Q4_K rows."""
-    return tile_weight(data, "Q4_K", xp)
-
-
-def untile_q4k(data, xp=np):
-    """:func:`untile_weight` of Q4_K tiles."""
-    return untile_weight(data, "Q4_K", xp)
